@@ -1,0 +1,81 @@
+"""Memory-bandwidth roofs and timing helpers shared by the benchmarks.
+
+The roof of a kernel that moves ``B`` bytes is the time the machine's fastest parallel copy (or
+read) of ``B`` bytes takes, measured in the same run; a kernel "at x% of the roof" takes
+``roof_time / kernel_time``. Times are medians of several repetitions (machines are shared and
+noisy), and every function is called once before timing (JIT compile, page faults).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _parallel_copy(dst, src):  # (n,) uint64 <- (n,) uint64
+    for i in prange(src.size):
+        dst[i] = src[i]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _parallel_read(src):  # (n,) uint64 -> xor of all words (forces every load)
+    nt = numba.get_num_threads()
+    chunk = (src.size + nt - 1) // nt
+    acc = np.zeros(nt, np.uint64)
+    for t in prange(nt):
+        a = np.uint64(0)
+        for i in range(t * chunk, min(src.size, (t + 1) * chunk)):
+            a ^= src[i]
+        acc[t] = a
+    r = np.uint64(0)
+    for t in range(nt):
+        r ^= acc[t]
+    return r
+
+
+def median_time(fn: Callable[[], Any], repeat: int = 7, warmup: int = 1) -> float:
+    """Median wall time in seconds of ``fn()`` over ``repeat`` calls, after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def copy_roof(nbytes: int, repeat: int = 7) -> float:
+    """Median seconds of the fastest parallel copy that moves ``nbytes`` in total
+    (``nbytes / 2`` read and ``nbytes / 2`` written)."""
+    n = max(1, nbytes // 16)
+    src = np.ones(n, np.uint64)
+    dst = np.empty_like(src)
+    return median_time(lambda: _parallel_copy(dst, src), repeat)
+
+
+def read_roof(nbytes: int, repeat: int = 7) -> float:
+    """Median seconds of the fastest parallel read of ``nbytes``."""
+    src = np.ones(max(1, nbytes // 8), np.uint64)
+    return median_time(lambda: _parallel_read(src), repeat)
+
+
+def bench_median(benchmark) -> float:
+    """Median seconds from a finished pytest-benchmark fixture (falls back to NaN if disabled)."""
+    stats = getattr(benchmark, "stats", None)
+    if stats is None:
+        return float("nan")
+    return float(stats.stats.median)
+
+
+def report(benchmark, **figures: float) -> None:
+    """Attach figures (ratios, GB/s) to the pytest-benchmark record and print them."""
+    for k, v in figures.items():
+        benchmark.extra_info[k] = v
+    name = getattr(benchmark, "name", "")
+    print("\n[nbqat-bench] " + name + " " + " ".join(f"{k}={v:.4g}" for k, v in figures.items()))

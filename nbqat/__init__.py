@@ -1,0 +1,61 @@
+"""nbqat: quantization-aware training on NumPy and Numba, bit-exact with PyTorch.
+
+The public API carries PyTorch's names (``torch.fake_quantize_per_tensor_affine``,
+``torch.ao.quantization.MinMaxObserver``, ``torch.nn.utils.clip_grad_norm_`` ...). Functions take
+NumPy arrays (run on the CPU kernels) or CUDA device arrays (run on the ``@cuda.jit`` twins);
+CUDA is imported only when a CUDA array is seen. The layer graph and the TFT-like forecaster
+live in :mod:`nbqat.nn`, the shipped dataset in :mod:`nbqat.data`, the main job in
+:mod:`nbqat.train` (``nbqat train``).
+"""
+
+from nbqat.clip import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm
+from nbqat.fake_quant import (
+    fake_quantize_backward,
+    fake_quantize_learnable_per_channel_affine,
+    fake_quantize_learnable_per_channel_affine_backward,
+    fake_quantize_learnable_per_tensor_affine,
+    fake_quantize_learnable_per_tensor_affine_backward,
+    fake_quantize_per_channel_affine,
+    fake_quantize_per_channel_affine_cachemask,
+    fake_quantize_per_tensor_affine,
+    fake_quantize_per_tensor_affine_cachemask,
+)
+from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
+from nbqat.observers import (
+    MinMaxObserver,
+    MovingAverageMinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
+    PerChannelMinMaxObserver,
+)
+from nbqat.optim import SGD, Adam, AdamW
+from nbqat.qconfig import QATConfig, QConfig, default_qat_qconfig
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Adam",
+    "AdamW",
+    "FakeQuantize",
+    "LearnableFakeQuantize",
+    "MinMaxObserver",
+    "MovingAverageMinMaxObserver",
+    "MovingAveragePerChannelMinMaxObserver",
+    "PerChannelMinMaxObserver",
+    "QATConfig",
+    "QConfig",
+    "SGD",
+    "clip_grad_norm_",
+    "clip_grad_value_",
+    "clip_grads_with_norm_",
+    "default_qat_qconfig",
+    "fake_quantize_backward",
+    "fake_quantize_learnable_per_channel_affine",
+    "fake_quantize_learnable_per_channel_affine_backward",
+    "fake_quantize_learnable_per_tensor_affine",
+    "fake_quantize_learnable_per_tensor_affine_backward",
+    "fake_quantize_per_channel_affine",
+    "fake_quantize_per_channel_affine_cachemask",
+    "fake_quantize_per_tensor_affine",
+    "fake_quantize_per_tensor_affine_cachemask",
+    "get_total_norm",
+]

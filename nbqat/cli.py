@@ -1,0 +1,5 @@
+"""STUB: being written; replace this whole file."""
+
+
+def main(argv=None):  # STUB
+    raise NotImplementedError

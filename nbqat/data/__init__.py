@@ -1,0 +1,1 @@
+"""STUB: nbqat.data is being written."""

@@ -1,0 +1,1 @@
+"""STUB: nbqat.nn is being written."""
