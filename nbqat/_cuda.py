@@ -14,10 +14,27 @@ from typing import Any
 
 import numpy as np
 
-try:  # numba-cuda (the `cuda` extra) or numba's bundled numba.cuda
-    from numba import cuda
-except Exception:  # pragma: no cover - depends on the installation
-    cuda = None
+_UNSET = object()
+_cuda_module: Any = _UNSET
+
+
+def _load() -> Any:
+    """Import :mod:`numba.cuda` on first use (``None`` when it cannot be imported)."""
+    global _cuda_module
+    if _cuda_module is _UNSET:
+        try:  # numba-cuda (the `cuda` extra) or numba's bundled numba.cuda
+            from numba import cuda as _c
+        except Exception:  # pragma: no cover - depends on the installation
+            _c = None
+        _cuda_module = _c
+    return _cuda_module
+
+
+def __getattr__(name: str) -> Any:
+    # ``from nbqat._cuda import cuda`` imports numba.cuda only now (PEP 562).
+    if name == "cuda":
+        return _load()
+    raise AttributeError(f"module 'nbqat._cuda' has no attribute {name!r}")
 
 #: Threads per block for 1-D grid-stride kernels. Tests patch it to a tiny value so that
 #: partial blocks and multi-block reductions are exercised under the simulator.
@@ -34,6 +51,7 @@ def cuda_available() -> bool:
     bool
         ``True`` when :mod:`numba.cuda` imports and reports a usable device.
     """
+    cuda = _load()
     if cuda is None:
         return False
     try:
@@ -46,18 +64,12 @@ def is_cuda_array(x: Any) -> bool:
     """Whether ``x`` is a CUDA device array.
 
     Numba device arrays and any object exposing ``__cuda_array_interface__`` (CuPy, PyTorch CUDA
-    tensors) count; NumPy arrays and Python scalars do not.
+    tensors) count, and so do the CUDA simulator's arrays (which have ``copy_to_host`` but no
+    interface); NumPy arrays and Python scalars do not. Never imports :mod:`numba.cuda`.
     """
-    if isinstance(x, np.ndarray) or np.isscalar(x) or x is None:
+    if x is None or isinstance(x, np.ndarray) or np.isscalar(x):
         return False
-    if hasattr(x, "__cuda_array_interface__"):
-        return True
-    if cuda is None:
-        return False
-    try:
-        return bool(cuda.is_cuda_array(x))
-    except Exception:  # pragma: no cover
-        return False
+    return hasattr(x, "__cuda_array_interface__") or hasattr(x, "copy_to_host")
 
 
 def require_cuda(what: str = "this call") -> None:
@@ -79,15 +91,15 @@ def require_cuda(what: str = "this call") -> None:
 def as_device_array(x: Any) -> Any:
     """Wrap ``x`` (anything with ``__cuda_array_interface__``) as a Numba device array, no copy."""
     require_cuda()
-    if cuda.is_cuda_array(x) and hasattr(x, "copy_to_host"):
+    if hasattr(x, "copy_to_host"):
         return x
-    return cuda.as_cuda_array(x)
+    return _load().as_cuda_array(x)
 
 
 def device_empty(shape: Any, dtype: Any) -> Any:
     """Allocate an uninitialised device array."""
     require_cuda()
-    return cuda.device_array(shape, dtype=dtype)
+    return _load().device_array(shape, dtype=dtype)
 
 
 def grid_1d(n: int) -> tuple[int, int]:

@@ -1,5 +1,254 @@
-"""STUB: being written; replace this whole file."""
+"""The ``nbqat`` command line (``nbqat train ...`` or ``python -m nbqat train ...``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["build_parser", "main"]
 
 
-def main(argv=None):  # STUB
-    raise NotImplementedError
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def _nonneg_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
+    return v
+
+
+def _positive_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
+    if not (v > 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {s!r}")
+    return v
+
+
+def _max_norm(s: str) -> float | None:
+    if s.lower() in ("none", "off", "inf"):
+        return None
+    return _positive_float(s)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``nbqat`` command."""
+    p = argparse.ArgumentParser(
+        prog="nbqat",
+        description="nbqat: quantization-aware training on NumPy + Numba.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    t = sub.add_parser(
+        "train",
+        help="train the TFT-like forecaster: float, calibration, QAT, int8, evaluation",
+        description=(
+            "Train the TFT-like forecaster end to end: float training with early stopping on "
+            "the validation loss, observer calibration, QAT fine-tuning through fake "
+            "quantization (STE, clip_grad_norm_), conversion to int8, and evaluation (q-risk on "
+            "the test split against a seasonal-naive baseline). Without --csv it uses the "
+            "shipped dataset (NREL TMY3 hourly weather, two stations; forecast the dry-bulb "
+            "temperature 24 h ahead from one week of history)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = t.add_argument_group("training")
+    g.add_argument(
+        "--epochs",
+        type=_positive_int,
+        default=None,
+        help="maximum float training epochs (early stopping may end sooner) "
+        "[default: 10; --quick: 3]",
+    )
+    g.add_argument(
+        "--qat-epochs",
+        type=_nonneg_int,
+        default=None,
+        help="QAT fine-tuning epochs [default: 2; --quick: 1]",
+    )
+    g.add_argument("--batch-size", type=_positive_int, default=None, help="[default: 64]")
+    g.add_argument(
+        "--hidden-dim",
+        type=_positive_int,
+        default=None,
+        help="hidden size d of the network [default: 16; --quick: 8]",
+    )
+    g.add_argument(
+        "--heads",
+        type=_positive_int,
+        default=None,
+        help="attention heads (must divide --hidden-dim) [default: 4; --quick: 2]",
+    )
+    g.add_argument(
+        "--lr",
+        type=_positive_float,
+        default=None,
+        help="Adam learning rate of the float phase [default: 3e-3]",
+    )
+    g.add_argument(
+        "--qat-lr",
+        type=_positive_float,
+        default=None,
+        help="Adam learning rate of the QAT phase [default: --lr / 10]",
+    )
+    g.add_argument(
+        "--max-norm",
+        type=_max_norm,
+        default=1.0,
+        help="clip_grad_norm_ threshold ('none' to disable)",
+    )
+    g.add_argument(
+        "--patience",
+        type=_positive_int,
+        default=None,
+        help="early stopping: epochs without a better validation loss [default: 3]",
+    )
+    g.add_argument(
+        "--calibration-batches",
+        type=_positive_int,
+        default=None,
+        help="observer calibration batches (QATConfig.calibration_batches) "
+        "[default: 100; --quick: 10]",
+    )
+    g.add_argument(
+        "--windows-per-epoch",
+        type=_nonneg_int,
+        default=None,
+        help="training windows drawn per epoch (0 = all) [default: 2048; --quick: 1024]",
+    )
+    g.add_argument("--seed", type=int, default=0, help="seed of initialisation and shuffling")
+    g.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the kernels run")
+    g.add_argument(
+        "--compare-clipping",
+        action="store_true",
+        help="also run QAT without clipping from the same start and seed and compare",
+    )
+    g.add_argument(
+        "--quick", action="store_true", help="a small configuration that finishes in about a minute"
+    )
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument(
+        "--stop-after-steps", type=_positive_int, default=None, help=argparse.SUPPRESS
+    )  # testing: behave as if Ctrl-C came after N steps
+    o = t.add_argument_group("output")
+    o.add_argument(
+        "--out",
+        default="nbqat-run",
+        help="output folder (metrics.json, timings.json, checkpoint/, *.png)",
+    )
+    o.add_argument(
+        "--resume",
+        metavar="CHECKPOINT",
+        default=None,
+        help="continue an interrupted run from its checkpoint folder "
+        "(OUT/checkpoint); the other options come from the checkpoint",
+    )
+    o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    d = t.add_argument_group("data (default: the shipped NREL TMY3 dataset)")
+    d.add_argument(
+        "--csv",
+        metavar="PATH",
+        default=None,
+        help="your own long-format CSV (.csv or .csv.gz), one row per entity and time step",
+    )
+    d.add_argument("--time-col", default=None, help="time column (ISO 8601 or numbers)")
+    d.add_argument("--target-col", default=None, help="column to forecast")
+    d.add_argument("--entity-col", default=None, help="series id column (optional)")
+    d.add_argument("--known-cols", default=None, help="comma-separated inputs known in advance")
+    d.add_argument("--static-cols", default=None, help="comma-separated per-entity constants")
+    d.add_argument(
+        "--observed-cols",
+        default=None,
+        help="comma-separated past-only inputs [default: all other columns]",
+    )
+    d.add_argument(
+        "--fill-gaps",
+        action="store_true",
+        help="repair missing steps and values by linear interpolation instead of failing",
+    )
+    d.add_argument(
+        "--history",
+        type=_positive_int,
+        default=None,
+        help="encoder length k in steps [default: 168; --quick: 72]",
+    )
+    d.add_argument(
+        "--horizon",
+        type=_positive_int,
+        default=None,
+        help="forecast length tau in steps [default: 24]",
+    )
+    d.add_argument(
+        "--calendar",
+        default=None,
+        help="derived known inputs, comma-separated from: hour (hour of day sin/cos), dow (day "
+        "of week), doy (day of year sin/cos), time_index [default: hour,dow]",
+    )
+    d.add_argument(
+        "--eval-stride",
+        type=_positive_int,
+        default=None,
+        help="steps between validation/test windows [default: 6; --quick: 24]",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``nbqat`` console script; returns the exit status.
+
+    Exit status 0 on success, 2 on a usage or data error (a one-line message, no traceback),
+    130 when interrupted (Ctrl-C; a checkpoint was saved).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if args.command == "train":
+        if args.csv is None:
+            given = [
+                f"--{n.replace('_', '-')}"
+                for n in (
+                    "time_col",
+                    "target_col",
+                    "entity_col",
+                    "known_cols",
+                    "static_cols",
+                    "observed_cols",
+                )
+                if getattr(args, n) is not None
+            ]
+            if given:
+                parser.error(f"{', '.join(given)} need --csv PATH")
+        elif args.time_col is None or args.target_col is None:
+            parser.error("--csv needs --time-col and --target-col")
+        from nbqat.data import DataError
+        from nbqat.train import TrainConfig, TrainingInterrupted, run
+
+        try:
+            cfg = TrainConfig.from_args(args)
+            run(cfg, resume=args.resume)
+        except TrainingInterrupted as e:
+            print(f"\n{e}", file=sys.stderr)
+            return 130
+        except (DataError, ValueError, FileNotFoundError, RuntimeError) as e:
+            if isinstance(e, RuntimeError) and not getattr(e, "nbqat_user_error", False):
+                raise
+            print(f"nbqat train: error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    parser.error(f"unknown command {args.command!r}")  # pragma: no cover
+    return 2

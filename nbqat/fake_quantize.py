@@ -1,4 +1,611 @@
-"""STUB: being written; replace this whole file."""
+"""FakeQuantize modules: an observer plus fake quantization, with PyTorch's QAT phases.
 
-FakeQuantize = None  # STUB
-LearnableFakeQuantize = None  # STUB
+:class:`FakeQuantize` matches ``torch.ao.quantization.FakeQuantize``: ``forward(x)`` observes
+``x`` and recomputes ``scale``/``zero_point`` when the observer is enabled, then fake-quantizes
+when fake quantization is enabled (section 6 of the semantics reference)::
+
+    calibration: enable_observer(), disable_fake_quant()   -> statistics only, y = x
+    QAT:         enable_observer(), enable_fake_quant()    -> both
+    frozen:      disable_observer(), enable_fake_quant()   -> fixed qparams
+
+Backward is hand-written: ``forward`` leaves in ``ctx`` what ``backward`` needs (the STE mask,
+or None when fake quantization was off), and ``backward(grad_y, ctx)`` takes that ctx, so one
+module can serve many calls (every LSTM time step keeps its own ctx).
+
+:class:`LearnableFakeQuantize` is torch's ``_LearnableFakeQuantize`` (LSQ): trainable scale and
+zero point whose gradients ``backward`` accumulates into ``grad_scale`` / ``grad_zero_point``.
+
+The arithmetic is :mod:`nbqat.fake_quant` (bit-exact with torch on float32).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import numpy as np
+
+from nbqat import fake_quant as _fq
+from nbqat.observers import MovingAverageMinMaxObserver, _MinMaxBase, _PartialWrapper, _with_args
+
+__all__ = ["FakeQuantize", "LearnableFakeQuantize"]
+
+_F32 = np.float32
+_CACHED = object()  # default of backward's ctx: "use the ctx of the last forward"
+
+
+def _make_observer(observer: Any, kwargs: dict[str, Any], who: str) -> _MinMaxBase:
+    if isinstance(observer, _MinMaxBase):
+        raise TypeError(
+            f"{who}: observer must be an observer class or factory (e.g. "
+            "MovingAverageMinMaxObserver or MinMaxObserver.with_args(...)), not an instance"
+        )
+    if not callable(observer):
+        raise TypeError(f"{who}: observer must be callable (a class or factory), got {observer!r}")
+    obs = observer(**kwargs)
+    if not isinstance(obs, _MinMaxBase):
+        raise TypeError(f"{who}: observer() must build an nbqat observer, got {type(obs).__name__}")
+    return obs
+
+
+def _flag(state: dict[str, Any], key: str) -> bool:
+    v = np.asarray(state[key]).reshape(-1)
+    if v.size != 1 or v[0] not in (0, 1):
+        raise ValueError(f"load_state_dict: {key} must be one 0/1 value, got {v}")
+    return bool(v[0])
+
+
+class FakeQuantize:
+    """Observer + fake quantization with torch's phases (``torch.ao.quantization.FakeQuantize``).
+
+    Parameters
+    ----------
+    observer : observer class or factory, default MovingAverageMinMaxObserver
+        Called as ``observer(**observer_kwargs)`` to build :attr:`activation_post_process`
+        (``MinMaxObserver.with_args(...)`` factories work).
+    quant_min, quant_max : int, optional
+        A custom range, passed on to the observer (both or neither).
+    **observer_kwargs
+        Further observer arguments (dtype, qscheme, ch_axis, averaging_constant, ...).
+
+    Attributes
+    ----------
+    activation_post_process : observer
+    scale : float32 ndarray (1,) or (C,)
+        Current scale (``[1.0]`` until the observer has run).
+    zero_point : int32 ndarray (1,) or (C,)
+    quant_min, quant_max : int
+    ch_axis : int or None
+        The observer's channel axis (per channel) or None (per tensor).
+    is_per_channel : bool
+    observer_enabled, fake_quant_enabled : bool
+    ctx : bool ndarray or None
+        What the last :meth:`forward` left for :meth:`backward` (the STE mask; None when fake
+        quantization was disabled).
+
+    References
+    ----------
+    ``torch/ao/quantization/fake_quantize.py`` (torch 2.13).
+    """
+
+    def __init__(
+        self,
+        observer: Any = MovingAverageMinMaxObserver,
+        quant_min: int | None = None,
+        quant_max: int | None = None,
+        **observer_kwargs: Any,
+    ) -> None:
+        who = type(self).__name__
+        if quant_min is not None or quant_max is not None:
+            if quant_min is None or quant_max is None:
+                raise ValueError(f"{who}: give both quant_min and quant_max, or neither")
+            if quant_min > quant_max:
+                raise ValueError(
+                    f"{who}: quant_min ({quant_min}) must be <= quant_max ({quant_max})"
+                )
+            observer_kwargs.update(quant_min=quant_min, quant_max=quant_max)
+        self.activation_post_process = _make_observer(observer, observer_kwargs, who)
+        obs = self.activation_post_process
+        self.quant_min = obs.quant_min
+        self.quant_max = obs.quant_max
+        self.dtype = obs.dtype
+        self.qscheme = obs.qscheme
+        self.is_per_channel = obs._per_channel
+        self.ch_axis = obs.ch_axis if self.is_per_channel else None
+        self.scale = np.array([1.0], _F32)
+        self.zero_point = np.array([0], np.int32)
+        self.observer_enabled = True
+        self.fake_quant_enabled = True
+        self.ctx: Any = None
+        self._ran = False
+
+    @classmethod
+    def with_args(cls, **kwargs: Any) -> _PartialWrapper:
+        """A factory of this module with these keyword arguments (torch's ``with_args``).
+
+        Parameters
+        ----------
+        **kwargs
+            Constructor arguments (``observer=...``, ``quant_min=...``, observer arguments).
+
+        Returns
+        -------
+        callable
+            Each call builds a new, independent module (a :class:`QConfig` holds these).
+        """
+        return _with_args(cls, **kwargs)
+
+    # -- phases ------------------------------------------------------------------------------
+    def enable_observer(self, enabled: bool = True) -> None:
+        """Turn statistics collection (and qparams recomputation) on or off.
+
+        Parameters
+        ----------
+        enabled : bool, default True
+        """
+        self.observer_enabled = bool(enabled)
+
+    def disable_observer(self) -> None:
+        """Freeze the observer (and so scale / zero_point)."""
+        self.enable_observer(False)
+
+    def enable_fake_quant(self, enabled: bool = True) -> None:
+        """Turn fake quantization on or off (off: forward returns x).
+
+        Parameters
+        ----------
+        enabled : bool, default True
+        """
+        self.fake_quant_enabled = bool(enabled)
+
+    def disable_fake_quant(self) -> None:
+        """Pass inputs through unchanged (statistics may still be collected)."""
+        self.enable_fake_quant(False)
+
+    def calculate_qparams(self) -> tuple[np.ndarray, np.ndarray]:
+        """The observer's current ``(scale float32, zero_point int32)`` (shape (1,) or (C,))."""
+        return self.activation_post_process.calculate_qparams()
+
+    # -- forward / backward ------------------------------------------------------------------
+    def __call__(self, x: Any) -> Any:
+        return self.forward(x)
+
+    def forward(self, x: Any) -> Any:
+        """Observe (if enabled), then fake-quantize (if enabled).
+
+        Parameters
+        ----------
+        x : float16/float32/float64 ndarray or CUDA device array
+
+        Returns
+        -------
+        y : array like ``x``
+            ``fake_quantize_per_{tensor,channel}_affine(x, scale, zero_point, ...)``, or ``x``
+            itself when fake quantization is disabled. Afterwards :attr:`ctx` holds the bool mask
+            (or None).
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad input (from the observer or the fake-quantize function); the observer state is
+            unchanged when the observer rejects the batch.
+        """
+        if self.observer_enabled:
+            self.activation_post_process(x)
+            s, z = self.activation_post_process.calculate_qparams()
+            self.scale = s.astype(_F32)
+            self.zero_point = z.astype(np.int32)
+        if not self.fake_quant_enabled:
+            self.ctx = None
+            self._ran = True
+            return x
+        if self.is_per_channel:
+            y, mask = _fq.fake_quantize_per_channel_affine_cachemask(
+                x, self.scale, self.zero_point, self.ch_axis, self.quant_min, self.quant_max
+            )
+        else:
+            y, mask = _fq.fake_quantize_per_tensor_affine_cachemask(
+                x, self.scale, self.zero_point, self.quant_min, self.quant_max
+            )
+        self.ctx = mask
+        self._ran = True
+        return y
+
+    def backward(self, grad_y: Any, ctx: Any = _CACHED) -> Any:
+        """Straight-through estimator: ``grad_x = grad_y * mask``.
+
+        Parameters
+        ----------
+        grad_y : float array of the forward input's shape
+        ctx : bool ndarray or None, optional
+            A ctx saved from :attr:`ctx` after a forward; default: the last forward's. None
+            (fake quantization was off) returns a copy of ``grad_y``.
+
+        Returns
+        -------
+        grad_x : array like ``grad_y``
+
+        Raises
+        ------
+        RuntimeError
+            No ctx given and forward has never run.
+        """
+        if ctx is _CACHED:
+            if not self._ran:
+                raise RuntimeError(f"{type(self).__name__}.backward: call forward first")
+            ctx = self.ctx
+        return _fq.fake_quantize_backward(grad_y, ctx)
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """torch's keys: flags, ``scale``, ``zero_point`` and ``activation_post_process.*``."""
+        out = {
+            "fake_quant_enabled": np.array([int(self.fake_quant_enabled)], np.uint8),
+            "observer_enabled": np.array([int(self.observer_enabled)], np.uint8),
+            "scale": self.scale.copy(),
+            "zero_point": self.zero_point.copy(),
+        }
+        for k, v in self.activation_post_process.state_dict().items():
+            out["activation_post_process." + k] = v
+        return out
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """Load :meth:`state_dict` output; nothing changes unless everything is valid.
+
+        Parameters
+        ----------
+        state : mapping
+        strict : bool, default True
+            Reject unexpected keys.
+
+        Raises
+        ------
+        KeyError
+            Missing keys.
+        ValueError
+            Unexpected keys (strict), wrong shapes or dtypes, invalid values.
+        """
+        need = ["fake_quant_enabled", "observer_enabled", "scale", "zero_point"]
+        missing = [k for k in need if k not in state]
+        if missing:
+            raise KeyError(f"load_state_dict: missing key(s) {missing}")
+        pre = "activation_post_process."
+        sub = {k[len(pre) :]: v for k, v in state.items() if k.startswith(pre)}
+        extra = sorted(k for k in state if k not in need and not k.startswith(pre))
+        if strict and extra:
+            raise ValueError(f"load_state_dict: unexpected key(s) {extra} (pass strict=False)")
+        fq_on, obs_on = _flag(state, "fake_quant_enabled"), _flag(state, "observer_enabled")
+        scale = np.array(state["scale"], dtype=_F32).reshape(-1)
+        zp_raw = np.asarray(state["zero_point"])
+        if zp_raw.dtype.kind not in "iu":
+            raise ValueError("load_state_dict: zero_point must be an integer array")
+        zp = zp_raw.astype(np.int32).reshape(-1)
+        if scale.size == 0 or scale.shape != zp.shape:
+            raise ValueError(
+                f"load_state_dict: scale {scale.shape} and zero_point {zp.shape} must be "
+                "non-empty with equal shapes"
+            )
+        if not self.is_per_channel and scale.size != 1:
+            raise ValueError(
+                f"load_state_dict: per-tensor scale must have 1 element, got {scale.size}"
+            )
+        if not np.all(np.isfinite(scale) & (scale > 0)):
+            raise ValueError("load_state_dict: scale must be finite and > 0")
+        if np.any((zp < self.quant_min) | (zp > self.quant_max)):
+            raise ValueError(
+                f"load_state_dict: zero_point outside [{self.quant_min}, {self.quant_max}]"
+            )
+        obs = copy.deepcopy(self.activation_post_process)
+        obs.load_state_dict(sub, strict=strict)
+        self.activation_post_process = obs
+        self.scale, self.zero_point = scale, zp
+        self.fake_quant_enabled, self.observer_enabled = fq_on, obs_on
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(fake_quant_enabled={self.fake_quant_enabled}, "
+            f"observer_enabled={self.observer_enabled}, quant_min={self.quant_min}, "
+            f"quant_max={self.quant_max}, dtype={self.dtype}, qscheme={self.qscheme}, "
+            f"ch_axis={self.ch_axis}, scale={self.scale}, zero_point={self.zero_point}, "
+            f"activation_post_process={self.activation_post_process!r})"
+        )
+
+
+class LearnableFakeQuantize:
+    """LSQ fake quantization with a trainable scale and zero point (torch's
+    ``_LearnableFakeQuantize``).
+
+    Parameters
+    ----------
+    observer : observer class or factory, default MovingAverageMinMaxObserver
+        Gives the static estimates of scale / zero point while the observer is enabled.
+    quant_min, quant_max : int, default 0, 255
+        The integer range (passed on to the observer).
+    scale, zero_point : float, default 1.0, 0.0
+        Initial values (float32).
+    channel_len : int, default -1
+        -1 per tensor (shape (1,)); else the channel count of the initial per-channel arrays.
+    use_grad_scaling : bool, default True
+        Scale the scale / zero-point gradients by ``1 / sqrt(numel * quant_max)`` (the LSQ paper's
+        choice and the reference's module default; torch's own default is False).
+    **observer_kwargs
+        Further observer arguments.
+
+    Attributes
+    ----------
+    scale, zero_point : float32 ndarray (1,) or (C,)
+    grad_scale, grad_zero_point : float32 ndarray, shape of ``scale``
+        Accumulated by :meth:`backward`; cleared by :meth:`zero_grad`.
+    observer_enabled, fake_quant_enabled, learning_enabled : bool
+    ctx : tuple or None
+        ``(x, scale, zero_point, grad_factor)`` of the last forward (None: fake quant off).
+        ``x`` is kept by reference: do not modify it in place before backward.
+
+    Notes
+    -----
+    Forward: if observing, copy the observer's qparams into scale / zero_point, else clamp the
+    scale to ``>= eps``; if fake-quantizing (symmetric qschemes zero the zero point first, as
+    torch), ``fake_quantize_learnable_per_{tensor,channel}_affine``.
+
+    References
+    ----------
+    S. K. Esser et al., "Learned Step Size Quantization", ICLR 2020.
+    ``torch/ao/quantization/_learnable_fake_quantize.py`` (torch 2.13).
+    """
+
+    def __init__(
+        self,
+        observer: Any = MovingAverageMinMaxObserver,
+        quant_min: int = 0,
+        quant_max: int = 255,
+        scale: float = 1.0,
+        zero_point: float = 0.0,
+        channel_len: int = -1,
+        use_grad_scaling: bool = True,
+        **observer_kwargs: Any,
+    ) -> None:
+        who = type(self).__name__
+        if quant_min >= quant_max:
+            raise ValueError(f"{who}: quant_min ({quant_min}) must be < quant_max ({quant_max})")
+        if not (isinstance(channel_len, int) and (channel_len == -1 or channel_len > 0)):
+            raise ValueError(
+                f"{who}: channel_len must be -1 or a positive int, got {channel_len!r}"
+            )
+        s = _F32(scale)
+        if not (np.isfinite(s) and s > 0):
+            raise ValueError(f"{who}: scale must be finite and > 0, got {scale!r}")
+        observer_kwargs.update(quant_min=quant_min, quant_max=quant_max)
+        self.activation_post_process = _make_observer(observer, observer_kwargs, who)
+        obs = self.activation_post_process
+        self.quant_min, self.quant_max = obs.quant_min, obs.quant_max
+        self.dtype, self.qscheme = obs.dtype, obs.qscheme
+        self.is_per_channel = obs._per_channel
+        self.ch_axis = obs.ch_axis if self.is_per_channel else None
+        n = 1 if channel_len == -1 else channel_len
+        self.scale = np.full(n, s, _F32)
+        self.zero_point = np.full(n, _F32(zero_point), _F32)
+        self.grad_scale = np.zeros(n, _F32)
+        self.grad_zero_point = np.zeros(n, _F32)
+        self.use_grad_scaling = bool(use_grad_scaling)
+        self.eps = _F32(np.finfo(np.float32).eps)
+        self.observer_enabled = True
+        self.fake_quant_enabled = True
+        self.learning_enabled = False
+        self.ctx: Any = None
+        self._ran = False
+
+    @classmethod
+    def with_args(cls, **kwargs: Any) -> _PartialWrapper:
+        """A factory of this module with these keyword arguments.
+
+        Parameters
+        ----------
+        **kwargs
+            Constructor arguments.
+
+        Returns
+        -------
+        callable
+        """
+        return _with_args(cls, **kwargs)
+
+    # -- phases (torch's names) ----------------------------------------------------------------
+    def enable_observer(self, enabled: bool = True) -> None:
+        """Static estimates from the observer on or off (torch: ``toggle_observer_update``).
+
+        Parameters
+        ----------
+        enabled : bool, default True
+        """
+        self.observer_enabled = bool(enabled)
+
+    def disable_observer(self) -> None:
+        """Stop observing; scale / zero_point stay as they are (and may be learned)."""
+        self.enable_observer(False)
+
+    def enable_fake_quant(self, enabled: bool = True) -> None:
+        """Fake quantization on or off.
+
+        Parameters
+        ----------
+        enabled : bool, default True
+        """
+        self.fake_quant_enabled = bool(enabled)
+
+    def disable_fake_quant(self) -> None:
+        """Pass inputs through unchanged."""
+        self.enable_fake_quant(False)
+
+    def enable_param_learning(self) -> LearnableFakeQuantize:
+        """Learn scale / zero point: learning on, fake quant on, observer off. Returns self."""
+        self.learning_enabled, self.fake_quant_enabled, self.observer_enabled = True, True, False
+        return self
+
+    def enable_static_estimate(self) -> LearnableFakeQuantize:
+        """Observer estimates: learning off, fake quant on, observer on. Returns self."""
+        self.learning_enabled, self.fake_quant_enabled, self.observer_enabled = False, True, True
+        return self
+
+    def enable_static_observation(self) -> LearnableFakeQuantize:
+        """Observe only: learning off, fake quant off, observer on. Returns self."""
+        self.learning_enabled, self.fake_quant_enabled, self.observer_enabled = False, False, True
+        return self
+
+    def calculate_qparams(self) -> tuple[np.ndarray, np.ndarray]:
+        """Clamp the scale to ``>= eps`` (in place, as torch) and return ``(scale float32,
+        clamp(rint(zero_point), quant_min, quant_max) int32)``."""
+        np.maximum(self.scale, self.eps, out=self.scale)
+        zp = np.clip(np.rint(self.zero_point), self.quant_min, self.quant_max)
+        return self.scale.copy(), zp.astype(np.int32)
+
+    def zero_grad(self) -> None:
+        """Set ``grad_scale`` and ``grad_zero_point`` to zero."""
+        self.grad_scale[...] = 0
+        self.grad_zero_point[...] = 0
+
+    def _set_shape(self, n: int) -> None:
+        if self.scale.size != n:
+            self.scale = np.ones(n, _F32)
+            self.zero_point = np.zeros(n, _F32)
+            self.grad_scale = np.zeros(n, _F32)
+            self.grad_zero_point = np.zeros(n, _F32)
+
+    def __call__(self, x: Any) -> Any:
+        return self.forward(x)
+
+    def forward(self, x: Any) -> Any:
+        """Observe / clamp, then LSQ fake quantization (see the class Notes).
+
+        Parameters
+        ----------
+        x : float ndarray or CUDA device array
+
+        Returns
+        -------
+        y : array like ``x`` (``x`` itself when fake quantization is disabled)
+        """
+        if self.observer_enabled:
+            self.activation_post_process(x)
+            s, z = self.activation_post_process.calculate_qparams()
+            self._set_shape(s.size)
+            self.scale[...] = s
+            self.zero_point[...] = z
+        else:
+            np.maximum(self.scale, self.eps, out=self.scale)
+        if not self.fake_quant_enabled:
+            self.ctx = None
+            self._ran = True
+            return x
+        if self.qscheme.endswith("symmetric"):
+            self.zero_point[...] = 0
+        numel = int(np.prod(x.shape, dtype=np.int64))
+        gf = 1.0 / math.sqrt(numel * self.quant_max) if self.use_grad_scaling else 1.0
+        s, z = self.scale.copy(), self.zero_point.copy()
+        if self.is_per_channel:
+            y = _fq.fake_quantize_learnable_per_channel_affine(
+                x, s, z, self.ch_axis, self.quant_min, self.quant_max, gf
+            )
+        else:
+            y = _fq.fake_quantize_learnable_per_tensor_affine(
+                x, s, z, self.quant_min, self.quant_max, gf
+            )
+        self.ctx = (x, s, z, gf)
+        self._ran = True
+        return y
+
+    def backward(self, grad_y: Any, ctx: Any = _CACHED) -> Any:
+        """LSQ backward: returns ``grad_x`` and accumulates ``grad_scale``/``grad_zero_point``.
+
+        Parameters
+        ----------
+        grad_y : float array of the forward input's shape
+        ctx : tuple or None, optional
+            A saved :attr:`ctx` (default: the last forward's). None returns a copy of ``grad_y``.
+
+        Returns
+        -------
+        grad_x : array like ``grad_y``
+
+        Raises
+        ------
+        RuntimeError
+            No ctx given and forward has never run.
+        ValueError
+            The ctx's qparams have another shape than the current scale.
+        """
+        if ctx is _CACHED:
+            if not self._ran:
+                raise RuntimeError(f"{type(self).__name__}.backward: call forward first")
+            ctx = self.ctx
+        if ctx is None:
+            return _fq.fake_quantize_backward(grad_y, None)
+        x, s, z, gf = ctx
+        if s.shape != self.grad_scale.shape:
+            raise ValueError(
+                f"backward: ctx qparams have shape {s.shape}, grad_scale {self.grad_scale.shape}"
+            )
+        if self.is_per_channel:
+            gx, gs, gz = _fq.fake_quantize_learnable_per_channel_affine_backward(
+                grad_y, x, s, z, self.ch_axis, self.quant_min, self.quant_max, gf
+            )
+        else:
+            gx, gs, gz = _fq.fake_quantize_learnable_per_tensor_affine_backward(
+                grad_y, x, s, z, self.quant_min, self.quant_max, gf
+            )
+        self.grad_scale += np.asarray(gs, _F32).reshape(self.grad_scale.shape)
+        self.grad_zero_point += np.asarray(gz, _F32).reshape(self.grad_zero_point.shape)
+        return gx
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Flags, ``scale``, ``zero_point`` (float32), ``eps`` and ``activation_post_process.*``."""
+        out = {
+            "fake_quant_enabled": np.array([int(self.fake_quant_enabled)], np.uint8),
+            "static_enabled": np.array([int(self.observer_enabled)], np.uint8),
+            "learning_enabled": np.array([int(self.learning_enabled)], np.uint8),
+            "eps": np.array([self.eps], _F32),
+            "scale": self.scale.copy(),
+            "zero_point": self.zero_point.copy(),
+        }
+        for k, v in self.activation_post_process.state_dict().items():
+            out["activation_post_process." + k] = v
+        return out
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """Load :meth:`state_dict` output; nothing changes unless everything is valid.
+
+        Parameters
+        ----------
+        state : mapping
+        strict : bool, default True
+            Reject unexpected keys.
+
+        Raises
+        ------
+        KeyError
+            Missing keys.
+        ValueError
+            Unexpected keys (strict), wrong shapes, invalid values.
+        """
+        need = ["fake_quant_enabled", "static_enabled", "learning_enabled", "scale", "zero_point"]
+        missing = [k for k in need if k not in state]
+        if missing:
+            raise KeyError(f"load_state_dict: missing key(s) {missing}")
+        pre = "activation_post_process."
+        sub = {k[len(pre) :]: v for k, v in state.items() if k.startswith(pre)}
+        extra = sorted(k for k in state if k not in need + ["eps"] and not k.startswith(pre))
+        if strict and extra:
+            raise ValueError(f"load_state_dict: unexpected key(s) {extra} (pass strict=False)")
+        flags = [_flag(state, k) for k in need[:3]]
+        scale = np.array(state["scale"], dtype=_F32).reshape(-1)
+        zp = np.array(state["zero_point"], dtype=_F32).reshape(-1)
+        if scale.size == 0 or scale.shape != zp.shape:
+            raise ValueError("load_state_dict: scale and zero_point must be non-empty, same shape")
+        if not np.all(np.isfinite(scale) & (scale > 0)) or not np.all(np.isfinite(zp)):
+            raise ValueError("load_state_dict: scale must be finite and > 0, zero_point finite")
+        obs = copy.deepcopy(self.activation_post_process)
+        obs.load_state_dict(sub, strict=strict)
+        self.activation_post_process = obs
+        self._set_shape(scale.size)
+        self.scale[...], self.zero_point[...] = scale, zp
+        self.fake_quant_enabled, self.observer_enabled, self.learning_enabled = flags

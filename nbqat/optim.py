@@ -1,5 +1,379 @@
-"""STUB: being written; replace this whole file."""
+"""Fused optimizers over one flat parameter buffer: SGD (momentum, Nesterov), Adam, AdamW.
 
-SGD = None  # STUB
-Adam = None  # STUB
-AdamW = None  # STUB
+Each ``step`` is one compiled elementwise pass (a ``@cuda.jit`` twin for CUDA buffers) with the
+maths of ``torch.optim`` (single-tensor, ``foreach=False``) in the buffer's dtype. ``step`` takes
+``grad_scale``: every gradient is multiplied by it inside the update, which is how gradient
+clipping folds in (llm.c style)::
+
+    total = nbqat.get_total_norm(grads)
+    opt.step(grads, grad_scale=nbqat.clip.clip_coef(total, max_norm))
+
+gives the same bits as ``clip_grad_norm_(grads, max_norm); opt.step(grads)`` but reads the
+gradients once less and leaves them unscaled.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from nbqat import _cuda
+from nbqat.kernels import optim_cpu as _k
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _is_cuda(x: Any) -> bool:
+    """CUDA device array (also the simulator's arrays, which lack ``__cuda_array_interface__``)."""
+    if isinstance(x, np.ndarray):
+        return False
+    return _cuda.is_cuda_array(x) or hasattr(x, "copy_to_host")
+
+
+def _check_params(params: Any) -> bool:
+    """Validate the flat parameter buffer; returns True for a CUDA buffer."""
+    is_cuda = _is_cuda(params)
+    if not is_cuda and not isinstance(params, np.ndarray):
+        raise TypeError(
+            f"params must be one flat NumPy or CUDA array, got {type(params).__name__}"
+        )
+    if is_cuda:
+        _cuda.require_cuda("optimizer")
+    dt = np.dtype(params.dtype)
+    if dt not in _DTYPES:
+        raise TypeError(
+            f"params has dtype {dt}; optimizers support float32 and float64 "
+            "(convert with .astype(np.float32))"
+        )
+    if len(params.shape) != 1:
+        raise ValueError(f"params must be 1-D (one flat buffer), got shape {params.shape}")
+    contiguous = params.is_c_contiguous() if is_cuda else params.flags.c_contiguous
+    if not contiguous:
+        raise ValueError("params must be contiguous (np.ascontiguousarray)")
+    if not is_cuda and not params.flags.writeable:
+        raise ValueError("params is read-only; the optimizer updates it in place")
+    return is_cuda
+
+
+def _hparam(value: Any, name: str, lo: float = 0.0, hi: float | None = None) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}") from None
+    if not (v >= lo and (hi is None or v < hi)):
+        rng = f"in [{lo}, {hi})" if hi is not None else f">= {lo}"
+        raise ValueError(f"Invalid {name}: {value!r} (must be {rng})")
+    return v
+
+
+class _Optimizer:
+    """Shared machinery: the parameter buffer, state buffers, validation of ``grads``."""
+
+    _state_names: tuple[str, ...] = ()
+    _hparam_names: tuple[str, ...] = ()
+
+    def __init__(self, params: Any) -> None:
+        self._cuda = _check_params(params)
+        self.params = params
+        self.step_count = 0
+        self._buffers: dict[str, Any] = {}
+
+    # -- buffers ---------------------------------------------------------------------------
+    def _zeros(self) -> Any:
+        if self._cuda:
+            from nbqat.kernels import optim_cuda
+
+            return optim_cuda.zeros(self.params.shape[0], self.params.dtype)
+        return np.zeros(self.params.shape[0], self.params.dtype)
+
+    def _buffer(self, name: str) -> Any:
+        if name not in self._buffers:
+            self._buffers[name] = self._zeros()
+        return self._buffers[name]
+
+    def _check_grads(self, grads: Any, grad_scale: Any) -> float:
+        if self._cuda != _is_cuda(grads) or not (
+            self._cuda or isinstance(grads, np.ndarray)
+        ):
+            raise TypeError(
+                "grads must be an array on the same device as params "
+                f"({'CUDA' if self._cuda else 'NumPy'}), got {type(grads).__name__}"
+            )
+        if tuple(grads.shape) != tuple(self.params.shape) or np.dtype(grads.dtype) != np.dtype(
+            self.params.dtype
+        ):
+            raise ValueError(
+                f"grads must match params: shape {tuple(self.params.shape)} dtype "
+                f"{np.dtype(self.params.dtype)}, got shape {tuple(grads.shape)} dtype "
+                f"{np.dtype(grads.dtype)}"
+            )
+        contiguous = grads.is_c_contiguous() if self._cuda else grads.flags.c_contiguous
+        if not contiguous:
+            raise ValueError("grads must be contiguous (np.ascontiguousarray)")
+        try:
+            gs = float(grad_scale)
+        except (TypeError, ValueError):
+            raise TypeError(f"grad_scale must be a float, got {type(grad_scale).__name__}") from None
+        return gs
+
+    def _t(self, x: float) -> Any:
+        """A scalar of the parameters' dtype."""
+        return np.dtype(self.params.dtype).type(x)
+
+    # -- state -----------------------------------------------------------------------------
+    def zero_state(self) -> None:
+        """Forget the optimizer state: step count 0, moment buffers cleared."""
+        self.step_count = 0
+        self._buffers.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Step count, hyper-parameters and state buffers (NumPy copies).
+
+        Returns
+        -------
+        dict
+            ``{"type", "step", <hyper-parameters>, <buffers>}``; buffers not yet created are
+            absent.
+        """
+        out: dict[str, Any] = {"type": type(self).__name__, "step": self.step_count}
+        for k in self._hparam_names:
+            out[k] = getattr(self, k)
+        for k, b in self._buffers.items():
+            out[k] = b.copy_to_host() if self._cuda else b.copy()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (validated fully before anything changes).
+
+        Raises
+        ------
+        ValueError
+            Another optimizer type, missing keys, or buffers of the wrong shape/dtype.
+        """
+        if state.get("type", type(self).__name__) != type(self).__name__:
+            raise ValueError(
+                f"state_dict is for {state.get('type')}, not {type(self).__name__}"
+            )
+        missing = [k for k in ("step", *self._hparam_names) if k not in state]
+        if missing:
+            raise ValueError(f"state_dict lacks {missing}")
+        step = int(state["step"])
+        if step < 0:
+            raise ValueError(f"state_dict step must be >= 0, got {step}")
+        bufs = {}
+        for k in self._state_names:
+            if k in state:
+                b = np.asarray(state[k])
+                if b.shape != tuple(self.params.shape) or b.dtype != np.dtype(self.params.dtype):
+                    raise ValueError(
+                        f"state_dict[{k!r}] has shape {b.shape} dtype {b.dtype}, expected "
+                        f"{tuple(self.params.shape)} {np.dtype(self.params.dtype)}"
+                    )
+                bufs[k] = b
+        hp = {k: state[k] for k in self._hparam_names}
+        probe = type(self).__new__(type(self))  # validate the hyper-parameters without side effects
+        probe._validate(**hp)
+        for k, v in hp.items():
+            setattr(self, k, v)
+        self.step_count = step
+        self._buffers.clear()
+        for k, b in bufs.items():
+            if self._cuda:
+                from nbqat.kernels import optim_cuda
+
+                self._buffers[k] = optim_cuda.to_device(np.ascontiguousarray(b))
+            else:
+                self._buffers[k] = np.array(b, copy=True)
+
+    def _validate(self, **hp: Any) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class SGD(_Optimizer):
+    """Stochastic gradient descent with optional momentum, dampening, Nesterov and L2 decay.
+
+    Same update as ``torch.optim.SGD`` (``foreach=False``, ``maximize=False``)::
+
+        g = grad * grad_scale;  g += weight_decay * p
+        buf = g (first step) | buf * momentum + (1 - dampening) * g
+        g = g + momentum * buf (nesterov) | buf
+        p -= lr * g
+
+    Parameters
+    ----------
+    params : (n,) float32 or float64 NumPy or CUDA array
+        The flat parameter buffer, updated in place.
+    lr : float
+        Learning rate, ``>= 0``.
+    momentum, dampening, weight_decay : float, default 0
+        ``>= 0``.
+    nesterov : bool, default False
+        Requires ``momentum > 0`` and ``dampening == 0``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad buffer or hyper-parameters (torch's checks).
+
+    References
+    ----------
+    ``torch.optim.SGD`` (torch 2.13); Sutskever et al., ICML 2013 (Nesterov momentum).
+    """
+
+    _state_names = ("momentum_buffer",)
+    _hparam_names = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ) -> None:
+        self._validate(lr, momentum, dampening, weight_decay, nesterov)
+        super().__init__(params)
+        self.lr, self.momentum, self.dampening = float(lr), float(momentum), float(dampening)
+        self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
+
+    def _validate(self, lr=0.0, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
+        _hparam(lr, "learning rate")
+        _hparam(momentum, "momentum value")
+        _hparam(dampening, "dampening value", lo=-math.inf)
+        _hparam(weight_decay, "weight_decay value")
+        if nesterov and (float(momentum) <= 0 or float(dampening) != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+    def step(self, grads: Any, grad_scale: float = 1.0) -> None:
+        """One update with ``grads`` (same shape/dtype/device as params), scaled by
+        ``grad_scale`` inside the fused pass."""
+        gs = self._check_grads(grads, grad_scale)
+        t = self._t
+        first = "momentum_buffer" not in self._buffers
+        buf = self._buffer("momentum_buffer") if self.momentum != 0 else self.params[:0]
+        args = (
+            self.params, grads, buf, t(gs), t(-self.lr), t(self.momentum),
+            t(1.0 - self.dampening), t(self.weight_decay), self.nesterov, first, gs != 1.0,
+        )  # fmt: skip
+        if self._cuda:
+            from nbqat.kernels import optim_cuda
+
+            optim_cuda.sgd_step(*args)
+        else:
+            _k.sgd_step(*args)
+        self.step_count += 1
+
+
+class Adam(_Optimizer):
+    """Adam with optional L2 weight decay (``torch.optim.Adam``, amsgrad=False, foreach=False).
+
+    ::
+
+        g = grad * grad_scale (+ weight_decay * p)
+        m = lerp(m, g, 1 - beta1);  v = v * beta2 + (1 - beta2) * g * g
+        p -= lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)
+
+    Parameters
+    ----------
+    params : (n,) float32 or float64 NumPy or CUDA array
+        The flat parameter buffer, updated in place.
+    lr : float, default 1e-3
+    betas : (float, float), default (0.9, 0.999)
+        Each in [0, 1).
+    eps : float, default 1e-8
+    weight_decay : float, default 0
+
+    Notes
+    -----
+    Matches torch's CPU kernels operation by operation, fused multiply-adds included; torch's
+    vectorised ``sqrt`` (SLEEF on AVX-512 builds) is not always correctly rounded while this one
+    is, so parameters can differ from torch's in the last bit of an update (moments are
+    bit-identical without weight decay).
+
+    References
+    ----------
+    Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015; ``torch.optim.Adam``.
+    """
+
+    _state_names = ("exp_avg", "exp_avg_sq")
+    _hparam_names = ("lr", "betas", "eps", "weight_decay")
+    _decoupled = False
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        self._validate(lr, betas, eps, weight_decay)
+        super().__init__(params)
+        self.lr, self.eps, self.weight_decay = float(lr), float(eps), float(weight_decay)
+        self.betas = (float(betas[0]), float(betas[1]))
+
+    def _validate(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        _hparam(lr, "learning rate")
+        _hparam(eps, "epsilon value")
+        try:
+            b1, b2 = betas
+        except (TypeError, ValueError):
+            raise TypeError(f"betas must be a pair of floats, got {betas!r}") from None
+        _hparam(b1, "beta parameter at index 0", hi=1.0)
+        _hparam(b2, "beta parameter at index 1", hi=1.0)
+        _hparam(weight_decay, "weight_decay value")
+
+    def step(self, grads: Any, grad_scale: float = 1.0) -> None:
+        """One update with ``grads`` (same shape/dtype/device as params), scaled by
+        ``grad_scale`` inside the fused pass."""
+        gs = self._check_grads(grads, grad_scale)
+        t = self._t
+        b1, b2 = self.betas
+        step = self.step_count + 1
+        bc1 = 1 - b1 ** float(step)
+        bc2 = 1 - b2 ** float(step)
+        w1 = t(1 - b1)
+        decoupled = self._decoupled and self.weight_decay != 0
+        args = (
+            self.params, grads, self._buffer("exp_avg"), self._buffer("exp_avg_sq"), t(gs), w1,
+            t(1) - w1, t(b2), t(1 - b2), t(0.0 if self._decoupled else self.weight_decay),
+            t(1 - self.lr * self.weight_decay), t(bc2**0.5), t(self.eps), t(-(self.lr / bc1)),
+            decoupled, gs != 1.0,
+        )  # fmt: skip
+        if self._cuda:
+            from nbqat.kernels import optim_cuda
+
+            optim_cuda.adam_step(*args)
+        else:
+            _k.adam_step(*args)
+        self.step_count = step
+
+
+class AdamW(Adam):
+    """AdamW: Adam with decoupled weight decay (``torch.optim.AdamW``, foreach=False).
+
+    Identical to :class:`Adam` except that ``p *= 1 - lr * weight_decay`` before the update
+    instead of adding ``weight_decay * p`` to the gradient. Default ``weight_decay=1e-2``.
+
+    References
+    ----------
+    Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019; ``torch.optim.AdamW``.
+    """
+
+    _decoupled = True
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ) -> None:
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+__all__ = ["SGD", "Adam", "AdamW"]

@@ -1,5 +1,148 @@
-"""STUB: being written; replace this whole file."""
+"""QConfig (which fake-quantize modules to build) and QATConfig (the training loop's settings).
 
-QConfig = None  # STUB
-QATConfig = None  # STUB
-default_qat_qconfig = None  # STUB
+``default_qat_qconfig`` follows torch's default QAT qconfig with one deliberate difference:
+
+* activations: :class:`~nbqat.FakeQuantize` with a :class:`~nbqat.MovingAverageMinMaxObserver`,
+  quint8, per-tensor affine, ``[0, 255]``. torch's x86 default sets ``reduce_range=True``
+  (``[0, 127]``) to avoid an overflow in the x86 ``vpmaddubsw`` int8 kernels; nbqat's int8
+  reference path accumulates in int32 and has no such overflow, so it keeps the full range
+  (``reduce_range=False``: one more bit of activation precision).
+* weights: :class:`~nbqat.FakeQuantize` with a
+  :class:`~nbqat.MovingAveragePerChannelMinMaxObserver`, qint8, per-channel symmetric,
+  ``ch_axis=0`` (output features), ``[-128, 127]``
+  (torch's ``default_per_channel_weight_fake_quant``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
+from nbqat.observers import (
+    MovingAverageMinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
+    _MinMaxBase,
+)
+
+__all__ = ["QATConfig", "QConfig", "default_qat_qconfig"]
+
+
+def _check_factory(value: Any, name: str) -> None:
+    if isinstance(value, (FakeQuantize, LearnableFakeQuantize, _MinMaxBase)):
+        raise TypeError(
+            f"QConfig.{name} must be a factory (a class or FakeQuantize.with_args(...)), not an "
+            f"instance of {type(value).__name__}: every layer needs its own module"
+        )
+    if not callable(value):
+        raise TypeError(f"QConfig.{name} must be callable (a factory), got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class QConfig:
+    """Factories of the fake-quantize modules for activations and weights (torch's ``QConfig``).
+
+    Parameters
+    ----------
+    activation : callable
+        No-argument factory returning a new FakeQuantize (or LearnableFakeQuantize) for
+        activations, e.g. ``FakeQuantize.with_args(observer=MovingAverageMinMaxObserver)``.
+    weight : callable
+        The same for weights.
+
+    Raises
+    ------
+    TypeError
+        A module instance instead of a factory, or something not callable.
+    """
+
+    activation: Callable[[], Any]
+    weight: Callable[[], Any]
+
+    def __post_init__(self) -> None:
+        _check_factory(self.activation, "activation")
+        _check_factory(self.weight, "weight")
+
+    def __iter__(self) -> Iterator[Callable[[], Any]]:  # torch's QConfig is a namedtuple
+        return iter((self.activation, self.weight))
+
+
+default_qat_qconfig = QConfig(
+    activation=FakeQuantize.with_args(
+        observer=MovingAverageMinMaxObserver,
+        quant_min=0,
+        quant_max=255,
+        dtype="quint8",
+        qscheme="per_tensor_affine",
+        reduce_range=False,
+    ),
+    weight=FakeQuantize.with_args(
+        observer=MovingAveragePerChannelMinMaxObserver,
+        quant_min=-128,
+        quant_max=127,
+        dtype="qint8",
+        qscheme="per_channel_symmetric",
+        ch_axis=0,
+    ),
+)
+
+
+@dataclasses.dataclass
+class QATConfig:
+    """Settings of the QAT training loop.
+
+    Attributes
+    ----------
+    calibration_batches : int, default 100
+        Batches observed (observers on, fake quant off) before QAT starts (the Rust original's
+        ``QATConfig::calibration_batches``).
+    qconfig : QConfig, default default_qat_qconfig
+        Fake-quantize factories for activations and weights.
+    max_norm : float or None, default 1.0
+        Gradient-clipping norm (``clip_grad_norm_``); None disables clipping.
+    learnable_scales : bool, default False
+        Use LearnableFakeQuantize (LSQ) instead of FakeQuantize.
+    freeze_observers_after_calibration : bool, default False
+        Disable the observers once calibration ends (fixed qparams during QAT).
+    quantize_attention : bool, default True
+        Fake-quantize the attention projections (and probabilities).
+    quantize_output_head : bool, default False
+        Fake-quantize the quantile output head.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A field of the wrong type or out of range.
+    """
+
+    calibration_batches: int = 100
+    qconfig: QConfig = default_qat_qconfig
+    max_norm: float | None = 1.0
+    learnable_scales: bool = False
+    freeze_observers_after_calibration: bool = False
+    quantize_attention: bool = True
+    quantize_output_head: bool = False
+
+    def __post_init__(self) -> None:
+        cb = self.calibration_batches
+        if isinstance(cb, bool) or not isinstance(cb, int):
+            raise TypeError(f"calibration_batches must be an int, got {cb!r}")
+        if cb < 0:
+            raise ValueError(f"calibration_batches must be >= 0, got {cb}")
+        if not isinstance(self.qconfig, QConfig):
+            raise TypeError(f"qconfig must be a QConfig, got {type(self.qconfig).__name__}")
+        mn = self.max_norm
+        if mn is not None:
+            if isinstance(mn, bool) or not isinstance(mn, (int, float)):
+                raise TypeError(f"max_norm must be a float or None, got {mn!r}")
+            if not mn > 0 or mn != mn or mn == float("inf"):
+                raise ValueError(f"max_norm must be a positive finite float or None, got {mn}")
+        for f in (
+            "learnable_scales",
+            "freeze_observers_after_calibration",
+            "quantize_attention",
+            "quantize_output_head",
+        ):
+            if not isinstance(getattr(self, f), bool):
+                raise TypeError(f"{f} must be a bool, got {getattr(self, f)!r}")

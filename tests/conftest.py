@@ -16,8 +16,13 @@ import os
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
+import warnings  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from numba.core.errors import NumbaPerformanceWarning  # noqa: E402
+
+warnings.simplefilter("ignore", NumbaPerformanceWarning)
 
 
 def _torch_required() -> bool:

@@ -1,1 +1,43 @@
-"""STUB: nbqat.nn is being written."""
+"""nbqat.nn: the layer graph with hand-written backward passes and the TFT-like forecaster.
+
+Every layer is a :class:`~nbqat.nn.params.Module` with ``forward`` (caching what backward
+needs) and ``backward`` (accumulating into the flat gradient buffer, returning input
+gradients). Parameters of a whole model live in one flat buffer (:class:`ParameterBuffer`).
+"""
+
+from nbqat.nn.layers import (
+    ELU,
+    LSTM,
+    GateAddNorm,
+    GatedLinearUnit,
+    GatedResidualNetwork,
+    InterpretableMultiHeadAttention,
+    LayerNorm,
+    Linear,
+    VariableEmbedding,
+    VariableSelectionNetwork,
+)
+from nbqat.nn.loss import q_risk, quantile_loss, quantile_loss_grad
+from nbqat.nn.params import Module, ModuleList, ParameterBuffer
+from nbqat.nn.tft import TemporalFusionTransformer, TFTConfig
+
+__all__ = [
+    "ELU",
+    "GateAddNorm",
+    "GatedLinearUnit",
+    "GatedResidualNetwork",
+    "InterpretableMultiHeadAttention",
+    "LSTM",
+    "LayerNorm",
+    "Linear",
+    "Module",
+    "ModuleList",
+    "ParameterBuffer",
+    "TFTConfig",
+    "TemporalFusionTransformer",
+    "VariableEmbedding",
+    "VariableSelectionNetwork",
+    "q_risk",
+    "quantile_loss",
+    "quantile_loss_grad",
+]

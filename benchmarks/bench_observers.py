@@ -1,0 +1,75 @@
+"""Observer update speed: nbqat vs ``torch.aminmax`` / torch's observers and the read roof.
+
+Run: ``python -m pytest benchmarks/bench_observers.py --benchmark-enable -s``
+(``NBQAT_BENCH_SMALL=1`` for a smoke run). Figures printed as ``[nbqat-bench] ...``:
+
+* per tensor, 2^25 float32: ``vs_torch_aminmax`` = torch time / nbqat time (target >= 1.0) and
+  ``roof_fraction`` = fastest parallel read of the same bytes / nbqat time (target >= 0.85);
+* per channel, (4096, 8192), ch_axis 0 and 1: ``vs_torch_observer`` = torch
+  ``PerChannelMinMaxObserver.forward`` time / nbqat time (target >= 2).
+
+Ratios are reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _roof import bench_median, median_time, read_roof, report
+from conftest import SMALL
+
+import nbqat
+
+N = 1 << 16 if SMALL else 1 << 25
+SHAPE = (64, 128) if SMALL else (4096, 8192)
+
+
+@pytest.fixture(scope="module")
+def torch():
+    t = pytest.importorskip("torch")
+    return t
+
+
+def _data(shape):
+    return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+
+
+def test_per_tensor_update(benchmark, torch):
+    x = _data(N)
+    obs = nbqat.MinMaxObserver()
+    obs(x)  # compile / warm up
+    benchmark(obs, x)
+    t_ours = bench_median(benchmark)
+    if t_ours != t_ours:  # benchmark disabled
+        t_ours = median_time(lambda: obs(x))
+    tx = torch.from_numpy(x)
+    t_torch = median_time(lambda: torch.aminmax(tx))
+    t_roof = read_roof(x.nbytes)
+    report(
+        benchmark,
+        seconds=t_ours,
+        gbytes_per_s=x.nbytes / t_ours / 1e9,
+        vs_torch_aminmax=t_torch / t_ours,
+        roof_fraction=t_roof / t_ours,
+    )
+
+
+@pytest.mark.parametrize("ch_axis", [0, 1])
+def test_per_channel_update(benchmark, torch, ch_axis):
+    x = _data(SHAPE)
+    obs = nbqat.PerChannelMinMaxObserver(ch_axis=ch_axis)
+    obs(x)
+    benchmark(obs, x)
+    t_ours = bench_median(benchmark)
+    if t_ours != t_ours:
+        t_ours = median_time(lambda: obs(x))
+    tobs = torch.ao.quantization.PerChannelMinMaxObserver(ch_axis=ch_axis)
+    tx = torch.from_numpy(x)
+    t_torch = median_time(lambda: tobs(tx), repeat=5)
+    t_roof = read_roof(x.nbytes)
+    report(
+        benchmark,
+        seconds=t_ours,
+        vs_torch_observer=t_torch / t_ours,
+        roof_fraction=t_roof / t_ours,
+    )

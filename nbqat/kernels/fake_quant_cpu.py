@@ -1,0 +1,264 @@
+"""CPU kernels for fake quantization (Numba, ``parallel=True``, no fastmath).
+
+All kernels work on flat 1-D C-contiguous buffers of one float dtype ``T`` (float32 or float64),
+so each compiles to at most two specialisations; :mod:`nbqat.fake_quant` makes the views
+(contiguous copies for strided input, float32 for float16) and validates every argument.
+Per-channel kernels see a C-contiguous array as ``(outer, C, inner)`` (``C = shape[axis]``), so
+any axis works without a transpose.
+
+Scalars (``scale``, ``inv``, ``zp``, ``qmin``, ``qmax``, ``gf``) arrive already typed as ``T``
+(``inv`` is the float32 reciprocal of the float32 scale, as PyTorch computes it), so nothing
+widens: arithmetic order follows ``aten/src/ATen/native/quantized/cpu/kernels/
+QuantizedOpKernels.cpp`` (reciprocal then multiply, ``rint`` then add the zero point, mask on
+the unclamped rounded value, clamp in float, ``(q - zp) * scale``).
+
+Reductions (LSQ ``grad_scale`` / ``grad_zero_point``) use fixed chunks by index with float64
+partials merged serially in a fixed order, so results do not depend on the thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from nbqat._jit import cpu_kernel
+
+#: Elements per partial sum of the per-tensor LSQ reduction (fixed: results are independent of
+#: the number of threads).
+LSQ_CHUNK = 1 << 14
+
+
+@cpu_kernel(parallel=True)
+def fq_tensor_kernel(x, out, mask, scale, inv, zp, qmin, qmax, with_mask):  # pragma: no cover
+    """Per-tensor fake quantization (and its STE mask).
+
+    Parameters
+    ----------
+    x : (n,) float32 | float64, C-contiguous
+    out : (n,) same dtype as ``x`` (may be ``x`` itself)
+    mask : (n,) bool, or (1,) dummy when ``with_mask`` is False
+    scale, inv, zp, qmin, qmax : scalars of ``x``'s dtype
+        ``inv = float32(1) / float32(scale)``.
+    with_mask : bool
+    """
+    n = x.size
+    if with_mask:
+        for i in prange(n):
+            r = np.rint(x[i] * inv) + zp  # round half to even, THEN add zp
+            q = r if r > qmin else qmin  # fmax: NaN -> qmin
+            q = q if q < qmax else qmax  # fmin
+            mask[i] = (qmin <= r) & (r <= qmax)  # unclamped rounded value
+            out[i] = (q - zp) * scale
+    else:
+        for i in prange(n):
+            r = np.rint(x[i] * inv) + zp
+            q = r if r > qmin else qmin
+            q = q if q < qmax else qmax
+            out[i] = (q - zp) * scale
+
+
+@cpu_kernel(parallel=True)
+def fq_channel_kernel(
+    x, out, mask, scale, inv, zp, outer, channels, inner, qmin, qmax, with_mask, by_outer
+):  # pragma: no cover
+    """Per-channel fake quantization over a flat ``(outer, C, inner)`` buffer.
+
+    Parameters
+    ----------
+    x : (outer*C*inner,) float32 | float64, C-contiguous
+    out : same shape and dtype (may be ``x``)
+    mask : same shape, bool; (1,) dummy when ``with_mask`` is False
+    scale, inv, zp : (C,) arrays of ``x``'s dtype (float32 scale, its float32 reciprocal, zp)
+    outer, channels, inner : int
+    qmin, qmax : scalars of ``x``'s dtype
+    with_mask : bool
+    by_outer : bool
+        Parallel over ``outer`` rows with the channel loop innermost (used when ``inner == 1``,
+        e.g. the last axis) instead of parallel over ``(outer, C)`` rows of length ``inner``.
+    """
+    # Row slices indexed by plain range variables let LLVM drop the negative-index checks and
+    # vectorize the inner loops.
+    if by_outer:  # inner == 1
+        for o in prange(outer):
+            base = o * channels
+            xr = x[base : base + channels]
+            yr = out[base : base + channels]
+            if with_mask:
+                mr = mask[base : base + channels]
+                for c in range(channels):
+                    r = np.rint(xr[c] * inv[c]) + zp[c]
+                    q = r if r > qmin else qmin
+                    q = q if q < qmax else qmax
+                    mr[c] = (qmin <= r) & (r <= qmax)
+                    yr[c] = (q - zp[c]) * scale[c]
+            else:
+                for c in range(channels):
+                    r = np.rint(xr[c] * inv[c]) + zp[c]
+                    q = r if r > qmin else qmin
+                    q = q if q < qmax else qmax
+                    yr[c] = (q - zp[c]) * scale[c]
+    else:
+        for row in prange(outer * channels):
+            c = row % channels
+            s = scale[c]
+            iv = inv[c]
+            z = zp[c]
+            base = row * inner
+            xr = x[base : base + inner]
+            yr = out[base : base + inner]
+            if with_mask:
+                mr = mask[base : base + inner]
+                for k in range(inner):
+                    r = np.rint(xr[k] * iv) + z
+                    q = r if r > qmin else qmin
+                    q = q if q < qmax else qmax
+                    mr[k] = (qmin <= r) & (r <= qmax)
+                    yr[k] = (q - z) * s
+            else:
+                for k in range(inner):
+                    r = np.rint(xr[k] * iv) + z
+                    q = r if r > qmin else qmin
+                    q = q if q < qmax else qmax
+                    yr[k] = (q - z) * s
+
+
+@cpu_kernel(parallel=True)
+def ste_backward_kernel(grad_y, mask, out):  # pragma: no cover
+    """Straight-through estimator: ``out = grad_y * mask`` (a multiply, so NaN stays NaN).
+
+    Parameters
+    ----------
+    grad_y : (n,) float32 | float64, C-contiguous
+    mask : (n,) bool
+    out : (n,) same dtype as ``grad_y`` (may be ``grad_y``)
+    """
+    one = grad_y.dtype.type(1)
+    zero = grad_y.dtype.type(0)
+    for i in prange(grad_y.size):
+        out[i] = grad_y[i] * (one if mask[i] else zero)
+
+
+@cpu_kernel(parallel=False, inline="always")
+def _lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf):  # pragma: no cover
+    """Element ``i``'s LSQ gradients ``(dx, ds, dz)`` in ``x``'s dtype.
+
+    torch's ``_fake_quantize_grad_learnable_tensor_kernel`` arithmetic, with two deliberate
+    choices: the rounding is the forward's ``rint(x*inv) + z`` (torch adds first), and the
+    in-range difference ``(xq - z) * s - x`` is evaluated exactly in float64 and rounded once,
+    which is what torch's FMA-contracted x86 build computes. NaN x counts as below the range
+    (the forward maps it to qmin).
+    """
+    xi = x[i]
+    gi = grad_y[i]
+    one = s / s  # exactly 1 in x's dtype (s finite, > 0)
+    zero = z - z  # exactly +0 (z finite)
+    xq = np.rint(xi * iv) + z
+    if xq >= qmin and xq <= qmax:
+        d = x.dtype.type(np.float64(xq - z) * np.float64(s) - np.float64(xi))
+        return gi * one, ((gi * d) * iv) * gf, zero
+    dz = ((-gi) * s) * gf
+    if xq > qmax:
+        return gi * zero, (gi * (qmax - z)) * gf, dz
+    return gi * zero, (gi * (qmin - z)) * gf, dz
+
+
+@cpu_kernel(parallel=True)
+def lsq_tensor_backward_kernel(
+    x, grad_y, grad_x, scale, inv, zp, qmin, qmax, gf
+):  # pragma: no cover
+    """Per-tensor LSQ backward.
+
+    Parameters
+    ----------
+    x, grad_y : (n,) float32 | float64, C-contiguous
+    grad_x : (n,) same dtype (output; may alias ``grad_y``)
+    scale, inv, zp, qmin, qmax, gf : scalars of the same dtype
+
+    Returns
+    -------
+    (float, float)
+        ``(sum of dS terms, sum of dZ terms)`` accumulated in float64 over fixed chunks of
+        :data:`LSQ_CHUNK` elements, merged in chunk order.
+    """
+    n = x.size
+    nch = (n + LSQ_CHUNK - 1) // LSQ_CHUNK
+    part = np.zeros((nch, 2), np.float64)
+    for j in prange(nch):
+        a = 0.0
+        b = 0.0
+        for i in range(j * LSQ_CHUNK, min(n, (j + 1) * LSQ_CHUNK)):
+            dx, ds, dz = _lsq_terms(x, grad_y, i, scale, inv, zp, qmin, qmax, gf)
+            grad_x[i] = dx
+            a += ds
+            b += dz
+        part[j, 0] = a
+        part[j, 1] = b
+    ts = 0.0
+    tz = 0.0
+    for j in range(nch):
+        ts += part[j, 0]
+        tz += part[j, 1]
+    return ts, tz
+
+
+@cpu_kernel(parallel=True)
+def lsq_channel_backward_kernel(
+    x, grad_y, grad_x, scale, inv, zp, outer, channels, inner, qmin, qmax, gf, rows_per_chunk
+):  # pragma: no cover
+    """Per-channel LSQ backward over a flat ``(outer, C, inner)`` buffer.
+
+    Parameters
+    ----------
+    x, grad_y : (outer*C*inner,) float32 | float64, C-contiguous
+    grad_x : same (output)
+    scale, inv, zp : (C,) arrays of the same dtype
+    outer, channels, inner : int
+    qmin, qmax, gf : scalars of the same dtype
+    rows_per_chunk : int
+        0: parallel over channels (each channel summed serially over ``(outer, inner)``).
+        > 0: parallel over fixed chunks of ``rows_per_chunk`` outer rows with (chunks, C)
+        float64 partials merged in chunk order (for ``inner`` small, ``outer`` large).
+
+    Returns
+    -------
+    (C, 2) float64
+        Column 0: grad_scale sums; column 1: grad_zero_point sums.
+    """
+    res = np.zeros((channels, 2), np.float64)
+    if rows_per_chunk == 0:
+        for c in prange(channels):
+            s = scale[c]
+            iv = inv[c]
+            z = zp[c]
+            a = 0.0
+            b = 0.0
+            for o in range(outer):
+                base = (o * channels + c) * inner
+                for k in range(inner):
+                    i = base + k
+                    dx, ds, dz = _lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf)
+                    grad_x[i] = dx
+                    a += ds
+                    b += dz
+            res[c, 0] = a
+            res[c, 1] = b
+    else:
+        nch = (outer + rows_per_chunk - 1) // rows_per_chunk
+        part = np.zeros((nch, channels, 2), np.float64)
+        for j in prange(nch):
+            for o in range(j * rows_per_chunk, min(outer, (j + 1) * rows_per_chunk)):
+                for c in range(channels):
+                    base = (o * channels + c) * inner
+                    for k in range(inner):
+                        i = base + k
+                        dx, ds, dz = _lsq_terms(
+                            x, grad_y, i, scale[c], inv[c], zp[c], qmin, qmax, gf
+                        )
+                        grad_x[i] = dx
+                        part[j, c, 0] += ds
+                        part[j, c, 1] += dz
+        for j in range(nch):
+            for c in range(channels):
+                res[c, 0] += part[j, c, 0]
+                res[c, 1] += part[j, c, 1]
+    return res

@@ -1,0 +1,109 @@
+"""CPU kernels of nbqat's integer-arithmetic (int8) reference inference path.
+
+Compiled code only; the public entry points (validation, dispatch) live in :mod:`nbqat.nn.int8`.
+
+* :func:`quantize_per_tensor_kernel` -- float -> integer codes with PyTorch's fake-quantize
+  arithmetic (``inv = 1/scale`` in float32, ``rint(x * inv) + zero_point``, clamp), so the codes
+  are exactly those the fake-quant model used.
+* :func:`qlinear_kernel` -- ``acc[m, n] = sum_k (x_q[m, k] - zp_x) * w_q[n, k]`` accumulated in
+  int32, then requantized ``y = float32(acc * (s_x * s_w[n])) + b[n]`` (the multiplier is the
+  exact float64 product of two float32 scales; one rounding to float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from nbqat._jit import cpu_kernel
+
+
+@cpu_kernel(parallel=True)
+def quantize_per_tensor_kernel(
+    x, inv_scale, zero_point, quant_min, quant_max, out
+):  # pragma: no cover
+    """Quantize a float32 vector to integer codes (PyTorch's fake-quant arithmetic).
+
+    Parameters
+    ----------
+    x : (n,) float32
+    inv_scale : float32
+        ``float32(1) / float32(scale)``.
+    zero_point, quant_min, quant_max : int
+    out : (n,) int32
+        ``clamp(rint(x * inv_scale) + zero_point, quant_min, quant_max)``; NaN -> quant_min,
+        like ``torch.fake_quantize_per_tensor_affine`` (``fmax(NaN, qmin) = qmin``).
+    """
+    zp = np.float32(zero_point)
+    lo = np.float32(quant_min)
+    hi = np.float32(quant_max)
+    for i in prange(x.size):
+        r = np.rint(x[i] * inv_scale) + zp
+        if not (r >= lo):  # also NaN
+            r = lo
+        if r > hi:
+            r = hi
+        out[i] = np.int32(r)
+
+
+@cpu_kernel(parallel=True)
+def qlinear_kernel(xq, zp_x, wq, multiplier, bias, out):  # pragma: no cover
+    """Integer matmul with int32 accumulation and float requantization.
+
+    Parameters
+    ----------
+    xq : (M, K) int32
+        Activation codes (quint8 values 0..255 stored as int32).
+    zp_x : int
+        Activation zero point.
+    wq : (N, K) int32
+        Weight codes (qint8 values -128..127 stored as int32), symmetric (zero point 0).
+    multiplier : (N,) float64
+        ``float64(s_x) * float64(s_w[n])`` (exact: the product of two float32 values).
+    bias : (N,) float32
+        Bias (all zeros when the layer has none).
+    out : (M, N) float32
+        ``float32(acc[m, n] * multiplier[n]) + bias[n]`` with
+        ``acc[m, n] = sum_k (xq[m, k] - zp_x) * wq[n, k]`` in int32 (no overflow for
+        ``K <= 65793`` since ``|xq - zp_x| <= 255`` and ``|wq| <= 128``).
+    """
+    M, K = xq.shape
+    N = wq.shape[0]
+    for m in prange(M):
+        for n in range(N):
+            acc = np.int32(0)
+            for k in range(K):
+                acc = np.int32(acc + np.int32((xq[m, k] - zp_x) * wq[n, k]))
+            out[m, n] = np.float32(np.float64(acc) * multiplier[n]) + bias[n]
+
+
+@cpu_kernel(parallel=True)
+def quantize_per_row_kernel(
+    x, inv_scale, zero_point, quant_min, quant_max, out
+):  # pragma: no cover
+    """Per-channel quantization of a (C, inner) float32 matrix along axis 0.
+
+    Parameters
+    ----------
+    x : (C, inner) float32
+    inv_scale : (C,) float32
+        ``float32(1) / scale[c]``.
+    zero_point : (C,) int32
+    quant_min, quant_max : int
+    out : (C, inner) int32
+        ``clamp(rint(x[c, j] * inv_scale[c]) + zero_point[c], quant_min, quant_max)``
+        (``torch.fake_quantize_per_channel_affine``'s arithmetic, clamped before the cast).
+    """
+    lo = np.float32(quant_min)
+    hi = np.float32(quant_max)
+    C, inner = x.shape
+    for c in prange(C):
+        inv = inv_scale[c]
+        zp = np.float32(zero_point[c])
+        for j in range(inner):
+            r = np.rint(x[c, j] * inv) + zp
+            if not (r >= lo):
+                r = lo
+            if r > hi:
+                r = hi
+            out[c, j] = np.int32(r)

@@ -1,0 +1,438 @@
+"""Compiled CPU kernels of the layer graph (:mod:`nbqat.nn`).
+
+Every kernel takes C-contiguous arrays of one floating dtype (float32 or float64) and writes its
+results into caller-provided outputs; the Python layer classes validate and allocate. Matrix
+products are not here: they go through NumPy's BLAS in the layers. Constants are typed with the
+array's own dtype (``T = x.dtype.type``) so float32 stays float32. Reductions over rows are
+chunked by a fixed row count (:data:`ROW_CHUNK`), never by the thread count, and the per-chunk
+partials are merged in order by the caller, so results do not depend on the number of threads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from nbqat._jit import cpu_kernel
+
+#: Rows per chunk of the deterministic row reductions (LayerNorm parameter gradients).
+ROW_CHUNK = 128
+
+
+# ---------------------------------------------------------------------------------------------
+# ELU (alpha = 1), elementwise over flat 1-D views
+# ---------------------------------------------------------------------------------------------
+@cpu_kernel(parallel=True)
+def elu_forward(x, y):  # (n,) -> (n,)
+    """``y = x if x > 0 else expm1(x)`` (torch.nn.functional.elu, alpha=1)."""
+    for i in prange(x.size):
+        v = x[i]
+        y[i] = v if v > 0 else np.expm1(v)
+
+
+@cpu_kernel(parallel=True)
+def elu_backward(dy, x, y, dx):  # (n,) x3 -> (n,)
+    """``dx = dy if x > 0 else dy * (y + 1)`` (y + 1 = exp(x) on the negative side)."""
+    T = dy.dtype.type
+    one = T(1.0)
+    for i in prange(dy.size):
+        dx[i] = dy[i] if x[i] > 0 else dy[i] * (y[i] + one)
+
+
+# ---------------------------------------------------------------------------------------------
+# GLU with optional residual: out = skip + z[:, :C] * sigmoid(z[:, C:])  (torch F.glu layout)
+# ---------------------------------------------------------------------------------------------
+@cpu_kernel(parallel=True)
+def glu_forward(z, skip, has_skip, out, sig):  # (N, 2C), (N, C), bool -> (N, C), (N, C)
+    """GLU of the two halves of ``z`` (value first, gate second), plus ``skip`` if has_skip;
+    ``sig`` receives sigmoid(gate) for the backward pass."""
+    T = z.dtype.type
+    one = T(1.0)
+    n, c = out.shape
+    for r in prange(n):
+        for j in range(c):
+            s = one / (one + np.exp(-z[r, c + j]))
+            sig[r, j] = s
+            v = z[r, j] * s
+            out[r, j] = skip[r, j] + v if has_skip else v
+
+
+@cpu_kernel(parallel=True)
+def glu_backward(dout, z, sig, dz):  # (N, C), (N, 2C), (N, C) -> (N, 2C)
+    """``dz_value = dout * s``, ``dz_gate = dout * value * s * (1 - s)``, s = sigmoid(gate)
+    as stored by :func:`glu_forward`."""
+    T = z.dtype.type
+    one = T(1.0)
+    n, c = dout.shape
+    for r in prange(n):
+        for j in range(c):
+            s = sig[r, j]
+            g = dout[r, j]
+            dz[r, j] = g * s
+            dz[r, c + j] = g * z[r, j] * s * (one - s)
+
+
+# ---------------------------------------------------------------------------------------------
+# LayerNorm over the last axis
+# ---------------------------------------------------------------------------------------------
+@cpu_kernel(parallel=True, fastmath=True)
+def layernorm_forward(x, w, b, eps, out, mean, rstd):  # (N, C), (C,), (C,) -> (N, C), (N,), (N,)
+    """Two-pass mean / biased variance per row, ``out = (x - mean) * rstd * w + b``
+    (torch.nn.functional.layer_norm)."""
+    T = x.dtype.type
+    e = T(eps)
+    n, c = x.shape
+    inv_c = T(1.0) / T(c)
+    for r in prange(n):
+        s = T(0.0)
+        for j in range(c):
+            s += x[r, j]
+        m = s * inv_c
+        v = T(0.0)
+        for j in range(c):
+            d = x[r, j] - m
+            v += d * d
+        rs = T(1.0) / np.sqrt(v * inv_c + e)
+        mean[r] = m
+        rstd[r] = rs
+        for j in range(c):
+            out[r, j] = (x[r, j] - m) * rs * w[j] + b[j]
+
+
+@cpu_kernel(parallel=True, fastmath=True)
+def layernorm_backward(dy, x, w, mean, rstd, dx, dw_part, db_part):
+    """LayerNorm backward.
+
+    ``g = dy * w``, ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``; ``dw_part[k]`` and
+    ``db_part[k]`` receive the sums of ``dy * xhat`` and ``dy`` over the rows of chunk ``k``
+    (:data:`ROW_CHUNK` rows each), to be merged in order by the caller.
+    Shapes: dy, x, dx (N, C); w (C,); mean, rstd (N,); dw_part, db_part (nchunks, C).
+    """
+    T = x.dtype.type
+    n, c = x.shape
+    inv_c = T(1.0) / T(c)
+    nchunks = dw_part.shape[0]
+    for k in prange(nchunks):
+        for j in range(c):
+            dw_part[k, j] = T(0.0)
+            db_part[k, j] = T(0.0)
+        for r in range(k * ROW_CHUNK, min(n, (k + 1) * ROW_CHUNK)):
+            m = mean[r]
+            rs = rstd[r]
+            sg = T(0.0)
+            sgx = T(0.0)
+            for j in range(c):
+                xh = (x[r, j] - m) * rs
+                g = dy[r, j] * w[j]
+                sg += g
+                sgx += g * xh
+                dw_part[k, j] += dy[r, j] * xh
+                db_part[k, j] += dy[r, j]
+            mg = sg * inv_c
+            mgx = sgx * inv_c
+            for j in range(c):
+                xh = (x[r, j] - m) * rs
+                dx[r, j] = rs * (dy[r, j] * w[j] - mg - xh * mgx)
+
+
+# ---------------------------------------------------------------------------------------------
+# Row softmax
+# ---------------------------------------------------------------------------------------------
+@cpu_kernel(parallel=True)
+def softmax_forward(z, p):  # (N, m) -> (N, m)
+    """Numerically stable softmax over the last axis."""
+    T = z.dtype.type
+    n, m = z.shape
+    for r in prange(n):
+        mx = z[r, 0]
+        for j in range(1, m):
+            if z[r, j] > mx:
+                mx = z[r, j]
+        s = T(0.0)
+        for j in range(m):
+            e = np.exp(z[r, j] - mx)
+            p[r, j] = e
+            s += e
+        inv = T(1.0) / s
+        for j in range(m):
+            p[r, j] *= inv
+
+
+@cpu_kernel(parallel=True, fastmath=True)
+def softmax_backward(dp, p, dz):  # (N, m) x2 -> (N, m)
+    """``dz = p * (dp - sum_j p_j dp_j)``."""
+    T = p.dtype.type
+    n, m = p.shape
+    for r in prange(n):
+        s = T(0.0)
+        for j in range(m):
+            s += p[r, j] * dp[r, j]
+        for j in range(m):
+            dz[r, j] = p[r, j] * (dp[r, j] - s)
+
+
+# ---------------------------------------------------------------------------------------------
+# Variable selection: per-variable embedding and the weighted combination
+# ---------------------------------------------------------------------------------------------
+@cpu_kernel(parallel=True)
+def embed_forward(x, w, b, flat, pervar):  # (N, m), (m, d), (m, d) -> (N, m*d), (m, N, d)
+    """``e[n, j, :] = x[n, j] * w[j] + b[j]`` written twice: flattened per row (for the
+    selection GRN) and variable-major (for the per-variable GRNs)."""
+    n, m = x.shape
+    d = w.shape[1]
+    for r in prange(n):
+        for j in range(m):
+            xv = x[r, j]
+            for e in range(d):
+                v = xv * w[j, e] + b[j, e]
+                flat[r, j * d + e] = v
+                pervar[j, r, e] = v
+
+
+@cpu_kernel(parallel=True, fastmath=True)
+def embed_backward(x, w, dflat, dpervar, dx, dw, db):
+    """Backward of :func:`embed_forward`; the two layouts' gradients are summed (fan-out).
+
+    ``dw[j, e] = sum_n x[n, j] * g[n, j, e]``, ``db[j, e] = sum_n g[n, j, e]`` (written, serial
+    over n per column), ``dx[n, j] = sum_e w[j, e] * g[n, j, e]`` (written), with
+    ``g = dflat + dpervar``. Shapes: x, dx (N, m); w, dw, db (m, d); dflat (N, m*d);
+    dpervar (m, N, d).
+    """
+    T = x.dtype.type
+    n, m = x.shape
+    d = w.shape[1]
+    for col in prange(m * d):
+        j = col // d
+        e = col - j * d
+        sw = T(0.0)
+        sb = T(0.0)
+        for r in range(n):
+            g = dflat[r, col] + dpervar[j, r, e]
+            sw += x[r, j] * g
+            sb += g
+        dw[j, e] = sw
+        db[j, e] = sb
+    for r in prange(n):
+        for j in range(m):
+            s = T(0.0)
+            for e in range(d):
+                s += w[j, e] * (dflat[r, j * d + e] + dpervar[j, r, e])
+            dx[r, j] = s
+
+
+@cpu_kernel(parallel=True, fastmath=True)
+def vsn_combine_forward(v, xs, out):  # (N, m), (m, N, d) -> (N, d)
+    """``out[n] = sum_j v[n, j] * xs[j, n]``."""
+    T = v.dtype.type
+    n, m = v.shape
+    d = out.shape[1]
+    for r in prange(n):
+        for e in range(d):
+            s = T(0.0)
+            for j in range(m):
+                s += v[r, j] * xs[j, r, e]
+            out[r, e] = s
+
+
+@cpu_kernel(parallel=True, fastmath=True)
+def vsn_combine_backward(dout, v, xs, dv, dxs):  # (N, d), (N, m), (m, N, d) -> (N, m), (m, N, d)
+    """``dv[n, j] = <dout[n], xs[j, n]>``, ``dxs[j, n] = v[n, j] * dout[n]``."""
+    T = v.dtype.type
+    n, m = v.shape
+    d = dout.shape[1]
+    for r in prange(n):
+        for j in range(m):
+            s = T(0.0)
+            vj = v[r, j]
+            for e in range(d):
+                g = dout[r, e]
+                s += g * xs[j, r, e]
+                dxs[j, r, e] = vj * g
+            dv[r, j] = s
+
+
+# ---------------------------------------------------------------------------------------------
+# LSTM cell (torch gate order i, f, g, o); one time step, all arrays 2-D C-contiguous
+# ---------------------------------------------------------------------------------------------
+@cpu_kernel(parallel=False)
+def lstm_cell_forward(xg, hh, c_prev, gates, c, tc, h):
+    """One LSTM step.
+
+    ``a = xg + hh`` (pre-activations, (B, 4d): input projection with both biases plus the
+    recurrent projection), ``i, f, o = sigmoid``, ``g = tanh``, ``c = f * c_prev + i * g``,
+    ``h = o * tanh(c)``. Writes ``gates`` (B, 4d: the activated i, f, g, o), ``c``, ``tc``
+    (tanh(c)) and ``h`` (B, d).
+    """
+    T = xg.dtype.type
+    one = T(1.0)
+    nb, d = c.shape
+    for b in range(nb):
+        for j in range(d):
+            ai = xg[b, j] + hh[b, j]
+            af = xg[b, d + j] + hh[b, d + j]
+            ag = xg[b, 2 * d + j] + hh[b, 2 * d + j]
+            ao = xg[b, 3 * d + j] + hh[b, 3 * d + j]
+            gi = one / (one + np.exp(-ai))
+            gf = one / (one + np.exp(-af))
+            gg = np.tanh(ag)
+            go = one / (one + np.exp(-ao))
+            cc = gf * c_prev[b, j] + gi * gg
+            t = np.tanh(cc)
+            gates[b, j] = gi
+            gates[b, d + j] = gf
+            gates[b, 2 * d + j] = gg
+            gates[b, 3 * d + j] = go
+            c[b, j] = cc
+            tc[b, j] = t
+            h[b, j] = go * t
+
+
+@cpu_kernel(parallel=False)
+def lstm_cell_backward(dh_out, dh_next, dc_next, gates, tc, c_prev, dg):
+    """Backward of one LSTM step.
+
+    ``dh = dh_out + dh_next``; ``do = dh * tanh(c)``; ``dc = dc_next + dh * o * (1 - tanh^2 c)``;
+    ``di = dc * g``, ``dg = dc * i``, ``df = dc * c_prev``; through the nonlinearities into the
+    pre-activation gradient ``dg`` (B, 4d, written). ``dc_next`` (B, d) is updated in place to
+    ``dc * f``, the cell gradient for the previous step.
+    """
+    T = gates.dtype.type
+    one = T(1.0)
+    nb, d = tc.shape
+    for b in range(nb):
+        for j in range(d):
+            dh = dh_out[b, j] + dh_next[b, j]
+            gi = gates[b, j]
+            gf = gates[b, d + j]
+            gg = gates[b, 2 * d + j]
+            go = gates[b, 3 * d + j]
+            t = tc[b, j]
+            do = dh * t
+            dc = dc_next[b, j] + dh * go * (one - t * t)
+            dc_next[b, j] = dc * gf
+            dg[b, j] = dc * gg * gi * (one - gi)
+            dg[b, d + j] = dc * c_prev[b, j] * gf * (one - gf)
+            dg[b, 2 * d + j] = dc * gi * (one - gg * gg)
+            dg[b, 3 * d + j] = do * go * (one - go)
+
+
+# ---------------------------------------------------------------------------------------------
+# Interpretable multi-head attention (per-head Q/K, one shared V, heads averaged, causal mask)
+# ---------------------------------------------------------------------------------------------
+@cpu_kernel(parallel=True)
+def attn_probs_forward(q, k, nheads, offset, p):  # (B, tq, D), (B, T, D) -> (B, H, tq, T)
+    """``p[b, h, i] = softmax_j(<q[b, i, h], k[b, j, h]> / sqrt(dh))`` over ``j <= offset + i``
+    (query i sits at absolute position offset + i and sees itself); masked entries are 0."""
+    T = q.dtype.type
+    nb, tq, dm = q.shape
+    tk = k.shape[1]
+    dh = dm // nheads
+    sq = np.sqrt(T(dh))
+    for b in prange(nb):
+        for h in range(nheads):
+            c0 = h * dh
+            for i in range(tq):
+                lim = min(offset + i + 1, tk)
+                mx = -np.inf
+                for j in range(lim):
+                    s = T(0.0)
+                    for e in range(dh):
+                        s += q[b, i, c0 + e] * k[b, j, c0 + e]
+                    s = s / sq
+                    p[b, h, i, j] = s
+                    if s > mx:
+                        mx = s
+                tot = T(0.0)
+                for j in range(lim):
+                    ex = np.exp(p[b, h, i, j] - mx)
+                    p[b, h, i, j] = ex
+                    tot += ex
+                inv = T(1.0) / tot
+                for j in range(lim):
+                    p[b, h, i, j] *= inv
+                for j in range(lim, tk):
+                    p[b, h, i, j] = T(0.0)
+
+
+@cpu_kernel(parallel=True, fastmath=True)
+def attn_probs_backward(dp, p, q, k, offset, dq, dk):
+    """Softmax and score backward: ``ds = p * (dp - sum_j p dp)`` (masked entries 0),
+    ``dq[b, i, h] = sum_j ds k[b, j, h] / sqrt(dh)``, ``dk[b, j, h] = sum_i ds q[b, i, h] /
+    sqrt(dh)``. dq (B, tq, D) and dk (B, T, D) are written. Shapes as :func:`attn_probs_forward`.
+    """
+    T = q.dtype.type
+    nb, nh, tq, tk = p.shape
+    dm = q.shape[2]
+    dh = dm // nh
+    sq = np.sqrt(T(dh))
+    for b in prange(nb):
+        for i in range(tq):
+            for e in range(dm):
+                dq[b, i, e] = T(0.0)
+        for j in range(tk):
+            for e in range(dm):
+                dk[b, j, e] = T(0.0)
+        for h in range(nh):
+            c0 = h * dh
+            for i in range(tq):
+                lim = min(offset + i + 1, tk)
+                s = T(0.0)
+                for j in range(lim):
+                    s += p[b, h, i, j] * dp[b, h, i, j]
+                for j in range(lim):
+                    ds = p[b, h, i, j] * (dp[b, h, i, j] - s) / sq
+                    for e in range(dh):
+                        dq[b, i, c0 + e] += ds * k[b, j, c0 + e]
+                        dk[b, j, c0 + e] += ds * q[b, i, c0 + e]
+
+
+@cpu_kernel(parallel=True, fastmath=True)
+def attn_apply_forward(p, v, out):  # (B, H, tq, T), (B, T, dv) -> (B, tq, dv)
+    """``out[b, i] = (1 / H) sum_h sum_j p[b, h, i, j] v[b, j]`` (shared values, mean of heads)."""
+    T = v.dtype.type
+    nb, nh, tq, tk = p.shape
+    dv = v.shape[2]
+    inv_h = T(1.0) / T(nh)
+    for b in prange(nb):
+        for i in range(tq):
+            for e in range(dv):
+                out[b, i, e] = T(0.0)
+            for h in range(nh):
+                for j in range(tk):
+                    w = p[b, h, i, j]
+                    if w != 0:
+                        for e in range(dv):
+                            out[b, i, e] += w * v[b, j, e]
+            for e in range(dv):
+                out[b, i, e] *= inv_h
+
+
+@cpu_kernel(parallel=True, fastmath=True)
+def attn_apply_backward(dout, p, v, dp, dv):
+    """``dp[b, h, i, j] = <dout[b, i], v[b, j]> / H`` (the same for every head) and
+    ``dv[b, j] = (1 / H) sum_h sum_i p[b, h, i, j] dout[b, i]``; both written.
+    Shapes: dout (B, tq, dv), p, dp (B, H, tq, T), v, dv (B, T, dv)."""
+    T = v.dtype.type
+    nb, nh, tq, tk = p.shape
+    de = v.shape[2]
+    inv_h = T(1.0) / T(nh)
+    for b in prange(nb):
+        for i in range(tq):
+            for j in range(tk):
+                s = T(0.0)
+                for e in range(de):
+                    s += dout[b, i, e] * v[b, j, e]
+                s *= inv_h
+                for h in range(nh):
+                    dp[b, h, i, j] = s
+        for j in range(tk):
+            for e in range(de):
+                dv[b, j, e] = T(0.0)
+            for h in range(nh):
+                for i in range(tq):
+                    w = p[b, h, i, j]
+                    if w != 0:
+                        for e in range(de):
+                            dv[b, j, e] += w * dout[b, i, e]
+            for e in range(de):
+                dv[b, j, e] *= inv_h

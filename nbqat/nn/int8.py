@@ -1,0 +1,458 @@
+"""Integer-arithmetic (int8) reference inference for a QAT-trained TFT-like forecaster.
+
+:meth:`QATTemporalFusionTransformer.to_int8() <nbqat.nn.qat.QATTemporalFusionTransformer.to_int8>`
+returns an :class:`Int8TemporalFusionTransformer`: every matmul that QAT fake-quantized runs on
+integers --
+
+* weights as int8 codes with one float32 scale per output channel (``Int8Linear.weight_q``,
+  ``weight_scale``; symmetric qint8, zero point 0 with the default qconfig),
+* activations quantized to uint8 codes with the per-tensor qparams the QAT observers chose
+  (``input_scale``, ``input_zero_point``), with PyTorch's fake-quantize arithmetic
+  (``rint(x * (1/s)) + zp``, clamp) so the codes are exactly those of training,
+* ``acc = sum_k (x_q - zp_x) * (w_q - zp_w)`` accumulated in int32 (exact; no overflow for
+  ``in_features <= 65793``), then requantized to float32 with the multiplier
+  ``s_x * s_w[n]`` (computed exactly in float64, one rounding) and the float bias added;
+
+and the rest of the network -- LayerNorm, ELU, sigmoid/tanh gates, softmax, the LSTM cell, the
+attention score and ``P @ V`` products (``P`` fake-quantized with its frozen qparams), the
+element-wise input embeddings -- runs in float32 exactly as in the fake-quant model (the same
+compiled kernels). With ``QATConfig.quantize_output_head`` the head is integer too and the
+output is requantized to uint8 with the output quantizer's qparams; otherwise the head is float.
+
+Accuracy: the fake-quant model computes ``sum_k (q_x - zp) s_x * q_w s_w`` in float32 (BLAS)
+where this path computes the same sum exactly in integers, so the two differ by float32
+rounding only; a rounding difference can move an activation across a code boundary of the next
+quantizer, so the documented (and tested) bound is one output quantization step
+(``output_scale``), not bit equality.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from nbqat.kernels.int8_cpu import (
+    qlinear_kernel,
+    quantize_per_row_kernel,
+    quantize_per_tensor_kernel,
+)
+
+__all__ = [
+    "Int8LSTM",
+    "Int8Linear",
+    "Int8TemporalFusionTransformer",
+    "qlinear",
+    "quantize_per_channel",
+    "quantize_per_tensor",
+]
+
+
+def _code_dtype(qmin: int, qmax: int) -> np.dtype:
+    for dt in (np.int8, np.uint8, np.int16, np.uint16):
+        info = np.iinfo(dt)
+        if info.min <= qmin and qmax <= info.max:
+            return np.dtype(dt)
+    return np.dtype(np.int32)
+
+
+def quantize_per_tensor(
+    x: np.ndarray, scale: float, zero_point: int, quant_min: int, quant_max: int
+) -> np.ndarray:
+    """Integer codes of ``x`` with PyTorch's per-tensor fake-quantize arithmetic.
+
+    Parameters
+    ----------
+    x : ndarray, float
+        Any shape; computed in float32.
+    scale : float
+        > 0 (used as ``float32(1) / float32(scale)``).
+    zero_point, quant_min, quant_max : int
+
+    Returns
+    -------
+    ndarray of int32, shape of ``x``
+        ``clamp(rint(x * (1/scale)) + zero_point, quant_min, quant_max)``; NaN -> quant_min.
+        ``(codes - zero_point) * scale`` equals ``torch.fake_quantize_per_tensor_affine(x, ...)``
+        for float32 ``x``.
+
+    Raises
+    ------
+    ValueError
+        When ``scale`` is not positive and finite or ``quant_min > quant_max``.
+    """
+    s = float(np.float32(scale))
+    if not (np.isfinite(s) and s > 0):
+        raise ValueError(f"scale must be positive and finite, got {scale}")
+    if int(quant_min) > int(quant_max):
+        raise ValueError(f"quant_min ({quant_min}) must be <= quant_max ({quant_max})")
+    x32 = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty(x32.shape, np.int32)
+    inv = np.float32(1.0) / np.float32(scale)
+    quantize_per_tensor_kernel(
+        x32.reshape(-1), inv, int(zero_point), int(quant_min), int(quant_max), out.reshape(-1)
+    )
+    return out
+
+
+def quantize_per_channel(
+    w: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, quant_min: int, quant_max: int
+) -> np.ndarray:
+    """Integer codes of ``w`` per output channel (axis 0), PyTorch's per-channel arithmetic.
+
+    Parameters
+    ----------
+    w : ndarray (C, ...) float
+    scale : ndarray (C,) float32, > 0
+    zero_point : ndarray (C,) int
+    quant_min, quant_max : int
+
+    Returns
+    -------
+    ndarray of int32, shape of ``w``
+
+    Raises
+    ------
+    ValueError
+        On a scale/zero-point length other than ``w.shape[0]`` or a non-positive scale.
+    """
+    c = w.shape[0]
+    scale = np.asarray(scale, dtype=np.float32).reshape(-1)
+    zp = np.ascontiguousarray(np.asarray(zero_point).reshape(-1), dtype=np.int32)
+    if scale.shape != (c,) or zp.shape != (c,):
+        raise ValueError(
+            f"per-channel scale and zero_point must have shape ({c},), got {scale.shape} and "
+            f"{zp.shape}"
+        )
+    if not np.all(np.isfinite(scale) & (scale > 0)):
+        raise ValueError("per-channel scales must be positive and finite")
+    w32 = np.ascontiguousarray(w, dtype=np.float32).reshape(c, -1)
+    out = np.empty(w32.shape, np.int32)
+    inv = (np.float32(1.0) / scale).astype(np.float32)
+    quantize_per_row_kernel(w32, inv, zp, int(quant_min), int(quant_max), out)
+    return out.reshape(w.shape)
+
+
+def qlinear(
+    x_q: np.ndarray,
+    x_scale: float,
+    x_zero_point: int,
+    w_q: np.ndarray,
+    w_scale: np.ndarray,
+    w_zero_point: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+) -> np.ndarray:
+    """Integer linear layer: int32 accumulation of ``(x_q - zp_x) * (w_q - zp_w)``, requantize.
+
+    Parameters
+    ----------
+    x_q : ndarray (M, K) int
+        Activation codes.
+    x_scale : float
+    x_zero_point : int
+    w_q : ndarray (N, K) int
+        Weight codes.
+    w_scale : ndarray (N,) float32
+    w_zero_point : ndarray (N,) int, optional
+        Default zeros (symmetric weights).
+    bias : ndarray (N,) float, optional
+
+    Returns
+    -------
+    ndarray (M, N) float32
+        ``float32(acc * (float64(x_scale) * float64(w_scale[n]))) + bias[n]``.
+
+    Raises
+    ------
+    ValueError
+        On mismatched shapes or ``K > 65793`` (the int32 accumulator could overflow).
+    """
+    x_q = np.asarray(x_q)
+    w_q = np.asarray(w_q)
+    if x_q.ndim != 2 or w_q.ndim != 2 or x_q.shape[1] != w_q.shape[1]:
+        raise ValueError(f"x_q (M, K) and w_q (N, K) do not fit: {x_q.shape}, {w_q.shape}")
+    m, k = x_q.shape
+    n = w_q.shape[0]
+    if k > 65793:
+        raise ValueError(f"in_features {k} > 65793 could overflow the int32 accumulator")
+    w_scale = np.asarray(w_scale, dtype=np.float32).reshape(-1)
+    if w_scale.shape != (n,):
+        raise ValueError(f"w_scale must have shape ({n},), got {w_scale.shape}")
+    wz = np.zeros(n, np.int32) if w_zero_point is None else np.asarray(w_zero_point, np.int32)
+    if wz.shape != (n,):
+        raise ValueError(f"w_zero_point must have shape ({n},), got {wz.shape}")
+    b = np.zeros(n, np.float32) if bias is None else np.asarray(bias, dtype=np.float32)
+    if b.shape != (n,):
+        raise ValueError(f"bias must have shape ({n},), got {b.shape}")
+    mult = np.float64(np.float32(x_scale)) * w_scale.astype(np.float64)  # exact products
+    wc = np.ascontiguousarray(w_q, dtype=np.int32) - wz[:, None]
+    out = np.empty((m, n), np.float32)
+    qlinear_kernel(
+        np.ascontiguousarray(x_q, dtype=np.int32),
+        int(x_zero_point),
+        np.ascontiguousarray(wc, dtype=np.int32),
+        mult,
+        np.ascontiguousarray(b),
+        out,
+    )
+    return out
+
+
+def _qparams(fq: Any, name: str) -> tuple[np.ndarray, np.ndarray, int, int]:
+    if hasattr(fq, "grad_scale"):  # LSQ: the learned scale, zero point clamp(rint(zp))
+        scale, zp = fq.calculate_qparams()
+    else:
+        scale, zp = fq.scale, fq.zero_point
+    scale = np.asarray(scale, dtype=np.float32).reshape(-1)
+    zp = np.asarray(zp).astype(np.int32).reshape(-1)
+    obs = getattr(fq, "activation_post_process", None)
+    mn = getattr(obs, "min_val", None)
+    if mn is not None and (np.size(mn) == 0 or not np.all(np.isfinite(np.asarray(mn, float)))):
+        raise RuntimeError(
+            f"quantizer {name} has never observed data: calibrate the QAT model (forward some "
+            "batches) before to_int8()"
+        )
+    return scale, zp, int(fq.quant_min), int(fq.quant_max)
+
+
+class Int8Linear:
+    """The integer twin of one fake-quantized matmul ``y = x @ W.T + b``.
+
+    Attributes
+    ----------
+    weight_q : ndarray (N, K) int8
+        Weight codes (int16/int32 for wider custom ranges).
+    weight_scale : ndarray (N,) float32
+    weight_zero_point : ndarray (N,) int32
+    bias : ndarray (N,) float32
+    input_scale : float32
+    input_zero_point : int
+    input_quant_min, input_quant_max : int
+    """
+
+    def __init__(
+        self,
+        weight: np.ndarray,
+        bias: np.ndarray | None,
+        weight_fq: Any,
+        input_fq: Any,
+        name: str = "linear",
+    ) -> None:
+        ws, wz, wmin, wmax = _qparams(weight_fq, name + ".weight_fake_quant")
+        xs, xz, xmin, xmax = _qparams(input_fq, name + ".input_fake_quant")
+        if xs.size != 1:
+            raise ValueError(f"{name}: the input quantizer must be per tensor")
+        if ws.size == 1 and weight.shape[0] != 1:  # per-tensor weights: broadcast
+            ws = np.full(weight.shape[0], ws[0], np.float32)
+            wz = np.full(weight.shape[0], wz[0], np.int32)
+        codes = quantize_per_channel(weight, ws, wz, wmin, wmax)
+        self.out_features, self.in_features = weight.shape
+        self.weight_q = codes.astype(_code_dtype(wmin, wmax))
+        self.weight_scale = ws
+        self.weight_zero_point = wz
+        self.bias = (
+            np.zeros(self.out_features, np.float32)
+            if bias is None
+            else np.asarray(bias, np.float32).copy()
+        )
+        self.input_scale = np.float32(xs[0])
+        self.input_zero_point = int(xz[0])
+        self.input_quant_min, self.input_quant_max = xmin, xmax
+        self._wc = np.ascontiguousarray(codes.astype(np.int32) - wz[:, None])
+        self._mult = np.float64(self.input_scale) * ws.astype(np.float64)
+
+    def quantize_input(self, x: np.ndarray) -> np.ndarray:
+        """Activation codes (int32, shape of ``x``) with this layer's input qparams."""
+        return quantize_per_tensor(
+            x, self.input_scale, self.input_zero_point, self.input_quant_min, self.input_quant_max
+        )
+
+    def matmul_codes(self, x_q: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        """``x_q`` (M, K) int32 codes -> (M, N) float32 (int32 accumulation, requantize)."""
+        out = np.empty((x_q.shape[0], self.out_features), np.float32)
+        b = self.bias if bias is None else bias
+        qlinear_kernel(x_q, self.input_zero_point, self._wc, self._mult, b, out)
+        return out
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """``x`` (..., K) float -> (..., N) float32."""
+        lead = x.shape[:-1]
+        xq = self.quantize_input(np.reshape(x, (-1, self.in_features)))
+        return self.matmul_codes(xq).reshape(*lead, self.out_features)
+
+    __call__ = forward
+
+
+class Int8LSTM:
+    """The integer twin of a fake-quantized :class:`~nbqat.nn.LSTM`.
+
+    The input projection of all steps is one integer matmul (codes of the whole sequence with
+    the layer's input qparams, ``weight_ih`` codes, bias ``b_ih + b_hh``); at every step
+    ``h_{t-1}`` is quantized with the hidden qparams and multiplied by the ``weight_hh`` codes
+    in integers; the cell (sigmoid/tanh, ``c``, ``h``) is the float model's compiled kernel.
+    """
+
+    def __init__(self, lstm: Any, name: str = "lstm") -> None:
+        self.hidden_size = lstm.hidden_size
+        self.input_size = lstm.input_size
+        bias = np.asarray(lstm.bias_ih + lstm.bias_hh, np.float32)  # the float path's sum
+        self.ih = Int8Linear(
+            lstm.weight_ih, bias, lstm.weight_ih_fake_quant, lstm.input_fake_quant, name + ".ih"
+        )
+        self.hh = Int8Linear(
+            lstm.weight_hh, None, lstm.weight_hh_fake_quant, lstm.hidden_fake_quant, name + ".hh"
+        )
+
+    def forward(
+        self, x: np.ndarray, h0: np.ndarray, c0: np.ndarray
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """``x`` (B, L, in), ``h0``/``c0`` (B, d) -> ``(out (B, L, d), (h_L, c_L))`` float32."""
+        from nbqat.kernels import nn_cpu
+
+        d = self.hidden_size
+        nb, nl, _ = x.shape
+        xt = np.ascontiguousarray(np.transpose(x, (1, 0, 2)), dtype=np.float32)  # (L, B, in)
+        xg = self.ih.forward(xt.reshape(nl * nb, -1)).reshape(nl, nb, 4 * d)  # (L, B, 4d)
+        gates = np.empty((nb, 4 * d), np.float32)
+        cs = np.empty((nl, nb, d), np.float32)
+        tcs = np.empty((nb, d), np.float32)
+        hs = np.empty((nl, nb, d), np.float32)
+        zero_b = np.zeros(4 * d, np.float32)
+        c_prev = np.ascontiguousarray(c0, dtype=np.float32)
+        h = np.ascontiguousarray(h0, dtype=np.float32)
+        for t in range(nl):
+            hh = self.hh.matmul_codes(self.hh.quantize_input(h), zero_b)  # (B, 4d)
+            nn_cpu.lstm_cell_forward(xg[t], hh, c_prev, gates, cs[t], tcs, hs[t])
+            h, c_prev = hs[t], cs[t]
+        out = np.ascontiguousarray(hs.transpose(1, 0, 2))  # (B, L, d)
+        return out, (hs[nl - 1].copy(), cs[nl - 1].copy())
+
+
+class _FrozenFakeQuantize:
+    """Per-tensor fake quantization with fixed qparams (the attention probabilities)."""
+
+    def __init__(self, fq: Any, name: str) -> None:
+        s, z, self.quant_min, self.quant_max = _qparams(fq, name)
+        self.scale, self.zero_point = np.float32(s[0]), int(z[0])
+        self.ctx = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        q = quantize_per_tensor(x, self.scale, self.zero_point, self.quant_min, self.quant_max)
+        return ((q - self.zero_point).astype(np.float32) * self.scale).astype(np.float32)
+
+
+class Int8TemporalFusionTransformer:
+    """Integer-arithmetic inference twin of a :class:`~nbqat.nn.qat.QATTemporalFusionTransformer`.
+
+    Build it with ``qat.to_int8()``. ``forward(static, historical, future)`` returns float32
+    forecasts (B, tau, Q).
+
+    Attributes
+    ----------
+    layers : dict[str, Int8Linear | Int8LSTM]
+        The integer layers by the float model's module names (weights, scales, qparams).
+    output_scale : float32
+        The output quantization step (the QAT output observer's scale).
+    output_zero_point : int
+    quantized_output : bool
+        Whether the head is integer and the output requantized to uint8 codes.
+    """
+
+    def __init__(self) -> None:  # use from_qat
+        self.layers: dict[str, Any] = {}
+        self.model: Any = None
+        self.output_scale = np.float32(1.0)
+        self.output_zero_point = 0
+        self.output_quant_min, self.output_quant_max = 0, 255
+        self.quantized_output = False
+
+    @classmethod
+    def from_qat(cls, qat: Any) -> Int8TemporalFusionTransformer:
+        """Convert a calibrated QAT model (its current weights and qparams).
+
+        Raises
+        ------
+        RuntimeError
+            When a quantizer has never observed data.
+        """
+        from nbqat.nn.layers import LSTM, InterpretableMultiHeadAttention, Linear
+        from nbqat.nn.tft import TemporalFusionTransformer
+
+        src = qat.model
+        self = cls()
+        model = TemporalFusionTransformer(src.config, dtype=np.float32)
+        model.params[...] = src.params.astype(np.float32)
+        src_mods = dict(src.named_modules())
+        for name, mod in model.named_modules():
+            s = src_mods[name]
+            if isinstance(mod, Linear) and s.weight_fake_quant is not None:
+                lin = Int8Linear(
+                    mod.weight,
+                    mod.bias if mod.has_bias else None,
+                    s.weight_fake_quant,
+                    s.input_fake_quant,
+                    name,
+                )
+                self.layers[name] = lin
+                mod.forward = lin.forward  # the float graph now calls the integer matmul
+            elif isinstance(mod, LSTM) and s.weight_ih_fake_quant is not None:
+                # Int8LSTM reads the quantizers from the source layer, weights from the copy
+                tmp = _LSTMView(mod, s)
+                lstm = Int8LSTM(tmp, name)
+                self.layers[name] = lstm
+                mod.forward = lstm.forward
+            elif (
+                isinstance(mod, InterpretableMultiHeadAttention)
+                and s.attention_fake_quant is not None
+            ):
+                mod.attention_fake_quant = _FrozenFakeQuantize(
+                    s.attention_fake_quant, name + ".attention_fake_quant"
+                )
+        ofq = qat.output_fake_quant
+        s, z, self.output_quant_min, self.output_quant_max = _qparams(ofq, "output_fake_quant")
+        self.output_scale, self.output_zero_point = np.float32(s[0]), int(z[0])
+        self.quantized_output = bool(qat.config.quantize_output_head)
+        self.model = model
+        return self
+
+    def forward(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:
+        """Forecasts (B, tau, Q) float32 through the integer matmuls.
+
+        Parameters
+        ----------
+        static : ndarray (B, num_static_features)
+        historical : ndarray (B, sequence_length, num_unknown_features)
+        future : ndarray (B, prediction_horizon, num_known_features)
+        """
+        out = self.model.forward(static, historical, future)
+        if self.quantized_output:
+            q = self.quantize_output(out)
+            out = ((q - self.output_zero_point).astype(np.float32) * self.output_scale).astype(
+                np.float32
+            )
+        return out
+
+    __call__ = forward
+
+    def quantize_output(self, y: np.ndarray) -> np.ndarray:
+        """uint8-range output codes of ``y`` with the output qparams (int32 array)."""
+        return quantize_per_tensor(
+            y,
+            self.output_scale,
+            self.output_zero_point,
+            self.output_quant_min,
+            self.output_quant_max,
+        )
+
+
+class _LSTMView:
+    """Weights of the float copy, quantizers of the QAT source layer."""
+
+    def __init__(self, mod: Any, src: Any) -> None:
+        self.hidden_size, self.input_size = mod.hidden_size, mod.input_size
+        self.weight_ih, self.weight_hh = mod.weight_ih, mod.weight_hh
+        self.bias_ih, self.bias_hh = mod.bias_ih, mod.bias_hh
+        self.weight_ih_fake_quant = src.weight_ih_fake_quant
+        self.weight_hh_fake_quant = src.weight_hh_fake_quant
+        self.input_fake_quant = src.input_fake_quant
+        self.hidden_fake_quant = src.hidden_fake_quant

@@ -1,0 +1,29 @@
+"""ELU activation (alpha = 1)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nbqat.kernels import nn_cpu
+from nbqat.nn.params import Module
+
+
+class ELU(Module):
+    """``ELU(x) = x if x > 0 else exp(x) - 1`` (torch.nn.ELU, alpha=1), elementwise.
+
+    Backward: ``dx = dy if x > 0 else dy * (y + 1)``.
+    """
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x)
+        y = np.empty_like(x)
+        nn_cpu.elu_forward(x.reshape(-1), y.reshape(-1))
+        self._cache = (x, y)
+        return y
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        x, y = self._require_forward()
+        dy = np.ascontiguousarray(dy, dtype=x.dtype)
+        dx = np.empty_like(x)
+        nn_cpu.elu_backward(dy.reshape(-1), x.reshape(-1), y.reshape(-1), dx.reshape(-1))
+        return dx

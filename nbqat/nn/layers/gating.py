@@ -1,0 +1,158 @@
+"""Gating layers of the TFT: GLU, gate-add-norm and the gated residual network (GRN)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nbqat.kernels import nn_cpu
+from nbqat.nn.layers.activations import ELU
+from nbqat.nn.layers.linear import Linear
+from nbqat.nn.layers.norm import LayerNorm
+from nbqat.nn.params import Module
+
+
+class GatedLinearUnit(Module):
+    """``GLU(a) = (W_v a + b_v) * sigmoid(W_g a + b_g)`` (Lim et al. eq. 5).
+
+    Both projections are ONE :class:`Linear` ``fc`` (input_size -> 2 * output_size), value rows
+    first and gate rows second (the layout of ``torch.nn.functional.glu`` and of
+    pytorch-forecasting's GatedLinearUnit), so a QAT pass sees it as a single Linear.
+    ``forward(x, residual)`` adds ``residual`` inside the same compiled pass.
+    """
+
+    def __init__(self, input_size: int, output_size: int) -> None:
+        super().__init__()
+        self.input_size = int(input_size)
+        self.output_size = int(output_size)
+        self.fc = Linear(self.input_size, 2 * self.output_size)
+
+    def forward(self, x: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
+        """``x`` (..., input_size) -> (..., output_size) [+ residual of that shape]."""
+        z = self.fc.forward(x)  # (..., 2C)
+        c = self.output_size
+        z2 = z.reshape(-1, 2 * c)  # (N, 2C)
+        out = np.empty(z.shape[:-1] + (c,), dtype=z.dtype)
+        if residual is None:
+            skip = out.reshape(-1, c)  # unread when has_skip is False
+            has_skip = False
+        else:
+            if residual.shape != out.shape:
+                raise ValueError(f"residual must have shape {out.shape}, got {residual.shape}")
+            skip = np.ascontiguousarray(residual, dtype=z.dtype).reshape(-1, c)
+            has_skip = True
+        sig = np.empty((z2.shape[0], c), dtype=z2.dtype)  # (N, C) sigmoid(gate)
+        nn_cpu.glu_forward(z2, skip, has_skip, out.reshape(-1, c), sig)
+        self._cache = (z2, sig)
+        return out
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        """Gradient w.r.t. ``x``; the residual's gradient is ``dy`` itself (the caller's)."""
+        z2, sig = self._require_forward()
+        c = self.output_size
+        dy2 = np.ascontiguousarray(dy, dtype=z2.dtype).reshape(-1, c)
+        dz = np.empty_like(z2)
+        nn_cpu.glu_backward(dy2, z2, sig, dz)
+        return self.fc.backward(dz.reshape(dy.shape[:-1] + (2 * c,)))
+
+
+class GateAddNorm(Module):
+    """``LayerNorm(skip + GLU(x))`` (Lim et al. eqs. 2, 4 and the gates after the LSTM,
+    the attention and the position-wise GRN)."""
+
+    def __init__(self, input_size: int, output_size: int) -> None:
+        super().__init__()
+        self.glu = GatedLinearUnit(input_size, output_size)
+        self.norm = LayerNorm(output_size)
+
+    def forward(
+        self, x: np.ndarray, skip: np.ndarray, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        return self.norm.forward(self.glu.forward(x, skip), out=out)
+
+    def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Returns ``(dx, dskip)``."""
+        ds = self.norm.backward(dy)
+        return self.glu.backward(ds), ds
+
+
+class GatedResidualNetwork(Module):
+    """Gated residual network with optional static context (Lim et al. eqs. 2-4).
+
+    ``eta2 = ELU(fc1(a) + context(c))`` (context: Linear without bias), ``eta1 = fc2(eta2)``,
+    ``GRN(a, c) = LayerNorm(skip(a) + GLU(eta1))``; ``skip`` is the identity when
+    ``input_size == output_size`` and a :class:`Linear` otherwise (no interpolation, unlike
+    pytorch-forecasting). No dropout.
+
+    Parameters
+    ----------
+    input_size, hidden_size, output_size : int
+    context_size : int or None
+        Size of the context vector; None for a GRN without context.
+
+    Notes
+    -----
+    ``a`` is (B, in) or (B, L, in); the context ``c`` is always (B, context_size) and is
+    broadcast over the L time steps, so its gradient is summed over time in backward.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        output_size: int,
+        context_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.input_size = int(input_size)
+        self.hidden_size = int(hidden_size)
+        self.output_size = int(output_size)
+        self.context_size = None if context_size is None else int(context_size)
+        self.fc1 = Linear(self.input_size, self.hidden_size)
+        if self.context_size is not None:
+            self.context = Linear(self.context_size, self.hidden_size, bias=False)
+        self.elu = ELU()
+        self.fc2 = Linear(self.hidden_size, self.hidden_size)
+        self.gate = GateAddNorm(self.hidden_size, self.output_size)
+        if self.input_size != self.output_size:
+            self.skip = Linear(self.input_size, self.output_size)
+
+    def forward(
+        self, a: np.ndarray, c: np.ndarray | None = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """``a`` (B, in) or (B, L, in), ``c`` (B, context_size) -> (..., output_size)."""
+        if (c is None) != (self.context_size is None):
+            raise ValueError(
+                "context c must be given exactly when the GRN was built with context_size"
+            )
+        z = self.fc1.forward(a)  # (..., h)
+        if c is not None:
+            if c.ndim != 2 or c.shape != (a.shape[0], self.context_size):
+                raise ValueError(
+                    f"context must have shape ({a.shape[0]}, {self.context_size}), got {c.shape}"
+                )
+            cp = self.context.forward(c)  # (B, h)
+            if a.ndim == 3:
+                z += cp[:, None, :]  # broadcast over time
+            else:
+                z += cp
+        eta2 = self.elu.forward(z)
+        eta1 = self.fc2.forward(eta2)
+        skip = self.skip.forward(a) if self.input_size != self.output_size else a
+        self._cache = (a.ndim, c is not None)
+        return self.gate.forward(eta1, skip, out=out)
+
+    def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Returns ``(da, dc)``; ``dc`` is None without context."""
+        ndim, has_ctx = self._require_forward()
+        deta1, dskip = self.gate.backward(dy)
+        dz = self.elu.backward(self.fc2.backward(deta1))
+        dc = None
+        if has_ctx:
+            dcp = dz.sum(axis=1) if ndim == 3 else dz  # (B, h): sum over broadcast time
+            dc = self.context.backward(dcp)
+        da = self.fc1.backward(dz)
+        if self.input_size != self.output_size:
+            da += self.skip.backward(dskip)
+        else:
+            da += dskip
+        return da, dc

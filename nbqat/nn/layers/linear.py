@@ -1,0 +1,90 @@
+"""Time-distributed linear layer with weight / input fake-quantization hooks."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from nbqat.nn.params import Module, uniform_init
+
+
+def _as_rows(x: np.ndarray, n_last: int, name: str) -> np.ndarray:
+    if x.ndim < 1 or x.shape[-1] != n_last:
+        raise ValueError(f"{name} must have last dimension {n_last}, got shape {x.shape}")
+    return np.ascontiguousarray(x).reshape(-1, n_last)
+
+
+class Linear(Module):
+    """``y = x @ W.T + b`` over the last axis of ``x`` (any leading shape: time-distributed).
+
+    Parameters
+    ----------
+    in_features, out_features : int
+    bias : bool, default True
+
+    Attributes
+    ----------
+    weight : ndarray (out_features, in_features)
+        PyTorch's layout; ``bias`` (out_features,). ``weight_grad`` / ``bias_grad`` are the
+        matching views of the flat gradient buffer.
+    weight_fake_quant, input_fake_quant : hook or None
+        Quantization hooks (see Notes); None (the default) is the float path.
+
+    Notes
+    -----
+    A hook has ``forward(x) -> y``, then ``hook.ctx``, and ``backward(grad, ctx) -> grad``.
+    forward: ``xq = input_fake_quant(x)``, ``Wq = weight_fake_quant(W)``, ``y = xq @ Wq.T + b``;
+    backward: ``dW += weight_fake_quant.backward(dy^T xq, ctx_w)``, ``db += sum dy``,
+    ``dx = input_fake_quant.backward(dy @ Wq, ctx_x)``. Initialisation is torch's:
+    ``U(-1/sqrt(in), 1/sqrt(in))`` for weight and bias.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__()
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.has_bias = bool(bias)
+        bound = 1.0 / math.sqrt(self.in_features)
+        self.declare("weight", (self.out_features, self.in_features), uniform_init(bound))
+        if self.has_bias:
+            self.declare("bias", (self.out_features,), uniform_init(bound))
+        self.weight_fake_quant: Any = None
+        self.input_fake_quant: Any = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """``x`` (..., in_features) -> (..., out_features), in the dtype of ``weight``."""
+        lead = x.shape[:-1]
+        x2 = _as_rows(x, self.in_features, "Linear input")  # (N, in)
+        ctx_x = ctx_w = None
+        if self.input_fake_quant is not None:
+            xq = self.input_fake_quant.forward(x2)  # (N, in)
+            ctx_x = self.input_fake_quant.ctx
+        else:
+            xq = x2
+        if self.weight_fake_quant is not None:
+            wq = self.weight_fake_quant.forward(self.weight)  # (out, in)
+            ctx_w = self.weight_fake_quant.ctx
+        else:
+            wq = self.weight
+        y = xq @ wq.T  # (N, out)
+        if self.has_bias:
+            y += self.bias
+        self._cache = (xq, wq, ctx_x, ctx_w, lead)
+        return y.reshape(*lead, self.out_features)
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        """Accumulate ``weight_grad``/``bias_grad``; return ``dx`` (..., in_features)."""
+        xq, wq, ctx_x, ctx_w, lead = self._require_forward()
+        dy2 = _as_rows(dy, self.out_features, "Linear grad")  # (N, out)
+        dwq = dy2.T @ xq  # (out, in)
+        if self.weight_fake_quant is not None:
+            dwq = self.weight_fake_quant.backward(dwq, ctx_w)
+        self.weight_grad += dwq
+        if self.has_bias:
+            self.bias_grad += dy2.sum(axis=0)
+        dx = dy2 @ wq  # (N, in)
+        if self.input_fake_quant is not None:
+            dx = self.input_fake_quant.backward(dx, ctx_x)
+        return dx.reshape(*lead, self.in_features)

@@ -1,0 +1,143 @@
+"""Single-layer LSTM over a sequence with backprop through time and fake-quantization hooks."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from nbqat.kernels import nn_cpu
+from nbqat.nn.params import Module, uniform_init
+
+
+class LSTM(Module):
+    """One-layer, batch-first LSTM with explicit initial state (torch.nn.LSTM, batch_first=True).
+
+    Gates ``[i, f, g, o] = x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh`` (torch's order and
+    layout: ``weight_ih`` (4d, in), ``weight_hh`` (4d, d), ``bias_ih``, ``bias_hh`` (4d,)),
+    ``c_t = f c_{t-1} + i g``, ``h_t = o tanh(c_t)``; init ``U(-1/sqrt(d), 1/sqrt(d))``.
+
+    Quantization hooks (None = float path): ``weight_ih_fake_quant`` and ``weight_hh_fake_quant``
+    (once per forward), ``input_fake_quant`` (once, on the whole input sequence) and
+    ``hidden_fake_quant`` (on ``h_{t-1}`` before the recurrent product at EVERY step, the initial
+    state included; one ctx per step is kept for backward).
+
+    Backward (BPTT, backwards in time): ``dh = dh_out_t + dh_next``, ``do = dh tanh(c_t)``,
+    ``dc = dc_next + dh o (1 - tanh^2 c_t)``, ``di = dc g``, ``dg = dc i``, ``df = dc c_{t-1}``,
+    ``dc_next = dc f``, through the gate nonlinearities to ``da_t``; ``dh_next = da_t W_hh``.
+    The weight gradients are two matmuls over all steps at the end. The gradients w.r.t. the
+    initial state ``(h0, c0)`` are returned (they feed the static-context GRNs in the TFT), and
+    gradients w.r.t. the final state can be fed in (the decoder's initial-state gradient seeds
+    the encoder's last step).
+    """
+
+    def __init__(self, input_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.input_size = int(input_size)
+        self.hidden_size = int(hidden_size)
+        d, n_in = self.hidden_size, self.input_size
+        init = uniform_init(1.0 / math.sqrt(d))
+        self.declare("weight_ih", (4 * d, n_in), init)
+        self.declare("weight_hh", (4 * d, d), init)
+        self.declare("bias_ih", (4 * d,), init)
+        self.declare("bias_hh", (4 * d,), init)
+        self.weight_ih_fake_quant: Any = None
+        self.weight_hh_fake_quant: Any = None
+        self.input_fake_quant: Any = None
+        self.hidden_fake_quant: Any = None
+
+    def forward(
+        self, x: np.ndarray, h0: np.ndarray, c0: np.ndarray
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """``x`` (B, L, in), ``h0``/``c0`` (B, d) -> ``(out (B, L, d), (h_L, c_L))``."""
+        d = self.hidden_size
+        dt = self.weight_ih.dtype
+        if x.ndim != 3 or x.shape[2] != self.input_size:
+            raise ValueError(f"LSTM input must be (B, L, {self.input_size}), got {x.shape}")
+        nb, nl, _ = x.shape
+        for name, s in (("h0", h0), ("c0", c0)):
+            if s.shape != (nb, d):
+                raise ValueError(f"LSTM {name} must be ({nb}, {d}), got {s.shape}")
+        x = np.ascontiguousarray(x, dtype=dt)
+        ctx_x = None
+        if self.input_fake_quant is not None:
+            x = self.input_fake_quant.forward(x)  # (B, L, in)
+            ctx_x = self.input_fake_quant.ctx
+        w_ih, w_hh, ctx_wih, ctx_whh = self.weight_ih, self.weight_hh, None, None
+        if self.weight_ih_fake_quant is not None:
+            w_ih = self.weight_ih_fake_quant.forward(w_ih)
+            ctx_wih = self.weight_ih_fake_quant.ctx
+        if self.weight_hh_fake_quant is not None:
+            w_hh = self.weight_hh_fake_quant.forward(w_hh)
+            ctx_whh = self.weight_hh_fake_quant.ctx
+        xt = np.ascontiguousarray(x.transpose(1, 0, 2))  # (L, B, in) time-major
+        xg = (xt.reshape(nl * nb, -1) @ w_ih.T).reshape(nl, nb, 4 * d)  # (L, B, 4d)
+        xg += self.bias_ih + self.bias_hh
+        w_hh_t = np.ascontiguousarray(w_hh.T)  # (d, 4d)
+        gates = np.empty((nl, nb, 4 * d), dtype=dt)  # activated i, f, g, o
+        cs = np.empty((nl, nb, d), dtype=dt)  # c_t
+        tcs = np.empty((nl, nb, d), dtype=dt)  # tanh(c_t)
+        hs = np.empty((nl, nb, d), dtype=dt)  # h_t
+        hprev = np.empty((nl, nb, d), dtype=dt)  # (quantized) h_{t-1} fed to W_hh
+        hh = np.empty((nb, 4 * d), dtype=dt)
+        c0 = np.ascontiguousarray(c0, dtype=dt)
+        h = np.ascontiguousarray(h0, dtype=dt)
+        hfq = self.hidden_fake_quant
+        ctx_h: list[Any] = []
+        for t in range(nl):
+            if hfq is not None:
+                hprev[t] = hfq.forward(h)  # (B, d)
+                ctx_h.append(hfq.ctx)
+            else:
+                hprev[t] = h
+            np.matmul(hprev[t], w_hh_t, out=hh)  # (B, 4d)
+            c_prev = c0 if t == 0 else cs[t - 1]
+            nn_cpu.lstm_cell_forward(xg[t], hh, c_prev, gates[t], cs[t], tcs[t], hs[t])
+            h = hs[t]
+        self._cache = (xt, w_ih, w_hh, ctx_x, ctx_wih, ctx_whh, ctx_h, gates, cs, tcs, hprev, c0)
+        out = np.ascontiguousarray(hs.transpose(1, 0, 2))  # (B, L, d)
+        return out, (hs[nl - 1].copy(), cs[nl - 1].copy())
+
+    def backward(
+        self,
+        dout: np.ndarray,
+        dh_n: np.ndarray | None = None,
+        dc_n: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``dout`` (B, L, d) [+ final-state grads (B, d)] -> ``(dx, dh0, dc0)``."""
+        (xt, w_ih, w_hh, ctx_x, ctx_wih, ctx_whh, ctx_h, gates, cs, tcs, hprev, c0) = (
+            self._require_forward()
+        )
+        nl, nb, d = cs.shape
+        dt = cs.dtype
+        if dout.shape != (nb, nl, d):
+            raise ValueError(f"LSTM grad must be ({nb}, {nl}, {d}), got {dout.shape}")
+        dhs = np.ascontiguousarray(np.asarray(dout, dtype=dt).transpose(1, 0, 2))  # (L, B, d)
+        dh_next = np.zeros((nb, d), dt) if dh_n is None else np.array(dh_n, dtype=dt)
+        dc_next = np.zeros((nb, d), dt) if dc_n is None else np.array(dc_n, dtype=dt)
+        dg = np.empty((nl, nb, 4 * d), dtype=dt)  # pre-activation gate grads
+        hfq = self.hidden_fake_quant
+        for t in range(nl - 1, -1, -1):
+            c_prev = c0 if t == 0 else cs[t - 1]
+            nn_cpu.lstm_cell_backward(dhs[t], dh_next, dc_next, gates[t], tcs[t], c_prev, dg[t])
+            dh_next = dg[t] @ w_hh  # (B, d) grad w.r.t. (quantized) h_{t-1}
+            if hfq is not None:
+                dh_next = hfq.backward(dh_next, ctx_h[t])
+        dg2 = dg.reshape(nl * nb, 4 * d)
+        dw_ih = dg2.T @ xt.reshape(nl * nb, -1)  # (4d, in)
+        dw_hh = dg2.T @ hprev.reshape(nl * nb, d)  # (4d, d)
+        if self.weight_ih_fake_quant is not None:
+            dw_ih = self.weight_ih_fake_quant.backward(dw_ih, ctx_wih)
+        if self.weight_hh_fake_quant is not None:
+            dw_hh = self.weight_hh_fake_quant.backward(dw_hh, ctx_whh)
+        self.weight_ih_grad += dw_ih
+        self.weight_hh_grad += dw_hh
+        db = dg2.sum(axis=0)
+        self.bias_ih_grad += db
+        self.bias_hh_grad += db
+        dxt = (dg2 @ w_ih).reshape(nl, nb, -1)  # (L, B, in)
+        dx = np.ascontiguousarray(dxt.transpose(1, 0, 2))  # (B, L, in)
+        if self.input_fake_quant is not None:
+            dx = self.input_fake_quant.backward(dx, ctx_x)
+        return dx, np.ascontiguousarray(dh_next), dc_next

@@ -1,0 +1,55 @@
+"""Layer normalisation over the last axis."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nbqat.kernels import nn_cpu
+from nbqat.nn.params import Module, constant_init
+
+
+class LayerNorm(Module):
+    """``y = (x - mean) / sqrt(var + eps) * weight + bias`` over the last axis
+    (torch.nn.LayerNorm(normalized_shape, eps=1e-5), biased variance).
+
+    Backward (``g = dy * weight``): ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``,
+    ``dweight += sum dy * xhat``, ``dbias += sum dy``; the sums over rows are chunked by a fixed
+    row count and merged in order (deterministic).
+    """
+
+    def __init__(self, normalized_shape: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.normalized_shape = int(normalized_shape)
+        self.eps = float(eps)
+        self.declare("weight", (self.normalized_shape,), constant_init(1.0))
+        self.declare("bias", (self.normalized_shape,), constant_init(0.0))
+
+    def forward(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``x`` (..., C) -> (..., C); ``out`` an optional C-contiguous array of that shape."""
+        c = self.normalized_shape
+        if x.shape[-1] != c:
+            raise ValueError(f"LayerNorm input must have last dimension {c}, got {x.shape}")
+        x2 = np.ascontiguousarray(x).reshape(-1, c)  # (N, C)
+        n = x2.shape[0]
+        y = np.empty(x.shape, dtype=x2.dtype) if out is None else out
+        mean = np.empty(n, dtype=x2.dtype)
+        rstd = np.empty(n, dtype=x2.dtype)
+        nn_cpu.layernorm_forward(
+            x2, self.weight, self.bias, self.eps, y.reshape(-1, c), mean, rstd
+        )
+        self._cache = (x2, mean, rstd, x.shape)
+        return y
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        x2, mean, rstd, shape = self._require_forward()
+        c = self.normalized_shape
+        dy2 = np.ascontiguousarray(dy, dtype=x2.dtype).reshape(-1, c)
+        n = x2.shape[0]
+        nchunks = max(1, -(-n // nn_cpu.ROW_CHUNK))
+        dw = np.empty((nchunks, c), dtype=x2.dtype)
+        db = np.empty((nchunks, c), dtype=x2.dtype)
+        dx = np.empty_like(x2)
+        nn_cpu.layernorm_backward(dy2, x2, self.weight, mean, rstd, dx, dw, db)
+        self.weight_grad += dw.sum(axis=0)
+        self.bias_grad += db.sum(axis=0)
+        return dx.reshape(shape)

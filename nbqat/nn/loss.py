@@ -1,0 +1,85 @@
+"""Quantile (pinball) loss, its gradient, and the q-risk metric of the TFT paper."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def _check(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
+    y_pred = np.asarray(y_pred)
+    target = np.asarray(target)
+    q = np.asarray(quantiles, dtype=np.float64)
+    if q.ndim != 1 or q.size == 0 or np.any((q <= 0) | (q >= 1)):
+        raise ValueError(f"quantiles must be a non-empty 1-D sequence in (0, 1), got {quantiles}")
+    if y_pred.dtype.kind != "f" or target.dtype.kind not in "fiu":
+        raise ValueError("y_pred must be a float array and target a real array")
+    if y_pred.shape != target.shape + (q.size,):
+        raise ValueError(
+            f"y_pred must have shape target.shape + (num_quantiles,) = "
+            f"{target.shape + (q.size,)}, got {y_pred.shape}"
+        )
+    return q
+
+
+def quantile_loss(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -> float:
+    """Mean pinball loss over every element and quantile.
+
+    ``QL(y, yhat, q) = q * max(y - yhat, 0) + (1 - q) * max(yhat - y, 0)``, averaged over
+    ``target.size * Q`` terms (Lim et al. eq. 24, normalised by the number of terms).
+
+    Parameters
+    ----------
+    y_pred : ndarray (..., Q) float
+    target : ndarray (...) real
+    quantiles : sequence of Q floats in (0, 1)
+
+    Returns
+    -------
+    float
+        The loss; the terms are computed in ``y_pred``'s dtype and summed in float64.
+
+    Raises
+    ------
+    ValueError
+        On mismatched shapes, non-float predictions or quantiles outside (0, 1).
+    """
+    q = _check(y_pred, target, quantiles)
+    dt = y_pred.dtype
+    e = np.asarray(target, dtype=dt)[..., None] - y_pred  # (..., Q)
+    qq = q.astype(dt)
+    terms = np.maximum(qq * e, (qq - dt.type(1)) * e)
+    return float(np.sum(terms, dtype=np.float64) / terms.size)
+
+
+def quantile_loss_grad(
+    y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]
+) -> np.ndarray:
+    """Gradient of :func:`quantile_loss` w.r.t. ``y_pred`` (same shape and dtype).
+
+    ``d/dyhat = -q / n`` where ``y > yhat``, ``(1 - q) / n`` where ``y < yhat``, and 0 at a tie
+    ``y == yhat`` (the subgradient torch gives for ``q * relu(e) + (1 - q) * relu(-e)``);
+    ``n = target.size * Q``.
+    """
+    q = _check(y_pred, target, quantiles)
+    dt = y_pred.dtype
+    e = np.asarray(target, dtype=dt)[..., None] - y_pred
+    qq = q.astype(dt)
+    inv_n = dt.type(1.0 / e.size)
+    g = np.where(e > 0, -qq, np.where(e < 0, dt.type(1) - qq, dt.type(0))).astype(dt)
+    return g * inv_n
+
+
+def q_risk(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
+    """Normalised quantile risk per quantile, ``2 * sum QL(y, yhat_q, q) / sum |y|``
+    (Lim et al. sec. 6, "q-Risk"; use the unscaled target). Returns float64 (Q,)."""
+    q = _check(y_pred, target, quantiles)
+    y = np.asarray(target, dtype=np.float64)
+    e = y[..., None] - np.asarray(y_pred, dtype=np.float64)
+    terms = np.maximum(q * e, (q - 1.0) * e)
+    denom = np.sum(np.abs(y))
+    if denom == 0:
+        raise ValueError("q_risk is undefined when sum(|target|) == 0")
+    axes = tuple(range(terms.ndim - 1))
+    return 2.0 * terms.sum(axis=axes) / denom

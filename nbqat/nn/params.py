@@ -1,0 +1,170 @@
+"""Modules and the flat parameter / gradient buffer (the llm.c pattern).
+
+A :class:`Module` declares its parameters (name, shape, initialiser) when it is constructed;
+nothing is allocated then. :class:`ParameterBuffer` walks a module tree once, allocates ONE
+contiguous 1-D ``params`` array and ONE ``grads`` array of the same size and layout, and binds
+each declared parameter to a view: ``layer.weight`` is a view into ``params`` and
+``layer.weight_grad`` the view at the same offsets in ``grads``. Backward passes accumulate
+(``+=``) into the gradient views; :meth:`ParameterBuffer.zero_grad` clears the whole buffer at
+once. An optimizer then updates ``params`` in place from ``grads`` in one flat loop.
+
+Initial values are drawn in float64 from ``numpy.random.default_rng(seed)`` in traversal order
+and then cast, so a float32 and a float64 model built with the same seed hold the same weights
+(up to float32 rounding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+Init = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
+
+
+def uniform_init(bound: float) -> Init:
+    """``U(-bound, bound)`` (torch's default for nn.Linear / nn.LSTM with bound 1/sqrt(fan))."""
+
+    def init(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+        return rng.uniform(-bound, bound, size=shape)
+
+    return init
+
+
+def constant_init(value: float) -> Init:
+    """All entries equal to ``value``."""
+
+    def init(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+        return np.full(shape, value, dtype=np.float64)
+
+    return init
+
+
+class Module:
+    """Base class of nbqat's layers: declared parameters, child modules, forward/backward.
+
+    Subclasses call :meth:`declare` for each parameter and assign child modules as attributes
+    (registered in assignment order, like ``torch.nn.Module``). ``forward`` caches what
+    ``backward`` needs on the module itself, so each module is called once per forward pass;
+    ``backward`` accumulates into the gradient views and returns the input gradient(s).
+    """
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "_param_specs", {})
+        object.__setattr__(self, "_cache", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, Module):
+            self._modules[name] = value
+        elif name in self.__dict__.get("_modules", {}):
+            del self._modules[name]
+        object.__setattr__(self, name, value)
+
+    def declare(self, name: str, shape: tuple[int, ...], init: Init) -> None:
+        """Declare parameter ``name`` of ``shape``; bound to views by :class:`ParameterBuffer`.
+
+        Until then ``self.<name>`` and ``self.<name>_grad`` are None.
+        """
+        self._param_specs[name] = (tuple(int(s) for s in shape), init)
+        object.__setattr__(self, name, None)
+        object.__setattr__(self, name + "_grad", None)
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        """Yield ``(dotted_name, module)`` for this module (name ``prefix``, "" at the root) and
+        every descendant, depth first in registration order (``torch.nn.Module.named_modules``)."""
+        yield prefix, self
+        for name, child in self._modules.items():
+            yield from child.named_modules(prefix + "." + name if prefix else name)
+
+    def children(self) -> Iterator[Module]:
+        """The direct child modules."""
+        yield from self._modules.values()
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
+        """Yield ``(dotted_name, view)`` for every parameter (views into the flat buffer)."""
+        for mname, mod in self.named_modules(prefix):
+            for pname in mod._param_specs:
+                yield (mname + "." + pname if mname else pname), getattr(mod, pname)
+
+    def named_grads(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
+        """Yield ``(dotted_name, gradient view)`` in the order of :meth:`named_parameters`."""
+        for mname, mod in self.named_modules(prefix):
+            for pname in mod._param_specs:
+                yield (mname + "." + pname if mname else pname), getattr(mod, pname + "_grad")
+
+    def _require_forward(self) -> Any:
+        if self._cache is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.backward called before forward: run forward first"
+            )
+        return self._cache
+
+
+class ModuleList(Module):
+    """An indexable list of modules registered under the names "0", "1", ... (torch's)."""
+
+    def __init__(self, modules: list[Module]) -> None:
+        super().__init__()
+        for i, m in enumerate(modules):
+            setattr(self, str(i), m)
+
+    def __getitem__(self, i: int) -> Any:
+        return self._modules[str(i)]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._modules.values())
+
+
+class ParameterBuffer:
+    """One flat parameter buffer and one flat gradient buffer for a module tree.
+
+    Parameters
+    ----------
+    module : Module
+        Root of the tree; every declared parameter of every descendant gets a view.
+    dtype : numpy dtype, default float32
+        float32 or float64.
+    seed : int, default 0
+        Seed of the float64 initialisation stream.
+
+    Attributes
+    ----------
+    params, grads : numpy.ndarray
+        1-D C-contiguous arrays of the same size and layout; ``grads`` starts at zero.
+    offsets : dict
+        ``dotted_name -> (start, shape)`` of every parameter.
+    """
+
+    def __init__(self, module: Module, dtype: Any = np.float32, seed: int = 0) -> None:
+        dtype = np.dtype(dtype)
+        if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+        specs = []
+        total = 0
+        for mname, mod in module.named_modules():
+            for pname, (shape, init) in mod._param_specs.items():
+                size = int(np.prod(shape)) if shape else 1
+                specs.append((mname, mod, pname, shape, init, total))
+                total += size
+        self.dtype = dtype
+        self.params = np.zeros(total, dtype=dtype)
+        self.grads = np.zeros(total, dtype=dtype)
+        self.offsets: dict[str, tuple[int, tuple[int, ...]]] = {}
+        rng = np.random.default_rng(seed)
+        for mname, mod, pname, shape, init, start in specs:
+            size = int(np.prod(shape)) if shape else 1
+            pview = self.params[start : start + size].reshape(shape)
+            gview = self.grads[start : start + size].reshape(shape)
+            pview[...] = np.asarray(init(rng, shape), dtype=np.float64).astype(dtype)
+            object.__setattr__(mod, pname, pview)
+            object.__setattr__(mod, pname + "_grad", gview)
+            self.offsets[mname + "." + pname if mname else pname] = (start, shape)
+
+    def zero_grad(self) -> None:
+        """Set the whole gradient buffer to zero (one pass)."""
+        self.grads.fill(0)

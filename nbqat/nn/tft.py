@@ -1,0 +1,358 @@
+"""The TFT-like forecaster: configuration and the model with its hand-written backward pass."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nbqat.nn.layers import (
+    LSTM,
+    GateAddNorm,
+    GatedResidualNetwork,
+    InterpretableMultiHeadAttention,
+    Linear,
+    VariableSelectionNetwork,
+)
+from nbqat.nn.params import Module, ParameterBuffer
+
+
+@dataclass
+class TFTConfig:
+    """Sizes of :class:`TemporalFusionTransformer` (field names of the Rust original).
+
+    Parameters
+    ----------
+    num_static_features : int
+        m_s >= 1, static (time-invariant) real inputs.
+    num_known_features : int
+        m_x >= 1, known-future inputs (the decoder's inputs, ``future``).
+    num_unknown_features : int
+        m_z >= 1, observed-past inputs (the encoder's inputs, ``historical``).
+    hidden_dim : int
+        d, the width of every layer; must be divisible by ``num_heads``.
+    sequence_length : int
+        k >= 1, encoder steps.
+    prediction_horizon : int
+        tau >= 1, decoder steps.
+    quantiles : tuple of float, default (0.1, 0.5, 0.9)
+        Strictly increasing, in (0, 1).
+    num_heads : int, default 4
+    dropout : float, default 0.0
+        Only 0.0 is supported (nbqat's TFT has no dropout layers); any other value raises.
+
+    Attributes
+    ----------
+    num_quantiles : int
+        ``len(quantiles)`` (Q).
+    input_dim : int
+        ``m_s + m_x + m_z``.
+
+    Raises
+    ------
+    ValueError
+        On a non-positive size, ``hidden_dim % num_heads != 0``, bad quantiles or dropout != 0.
+    """
+
+    num_static_features: int
+    num_known_features: int
+    num_unknown_features: int
+    hidden_dim: int
+    sequence_length: int
+    prediction_horizon: int
+    quantiles: tuple[float, ...] = field(default=(0.1, 0.5, 0.9))
+    num_heads: int = 4
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "num_static_features",
+            "num_known_features",
+            "num_unknown_features",
+            "hidden_dim",
+            "sequence_length",
+            "prediction_horizon",
+            "num_heads",
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"TFTConfig.{name} must be a positive int, got {v!r}")
+            setattr(self, name, int(v))
+        if self.hidden_dim % self.num_heads != 0:
+            raise ValueError(
+                f"TFTConfig.hidden_dim ({self.hidden_dim}) must be divisible by num_heads "
+                f"({self.num_heads})"
+            )
+        q = tuple(float(x) for x in self.quantiles)
+        if not q or any(not 0.0 < x < 1.0 for x in q) or any(a >= b for a, b in zip(q, q[1:])):
+            raise ValueError(
+                f"TFTConfig.quantiles must be strictly increasing values in (0, 1), got {q}"
+            )
+        self.quantiles = q
+        if float(self.dropout) != 0.0:
+            raise ValueError(
+                f"TFTConfig.dropout={self.dropout!r} is not supported: nbqat's TFT has no "
+                "dropout layers, use dropout=0.0"
+            )
+        self.dropout = 0.0
+
+    @property
+    def num_quantiles(self) -> int:
+        return len(self.quantiles)
+
+    @property
+    def input_dim(self) -> int:
+        return self.num_static_features + self.num_known_features + self.num_unknown_features
+
+
+def _check_input(x: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Validate ``x`` against ``shape`` (-1 = any batch) and return it C-contiguous in dtype."""
+    if not isinstance(x, np.ndarray):
+        raise ValueError(f"{name} must be a NumPy array of shape {_fmt(shape)}, got {type(x)}")
+    if x.dtype not in (np.float32, np.float64):
+        raise ValueError(
+            f"{name} must be float32 or float64 of shape {_fmt(shape)}, got dtype {x.dtype}: "
+            f"use {name}.astype(np.float32)"
+        )
+    if x.ndim != len(shape) or any(s != -1 and a != s for a, s in zip(x.shape, shape)):
+        raise ValueError(f"{name} must have shape {_fmt(shape)}, got {x.shape}")
+    if x.shape[0] < 1:
+        raise ValueError(f"{name} must have a batch of at least 1, got {x.shape}")
+    return np.ascontiguousarray(x, dtype=dtype)
+
+
+def _fmt(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join("B" if s == -1 else str(s) for s in shape) + ")"
+
+
+class TemporalFusionTransformer(Module):
+    """TFT-like quantile forecaster (Lim et al. 2021) with a hand-written backward pass.
+
+    Parameters
+    ----------
+    config : TFTConfig
+    seed : int, default 0
+        Seed of the initial weights (drawn in float64, then cast).
+    dtype : float32 (default) or float64
+
+    Attributes
+    ----------
+    params, grads : ndarray (P,)
+        The flat parameter and gradient buffers (same layout); every layer's parameters are
+        views into them (``named_parameters()``).
+    attention_weights : ndarray (B, tau, T) or None
+        After forward: attention probabilities averaged over heads (T = k + tau).
+    static_weights, encoder_weights, decoder_weights : ndarray or None
+        After forward: variable-selection weights (B, m_s), (B, k, m_z), (B, tau, m_x).
+
+    Notes
+    -----
+    Data flow (B batch, k = sequence_length, tau = prediction_horizon, T = k + tau, d hidden):
+
+    1-4. ``static_vsn`` (no context) -> xi_s (B, d); four context GRNs ``static_context_*``
+       give c_s (selection), c_e (enrichment), c_h, c_c (LSTM initial state).
+       ``encoder_vsn(historical, c_s)`` -> (B, k, d), ``decoder_vsn(future, c_s)`` -> (B, tau, d);
+       the encoder sees only the observed inputs, the decoder only the known inputs.
+    5-6. ``lstm_encoder`` from (c_h, c_c); ``lstm_decoder`` from the encoder's final (h, c);
+       ``phi = post_lstm_gate(lstm_out, vsn_out)`` = LayerNorm(vsn_out + GLU(lstm_out)), one
+       gate shared by encoder and decoder steps.
+    7. ``theta = static_enrichment(phi, c_e)`` on all T steps.
+    8. ``multihead_attn``: queries = decoder steps of theta, keys/values = all T steps of theta,
+       a decoder step sees the encoder, the earlier decoder steps AND ITSELF.
+    9. ``delta = post_attn_gate(attn, theta_dec)``, ``psi = pos_wise_ff(delta)``,
+       ``psi~ = pre_output_gate(psi, phi_dec)``.
+    10. ``output_layer`` Linear(d -> Q) on the tau decoder steps.
+
+    Choices where references differ: no dropout (``dropout`` must be 0.0); GRN skip is a Linear
+    when sizes differ; every Linear has a bias except the GRN context projections; LSTM keeps
+    torch's two biases; LayerNorm eps 1e-5; the GLU is one Linear (d -> 2d) split value/gate.
+    """
+
+    def __init__(self, config: TFTConfig, seed: int = 0, dtype: Any = np.float32) -> None:
+        super().__init__()
+        if not isinstance(config, TFTConfig):
+            raise TypeError(f"config must be a TFTConfig, got {type(config)}")
+        dt = np.dtype(dtype)
+        if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise ValueError(f"dtype must be np.float32 or np.float64, got {dt}")
+        cfg = config
+        d = cfg.hidden_dim
+        self.config = cfg
+        self.static_vsn = VariableSelectionNetwork(cfg.num_static_features, d)
+        self.static_context_variable_selection = GatedResidualNetwork(d, d, d)
+        self.static_context_enrichment = GatedResidualNetwork(d, d, d)
+        self.static_context_initial_hidden = GatedResidualNetwork(d, d, d)
+        self.static_context_initial_cell = GatedResidualNetwork(d, d, d)
+        self.encoder_vsn = VariableSelectionNetwork(cfg.num_unknown_features, d, d)
+        self.decoder_vsn = VariableSelectionNetwork(cfg.num_known_features, d, d)
+        self.lstm_encoder = LSTM(d, d)
+        self.lstm_decoder = LSTM(d, d)
+        self.post_lstm_gate = GateAddNorm(d, d)
+        self.static_enrichment = GatedResidualNetwork(d, d, d, d)
+        self.multihead_attn = InterpretableMultiHeadAttention(d, cfg.num_heads)
+        self.post_attn_gate = GateAddNorm(d, d)
+        self.pos_wise_ff = GatedResidualNetwork(d, d, d)
+        self.pre_output_gate = GateAddNorm(d, d)
+        self.output_layer = Linear(d, cfg.num_quantiles)
+        self.buffer = ParameterBuffer(self, dt, seed)
+        self.dtype = dt
+        self.attention_weights: np.ndarray | None = None
+        self.static_weights: np.ndarray | None = None
+        self.encoder_weights: np.ndarray | None = None
+        self.decoder_weights: np.ndarray | None = None
+
+    # -- buffers ---------------------------------------------------------------------------
+    @property
+    def params(self) -> np.ndarray:
+        return self.buffer.params
+
+    @property
+    def grads(self) -> np.ndarray:
+        return self.buffer.grads
+
+    def zero_grad(self) -> None:
+        """Clear the whole flat gradient buffer."""
+        self.buffer.zero_grad()
+
+    def state_dict(self) -> OrderedDict[str, np.ndarray]:
+        """Copies of every parameter, by dotted name (torch's names and layouts)."""
+        return OrderedDict((k, v.copy()) for k, v in self.named_parameters())
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Copy ``state`` into the parameter views (the flat buffer is kept).
+
+        Raises
+        ------
+        ValueError
+            On missing or unexpected keys or a shape mismatch; nothing is written then.
+        """
+        own = dict(self.named_parameters())
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        if missing or unexpected:
+            raise ValueError(
+                f"state_dict mismatch: missing keys {missing}, unexpected keys {unexpected}"
+            )
+        for k, v in own.items():
+            if np.shape(state[k]) != v.shape:
+                raise ValueError(
+                    f"state_dict[{k!r}] has shape {np.shape(state[k])}, expected {v.shape}"
+                )
+        for k, v in own.items():
+            v[...] = np.asarray(state[k], dtype=self.dtype)
+
+    # -- forward / backward ----------------------------------------------------------------
+    def forward(
+        self, static: np.ndarray, historical: np.ndarray, future: np.ndarray
+    ) -> np.ndarray:
+        """Quantile forecasts.
+
+        Parameters
+        ----------
+        static : ndarray (B, num_static_features)
+        historical : ndarray (B, sequence_length, num_unknown_features)
+        future : ndarray (B, prediction_horizon, num_known_features)
+            float32 or float64 (cast to the model's dtype).
+
+        Returns
+        -------
+        ndarray (B, prediction_horizon, num_quantiles), the model's dtype.
+
+        Raises
+        ------
+        ValueError
+            When an input is not a float32/float64 NumPy array of the expected shape, or the
+            batch sizes differ.
+        """
+        cfg = self.config
+        k, tau = cfg.sequence_length, cfg.prediction_horizon
+        static = _check_input(static, "static", (-1, cfg.num_static_features), self.dtype)
+        historical = _check_input(
+            historical, "historical", (-1, k, cfg.num_unknown_features), self.dtype
+        )
+        future = _check_input(future, "future", (-1, tau, cfg.num_known_features), self.dtype)
+        nb = static.shape[0]
+        if historical.shape[0] != nb or future.shape[0] != nb:
+            raise ValueError(
+                f"static, historical and future must share the batch size, got "
+                f"{static.shape[0]}, {historical.shape[0]}, {future.shape[0]}"
+            )
+        xi_s, self.static_weights = self.static_vsn.forward(static)  # (B, d), (B, m_s)
+        c_s = self.static_context_variable_selection.forward(xi_s)  # (B, d)
+        c_e = self.static_context_enrichment.forward(xi_s)  # (B, d)
+        c_h = self.static_context_initial_hidden.forward(xi_s)  # (B, d)
+        c_c = self.static_context_initial_cell.forward(xi_s)  # (B, d)
+        e_enc, self.encoder_weights = self.encoder_vsn.forward(historical, c_s)  # (B, k, d)
+        e_dec, self.decoder_weights = self.decoder_vsn.forward(future, c_s)  # (B, tau, d)
+        h_enc, (h_k, c_k) = self.lstm_encoder.forward(e_enc, c_h, c_c)  # (B, k, d)
+        h_dec, _ = self.lstm_decoder.forward(e_dec, h_k, c_k)  # (B, tau, d)
+        lstm_out = np.concatenate([h_enc, h_dec], axis=1)  # (B, T, d)
+        emb = np.concatenate([e_enc, e_dec], axis=1)  # (B, T, d)
+        phi = self.post_lstm_gate.forward(lstm_out, emb)  # (B, T, d)
+        theta = self.static_enrichment.forward(phi, c_e)  # (B, T, d)
+        theta_dec = np.ascontiguousarray(theta[:, k:])  # (B, tau, d)
+        attn = self.multihead_attn.forward(theta_dec, theta, offset=k)  # (B, tau, d)
+        delta = self.post_attn_gate.forward(attn, theta_dec)  # (B, tau, d)
+        psi = self.pos_wise_ff.forward(delta)  # (B, tau, d)
+        phi_dec = np.ascontiguousarray(phi[:, k:])  # (B, tau, d)
+        psi_t = self.pre_output_gate.forward(psi, phi_dec)  # (B, tau, d)
+        out = self.output_layer.forward(psi_t)  # (B, tau, Q)
+        self.attention_weights = self.multihead_attn.attention_probs.mean(axis=1)  # (B, tau, T)
+        self._cache = out.shape
+        return out
+
+    __call__ = forward
+
+    def backward(self, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Backpropagate ``grad_out`` (B, tau, Q), accumulating into :attr:`grads`.
+
+        Returns
+        -------
+        (dstatic, dhistorical, dfuture)
+            Gradients w.r.t. the three inputs (the model's dtype).
+
+        Raises
+        ------
+        RuntimeError
+            Before any forward.
+        ValueError
+            When ``grad_out`` does not have the last forward's output shape.
+        """
+        shape = self._require_forward()
+        if not isinstance(grad_out, np.ndarray) or grad_out.shape != shape:
+            raise ValueError(
+                f"grad_out must be an ndarray of the last output's shape {shape}, got "
+                f"{getattr(grad_out, 'shape', type(grad_out))}"
+            )
+        k = self.config.sequence_length
+        g = np.ascontiguousarray(grad_out, dtype=self.dtype)
+        dpsi_t = self.output_layer.backward(g)  # (B, tau, d)
+        dpsi, dphi_dec = self.pre_output_gate.backward(dpsi_t)
+        ddelta, _ = self.pos_wise_ff.backward(dpsi)
+        dattn, dtheta_dec = self.post_attn_gate.backward(ddelta)
+        dq, dtheta = self.multihead_attn.backward(dattn)  # (B, tau, d), (B, T, d)
+        dtheta[:, k:] += dq  # fan-out of theta_dec: query path ...
+        dtheta[:, k:] += dtheta_dec  # ... and the post-attention skip
+        dphi, dc_e = self.static_enrichment.backward(dtheta)  # (B, T, d), (B, d)
+        dphi[:, k:] += dphi_dec  # phi_dec also feeds the pre-output skip
+        dlstm, demb = self.post_lstm_gate.backward(dphi)  # (B, T, d) x2
+        de_dec, dh_k, dc_k = self.lstm_decoder.backward(np.ascontiguousarray(dlstm[:, k:]))
+        # the decoder's initial-state gradient seeds the encoder's last step
+        de_enc, dc_h, dc_c = self.lstm_encoder.backward(
+            np.ascontiguousarray(dlstm[:, :k]), dh_k, dc_k
+        )
+        de_enc += demb[:, :k]
+        de_dec += demb[:, k:]
+        dfuture, dc_s = self.decoder_vsn.backward(de_dec)
+        dhist, dc_s2 = self.encoder_vsn.backward(de_enc)
+        dc_s += dc_s2  # c_s is read by both temporal VSNs
+        # xi_s fans out into the four static-context GRNs: add their gradients
+        dxi_s = self.static_context_variable_selection.backward(dc_s)[0]
+        dxi_s += self.static_context_enrichment.backward(dc_e)[0]
+        dxi_s += self.static_context_initial_hidden.backward(dc_h)[0]
+        dxi_s += self.static_context_initial_cell.backward(dc_c)[0]
+        dstatic, _ = self.static_vsn.backward(dxi_s)
+        return dstatic, dhist, dfuture

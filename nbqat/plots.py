@@ -1,0 +1,251 @@
+"""PNG plots of a training run (matplotlib, Agg canvas; pyplot and the global backend untouched).
+
+Every function takes plain NumPy arrays / lists, writes one PNG and returns its path, so the
+plots can be tested with synthetic arrays and reused on any run's results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "plot_attention",
+    "plot_clipping_comparison",
+    "plot_forecast_fan",
+    "plot_loss_curves",
+    "plot_variable_importance",
+]
+
+
+def _figure(w: float, h: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w, h), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path
+
+
+def plot_loss_curves(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path) -> Path:
+    """Loss curves, one panel per phase.
+
+    Parameters
+    ----------
+    curves : mapping phase -> mapping series -> sequence of float
+        E.g. ``{"float": {"train": [...], "val": [...]}, "qat": {...}}``; each series is
+        plotted against its index (epoch, or step for per-step series).
+    path : str or Path
+        Output PNG.
+
+    Returns
+    -------
+    Path
+    """
+    phases = [p for p in curves if any(len(v) for v in curves[p].values())]
+    fig = _figure(4.5 * max(1, len(phases)), 3.4)
+    for i, phase in enumerate(phases):
+        ax = fig.add_subplot(1, max(1, len(phases)), i + 1)
+        for name, values in curves[phase].items():
+            if len(values):
+                x = np.arange(1, len(values) + 1)
+                ax.plot(x, values, marker="o" if len(values) < 30 else None, ms=3, label=name)
+        ax.set_title(f"{phase} phase")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("quantile loss (standardised)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _save(fig, path)
+
+
+def plot_forecast_fan(
+    history: np.ndarray,
+    actual: np.ndarray,
+    pred: np.ndarray,
+    quantiles: Sequence[float],
+    path: str | Path,
+    *,
+    titles: Sequence[str] | None = None,
+    naive: np.ndarray | None = None,
+    show_history: int = 72,
+    ylabel: str = "target",
+) -> Path:
+    """Forecast fan chart for a few windows: P10-P90 band, P50 line, actual values.
+
+    Parameters
+    ----------
+    history : ndarray (n, k)
+        The unscaled target over each window's history (the last ``show_history`` steps shown).
+    actual : ndarray (n, tau)
+        The unscaled target over the forecast steps.
+    pred : ndarray (n, tau, Q)
+        Unscaled quantile forecasts; the band spans the lowest to the highest quantile and the
+        line is the quantile nearest 0.5.
+    quantiles : sequence of float (Q,)
+    path : str or Path
+    titles : sequence of str, optional
+        One title per window.
+    naive : ndarray (n, tau), optional
+        A baseline point forecast drawn dashed.
+    show_history : int, default 72
+    ylabel : str
+
+    Returns
+    -------
+    Path
+    """
+    history = np.asarray(history)
+    actual = np.asarray(actual)
+    pred = np.asarray(pred)
+    n = actual.shape[0]
+    q = np.asarray(quantiles)
+    lo, hi, mid = int(np.argmin(q)), int(np.argmax(q)), int(np.argmin(np.abs(q - 0.5)))
+    ncols = min(n, 2)
+    nrows = (n + ncols - 1) // ncols
+    fig = _figure(5.5 * ncols, 3.4 * nrows)
+    kh = min(show_history, history.shape[1])
+    tau = actual.shape[1]
+    th = np.arange(-kh, 0)
+    tf = np.arange(tau)
+    for i in range(n):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        ax.plot(th, history[i, -kh:], color="0.3", lw=1.2, label="history")
+        ax.fill_between(
+            tf,
+            pred[i, :, lo],
+            pred[i, :, hi],
+            color="C0",
+            alpha=0.3,
+            label=f"P{round(100 * q[lo])}-P{round(100 * q[hi])}",
+        )
+        ax.plot(tf, pred[i, :, mid], color="C0", lw=1.6, label=f"P{round(100 * q[mid])}")
+        ax.plot(tf, actual[i], color="k", lw=1.2, label="actual")
+        if naive is not None:
+            ax.plot(tf, naive[i], color="C3", ls="--", lw=1.0, label="seasonal naive")
+        ax.axvline(-0.5, color="0.6", lw=0.8)
+        if titles is not None:
+            ax.set_title(titles[i], fontsize=9)
+        ax.set_xlabel("step relative to forecast start")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if i == 0:
+            ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_variable_importance(
+    groups: Mapping[str, tuple[Sequence[str], np.ndarray]], path: str | Path
+) -> Path:
+    """Horizontal bar charts of variable-selection weights, one panel per group.
+
+    Parameters
+    ----------
+    groups : mapping title -> (names, weights)
+        E.g. ``{"static": (names, w), "encoder": (...), "decoder": (...)}``; ``weights`` has
+        one value per name (the mean selection weight over windows and time steps).
+    path : str or Path
+
+    Returns
+    -------
+    Path
+    """
+    items = [(t, list(n), np.asarray(w, dtype=np.float64)) for t, (n, w) in groups.items()]
+    fig = _figure(4.2 * max(1, len(items)), 0.8 + 0.32 * max(len(n) for _, n, _ in items))
+    for i, (title, names, w) in enumerate(items):
+        ax = fig.add_subplot(1, len(items), i + 1)
+        order = np.argsort(w)
+        ax.barh(np.arange(len(w)), w[order], color="C2")
+        ax.set_yticks(np.arange(len(w)), [names[j] for j in order], fontsize=8)
+        ax.set_title(f"{title} variable selection")
+        ax.set_xlabel("mean weight")
+        ax.grid(alpha=0.3, axis="x")
+    return _save(fig, path)
+
+
+def plot_attention(
+    attention: np.ndarray, path: str | Path, *, history: int, horizon_steps: Sequence[int] = ()
+) -> Path:
+    """The attention pattern: mean weights (tau, T) as an image and a few decoder-step rows.
+
+    Parameters
+    ----------
+    attention : ndarray (tau, T)
+        Attention weights averaged over windows (and heads), T = history + tau.
+    path : str or Path
+    history : int
+        k; key positions are drawn relative to the forecast start (-k ... tau-1).
+    horizon_steps : sequence of int, optional
+        Decoder steps whose rows are drawn as lines (default: first, middle, last).
+
+    Returns
+    -------
+    Path
+    """
+    a = np.asarray(attention, dtype=np.float64)
+    tau, T = a.shape
+    rel = np.arange(T) - history
+    steps = list(horizon_steps) or sorted({0, tau // 2, tau - 1})
+    fig = _figure(11.0, 3.6)
+    ax = fig.add_subplot(1, 2, 1)
+    im = ax.imshow(
+        a,
+        aspect="auto",
+        origin="lower",
+        extent=(rel[0] - 0.5, rel[-1] + 0.5, -0.5, tau - 0.5),
+        cmap="viridis",
+    )
+    fig.colorbar(im, ax=ax)
+    ax.set_xlabel("key position (step relative to forecast start)")
+    ax.set_ylabel("decoder step")
+    ax.set_title("mean attention weights")
+    ax2 = fig.add_subplot(1, 2, 2)
+    for s in steps:
+        ax2.plot(rel, a[s], lw=1.0, label=f"decoder step {s}")
+    ax2.set_xlabel("key position (step relative to forecast start)")
+    ax2.set_ylabel("weight")
+    ax2.set_title("attention of selected decoder steps")
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_clipping_comparison(
+    runs: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path
+) -> Path:
+    """Clipped vs unclipped QAT: loss per step and pre-clip gradient norm per step.
+
+    Parameters
+    ----------
+    runs : mapping label -> {"loss": [...], "grad_norm": [...]}
+    path : str or Path
+
+    Returns
+    -------
+    Path
+    """
+    fig = _figure(11.0, 3.6)
+    ax1 = fig.add_subplot(1, 2, 1)
+    ax2 = fig.add_subplot(1, 2, 2)
+    for label, r in runs.items():
+        ax1.plot(np.arange(1, len(r["loss"]) + 1), r["loss"], lw=1.0, label=label)
+        ax2.plot(np.arange(1, len(r["grad_norm"]) + 1), r["grad_norm"], lw=1.0, label=label)
+    ax1.set_xlabel("QAT step")
+    ax1.set_ylabel("training loss (standardised)")
+    ax1.set_title("QAT loss, clipped vs unclipped")
+    ax2.set_xlabel("QAT step")
+    ax2.set_ylabel("gradient norm before clipping")
+    ax2.set_yscale("log")
+    ax2.set_title("gradient norm")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _save(fig, path)

@@ -1,0 +1,308 @@
+"""FakeQuantize / LearnableFakeQuantize modules and QConfig / QATConfig against PyTorch 2.13."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import nbqat
+
+CONFIGS = {
+    "tensor_affine_quint8": (
+        dict(observer=nbqat.MovingAverageMinMaxObserver, quant_min=0, quant_max=255),
+        ("MovingAverageMinMaxObserver", dict(quant_min=0, quant_max=255)),
+    ),
+    "tensor_symmetric_qint8": (
+        dict(
+            observer=nbqat.MinMaxObserver,
+            dtype="qint8",
+            qscheme="per_tensor_symmetric",
+        ),
+        ("MinMaxObserver", dict(dtype="qint8", qscheme="per_tensor_symmetric")),
+    ),
+    "channel0_symmetric_qint8": (
+        dict(
+            observer=nbqat.MovingAveragePerChannelMinMaxObserver,
+            quant_min=-128,
+            quant_max=127,
+            dtype="qint8",
+            qscheme="per_channel_symmetric",
+            ch_axis=0,
+        ),
+        (
+            "MovingAveragePerChannelMinMaxObserver",
+            dict(
+                quant_min=-128,
+                quant_max=127,
+                dtype="qint8",
+                qscheme="per_channel_symmetric",
+                ch_axis=0,
+            ),
+        ),
+    ),
+    "channel1_affine_quint8": (
+        dict(observer=nbqat.PerChannelMinMaxObserver, ch_axis=1, qscheme="per_channel_affine"),
+        ("PerChannelMinMaxObserver", dict(ch_axis=1, qscheme="per_channel_affine")),
+    ),
+}
+
+
+def torch_kwargs(torch, kw):
+    out = dict(kw)
+    for k in ("dtype", "qscheme"):
+        if k in out:
+            out[k] = getattr(torch, out[k])
+    return out
+
+
+def make_pair(torch, name):
+    ours_kw, (tobs, tkw) = CONFIGS[name]
+    observer = getattr(torch.ao.quantization.observer, tobs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = torch.ao.quantization.FakeQuantize(observer=observer, **torch_kwargs(torch, tkw))
+    return nbqat.FakeQuantize(**ours_kw), theirs
+
+
+def bits(a):
+    return np.ascontiguousarray(a).view(np.int32)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_phases_match_torch(torch, rng, name):
+    ours, theirs = make_pair(torch, name)
+    # calibration -> QAT -> frozen, as a QAT loop runs them
+    plan = ["calib", "calib", "qat", "qat", "frozen", "frozen"]
+    for step, phase in enumerate(plan):
+        for m in (ours, theirs):
+            m.enable_observer(phase != "frozen")
+            m.enable_fake_quant(phase != "calib")
+        x = (rng.standard_normal((4, 6)) * (1 + step)).astype(np.float32)
+        x[0, 0] = 40.0  # out of range for later steps -> masked
+        y = ours(x)
+        tx = torch.from_numpy(x.copy()).requires_grad_(True)
+        ty = theirs(tx)
+        assert np.array_equal(bits(y), bits(ty.detach().numpy()))
+        np.testing.assert_array_equal(ours.scale, theirs.scale.numpy())
+        np.testing.assert_array_equal(ours.zero_point, theirs.zero_point.numpy())
+        g = rng.standard_normal(x.shape).astype(np.float32)
+        if phase == "calib":
+            assert y is x and ours.ctx is None
+            np.testing.assert_array_equal(ours.backward(g), g)
+            continue
+        ty.backward(torch.from_numpy(g))
+        assert np.array_equal(bits(ours.backward(g)), bits(tx.grad.numpy()))
+
+
+def test_ctx_per_call_for_time_steps(torch, rng):
+    fq = nbqat.FakeQuantize(observer=nbqat.MinMaxObserver)
+    xs = [(rng.standard_normal((3, 5)) * s).astype(np.float32) for s in (1.0, 4.0, 0.5)]
+    ctxs = []
+    for x in xs:
+        fq(x)
+        ctxs.append(fq.ctx)
+    scale, zp = float(fq.scale[0]), int(fq.zero_point[0])
+    g = np.ones((3, 5), np.float32)
+    for x, ctx in zip(xs, ctxs):
+        assert ctx.dtype == np.bool_ and ctx.shape == x.shape
+        np.testing.assert_array_equal(fq.backward(g, ctx), g * ctx)
+    # ctx=None is "fake quant was off" (identity), not "use the cached one"
+    np.testing.assert_array_equal(fq.backward(g, None), g)
+    # with the final qparams frozen, the mask is torch's cachemask mask
+    fq.disable_observer()
+    fq(xs[1])
+    tx = torch.from_numpy(xs[1].copy()).requires_grad_(True)
+    torch.fake_quantize_per_tensor_affine(tx, scale, zp, 0, 255).sum().backward()
+    np.testing.assert_array_equal(fq.backward(g), tx.grad.numpy())
+
+
+def test_backward_before_forward_raises():
+    with pytest.raises(RuntimeError, match="forward first"):
+        nbqat.FakeQuantize().backward(np.ones(3, np.float32))
+
+
+def test_state_dict_roundtrip_and_torch_keys(torch, rng):
+    ours, theirs = make_pair(torch, "channel0_symmetric_qint8")
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    ours(x)
+    theirs(torch.from_numpy(x))
+    sd = ours.state_dict()
+    assert set(sd) == set(theirs.state_dict())
+    fresh = nbqat.FakeQuantize(**CONFIGS["channel0_symmetric_qint8"][0])
+    fresh.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()})
+    np.testing.assert_array_equal(fresh.scale, ours.scale)
+    np.testing.assert_array_equal(fresh(x), ours(x))
+    fresh.disable_observer()
+    before = fresh.state_dict()
+    for bad, exc in [
+        ({k: v for k, v in sd.items() if k != "scale"}, KeyError),
+        ({**sd, "scale": sd["scale"][:2]}, ValueError),
+        ({**sd, "zero_point": sd["zero_point"].astype(np.float32)}, ValueError),
+        ({**sd, "activation_post_process.min_val": np.zeros(2, np.float32)}, ValueError),
+        ({**sd, "extra": np.zeros(1)}, ValueError),
+    ]:
+        with pytest.raises(exc):
+            fresh.load_state_dict(bad)
+        after = fresh.state_dict()
+        assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_with_args_and_qconfig():
+    factory = nbqat.FakeQuantize.with_args(observer=nbqat.MinMaxObserver, quant_min=0, quant_max=15)
+    a, b = factory(), factory()
+    assert a is not b and a.activation_post_process is not b.activation_post_process
+    assert (a.quant_min, a.quant_max) == (0, 15)
+    qc = nbqat.QConfig(activation=factory, weight=nbqat.FakeQuantize)
+    act, wt = qc
+    assert act is factory and wt is nbqat.FakeQuantize
+    with pytest.raises(TypeError, match="factory"):
+        nbqat.QConfig(activation=factory(), weight=factory)
+    with pytest.raises(TypeError, match="callable"):
+        nbqat.QConfig(activation=factory, weight=3)
+    with pytest.raises(TypeError, match="instance"):
+        nbqat.FakeQuantize(observer=nbqat.MinMaxObserver())
+
+
+def test_default_qat_qconfig_matches_torch_defaults(torch):
+    act = nbqat.default_qat_qconfig.activation()
+    wt = nbqat.default_qat_qconfig.weight()
+    assert isinstance(act.activation_post_process, nbqat.MovingAverageMinMaxObserver)
+    assert (act.quant_min, act.quant_max, act.qscheme, act.ch_axis) == (
+        0,
+        255,
+        "per_tensor_affine",
+        None,
+    )
+    assert isinstance(wt.activation_post_process, nbqat.MovingAveragePerChannelMinMaxObserver)
+    assert (wt.quant_min, wt.quant_max, wt.qscheme, wt.ch_axis) == (
+        -128,
+        127,
+        "per_channel_symmetric",
+        0,
+    )
+    assert wt.is_per_channel and not act.is_per_channel
+    tw = torch.ao.quantization.default_per_channel_weight_fake_quant()
+    assert (tw.quant_min, tw.quant_max, tw.ch_axis) == (wt.quant_min, wt.quant_max, wt.ch_axis)
+    assert str(tw.qscheme) == "torch." + wt.qscheme
+
+
+def test_qat_config_defaults_and_validation():
+    c = nbqat.QATConfig()
+    assert c.calibration_batches == 100 and c.max_norm == 1.0
+    assert c.qconfig is nbqat.default_qat_qconfig and not c.learnable_scales
+    assert c.quantize_attention and not c.quantize_output_head
+    assert nbqat.QATConfig(max_norm=None).max_norm is None
+    for kw, exc in [
+        ({"calibration_batches": -1}, ValueError),
+        ({"calibration_batches": 2.5}, TypeError),
+        ({"max_norm": 0.0}, ValueError),
+        ({"max_norm": float("nan")}, ValueError),
+        ({"qconfig": "default"}, TypeError),
+        ({"learnable_scales": 1}, TypeError),
+    ]:
+        with pytest.raises(exc):
+            nbqat.QATConfig(**kw)
+
+
+def test_bad_fake_quantize_construction():
+    with pytest.raises(ValueError, match="both"):
+        nbqat.FakeQuantize(quant_min=0)
+    with pytest.raises(ValueError, match="<= quant_max"):
+        nbqat.FakeQuantize(quant_min=10, quant_max=0)
+    with pytest.raises(ValueError, match="contain 0"):
+        nbqat.FakeQuantize(quant_min=1, quant_max=10)
+
+
+# ---------------------------------------------------------------------------------------------
+# LearnableFakeQuantize (LSQ)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_learnable_matches_torch(torch, rng, per_channel):
+    from torch.ao.quantization._learnable_fake_quantize import _LearnableFakeQuantize as TL
+
+    if per_channel:
+        kw = dict(
+            observer=nbqat.MovingAveragePerChannelMinMaxObserver,
+            quant_min=-128,
+            quant_max=127,
+            dtype="qint8",
+            qscheme="per_channel_affine",
+            ch_axis=1,
+            channel_len=5,
+        )
+        tobs = torch.ao.quantization.MovingAveragePerChannelMinMaxObserver
+    else:
+        kw = dict(observer=nbqat.MovingAverageMinMaxObserver, quant_min=0, quant_max=255)
+        tobs = torch.ao.quantization.MovingAverageMinMaxObserver
+    tkw = torch_kwargs(torch, {k: v for k, v in kw.items() if k != "observer"})
+    ours = nbqat.LearnableFakeQuantize(use_grad_scaling=True, **kw)
+    theirs = TL(observer=tobs, use_grad_scaling=True, **tkw)
+    theirs.enable_static_estimate()
+    ours.enable_static_estimate()
+    for step in range(4):
+        if step == 2:
+            ours.enable_param_learning()
+            theirs.enable_param_learning()
+        x = (rng.standard_normal((3, 5)) * 2).astype(np.float32)
+        tx = torch.from_numpy(x.copy()).requires_grad_(True)
+        ty = theirs(tx)
+        y = ours(x)
+        assert np.array_equal(bits(y), bits(ty.detach().numpy()))
+        np.testing.assert_array_equal(ours.scale, theirs.scale.detach().numpy())
+        np.testing.assert_array_equal(ours.zero_point, theirs.zero_point.detach().numpy())
+        if step >= 2:
+            g = rng.standard_normal(x.shape).astype(np.float32)
+            ours.zero_grad()
+            theirs.scale.grad = None
+            theirs.zero_point.grad = None
+            ty.backward(torch.from_numpy(g))
+            gx = ours.backward(g)
+            np.testing.assert_array_equal(gx, tx.grad.numpy())
+            np.testing.assert_allclose(
+                ours.grad_scale, theirs.scale.grad.numpy(), rtol=1e-5, atol=1e-7
+            )
+            np.testing.assert_allclose(
+                ours.grad_zero_point, theirs.zero_point.grad.numpy(), rtol=1e-5, atol=1e-7
+            )
+            # the learned parameters move the same way (one SGD step on both)
+            with torch.no_grad():
+                theirs.scale -= 0.01 * theirs.scale.grad
+                theirs.zero_point -= 0.01 * theirs.zero_point.grad
+            ours.scale[...] = theirs.scale.detach().numpy()
+            ours.zero_point[...] = theirs.zero_point.detach().numpy()
+
+
+def test_learnable_accumulates_and_zero_grad(rng):
+    lq = nbqat.LearnableFakeQuantize(observer=nbqat.MinMaxObserver, quant_min=0, quant_max=15)
+    x = rng.standard_normal((4, 4)).astype(np.float32) * 3
+    lq(x)
+    g = np.ones_like(x)
+    ctx = lq.ctx
+    lq.backward(g, ctx)
+    once = (lq.grad_scale.copy(), lq.grad_zero_point.copy())
+    assert np.any(once[0] != 0)
+    lq.backward(g, ctx)
+    np.testing.assert_allclose(lq.grad_scale, 2 * once[0], rtol=1e-6)
+    lq.zero_grad()
+    assert not lq.grad_scale.any() and not lq.grad_zero_point.any()
+    lq.disable_fake_quant()
+    assert lq(x) is x and lq.ctx is None
+    np.testing.assert_array_equal(lq.backward(g), g)
+    sd = lq.state_dict()
+    other = nbqat.LearnableFakeQuantize(observer=nbqat.MinMaxObserver, quant_min=0, quant_max=15)
+    other.load_state_dict(sd)
+    np.testing.assert_array_equal(other.scale, lq.scale)
+    assert not other.fake_quant_enabled
+
+
+def test_fake_quantize_on_device_equals_host(cuda_sim, small_cuda_blocks, rng):
+    host = nbqat.FakeQuantize(**CONFIGS["channel1_affine_quint8"][0])
+    dev = nbqat.FakeQuantize(**CONFIGS["channel1_affine_quint8"][0])
+    for _ in range(2):
+        x = rng.standard_normal((3, 4)).astype(np.float32)
+        yh = host(x)
+        yd = dev(cuda_sim.to_device(x))
+        np.testing.assert_array_equal(np.asarray(yd.copy_to_host()), yh)
+    np.testing.assert_array_equal(dev.scale, host.scale)

@@ -1,0 +1,363 @@
+"""Finite-difference checks (float64) of every nbqat.nn layer's hand-written backward pass.
+
+Each test builds one layer on its own flat buffer, takes the loss ``sum_i <R_i, y_i>`` with fixed
+random ``R_i`` over the layer's outputs, and compares every parameter gradient and every input
+gradient with a 4-point finite difference (tests/ref_nn.py): relative error < 1e-6 per tensor
+(an absolute floor of 1e-9 only matters for gradients that are exactly zero, e.g. a key bias).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ref_nn import IdentityHook, NumpyFakeQuant, SquareHook, fd_grad, rel_err
+
+from nbqat.nn import (
+    ELU,
+    LSTM,
+    GateAddNorm,
+    GatedLinearUnit,
+    GatedResidualNetwork,
+    InterpretableMultiHeadAttention,
+    LayerNorm,
+    Linear,
+    ParameterBuffer,
+    VariableSelectionNetwork,
+    q_risk,
+    quantile_loss,
+    quantile_loss_grad,
+)
+
+TOL = 1e-6
+FLOOR = 1e-9
+
+
+def _check(module, fwd, bwd, inputs, seed=0, tol=TOL):
+    """fwd() -> tuple of outputs; bwd(Rs) -> tuple of input grads aligned with ``inputs``."""
+    rng = np.random.default_rng(seed)
+    outs = fwd()
+    rs = [rng.normal(size=o.shape) for o in outs]
+
+    def loss():
+        return sum(float(np.sum(r * o)) for r, o in zip(rs, fwd()))
+
+    for _, g in module.named_grads():
+        g[...] = 0
+    fwd()
+    dins = bwd(rs)
+    grads = {n: g.copy() for n, g in module.named_grads()}
+    checked = 0
+    for name, p in module.named_parameters():
+        fd = fd_grad(loss, p)
+        err = rel_err(grads[name], fd, FLOOR)
+        assert err < tol, f"parameter {name}: relative error {err:.3g}"
+        checked += 1
+    for i, (x, dx) in enumerate(zip(inputs, dins)):
+        assert dx.shape == x.shape
+        fd = fd_grad(loss, x)
+        err = rel_err(dx, fd, FLOOR)
+        assert err < tol, f"input {i}: relative error {err:.3g}"
+    return checked
+
+
+def _build(module, seed=3):
+    return ParameterBuffer(module, np.float64, seed)
+
+
+@pytest.mark.parametrize("lead", [(5,), (2, 3)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear(rng, lead, bias):
+    lin = Linear(4, 3, bias=bias)
+    _build(lin)
+    x = rng.normal(size=lead + (4,))
+    n = _check(lin, lambda: (lin.forward(x),), lambda r: (lin.backward(r[0]),), [x])
+    assert n == (2 if bias else 1)
+
+
+def test_linear_matches_numpy(rng):
+    lin = Linear(4, 3)
+    _build(lin)
+    x = rng.normal(size=(2, 3, 4))
+    np.testing.assert_allclose(lin.forward(x), x @ lin.weight.T + lin.bias, rtol=1e-14)
+
+
+def test_linear_hooks(rng):
+    lin = Linear(4, 3)
+    _build(lin)
+    lin.weight_fake_quant = SquareHook(0.1)
+    lin.input_fake_quant = SquareHook(-0.07)
+    x = rng.normal(size=(2, 3, 4))
+    _check(lin, lambda: (lin.forward(x),), lambda r: (lin.backward(r[0]),), [x])
+
+
+def test_linear_ste_hook_against_reference(rng):
+    lin = Linear(6, 5)
+    _build(lin)
+    wq, xq = NumpyFakeQuant(0.05), NumpyFakeQuant(0.1, 3, -20, 20)
+    lin.weight_fake_quant, lin.input_fake_quant = wq, xq
+    x = rng.normal(size=(7, 6))
+    dy = rng.normal(size=(7, 5))
+    y = lin.forward(x)
+    dx = lin.backward(dy)
+    w_q = NumpyFakeQuant(0.05).forward(lin.weight)
+    ref_x = NumpyFakeQuant(0.1, 3, -20, 20)
+    x_q = ref_x.forward(x)
+    np.testing.assert_allclose(y, x_q @ w_q.T + lin.bias, rtol=1e-13)
+    mask_w = np.abs(np.rint(lin.weight / 0.05)) <= 127
+    np.testing.assert_allclose(lin.weight_grad, np.where(mask_w, dy.T @ x_q, 0), rtol=1e-13)
+    np.testing.assert_allclose(dx, np.where(ref_x.ctx, dy @ w_q, 0), rtol=1e-13)
+    assert not ref_x.ctx.all()  # the mask really cut something
+
+
+def test_identity_hooks_are_exactly_the_float_path(rng):
+    x = rng.normal(size=(2, 5, 4)).astype(np.float32)
+    res = []
+    for hooked in (False, True):
+        lstm = LSTM(4, 3)
+        buf = ParameterBuffer(lstm, np.float32, 1)
+        if hooked:
+            for a in ("weight_ih", "weight_hh", "input", "hidden"):
+                setattr(lstm, a + "_fake_quant", IdentityHook())
+        h0 = np.full((2, 3), 0.1, np.float32)
+        out, (h, c) = lstm.forward(x, h0, h0)
+        dx, dh0, dc0 = lstm.backward(np.ones_like(out), h, c)
+        res.append((out, h, c, dx, dh0, dc0, buf.grads.copy()))
+    for a, b in zip(*res):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_elu(rng):
+    e = ELU()
+    x = rng.normal(size=(3, 4))
+    x[0, 0] = 0.0  # the x > 0 branch choice at 0 is the left (exp) one
+    x[np.abs(x) < 1e-3] = 0.5
+    _check(e, lambda: (e.forward(x),), lambda r: (e.backward(r[0]),), [x])
+    np.testing.assert_allclose(e.forward(x), np.where(x > 0, x, np.expm1(x)), rtol=1e-15)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_glu(rng, residual):
+    glu = GatedLinearUnit(3, 4)
+    _build(glu)
+    x = rng.normal(size=(2, 3, 3))
+    r = rng.normal(size=(2, 3, 4)) if residual else None
+    if residual:
+        inputs = [x, r]
+
+        def bwd(rs):
+            return glu.backward(rs[0]), rs[0]
+    else:
+        inputs = [x]
+
+        def bwd(rs):
+            return (glu.backward(rs[0]),)
+
+    _check(glu, lambda: (glu.forward(x, r),), bwd, inputs)
+    z = x @ glu.fc.weight.T + glu.fc.bias
+    ref = z[..., :4] / (1 + np.exp(-z[..., 4:])) + (0 if r is None else r)
+    np.testing.assert_allclose(glu.forward(x, r), ref, rtol=1e-13)
+
+
+def test_layernorm(rng):
+    ln = LayerNorm(5)
+    buf = _build(ln)
+    buf.params[:] = rng.normal(size=buf.params.size)  # non-trivial gamma / beta
+    x = rng.normal(size=(3, 300, 5))  # > ROW_CHUNK rows: several chunks
+    dy = rng.normal(size=x.shape)
+    y = ln.forward(x)
+    mu = x.mean(-1, keepdims=True)
+    ref = (x - mu) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * ln.weight + ln.bias
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+    x_small = rng.normal(size=(2, 3, 5))
+    _check(ln, lambda: (ln.forward(x_small),), lambda r: (ln.backward(r[0]),), [x_small])
+    # deterministic parameter gradient over many chunks: equal to a float64 reference
+    buf.zero_grad()
+    ln.forward(x)
+    ln.backward(dy)
+    xhat = (x - mu) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(ln.weight_grad, (dy * xhat).sum((0, 1)), rtol=1e-12)
+    np.testing.assert_allclose(ln.bias_grad, dy.sum((0, 1)), rtol=1e-12)
+
+
+def test_gate_add_norm(rng):
+    g = GateAddNorm(3, 4)
+    _build(g)
+    x = rng.normal(size=(2, 3, 3))
+    s = rng.normal(size=(2, 3, 4))
+    _check(g, lambda: (g.forward(x, s),), lambda r: g.backward(r[0]), [x, s])
+
+
+@pytest.mark.parametrize(
+    "in_size,out_size,ctx,lead",
+    [(4, 4, None, (3,)), (6, 2, None, (2, 3)), (4, 4, 3, (2, 3)), (5, 3, 3, (2,))],
+)
+def test_grn(rng, in_size, out_size, ctx, lead):
+    grn = GatedResidualNetwork(in_size, 4, out_size, ctx)
+    _build(grn)
+    a = rng.normal(size=lead + (in_size,))
+    c = None if ctx is None else rng.normal(size=(lead[0], ctx))
+    inputs = [a] if c is None else [a, c]
+
+    def bwd(rs):
+        da, dc = grn.backward(rs[0])
+        return (da,) if c is None else (da, dc)
+
+    _check(grn, lambda: (grn.forward(a, c),), bwd, inputs)
+
+
+def test_grn_context_errors(rng):
+    grn = GatedResidualNetwork(4, 4, 4, 3)
+    _build(grn)
+    with pytest.raises(ValueError, match="context"):
+        grn.forward(rng.normal(size=(2, 4)))
+    with pytest.raises(ValueError, match="context"):
+        grn.forward(rng.normal(size=(2, 4)), rng.normal(size=(3, 3)))
+
+
+@pytest.mark.parametrize("m,ctx,lead", [(3, None, (4,)), (2, 4, (2, 3)), (1, None, (3,))])
+def test_vsn(rng, m, ctx, lead):
+    vsn = VariableSelectionNetwork(m, 4, ctx)
+    _build(vsn)
+    x = rng.normal(size=lead + (m,))
+    c = None if ctx is None else rng.normal(size=(lead[0], ctx))
+    inputs = [x] if c is None else [x, c]
+
+    def bwd(rs):
+        dx, dc = vsn.backward(rs[0])
+        return (dx,) if c is None else (dx, dc)
+
+    _check(vsn, lambda: (vsn.forward(x, c)[0],), bwd, inputs)
+    out, w = vsn.forward(x, c)
+    assert w.shape == lead + (m,)
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-14)
+    # reference combination from the layer's own sub-results
+    emb = x[..., :, None] * vsn.embedding.weight + vsn.embedding.bias  # (..., m, d)
+    per = np.stack([vsn.var_grns[j].forward(emb[..., j, :]) for j in range(m)], -2)
+    np.testing.assert_allclose(out, (w[..., None] * per).sum(-2), rtol=1e-12, atol=1e-14)
+
+
+def _lstm_ref(lstm, x, h, c):
+    """Obvious NumPy LSTM (torch's equations)."""
+    d = lstm.hidden_size
+    outs = []
+    for t in range(x.shape[1]):
+        a = x[:, t] @ lstm.weight_ih.T + lstm.bias_ih + h @ lstm.weight_hh.T + lstm.bias_hh
+        i, f, g, o = (a[:, k * d : (k + 1) * d] for k in range(4))
+        sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+        c = sig(f) * c + sig(i) * np.tanh(g)
+        h = sig(o) * np.tanh(c)
+        outs.append(h)
+    return np.stack(outs, 1), h, c
+
+
+@pytest.mark.parametrize("hooks", [False, True])
+def test_lstm(rng, hooks):
+    lstm = LSTM(3, 4)
+    _build(lstm)
+    x = rng.normal(size=(2, 5, 3))
+    h0 = rng.normal(size=(2, 4))
+    c0 = rng.normal(size=(2, 4))
+    if not hooks:
+        out, (h, c) = lstm.forward(x, h0, c0)
+        ro, rh, rc = _lstm_ref(lstm, x, h0, c0)
+        np.testing.assert_allclose(out, ro, rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(h, rh, rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(c, rc, rtol=1e-13, atol=1e-15)
+    else:
+        lstm.weight_ih_fake_quant = SquareHook(0.1)
+        lstm.weight_hh_fake_quant = SquareHook(-0.1)
+        lstm.input_fake_quant = SquareHook(0.05)
+        lstm.hidden_fake_quant = SquareHook(0.2)  # per-step ctx: a stale ctx would fail
+
+    def fwd():
+        out, (h, c) = lstm.forward(x, h0, c0)
+        return out, h, c
+
+    def bwd(rs):
+        return lstm.backward(rs[0], rs[1], rs[2])
+
+    _check(lstm, fwd, bwd, [x, h0, c0])
+    if hooks:
+        assert lstm.hidden_fake_quant.calls > 5
+
+
+@pytest.mark.parametrize("hook", [False, True])
+def test_attention(rng, hook):
+    att = InterpretableMultiHeadAttention(4, 2)
+    _build(att)
+    if hook:
+        att.attention_fake_quant = SquareHook(0.3)
+    k, tau = 4, 3
+    kv = rng.normal(size=(2, k + tau, 4))
+    qin = rng.normal(size=(2, tau, 4))
+    _check(
+        att,
+        lambda: (att.forward(qin, kv, offset=k),),
+        lambda r: att.backward(r[0]),
+        [qin, kv],
+    )
+    p = att.attention_probs
+    assert p.shape == (2, 2, tau, k + tau)
+    for i in range(tau):  # causal: decoder step i sees up to and including itself
+        assert np.all(p[:, :, i, k + i + 1 :] == 0)
+        assert np.all(p[:, :, i, : k + i + 1] > 0)
+    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-14)
+
+
+def test_attention_matches_reference(rng):
+    att = InterpretableMultiHeadAttention(6, 3)
+    _build(att)
+    k, tau, dh = 3, 2, 2
+    kv = rng.normal(size=(2, k + tau, 6))
+    qin = rng.normal(size=(2, tau, 6))
+    out = att.forward(qin, kv, offset=k)
+    q = qin @ att.q_proj.weight.T + att.q_proj.bias
+    kk = kv @ att.k_proj.weight.T + att.k_proj.bias
+    v = kv @ att.v_proj.weight.T + att.v_proj.bias
+    heads = []
+    mask = np.arange(k + tau)[None, :] > (k + np.arange(tau))[:, None]
+    for h in range(3):
+        s = q[..., h * dh : (h + 1) * dh] @ kk[..., h * dh : (h + 1) * dh].transpose(0, 2, 1)
+        s = np.where(mask, -np.inf, s / np.sqrt(dh))
+        e = np.exp(s - s.max(-1, keepdims=True))
+        heads.append((e / e.sum(-1, keepdims=True)) @ v)
+    ref = np.mean(heads, 0) @ att.out_proj.weight.T + att.out_proj.bias
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-14)
+
+
+def test_backward_before_forward_raises():
+    lin = Linear(2, 2)
+    _build(lin)
+    with pytest.raises(RuntimeError, match="before forward"):
+        lin.backward(np.zeros((1, 2)))
+
+
+def test_quantile_loss_and_grad(rng):
+    q = (0.1, 0.5, 0.9)
+    yhat = rng.normal(size=(3, 4, 3))
+    y = rng.normal(size=(3, 4))
+    e = y[..., None] - yhat
+    qq = np.array(q)
+    ref = np.mean(qq * np.maximum(e, 0) + (1 - qq) * np.maximum(-e, 0))
+    assert quantile_loss(yhat, y, q) == pytest.approx(ref, rel=1e-14)
+    g = quantile_loss_grad(yhat, y, q)
+    fd = fd_grad(lambda: quantile_loss(yhat, y, q), yhat, eps=1e-7)
+    assert rel_err(g, fd) < 1e-6
+    # tie: zero subgradient
+    y2 = yhat[..., 1].copy()
+    assert np.all(quantile_loss_grad(yhat, y2, q)[..., 1] == 0)
+    with pytest.raises(ValueError, match="shape"):
+        quantile_loss(yhat, y[:, :2], q)
+    with pytest.raises(ValueError, match="quantiles"):
+        quantile_loss(yhat, y, (0.1, 0.5, 1.0))
+
+
+def test_q_risk(rng):
+    q = (0.5, 0.9)
+    yhat = rng.normal(size=(5, 3, 2))
+    y = rng.normal(size=(5, 3)) + 3
+    r = q_risk(yhat, y, q)
+    for j, qj in enumerate(q):
+        e = y - yhat[..., j]
+        ref = 2 * np.sum(np.maximum(qj * e, (qj - 1) * e)) / np.sum(np.abs(y))
+        assert r[j] == pytest.approx(ref, rel=1e-13)
