@@ -22,14 +22,15 @@ def _parallel_copy(dst, src):  # (n,) uint64 <- (n,) uint64
         dst[i] = src[i]
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, nogil=True)  # not cacheable (numba.get_num_threads is a dynamic global)
 def _parallel_read(src):  # (n,) uint64 -> xor of all words (forces every load)
     nt = numba.get_num_threads()
     chunk = (src.size + nt - 1) // nt
     acc = np.zeros(nt, np.uint64)
     for t in prange(nt):
         a = np.uint64(0)
-        for i in range(t * chunk, min(src.size, (t + 1) * chunk)):
+        # unsigned loop bounds: LLVM vectorises this loop only with an unsigned index
+        for i in range(np.uint64(t * chunk), np.uint64(min(src.size, (t + 1) * chunk))):
             a ^= src[i]
         acc[t] = a
     r = np.uint64(0)

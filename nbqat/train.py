@@ -299,10 +299,51 @@ def _build_model(cfg: TrainConfig, w: Windows):
     return TemporalFusionTransformer(tcfg, seed=cfg.seed, dtype=np.float32)
 
 
-def _make_optimizer(params: np.ndarray, lr: float):
+def _make_optimizer(params: np.ndarray, lr: float, device: str = "cpu"):
+    if device == "cuda":
+        return DeviceAdam(params, lr=lr)
     from nbqat.optim import Adam
 
     return Adam(params, lr=lr)
+
+
+class DeviceAdam:
+    """Adam whose fused update runs on a CUDA device copy of a host parameter buffer.
+
+    ``--device cuda`` uses it: nbqat.nn's forward and backward passes run on the CPU (the
+    layer graph keeps its activations in NumPy), so each step uploads the flat gradient buffer
+    (and the parameters), runs :class:`nbqat.Adam`'s CUDA kernel there with the clipping
+    coefficient folded in, and downloads the parameters. It presents the host optimizer
+    interface (``params`` is the host buffer), so ``QATTemporalFusionTransformer.train_step``
+    and ``save``/``load`` accept it.
+    """
+
+    def __init__(self, params: np.ndarray, lr: float) -> None:
+        from nbqat import _cuda
+        from nbqat.optim import Adam
+
+        _cuda.require_cuda("--device cuda")
+        self.params = params
+        self._d_params = _cuda.cuda.to_device(params)
+        self._d_grads = _cuda.cuda.to_device(np.zeros_like(params))
+        self.inner = Adam(self._d_params, lr=lr)
+
+    def upload_grads(self, grads: np.ndarray) -> Any:
+        """Copy ``grads`` to the device buffer and return it."""
+        self._d_grads.copy_to_device(np.ascontiguousarray(grads))
+        return self._d_grads
+
+    def step(self, grads: np.ndarray, grad_scale: float = 1.0, *, uploaded: bool = False) -> None:
+        self._d_params.copy_to_device(self.params)  # the host buffer may have been reloaded
+        d_grads = self._d_grads if uploaded else self.upload_grads(grads)
+        self.inner.step(d_grads, grad_scale=grad_scale)
+        self._d_params.copy_to_host(self.params)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
 
 
 def _clip_coef(total: float, max_norm: float | None) -> float:
@@ -311,7 +352,7 @@ def _clip_coef(total: float, max_norm: float | None) -> float:
     return min(max_norm / (total + 1e-6), 1.0)
 
 
-def _total_norm(grads: np.ndarray) -> float:
+def _total_norm(grads: Any) -> float:
     from nbqat.clip import get_total_norm
 
     return float(get_total_norm(grads))
@@ -465,7 +506,7 @@ class _Run:
                 shutil.copyfile(ck / side, self.out / side)
         if (ck / "qat.npz").exists():
             self._new_qat()
-            self.qat_opt = _make_optimizer(self.qat.params, self.cfg.qat_lr)
+            self.qat_opt = _make_optimizer(self.qat.params, self.cfg.qat_lr, self.cfg.device)
             self.qat.load(ck / "qat.npz", optimizer=self.qat_opt)
 
     def _interrupted(self) -> TrainingInterrupted:
@@ -508,8 +549,12 @@ class _Run:
                 pred = model.forward(s, h, f)
                 loss, grad = pinball_loss(pred, y, w.quantiles)
                 model.backward(grad)
-                total = _total_norm(model.grads)
-                opt.step(model.grads, grad_scale=_clip_coef(total, cfg.max_norm))
+                if isinstance(opt, DeviceAdam):  # norm and update on the device
+                    total = _total_norm(opt.upload_grads(model.grads))
+                    opt.step(model.grads, _clip_coef(total, cfg.max_norm), uploaded=True)
+                else:
+                    total = _total_norm(model.grads)
+                    opt.step(model.grads, grad_scale=_clip_coef(total, cfg.max_norm))
                 st.grad_norms["float"].append(total)
                 st.step_losses["float"].append(loss)
                 st.epoch_loss_sum += loss
@@ -559,7 +604,7 @@ class _Run:
             if len(order) == 0:
                 break
         self.qat.disable_calibration()
-        self.qat_opt = _make_optimizer(self.qat.params, cfg.qat_lr)
+        self.qat_opt = _make_optimizer(self.qat.params, cfg.qat_lr, cfg.device)
         self.st.phase = "qat"
         if cfg.compare_clipping:
             self.qat.save(self.out / "qat_start.npz", optimizer=self.qat_opt)
@@ -612,7 +657,7 @@ class _Run:
     def reset_qat(self, path: Path) -> None:
         """Load a saved QAT state (model, observers, optimizer) into a fresh QAT model."""
         self._new_qat()
-        self.qat_opt = _make_optimizer(self.qat.params, self.cfg.qat_lr)
+        self.qat_opt = _make_optimizer(self.qat.params, self.cfg.qat_lr, self.cfg.device)
         self.qat.load(path, optimizer=self.qat_opt)
 
 
@@ -739,7 +784,7 @@ def run(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
     r = _Run(cfg, out)
     r.w = w
     r.model = _build_model(cfg, w)
-    r.opt = _make_optimizer(r.model.params, cfg.lr)
+    r.opt = _make_optimizer(r.model.params, cfg.lr, cfg.device)
     if resume is not None:
         r.load_checkpoint(ck)
     r._tick("data", t0)
