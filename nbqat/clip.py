@@ -12,15 +12,22 @@ from __future__ import annotations
 import math
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import numba
 import numpy as np
 
 from nbqat import _cuda
 from nbqat.kernels import norm_cpu as _k
 
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-_RCODE = {np.dtype(np.float16): _k.R_F16, np.dtype(np.float32): _k.R_F32, np.dtype(np.float64): _k.R_F64}
+_RCODE = {
+    np.dtype(np.float16): _k.R_F16,
+    np.dtype(np.float32): _k.R_F32,
+    np.dtype(np.float64): _k.R_F64,
+}
 _PROTO = {
     np.dtype(np.float16): np.empty(0, np.uint16),  # float16 travels as its bit pattern
     np.dtype(np.float32): np.empty(0, np.float32),
@@ -31,6 +38,25 @@ _OPMATH = {
     np.dtype(np.float32): np.float32,
     np.dtype(np.float64): np.float64,
 }
+
+#: Below this many elements the CPU kernels run on one thread: waking the worker threads costs
+#: more than the work (results never depend on the thread count).
+PARALLEL_MIN = 1 << 16
+
+
+@contextmanager
+def threads_for(n_elements: int) -> Iterator[None]:
+    """Run the enclosed CPU kernels on one thread when ``n_elements < PARALLEL_MIN``."""
+    old = numba.get_num_threads()
+    if n_elements >= PARALLEL_MIN or old == 1:
+        yield
+        return
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(old)
+
 
 # --------------------------------------------------------------------------------------------
 # argument handling
@@ -58,9 +84,7 @@ def _norm_kind(norm_type: Any) -> tuple[int, float]:
     try:
         p = float(norm_type)
     except (TypeError, ValueError):
-        raise TypeError(
-            f"norm_type must be a positive float or 'inf', got {norm_type!r}"
-        ) from None
+        raise TypeError(f"norm_type must be a positive float or 'inf', got {norm_type!r}") from None
     if not p > 0:  # also rejects NaN
         raise ValueError(f"norm_type must be > 0 (2.0, 1.0, 'inf', ...), got {norm_type!r}")
     if p == math.inf:
@@ -122,13 +146,14 @@ def _split(grads: list, what: str) -> bool:
 class _Plan:
     """Per-dtype segment tables for one list of NumPy arrays (cached by identity)."""
 
-    __slots__ = ("refs", "groups", "rdtype", "n", "writable_checked")
+    __slots__ = ("refs", "groups", "rdtype", "n", "size")
 
-    def __init__(self, refs, groups, rdtype, n):
+    def __init__(self, refs, groups, rdtype, n, size):
         self.refs = refs  # weak references to the arrays, to check identity on a cache hit
         self.groups = groups  # [(dtype, proto, table, positions)]
         self.rdtype = rdtype  # torch's result dtype of the stacked norms
-        self.n = n
+        self.n = n  # number of arrays
+        self.size = size  # number of elements
 
 
 def _segments(g: np.ndarray, owner: int) -> list[list[int]]:
@@ -184,7 +209,7 @@ def _build_plan(grads: list, write: bool) -> _Plan:
         groups.append((dt, _PROTO[dt], table, np.array(positions, np.int64)))
     rdtype = np.result_type(*by_dtype) if by_dtype else np.dtype(np.float32)
     refs = [weakref.ref(g) for g in grads]
-    return _Plan(refs, groups, rdtype, len(grads))
+    return _Plan(refs, groups, rdtype, len(grads), sum(int(g.size) for g in grads))
 
 
 _PLANS: OrderedDict[tuple[int, ...], _Plan] = OrderedDict()
@@ -314,7 +339,9 @@ def _total_norm(grads: list, norm_type: Any, error_if_nonfinite: bool) -> tuple[
         total, ctx, rdtype = norm_cuda.total_norm(grads, kind, p)
     else:
         plan = _plan(grads, write=False)
-        total, ctx, rdtype = _cpu_total(plan, kind, p), plan, plan.rdtype
+        with threads_for(plan.size):
+            total = _cpu_total(plan, kind, p)
+        ctx, rdtype = plan, plan.rdtype
     if error_if_nonfinite and not math.isfinite(total):
         raise RuntimeError(
             f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
@@ -347,9 +374,10 @@ def _scale(grads: list, ctx: Any, coef: float) -> None:
 
         norm_cuda.apply(grads, ctx, _k.OP_SCALE, coef, 0.0)
         return
-    for dt, proto, table, _ in ctx.groups:
-        a = float(_OPMATH[dt](coef))
-        _k.seg_apply(proto, table, _k.OP_SCALE, a, 0.0)
+    with threads_for(ctx.size):
+        for dt, proto, table, _ in ctx.groups:
+            a = float(_OPMATH[dt](coef))
+            _k.seg_apply(proto, table, _k.OP_SCALE, a, 0.0)
 
 
 def clip_grad_norm_(
@@ -471,9 +499,10 @@ def clip_grad_value_(grads: Any, clip_value: float) -> None:
         norm_cuda.apply(grads, ctx, _k.OP_CLAMP, -c, c)
         return
     plan = _plan(grads, write=True)
-    for dt, proto, table, _ in plan.groups:
-        hi = float(dt.type(c))
-        _k.seg_apply(proto, table, _k.OP_CLAMP, -hi, hi)
+    with threads_for(plan.size):
+        for dt, proto, table, _ in plan.groups:
+            hi = float(dt.type(c))
+            _k.seg_apply(proto, table, _k.OP_CLAMP, -hi, hi)
 
 
 __all__ = [

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from nbqat import _cuda
+from nbqat.clip import threads_for
 from nbqat.kernels import optim_cpu as _k
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -36,9 +37,7 @@ def _check_params(params: Any) -> bool:
     """Validate the flat parameter buffer; returns True for a CUDA buffer."""
     is_cuda = _is_cuda(params)
     if not is_cuda and not isinstance(params, np.ndarray):
-        raise TypeError(
-            f"params must be one flat NumPy or CUDA array, got {type(params).__name__}"
-        )
+        raise TypeError(f"params must be one flat NumPy or CUDA array, got {type(params).__name__}")
     if is_cuda:
         _cuda.require_cuda("optimizer")
     dt = np.dtype(params.dtype)
@@ -94,9 +93,7 @@ class _Optimizer:
         return self._buffers[name]
 
     def _check_grads(self, grads: Any, grad_scale: Any) -> float:
-        if self._cuda != _is_cuda(grads) or not (
-            self._cuda or isinstance(grads, np.ndarray)
-        ):
+        if self._cuda != _is_cuda(grads) or not (self._cuda or isinstance(grads, np.ndarray)):
             raise TypeError(
                 "grads must be an array on the same device as params "
                 f"({'CUDA' if self._cuda else 'NumPy'}), got {type(grads).__name__}"
@@ -115,7 +112,9 @@ class _Optimizer:
         try:
             gs = float(grad_scale)
         except (TypeError, ValueError):
-            raise TypeError(f"grad_scale must be a float, got {type(grad_scale).__name__}") from None
+            raise TypeError(
+                f"grad_scale must be a float, got {type(grad_scale).__name__}"
+            ) from None
         return gs
 
     def _t(self, x: float) -> Any:
@@ -147,15 +146,18 @@ class _Optimizer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (validated fully before anything changes).
 
+        Parameters
+        ----------
+        state : dict
+            A dict from :meth:`state_dict` of the same optimizer type and buffer size.
+
         Raises
         ------
         ValueError
             Another optimizer type, missing keys, or buffers of the wrong shape/dtype.
         """
         if state.get("type", type(self).__name__) != type(self).__name__:
-            raise ValueError(
-                f"state_dict is for {state.get('type')}, not {type(self).__name__}"
-            )
+            raise ValueError(f"state_dict is for {state.get('type')}, not {type(self).__name__}")
         missing = [k for k in ("step", *self._hparam_names) if k not in state]
         if missing:
             raise ValueError(f"state_dict lacks {missing}")
@@ -248,8 +250,21 @@ class SGD(_Optimizer):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
     def step(self, grads: Any, grad_scale: float = 1.0) -> None:
-        """One update with ``grads`` (same shape/dtype/device as params), scaled by
-        ``grad_scale`` inside the fused pass."""
+        """One fused update.
+
+        Parameters
+        ----------
+        grads : (n,) array
+            The flat gradient buffer: same shape, dtype and device as ``params``; read only.
+        grad_scale : float, default 1.0
+            Every gradient is multiplied by it (rounded to the dtype) inside the update: pass
+            :func:`nbqat.clip.clip_coef` to fold gradient clipping in.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``grads`` on another device, of another shape/dtype, or not contiguous.
+        """
         gs = self._check_grads(grads, grad_scale)
         t = self._t
         first = "momentum_buffer" not in self._buffers
@@ -263,7 +278,8 @@ class SGD(_Optimizer):
 
             optim_cuda.sgd_step(*args)
         else:
-            _k.sgd_step(*args)
+            with threads_for(self.params.shape[0]):
+                _k.sgd_step(*args)
         self.step_count += 1
 
 
@@ -327,8 +343,21 @@ class Adam(_Optimizer):
         _hparam(weight_decay, "weight_decay value")
 
     def step(self, grads: Any, grad_scale: float = 1.0) -> None:
-        """One update with ``grads`` (same shape/dtype/device as params), scaled by
-        ``grad_scale`` inside the fused pass."""
+        """One fused update.
+
+        Parameters
+        ----------
+        grads : (n,) array
+            The flat gradient buffer: same shape, dtype and device as ``params``; read only.
+        grad_scale : float, default 1.0
+            Every gradient is multiplied by it (rounded to the dtype) inside the update: pass
+            :func:`nbqat.clip.clip_coef` to fold gradient clipping in.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``grads`` on another device, of another shape/dtype, or not contiguous.
+        """
         gs = self._check_grads(grads, grad_scale)
         t = self._t
         b1, b2 = self.betas
@@ -348,7 +377,8 @@ class Adam(_Optimizer):
 
             optim_cuda.adam_step(*args)
         else:
-            _k.adam_step(*args)
+            with threads_for(self.params.shape[0]):
+                _k.adam_step(*args)
         self.step_count = step
 
 
@@ -356,7 +386,17 @@ class AdamW(Adam):
     """AdamW: Adam with decoupled weight decay (``torch.optim.AdamW``, foreach=False).
 
     Identical to :class:`Adam` except that ``p *= 1 - lr * weight_decay`` before the update
-    instead of adding ``weight_decay * p`` to the gradient. Default ``weight_decay=1e-2``.
+    instead of adding ``weight_decay * p`` to the gradient.
+
+    Parameters
+    ----------
+    params : (n,) float32 or float64 NumPy or CUDA array
+        The flat parameter buffer, updated in place.
+    lr : float, default 1e-3
+    betas : (float, float), default (0.9, 0.999)
+    eps : float, default 1e-8
+    weight_decay : float, default 1e-2
+        Decoupled decay coefficient.
 
     References
     ----------

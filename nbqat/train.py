@@ -147,8 +147,7 @@ class TrainConfig:
         kw = {
             f.name: getattr(args, f.name)
             for f in fields(cls)
-            if hasattr(args, f.name)
-            and (getattr(args, f.name) is not None or f.name == "max_norm")
+            if hasattr(args, f.name) and (getattr(args, f.name) is not None or f.name == "max_norm")
         }
         kw["progress"] = not getattr(args, "no_progress", False)
         kw["plots"] = not getattr(args, "no_plots", False)
@@ -283,7 +282,7 @@ def _loss_stats(losses: Sequence[float]) -> dict:
 # The few places that touch the nn / qat APIs.
 
 
-def _build_model(cfg: TrainConfig, w: Windows):
+def _build_model(cfg: Any, w: Windows) -> Any:
     from nbqat.nn import TemporalFusionTransformer, TFTConfig
 
     tcfg = TFTConfig(
@@ -416,8 +415,8 @@ class _State:
 
 
 class _Run:
-    def __init__(self, cfg: TrainConfig, out: Path) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: TrainConfig, out: Path, w: Windows) -> None:
+        self.cfg: Any = cfg  # resolved: no None options left
         self.out = out
         self.st = _State()
         self.model: Any = None
@@ -425,7 +424,7 @@ class _Run:
         self.best_params: np.ndarray | None = None
         self.qat: Any = None
         self.qat_opt: Any = None
-        self.w: Windows | None = None
+        self.w = w
 
     # ------------------------------------------------------------------ helpers
     def _tick(self, phase: str, t0: float) -> None:
@@ -469,7 +468,7 @@ class _Run:
         if self.opt is not None:
             for k, v in _flatten(self.opt.state_dict()).items():
                 arrays["opt." + k] = v
-        np.savez(tmp / "float.npz", **arrays)
+        np.savez(tmp / "float.npz", **arrays)  # type: ignore[arg-type]
         if self.qat is not None and self.st.phase in ("qat", "qat_noclip", "evaluate", "done"):
             self.qat.save(tmp / "qat.npz", optimizer=self.qat_opt)
         for side in SIDE_FILES:
@@ -712,7 +711,7 @@ def _check_device(device: str) -> None:
             raise err
 
 
-def _load_data(cfg: TrainConfig) -> Windows:
+def _load_data(cfg: Any) -> Windows:
     if cfg.csv is not None:
         data = load_csv(
             cfg.csv,
@@ -781,10 +780,9 @@ def run(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
 
     t0 = time.perf_counter()
     w = _load_data(cfg)
-    r = _Run(cfg, out)
-    r.w = w
+    r = _Run(cfg, out, w)
     r.model = _build_model(cfg, w)
-    r.opt = _make_optimizer(r.model.params, cfg.lr, cfg.device)
+    r.opt = _make_optimizer(r.model.params, float(cfg.lr), cfg.device)
     if resume is not None:
         r.load_checkpoint(ck)
     r._tick("data", t0)

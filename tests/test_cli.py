@@ -41,7 +41,11 @@ def test_parser_defaults_and_values():
     a = build_parser().parse_args(["train"])
     cfg = TrainConfig.from_args(a).resolved()
     assert (cfg.epochs, cfg.history, cfg.horizon, cfg.max_norm, cfg.device) == (
-        TrainConfig.FULL["epochs"], 168, 24, 1.0, "cpu"
+        TrainConfig.FULL["epochs"],
+        168,
+        24,
+        1.0,
+        "cpu",
     )
     assert cfg.qat_lr == pytest.approx(cfg.lr / 10)
     q = TrainConfig.from_args(build_parser().parse_args(["train", "--quick"])).resolved()
@@ -182,21 +186,34 @@ def test_plots_write_pngs(tmp_path):
 
     rng = np.random.default_rng(1)
     files = [
-        plots.plot_loss_curves({"float": {"train": [3, 2, 1.5], "val": [3.1, 2.2, 2.0]},
-                                "qat": {"train": [1.4], "val": [1.9]}},
-                               tmp_path / "l.png"),  # fmt: skip
-        plots.plot_forecast_fan(rng.normal(size=(3, 48)), rng.normal(size=(3, 12)),
-                                np.sort(rng.normal(size=(3, 12, 3)), axis=2), (0.1, 0.5, 0.9),
-                                tmp_path / "f.png", titles=["a", "b", "c"],
-                                naive=rng.normal(size=(3, 12))),  # fmt: skip
-        plots.plot_variable_importance({"static": (["a", "b"], [0.3, 0.7]),
-                                        "encoder": (["x", "y", "z"], [0.2, 0.5, 0.3])},
-                                       tmp_path / "v.png"),  # fmt: skip
+        plots.plot_loss_curves(
+            {
+                "float": {"train": [3, 2, 1.5], "val": [3.1, 2.2, 2.0]},
+                "qat": {"train": [1.4], "val": [1.9]},
+            },
+            tmp_path / "l.png",
+        ),  # fmt: skip
+        plots.plot_forecast_fan(
+            rng.normal(size=(3, 48)),
+            rng.normal(size=(3, 12)),
+            np.sort(rng.normal(size=(3, 12, 3)), axis=2),
+            (0.1, 0.5, 0.9),
+            tmp_path / "f.png",
+            titles=["a", "b", "c"],
+            naive=rng.normal(size=(3, 12)),
+        ),  # fmt: skip
+        plots.plot_variable_importance(
+            {"static": (["a", "b"], [0.3, 0.7]), "encoder": (["x", "y", "z"], [0.2, 0.5, 0.3])},
+            tmp_path / "v.png",
+        ),  # fmt: skip
         plots.plot_attention(rng.random((6, 30)), tmp_path / "a.png", history=24),
         plots.plot_clipping_comparison(
-            {"clipped": {"loss": [1, 0.9, 0.8], "grad_norm": [2, 1, 0.5]},
-             "unclipped": {"loss": [1, 0.95, 0.7], "grad_norm": [2, 3, 0.4]}},
-            tmp_path / "c.png"),  # fmt: skip
+            {
+                "clipped": {"loss": [1, 0.9, 0.8], "grad_norm": [2, 1, 0.5]},
+                "unclipped": {"loss": [1, 0.95, 0.7], "grad_norm": [2, 3, 0.4]},
+            },
+            tmp_path / "c.png",
+        ),  # fmt: skip
     ]
     for f in files:
         assert f.read_bytes()[:8] == PNG

@@ -16,8 +16,13 @@ from ref_nn import fd_grad
 
 from nbqat import SGD, Adam, FakeQuantize, LearnableFakeQuantize, QATConfig
 from nbqat.clip import clip_coef
-from nbqat.nn import LSTM, InterpretableMultiHeadAttention, Linear, TemporalFusionTransformer
-from nbqat.nn import TFTConfig
+from nbqat.nn import (
+    LSTM,
+    InterpretableMultiHeadAttention,
+    Linear,
+    TemporalFusionTransformer,
+    TFTConfig,
+)
 from nbqat.nn.qat import CheckpointError, QATTemporalFusionTransformer
 
 CFG = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)  # m_s, m_x, m_z, d, k, tau
@@ -55,7 +60,7 @@ def test_from_float_places_quantizers_and_copies_weights(float_model):
     assert qat.phase == "calibration" and not qat.is_calibrated
     head = qat.model.output_layer
     n_lin = n_lstm = 0
-    for name, mod in qat.model.named_modules():
+    for _, mod in qat.model.named_modules():
         if isinstance(mod, Linear):
             if mod is head:
                 assert mod.weight_fake_quant is None and mod.input_fake_quant is None
@@ -146,7 +151,9 @@ def test_phases_follow_calibration_batches(float_model, rng):
     assert not qat.is_calibrated
     qat.forward(*make_batch(rng)[:3])
     assert qat.is_calibrated and qat.calibration_batches_seen == 2
-    y_float = TemporalFusionTransformer(CFG, seed=7).forward(*make_batch(np.random.default_rng(1))[:3])
+    y_float = TemporalFusionTransformer(CFG, seed=7).forward(
+        *make_batch(np.random.default_rng(1))[:3]
+    )
     y = qat.forward(*make_batch(np.random.default_rng(1))[:3])  # switches to QAT first
     assert qat.phase == "qat"
     assert not np.array_equal(y, y_float)  # now fake-quantized

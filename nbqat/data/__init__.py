@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,7 +100,7 @@ class SeriesData:
 
     entity_names: list[str]
     times: list[np.ndarray]
-    step: object
+    step: Any
     target: list[np.ndarray]
     observed: list[np.ndarray]
     known: list[np.ndarray]
@@ -286,30 +287,30 @@ def load_csv(
         groups.setdefault(ent, []).append((lineno, r))
 
     numeric_cols = [target_col] + observed + known
-    times: list[list] = []
+    times: list[list[Any]] = []
     values: list[np.ndarray] = []
     statics = np.zeros((len(groups), len(static)))
     kinds = set()
-    for e, (ent, grp) in enumerate(groups.items()):
+    for ie, (ent, grp) in enumerate(groups.items()):
         ts = []
         vals = np.empty((len(grp), len(numeric_cols)))
         for i, (lineno, r) in enumerate(grp):
             where = f"{path}, line {lineno}"
-            t = _parse_time(r[col[time_col]], where)
-            kinds.add(type(t))
+            tv = _parse_time(r[col[time_col]], where)
+            kinds.add(type(tv))
             if len(kinds) > 1:
                 raise DataError(f"{where}: column {time_col!r} mixes date times and plain numbers")
-            ts.append(t)
+            ts.append(tv)
             for j, c in enumerate(numeric_cols):
                 vals[i, j] = _parse_number(r[col[c]], c, where, fill_gaps)
             for j, c in enumerate(static):
                 v = _parse_number(r[col[c]], c, where, False)
                 if i == 0:
-                    statics[e, j] = v
-                elif v != statics[e, j]:
+                    statics[ie, j] = v
+                elif v != statics[ie, j]:
                     raise DataError(
                         f"{where}: static column {c!r} changes within entity {ent!r} "
-                        f"({statics[e, j]!r} then {v!r}); a static input must be constant "
+                        f"({statics[ie, j]!r} then {v!r}); a static input must be constant "
                         "per entity"
                     )
         times.append(ts)
@@ -326,9 +327,9 @@ def load_csv(
 
     # Check order, find the common step.
     diffs_all = []
-    for e, t in enumerate(t_arrays):
-        d = np.diff(t)
-        lines = [ln for ln, _ in groups[names[e]]]
+    for ie, ta in enumerate(t_arrays):
+        d = np.diff(ta)
+        lines = [ln for ln, _ in groups[names[ie]]]
         bad = np.flatnonzero(d <= d.dtype.type(0)) if len(d) else np.array([], dtype=np.int64)
         if len(bad):
             i = int(bad[0])
@@ -336,8 +337,8 @@ def load_csv(
                 "duplicate" if d[i] == d.dtype.type(0) else "unsorted (earlier than the row before)"
             )
             raise DataError(
-                f"{path}, line {lines[i + 1]}: {what} timestamp {t[i + 1]} for entity "
-                f"{names[e]!r} (line {lines[i]} has {t[i]}); each entity's rows must be in "
+                f"{path}, line {lines[i + 1]}: {what} timestamp {ta[i + 1]} for entity "
+                f"{names[ie]!r} (line {lines[i]} has {ta[i]}); each entity's rows must be in "
                 "strictly increasing time order: sort the file by entity and time and drop "
                 "duplicate rows"
             )
@@ -351,15 +352,15 @@ def load_csv(
 
     n_filled = 0
     out_t, out_y, out_obs, out_known = [], [], [], []
-    for e, (t, v) in enumerate(zip(t_arrays, values)):
-        d = diffs_all[e]
-        lines = [ln for ln, _ in groups[names[e]]]
-        irregular = np.flatnonzero((d % step) != d.dtype.type(0)) if len(d) else []
+    for ie, (ta, vals_e) in enumerate(zip(t_arrays, values)):
+        d = diffs_all[ie]
+        lines = [ln for ln, _ in groups[names[ie]]]
+        irregular = np.flatnonzero((d % step) != d.dtype.type(0)) if len(d) else np.zeros(0, int)
         if len(irregular):
             i = int(irregular[0])
             raise DataError(
-                f"{path}, line {lines[i + 1]}: timestamp {t[i + 1]} of entity {names[e]!r} is "
-                f"not a whole number of steps ({step}) after the previous one ({t[i]}); the "
+                f"{path}, line {lines[i + 1]}: timestamp {ta[i + 1]} of entity {names[ie]!r} is "
+                f"not a whole number of steps ({step}) after the previous one ({ta[i]}); the "
                 "series must be regular"
             )
         nsteps = (d // step).astype(np.int64) if len(d) else np.zeros(0, np.int64)
@@ -367,16 +368,16 @@ def load_csv(
         if len(gaps) and not fill_gaps:
             i = int(gaps[0])
             raise DataError(
-                f"{path}, line {lines[i + 1]}: gap in entity {names[e]!r}: {int(nsteps[i]) - 1} "
-                f"missing step(s) of {step} between {t[i]} and {t[i + 1]} "
+                f"{path}, line {lines[i + 1]}: gap in entity {names[ie]!r}: {int(nsteps[i]) - 1} "
+                f"missing step(s) of {step} between {ta[i]} and {ta[i + 1]} "
                 f"({len(gaps)} gap(s) in this entity); fill them in the file, or pass "
                 "--fill-gaps (fill_gaps=True) to insert the missing steps by linear interpolation"
             )
         pos = np.concatenate([[0], np.cumsum(nsteps)])  # step index of each row
         n = int(pos[-1]) + 1
-        grid_t = t[0] + np.arange(n) * step
-        full = np.full((n, v.shape[1]), np.nan)
-        full[pos] = v
+        grid_t = ta[0] + np.arange(n) * step
+        full = np.full((n, vals_e.shape[1]), np.nan)
+        full[pos] = vals_e
         if fill_gaps:
             xs = np.arange(n, dtype=np.float64)
             for j in range(full.shape[1]):
@@ -386,7 +387,7 @@ def load_csv(
                     continue
                 if not ok.any():
                     raise DataError(
-                        f"{path}: column {numeric_cols[j]!r} of entity {names[e]!r} has no "
+                        f"{path}: column {numeric_cols[j]!r} of entity {names[ie]!r} has no "
                         "value at all; nothing to interpolate from"
                     )
                 full[:, j] = np.interp(xs, xs[ok], full[ok, j])

@@ -20,16 +20,8 @@ ROW_CHUNK = 128
 
 
 # ---------------------------------------------------------------------------------------------
-# ELU (alpha = 1), elementwise over flat 1-D views
+# ELU (alpha = 1) backward, elementwise over flat 1-D views (the forward is NumPy's SIMD expm1)
 # ---------------------------------------------------------------------------------------------
-@cpu_kernel(parallel=True)
-def elu_forward(x, y):  # (n,) -> (n,)
-    """``y = x if x > 0 else expm1(x)`` (torch.nn.functional.elu, alpha=1)."""
-    for i in prange(x.size):
-        v = x[i]
-        y[i] = v if v > 0 else np.expm1(v)
-
-
 @cpu_kernel(parallel=True)
 def elu_backward(dy, x, y, dx):  # (n,) x3 -> (n,)
     """``dx = dy if x > 0 else dy * (y + 1)`` (y + 1 = exp(x) on the negative side)."""
@@ -43,17 +35,13 @@ def elu_backward(dy, x, y, dx):  # (n,) x3 -> (n,)
 # GLU with optional residual: out = skip + z[:, :C] * sigmoid(z[:, C:])  (torch F.glu layout)
 # ---------------------------------------------------------------------------------------------
 @cpu_kernel(parallel=True)
-def glu_forward(z, skip, has_skip, out, sig):  # (N, 2C), (N, C), bool -> (N, C), (N, C)
-    """GLU of the two halves of ``z`` (value first, gate second), plus ``skip`` if has_skip;
-    ``sig`` receives sigmoid(gate) for the backward pass."""
-    T = z.dtype.type
-    one = T(1.0)
+def glu_forward(z, sig, skip, has_skip, out):  # (N, 2C), (N, C), (N, C), bool -> (N, C)
+    """``out = z[:, :C] * sig (+ skip if has_skip)``; ``sig`` = sigmoid(z[:, C:]), computed by
+    the caller with NumPy's SIMD exp."""
     n, c = out.shape
     for r in prange(n):
         for j in range(c):
-            s = one / (one + np.exp(-z[r, c + j]))
-            sig[r, j] = s
-            v = z[r, j] * s
+            v = z[r, j] * sig[r, j]
             out[r, j] = skip[r, j] + v if has_skip else v
 
 
@@ -256,26 +244,22 @@ def vsn_combine_backward(dout, v, xs, dv, dxs):  # (N, d), (N, m), (m, N, d) -> 
 # ---------------------------------------------------------------------------------------------
 @cpu_kernel(parallel=False)
 def lstm_cell_forward(xg, hh, c_prev, gates, c, tc, h):
-    """One LSTM step.
+    """One fused LSTM step (scalar libm sigmoid/tanh; kept for nbqat.nn.int8).
 
-    ``a = xg + hh`` (pre-activations, (B, 4d): input projection with both biases plus the
-    recurrent projection), ``i, f, o = sigmoid``, ``g = tanh``, ``c = f * c_prev + i * g``,
-    ``h = o * tanh(c)``. Writes ``gates`` (B, 4d: the activated i, f, g, o), ``c``, ``tc``
-    (tanh(c)) and ``h`` (B, d).
+    ``a = xg + hh`` (B, 4d), ``i, f, o = sigmoid``, ``g = tanh``, ``c = f * c_prev + i * g``,
+    ``h = o * tanh(c)``; writes ``gates`` (activated i, f, g, o), ``c``, ``tc`` = tanh(c), ``h``.
+    The float layer :class:`nbqat.nn.LSTM` uses :func:`nbqat.nn.layers.lstm.lstm_step` instead
+    (NumPy SIMD transcendentals, equal to this to a few ulp).
     """
     T = xg.dtype.type
     one = T(1.0)
     nb, d = c.shape
     for b in range(nb):
         for j in range(d):
-            ai = xg[b, j] + hh[b, j]
-            af = xg[b, d + j] + hh[b, d + j]
-            ag = xg[b, 2 * d + j] + hh[b, 2 * d + j]
-            ao = xg[b, 3 * d + j] + hh[b, 3 * d + j]
-            gi = one / (one + np.exp(-ai))
-            gf = one / (one + np.exp(-af))
-            gg = np.tanh(ag)
-            go = one / (one + np.exp(-ao))
+            gi = one / (one + np.exp(-(xg[b, j] + hh[b, j])))
+            gf = one / (one + np.exp(-(xg[b, d + j] + hh[b, d + j])))
+            gg = np.tanh(xg[b, 2 * d + j] + hh[b, 2 * d + j])
+            go = one / (one + np.exp(-(xg[b, 3 * d + j] + hh[b, 3 * d + j])))
             cc = gf * c_prev[b, j] + gi * gg
             t = np.tanh(cc)
             gates[b, j] = gi
@@ -285,6 +269,16 @@ def lstm_cell_forward(xg, hh, c_prev, gates, c, tc, h):
             c[b, j] = cc
             tc[b, j] = t
             h[b, j] = go * t
+
+
+@cpu_kernel(parallel=False)
+def lstm_cell_state(gates, c_prev, c):  # (B, 4d) activated i, f, g, o; (B, d) -> (B, d)
+    """``c = f * c_prev + i * g`` for one step (the gate nonlinearities and ``tanh(c)`` are
+    NumPy SIMD ufuncs in the caller)."""
+    nb, d = c.shape
+    for b in range(nb):
+        for j in range(d):
+            c[b, j] = gates[b, d + j] * c_prev[b, j] + gates[b, j] * gates[b, 2 * d + j]
 
 
 @cpu_kernel(parallel=False)

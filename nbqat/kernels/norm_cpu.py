@@ -316,6 +316,32 @@ def _chunk_reduce(v, first, rows, cols, rs, cs, lo, hi, kind, p, c32):
     return acc
 
 
+@cpu_kernel(parallel=False)
+def _merge(proto, table, starts, part, n_arrays, kind, p, rcode, norms):
+    """Fixed-order serial merge of the work-item partials into per-array norms and the total
+    (kept out of the parallel kernel so that its allocations do not become parallel regions)."""
+    acc = np.zeros(n_arrays, np.float64)
+    count = np.zeros(n_arrays, np.int64)
+    single = np.zeros(n_arrays, np.float64)
+    for s in range(table.shape[0]):
+        o = table[s, 7]
+        n = table[s, 2] * table[s, 3]
+        for w in range(starts[s], starts[s + 1]):
+            acc[o] = combine(acc[o], part[w], kind)
+        if n == 1:
+            v = _view(proto, table[s, 0], table[s, 6])
+            single[o] = abs(_ld(v[table[s, 1]]))
+        count[o] += n
+    for a in range(n_arrays):
+        if count[a] == 0:
+            norms[a] = 0.0
+        elif count[a] == 1:
+            norms[a] = single[a]  # torch: a one-element norm is |x|
+        else:
+            norms[a] = finish(acc[a], kind, p, rcode)
+    return norm_of_values(norms, kind, p, rcode)
+
+
 @cpu_kernel(parallel=True)
 def seg_norms(proto, table, n_arrays, kind, p, rcode, norms):
     """Per-array norms and their total over a segment table, in one parallel pass.
@@ -350,26 +376,7 @@ def seg_norms(proto, table, n_arrays, kind, p, rcode, norms):
         part[w] = _chunk_reduce(
             v, table[s, 1], table[s, 2], table[s, 3], table[s, 4], table[s, 5], lo, hi, kind, p, c32
         )
-    acc = np.zeros(n_arrays, np.float64)
-    count = np.zeros(n_arrays, np.int64)
-    single = np.zeros(n_arrays, np.float64)
-    for s in range(nseg):  # fixed-order serial merge
-        o = table[s, 7]
-        n = table[s, 2] * table[s, 3]
-        for w in range(starts[s], starts[s + 1]):
-            acc[o] = combine(acc[o], part[w], kind)
-        if n == 1:
-            v = _view(proto, table[s, 0], table[s, 6])
-            single[o] = abs(_ld(v[table[s, 1]]))
-        count[o] += n
-    for a in range(n_arrays):
-        if count[a] == 0:
-            norms[a] = 0.0
-        elif count[a] == 1:
-            norms[a] = single[a]  # torch: a one-element norm is |x|
-        else:
-            norms[a] = finish(acc[a], kind, p, rcode)
-    return norm_of_values(norms, kind, p, rcode)
+    return _merge(proto, table, starts, part, n_arrays, kind, p, rcode, norms)
 
 
 @cpu_kernel(parallel=False)

@@ -16,8 +16,11 @@ class ELU(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x)
-        y = np.empty_like(x)
-        nn_cpu.elu_forward(x.reshape(-1), y.reshape(-1))
+        # expm1(min(x, 0)) + max(x, 0): exactly x for x > 0 and expm1(x) otherwise; NumPy's
+        # SIMD expm1 is ~10x faster than a scalar libm call in a Numba loop.
+        y = np.minimum(x, x.dtype.type(0))
+        np.expm1(y, out=y)
+        y += np.maximum(x, x.dtype.type(0))
         self._cache = (x, y)
         return y
 

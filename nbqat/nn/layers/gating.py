@@ -11,6 +11,15 @@ from nbqat.nn.layers.norm import LayerNorm
 from nbqat.nn.params import Module
 
 
+def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``1 / (1 + exp(-x))`` with NumPy's SIMD ufuncs (three passes, no temporaries beyond
+    ``out``)."""
+    out = np.negative(x, out=out)
+    np.exp(out, out=out)
+    out += x.dtype.type(1)
+    return np.reciprocal(out, out=out)
+
+
 class GatedLinearUnit(Module):
     """``GLU(a) = (W_v a + b_v) * sigmoid(W_g a + b_g)`` (Lim et al. eq. 5).
 
@@ -40,8 +49,8 @@ class GatedLinearUnit(Module):
                 raise ValueError(f"residual must have shape {out.shape}, got {residual.shape}")
             skip = np.ascontiguousarray(residual, dtype=z.dtype).reshape(-1, c)
             has_skip = True
-        sig = np.empty((z2.shape[0], c), dtype=z2.dtype)  # (N, C) sigmoid(gate)
-        nn_cpu.glu_forward(z2, skip, has_skip, out.reshape(-1, c), sig)
+        sig = sigmoid(z2[:, c:])  # (N, C)
+        nn_cpu.glu_forward(z2, sig, skip, has_skip, out.reshape(-1, c))
         self._cache = (z2, sig)
         return out
 

@@ -8,7 +8,33 @@ from typing import Any
 import numpy as np
 
 from nbqat.kernels import nn_cpu
+from nbqat.nn.layers.gating import sigmoid
 from nbqat.nn.params import Module, uniform_init
+
+
+def lstm_step(
+    xg: np.ndarray,
+    hh: np.ndarray,
+    c_prev: np.ndarray,
+    gates: np.ndarray,
+    c: np.ndarray,
+    tc: np.ndarray,
+    h: np.ndarray,
+) -> None:
+    """One LSTM step exactly as :class:`LSTM` computes it (all arrays C-contiguous, one dtype).
+
+    ``a = xg + hh`` (B, 4d: input projection with both biases + recurrent projection), gates
+    ``i, f, o = sigmoid(a)``, ``g = tanh(a)`` written to ``gates`` (B, 4d); ``c = f c_prev + i g``
+    (compiled kernel), ``tc = tanh(c)``, ``h = o tc`` (B, d). ``hh`` is overwritten. The
+    transcendentals are NumPy's SIMD ufuncs (~10x faster than scalar libm calls under Numba).
+    """
+    d = c.shape[1]
+    np.add(xg, hh, out=hh)  # (B, 4d) pre-activations
+    sigmoid(hh, out=gates)  # i, f, o (the g block is overwritten next)
+    np.tanh(hh[:, 2 * d : 3 * d], out=gates[:, 2 * d : 3 * d])
+    nn_cpu.lstm_cell_state(gates, c_prev, c)  # c = f c_prev + i g
+    np.tanh(c, out=tc)
+    np.multiply(gates[:, 3 * d :], tc, out=h)  # h = o tanh(c)
 
 
 class LSTM(Module):
@@ -92,8 +118,7 @@ class LSTM(Module):
             else:
                 hprev[t] = h
             np.matmul(hprev[t], w_hh_t, out=hh)  # (B, 4d)
-            c_prev = c0 if t == 0 else cs[t - 1]
-            nn_cpu.lstm_cell_forward(xg[t], hh, c_prev, gates[t], cs[t], tcs[t], hs[t])
+            lstm_step(xg[t], hh, c0 if t == 0 else cs[t - 1], gates[t], cs[t], tcs[t], hs[t])
             h = hs[t]
         self._cache = (xt, w_ih, w_hh, ctx_x, ctx_wih, ctx_whh, ctx_h, gates, cs, tcs, hprev, c0)
         out = np.ascontiguousarray(hs.transpose(1, 0, 2))  # (B, L, d)
