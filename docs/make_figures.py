@@ -18,6 +18,11 @@ Writes into ``docs/figures/``:
   (:class:`nbqat.PerChannelMinMaxObserver`, :func:`nbqat.fake_quantize_per_channel_affine`)
   compared with one per-tensor scale.
 
+With ``--from-run DIR`` it also copies the plots of a finished ``nbqat train`` run (its
+``--out`` folder) into ``docs/figures/train/`` for the tutorial::
+
+    nbqat train --quick --out /tmp/quick && python docs/make_figures.py --from-run /tmp/quick
+
 Only NumPy, matplotlib and nbqat are used (no PyTorch); the data are drawn from fixed seeds, so
 the figures are the same on every run.
 """
@@ -25,6 +30,7 @@ the figures are the same on every run.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -213,15 +219,57 @@ def per_channel_weights(out_dir: Path) -> Path:
 
 FIGURE_FUNCTIONS = (staircase, calibration_histogram, clip_coefficient, per_channel_weights)
 
+#: Plots of ``nbqat train`` that the tutorial shows (copied by ``--from-run``).
+TRAIN_PLOTS = (
+    "loss_curves.png",
+    "forecast_float.png",
+    "forecast_int8.png",
+    "variable_importance.png",
+    "attention.png",
+    "clipping_comparison.png",
+)
+
+
+def copy_run_plots(run_dir: Path, out_dir: Path) -> list[Path]:
+    """Copy the PNG plots of a finished ``nbqat train --out RUN_DIR`` into ``out_dir/train``.
+
+    Plots the run did not make (``clipping_comparison.png`` needs ``--compare-clipping``) are
+    skipped; the run's ``summary.txt`` is printed so that the tutorial's table can be updated.
+    """
+    if not (run_dir / "metrics.json").is_file():
+        raise SystemExit(f"{run_dir} is not a finished nbqat train run (no metrics.json)")
+    dest = out_dir / "train"
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in TRAIN_PLOTS:
+        src = run_dir / name
+        if src.is_file():
+            shutil.copyfile(src, dest / name)
+            copied.append(dest / name)
+    summary = run_dir / "summary.txt"
+    if summary.is_file():
+        print(summary.read_text())
+    return copied
+
 
 def main(argv: list[str] | None = None) -> int:
     """Draw every figure into ``--out`` (default ``docs/figures``) and print the paths."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=FIGURES, help="output folder")
+    parser.add_argument(
+        "--from-run",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also copy the plots of a finished `nbqat train --out DIR` run into OUT/train",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for fn in FIGURE_FUNCTIONS:
         print(fn(args.out))
+    if args.from_run is not None:
+        for path in copy_run_plots(args.from_run, args.out):
+            print(path)
     return 0
 
 

@@ -12,14 +12,12 @@ from __future__ import annotations
 import math
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import numba
 import numpy as np
 
 from nbqat import _cuda
+from nbqat._jit import threads_for
 from nbqat.kernels import norm_cpu as _k
 
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -38,24 +36,6 @@ _OPMATH = {
     np.dtype(np.float32): np.float32,
     np.dtype(np.float64): np.float64,
 }
-
-#: Below this many elements the CPU kernels run on one thread: waking the worker threads costs
-#: more than the work (results never depend on the thread count).
-PARALLEL_MIN = 1 << 16
-
-
-@contextmanager
-def threads_for(n_elements: int) -> Iterator[None]:
-    """Run the enclosed CPU kernels on one thread when ``n_elements < PARALLEL_MIN``."""
-    old = numba.get_num_threads()
-    if n_elements >= PARALLEL_MIN or old == 1:
-        yield
-        return
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(old)
 
 
 # --------------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ import numba
 import numpy as np
 
 from nbqat import _validate as V
+from nbqat._jit import threads_for
 from nbqat.kernels import fake_quant_cpu as _k
 
 __all__ = [
@@ -185,7 +186,8 @@ def _per_tensor(x, scale, zero_point, quant_min, quant_max, out, mask, with_mask
     mf = _flat_out(mask, np.dtype(np.bool_), n, (xf, of)) if with_mask else _NO_MASK
     if n:
         s, inv, z, lo, hi = _tensor_scalars(t, s32, zp, qmin, qmax)
-        _k.fq_tensor_kernel(xf, of, mf, s, inv, z, lo, hi, with_mask)
+        with threads_for(n):
+            _k.fq_tensor_kernel(xf, of, mf, s, inv, z, lo, hi, with_mask)
     y = _finish(out, of, x.shape, x.dtype)
     if not with_mask:
         return y
@@ -306,21 +308,22 @@ def _per_channel(
     if n:
         s, inv, z = _channel_arrays(t, s32, zp)
         T = t.type
-        _k.fq_channel_kernel(
-            xf,
-            of,
-            mf,
-            s,
-            inv,
-            z,
-            outer,
-            C,
-            inner,
-            T(qmin),
-            T(qmax),
-            with_mask,
-            _by_outer(outer, inner),
-        )
+        with threads_for(n):
+            _k.fq_channel_kernel(
+                xf,
+                of,
+                mf,
+                s,
+                inv,
+                z,
+                outer,
+                C,
+                inner,
+                T(qmin),
+                T(qmax),
+                with_mask,
+                _by_outer(outer, inner),
+            )
     y = _finish(out, of, x.shape, x.dtype)
     if not with_mask:
         return y
@@ -477,7 +480,8 @@ def fake_quantize_backward(grad_y: Any, mask: Any, *, out: Any = None) -> Any:
     mf = _flat_in(mask, np.dtype(np.bool_))
     of = _flat_out(out, t, n, (gf, mf))
     if n:
-        _k.ste_backward_kernel(gf, mf, of)
+        with threads_for(n):
+            _k.ste_backward_kernel(gf, mf, of)
     return _finish(out, of, g.shape, g.dtype)
 
 
@@ -608,7 +612,8 @@ def fake_quantize_learnable_per_tensor_affine_backward(
     ds = dz = 0.0
     if n:
         s, inv, z, lo, hi = _tensor_scalars(t, s32, zp, qmin, qmax)
-        ds, dz = _k.lsq_tensor_backward_kernel(xf, gfl, gx, s, inv, z, lo, hi, t.type(gf))
+        with threads_for(n):
+            ds, dz = _k.lsq_tensor_backward_kernel(xf, gfl, gx, s, inv, z, lo, hi, t.type(gf))
     grad_x = gx.reshape(x.shape).astype(x.dtype, copy=False)
     return grad_x, np.array([ds], np.float32), np.array([dz], np.float32)
 
@@ -721,9 +726,10 @@ def fake_quantize_learnable_per_channel_affine_backward(
         s, inv, z = _channel_arrays(t, s32, zp)
         T = t.type
         rows = max(64, -(-outer // 64)) if (inner < 16 and outer >= 256) else 0
-        res = _k.lsq_channel_backward_kernel(
-            xf, gfl, gx, s, inv, z, outer, C, inner, T(qmin), T(qmax), T(gf), rows
-        )
+        with threads_for(n):
+            res = _k.lsq_channel_backward_kernel(
+                xf, gfl, gx, s, inv, z, outer, C, inner, T(qmin), T(qmax), T(gf), rows
+            )
     else:
         res = np.zeros((C, 2))
     grad_x = gx.reshape(x.shape).astype(x.dtype, copy=False)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from nbqat import _cuda
-from nbqat.clip import threads_for
+from nbqat._jit import threads_for
 from nbqat.kernels import optim_cpu as _k
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))

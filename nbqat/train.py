@@ -40,7 +40,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -782,7 +782,7 @@ def run(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
     w = _load_data(cfg)
     r = _Run(cfg, out, w)
     r.model = _build_model(cfg, w)
-    r.opt = _make_optimizer(r.model.params, float(cfg.lr), cfg.device)
+    r.opt = _make_optimizer(r.model.params, cast(float, cfg.lr), cfg.device)
     if resume is not None:
         r.load_checkpoint(ck)
     r._tick("data", t0)
@@ -883,6 +883,12 @@ def _evaluate(r: _Run) -> dict:
             "qat_vs_float_P50_relative_diff": p50["qat_fake_quant"] / p50["float"] - 1.0,
             "int8_vs_qat_P50_relative_diff": p50["int8"] / p50["qat_fake_quant"] - 1.0,
             "int8_vs_qat_max_abs_output_diff": float(np.max(np.abs(pred_int8 - pred_qat))),
+        },
+        "targets": {
+            "float_P50_at_least_20pct_better_than_naive": bool(
+                p50["float"] <= 0.8 * p50["seasonal_naive"]
+            ),
+            "int8_P50_within_2pct_of_float": bool(abs(p50["int8"] / p50["float"] - 1.0) <= 0.02),
         },
         "baseline": (
             "seasonal naive: P_q = y[t - season] + r_q, r_q the empirical q-quantile of the "

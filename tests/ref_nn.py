@@ -87,7 +87,8 @@ class IdentityHook:
 
 class NumpyFakeQuant:
     """Per-tensor affine fake quantization in NumPy with an STE mask (test oracle hook):
-    ``y = (clip(rint(x / s) + zp, qmin, qmax) - zp) * s``, ``ctx = (qmin <= rint(x/s)+zp <= qmax)``."""
+    ``y = (clip(rint(x / s) + zp, qmin, qmax) - zp) * s``,
+    ``ctx = (qmin <= rint(x / s) + zp <= qmax)``."""
 
     def __init__(self, scale: float, zero_point: int = 0, qmin: int = -128, qmax: int = 127):
         self.scale, self.zp, self.qmin, self.qmax = scale, zero_point, qmin, qmax

@@ -202,4 +202,6 @@ def test_reported_norm_equals_torch_clip_grad_norm(torch, rng):
     assert total == pytest.approx(float(t_total), rel=1e-6)
     clipped = np.concatenate([p.grad.numpy().reshape(-1) for p in tps])
     expected = p0 - np.float32(0.01) * clipped  # torch's SGD on torch's clipped grads
-    assert np.all(np.abs(qat.params - expected) <= np.spacing(np.abs(expected)))
+    # torch's float32 norm may differ from nbqat's by an ulp, so the coefficient may too
+    tol = np.spacing(np.abs(expected)) + 0.01 * np.abs(clipped) * 2.5e-7
+    assert np.all(np.abs(qat.params - expected) <= tol)

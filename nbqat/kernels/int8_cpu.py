@@ -1,6 +1,9 @@
 """CPU kernels of nbqat's integer-arithmetic (int8) reference inference path.
 
 Compiled code only; the public entry points (validation, dispatch) live in :mod:`nbqat.nn.int8`.
+The kernels are serial (``prange`` runs as ``range``): they are called per layer and per LSTM
+step on small arrays, where waking Numba's OpenMP pool costs more than the work (see
+:mod:`nbqat.kernels.nn_cpu`).
 
 * :func:`quantize_per_tensor_kernel` -- float -> integer codes with PyTorch's fake-quantize
   arithmetic (``inv = 1/scale`` in float32, ``rint(x * inv) + zero_point``, clamp), so the codes
@@ -18,7 +21,7 @@ from numba import prange
 from nbqat._jit import cpu_kernel
 
 
-@cpu_kernel(parallel=True)
+@cpu_kernel(parallel=False)
 def quantize_per_tensor_kernel(
     x, inv_scale, zero_point, quant_min, quant_max, out
 ):  # pragma: no cover
@@ -46,7 +49,7 @@ def quantize_per_tensor_kernel(
         out[i] = np.int32(r)
 
 
-@cpu_kernel(parallel=True)
+@cpu_kernel(parallel=False)
 def qlinear_kernel(xq, zp_x, wq, multiplier, bias, out):  # pragma: no cover
     """Integer matmul with int32 accumulation and float requantization.
 
@@ -77,7 +80,7 @@ def qlinear_kernel(xq, zp_x, wq, multiplier, bias, out):  # pragma: no cover
             out[m, n] = np.float32(np.float64(acc) * multiplier[n]) + bias[n]
 
 
-@cpu_kernel(parallel=True)
+@cpu_kernel(parallel=False)
 def quantize_per_row_kernel(
     x, inv_scale, zero_point, quant_min, quant_max, out
 ):  # pragma: no cover

@@ -2,7 +2,13 @@
 
 Every kernel takes C-contiguous arrays of one floating dtype (float32 or float64) and writes its
 results into caller-provided outputs; the Python layer classes validate and allocate. Matrix
-products are not here: they go through NumPy's BLAS in the layers. Constants are typed with the
+products are not here: they go through NumPy's BLAS in the layers, and so do the SIMD
+transcendentals (``np.exp``, ``np.expm1``, ``np.tanh`` run ~10x faster than scalar libm calls in
+a Numba loop). Threading: the kernels called many times per training step (GLU, LayerNorm,
+ELU, softmax, LSTM cell) are serial (``prange`` inside them runs as ``range``); only the few
+heavy once-per-step kernels (attention, embedding backward) are parallel. Every parallel region
+launch wakes Numba's OpenMP pool, which competes with OpenBLAS's own threads; hundreds of launches
+per step made a whole step 5-40x slower on a shared machine. Constants are typed with the
 array's own dtype (``T = x.dtype.type``) so float32 stays float32. Reductions over rows are
 chunked by a fixed row count (:data:`ROW_CHUNK`), never by the thread count, and the per-chunk
 partials are merged in order by the caller, so results do not depend on the number of threads.
@@ -22,7 +28,7 @@ ROW_CHUNK = 128
 # ---------------------------------------------------------------------------------------------
 # ELU (alpha = 1) backward, elementwise over flat 1-D views (the forward is NumPy's SIMD expm1)
 # ---------------------------------------------------------------------------------------------
-@cpu_kernel(parallel=True)
+@cpu_kernel(parallel=False)
 def elu_backward(dy, x, y, dx):  # (n,) x3 -> (n,)
     """``dx = dy if x > 0 else dy * (y + 1)`` (y + 1 = exp(x) on the negative side)."""
     T = dy.dtype.type
@@ -34,18 +40,22 @@ def elu_backward(dy, x, y, dx):  # (n,) x3 -> (n,)
 # ---------------------------------------------------------------------------------------------
 # GLU with optional residual: out = skip + z[:, :C] * sigmoid(z[:, C:])  (torch F.glu layout)
 # ---------------------------------------------------------------------------------------------
-@cpu_kernel(parallel=True)
+@cpu_kernel(parallel=False)
 def glu_forward(z, sig, skip, has_skip, out):  # (N, 2C), (N, C), (N, C), bool -> (N, C)
-    """``out = z[:, :C] * sig (+ skip if has_skip)``; ``sig`` = sigmoid(z[:, C:]), computed by
-    the caller with NumPy's SIMD exp."""
+    """``sig = 1 / (1 + sig)`` in place, ``out = z[:, :C] * sig (+ skip if has_skip)``; on entry
+    ``sig`` holds exp(-z[:, C:]) (NumPy's SIMD exp in the caller), on exit sigmoid(z[:, C:])."""
+    T = z.dtype.type
+    one = T(1.0)
     n, c = out.shape
     for r in prange(n):
         for j in range(c):
-            v = z[r, j] * sig[r, j]
+            s = one / (one + sig[r, j])
+            sig[r, j] = s
+            v = z[r, j] * s
             out[r, j] = skip[r, j] + v if has_skip else v
 
 
-@cpu_kernel(parallel=True)
+@cpu_kernel(parallel=False)
 def glu_backward(dout, z, sig, dz):  # (N, C), (N, 2C), (N, C) -> (N, 2C)
     """``dz_value = dout * s``, ``dz_gate = dout * value * s * (1 - s)``, s = sigmoid(gate)
     as stored by :func:`glu_forward`."""
@@ -63,7 +73,7 @@ def glu_backward(dout, z, sig, dz):  # (N, C), (N, 2C), (N, C) -> (N, 2C)
 # ---------------------------------------------------------------------------------------------
 # LayerNorm over the last axis
 # ---------------------------------------------------------------------------------------------
-@cpu_kernel(parallel=True, fastmath=True)
+@cpu_kernel(parallel=False, fastmath=True)
 def layernorm_forward(x, w, b, eps, out, mean, rstd):  # (N, C), (C,), (C,) -> (N, C), (N,), (N,)
     """Two-pass mean / biased variance per row, ``out = (x - mean) * rstd * w + b``
     (torch.nn.functional.layer_norm)."""
@@ -87,7 +97,7 @@ def layernorm_forward(x, w, b, eps, out, mean, rstd):  # (N, C), (C,), (C,) -> (
             out[r, j] = (x[r, j] - m) * rs * w[j] + b[j]
 
 
-@cpu_kernel(parallel=True, fastmath=True)
+@cpu_kernel(parallel=False, fastmath=True)
 def layernorm_backward(dy, x, w, mean, rstd, dx, dw_part, db_part):
     """LayerNorm backward.
 
@@ -126,7 +136,7 @@ def layernorm_backward(dy, x, w, mean, rstd, dx, dw_part, db_part):
 # ---------------------------------------------------------------------------------------------
 # Row softmax
 # ---------------------------------------------------------------------------------------------
-@cpu_kernel(parallel=True)
+@cpu_kernel(parallel=False)
 def softmax_forward(z, p):  # (N, m) -> (N, m)
     """Numerically stable softmax over the last axis."""
     T = z.dtype.type
@@ -146,7 +156,7 @@ def softmax_forward(z, p):  # (N, m) -> (N, m)
             p[r, j] *= inv
 
 
-@cpu_kernel(parallel=True, fastmath=True)
+@cpu_kernel(parallel=False, fastmath=True)
 def softmax_backward(dp, p, dz):  # (N, m) x2 -> (N, m)
     """``dz = p * (dp - sum_j p_j dp_j)``."""
     T = p.dtype.type
@@ -208,7 +218,7 @@ def embed_backward(x, w, dflat, dpervar, dx, dw, db):
             dx[r, j] = s
 
 
-@cpu_kernel(parallel=True, fastmath=True)
+@cpu_kernel(parallel=False, fastmath=True)
 def vsn_combine_forward(v, xs, out):  # (N, m), (m, N, d) -> (N, d)
     """``out[n] = sum_j v[n, j] * xs[j, n]``."""
     T = v.dtype.type
@@ -222,7 +232,7 @@ def vsn_combine_forward(v, xs, out):  # (N, m), (m, N, d) -> (N, d)
             out[r, e] = s
 
 
-@cpu_kernel(parallel=True, fastmath=True)
+@cpu_kernel(parallel=False, fastmath=True)
 def vsn_combine_backward(dout, v, xs, dv, dxs):  # (N, d), (N, m), (m, N, d) -> (N, m), (m, N, d)
     """``dv[n, j] = <dout[n], xs[j, n]>``, ``dxs[j, n] = v[n, j] * dout[n]``."""
     T = v.dtype.type

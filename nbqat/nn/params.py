@@ -16,7 +16,7 @@ and then cast, so a float32 and a float64 model built with the same seed hold th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,6 +54,10 @@ class Module:
         object.__setattr__(self, "_modules", {})
         object.__setattr__(self, "_param_specs", {})
         object.__setattr__(self, "_cache", None)
+
+    if TYPE_CHECKING:  # parameter views are bound at run time (declare + ParameterBuffer)
+
+        def __getattr__(self, name: str) -> Any: ...
 
     def __setattr__(self, name: str, value: Any) -> None:
         if isinstance(value, Module):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,9 +245,7 @@ class TemporalFusionTransformer(Module):
             v[...] = np.asarray(state[k], dtype=self.dtype)
 
     # -- forward / backward ----------------------------------------------------------------
-    def forward(
-        self, static: np.ndarray, historical: np.ndarray, future: np.ndarray
-    ) -> np.ndarray:
+    def forward(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:
         """Quantile forecasts.
 
         Parameters
@@ -300,7 +298,9 @@ class TemporalFusionTransformer(Module):
         phi_dec = np.ascontiguousarray(phi[:, k:])  # (B, tau, d)
         psi_t = self.pre_output_gate.forward(psi, phi_dec)  # (B, tau, d)
         out = self.output_layer.forward(psi_t)  # (B, tau, Q)
-        self.attention_weights = self.multihead_attn.attention_probs.mean(axis=1)  # (B, tau, T)
+        probs = self.multihead_attn.attention_probs  # (B, H, tau, T)
+        assert probs is not None
+        self.attention_weights = probs.mean(axis=1)  # (B, tau, T)
         self._cache = out.shape
         return out
 
@@ -346,9 +346,10 @@ class TemporalFusionTransformer(Module):
         )
         de_enc += demb[:, :k]
         de_dec += demb[:, k:]
-        dfuture, dc_s = self.decoder_vsn.backward(de_dec)
+        dfuture, dc_s1 = self.decoder_vsn.backward(de_dec)
         dhist, dc_s2 = self.encoder_vsn.backward(de_enc)
-        dc_s += dc_s2  # c_s is read by both temporal VSNs
+        assert dc_s1 is not None and dc_s2 is not None and dc_e is not None
+        dc_s = dc_s1 + dc_s2  # c_s is read by both temporal VSNs
         # xi_s fans out into the four static-context GRNs: add their gradients
         dxi_s = self.static_context_variable_selection.backward(dc_s)[0]
         dxi_s += self.static_context_enrichment.backward(dc_e)[0]

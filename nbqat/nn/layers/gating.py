@@ -49,7 +49,8 @@ class GatedLinearUnit(Module):
                 raise ValueError(f"residual must have shape {out.shape}, got {residual.shape}")
             skip = np.ascontiguousarray(residual, dtype=z.dtype).reshape(-1, c)
             has_skip = True
-        sig = sigmoid(z2[:, c:])  # (N, C)
+        sig = np.negative(z2[:, c:])  # (N, C) -> exp(-gate) -> sigmoid(gate) in the kernel
+        np.exp(sig, out=sig)
         nn_cpu.glu_forward(z2, sig, skip, has_skip, out.reshape(-1, c))
         self._cache = (z2, sig)
         return out
@@ -73,9 +74,7 @@ class GateAddNorm(Module):
         self.glu = GatedLinearUnit(input_size, output_size)
         self.norm = LayerNorm(output_size)
 
-    def forward(
-        self, x: np.ndarray, skip: np.ndarray, out: np.ndarray | None = None
-    ) -> np.ndarray:
+    def forward(self, x: np.ndarray, skip: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         return self.norm.forward(self.glu.forward(x, skip), out=out)
 
     def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -34,9 +34,7 @@ class LayerNorm(Module):
         y = np.empty(x.shape, dtype=x2.dtype) if out is None else out
         mean = np.empty(n, dtype=x2.dtype)
         rstd = np.empty(n, dtype=x2.dtype)
-        nn_cpu.layernorm_forward(
-            x2, self.weight, self.bias, self.eps, y.reshape(-1, c), mean, rstd
-        )
+        nn_cpu.layernorm_forward(x2, self.weight, self.bias, self.eps, y.reshape(-1, c), mean, rstd)
         self._cache = (x2, mean, rstd, x.shape)
         return y
 

@@ -87,9 +87,7 @@ class VariableSelectionNetwork(Module):
         self.var_grns = ModuleList([GatedResidualNetwork(d, d, d) for _ in range(m)])
         self.weights: np.ndarray | None = None
 
-    def forward(
-        self, x: np.ndarray, c: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def forward(self, x: np.ndarray, c: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``x`` (B, m) or (B, L, m), ``c`` (B, context) -> (output (..., d), weights (..., m))."""
         m, d = self.num_vars, self.hidden_size
         lead = x.shape[:-1]

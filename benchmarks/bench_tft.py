@@ -1,0 +1,75 @@
+"""One TFT training step (forward + quantile loss + backward), float32, nbqat vs torch eager.
+
+Issue 5's size: B=64, k=48, tau=12, hidden 32, 4 heads, 2 static / 4 known / 3 observed inputs
+(``SMALL``: B=8, k=8, tau=4, hidden 8, 2 heads). pytest-benchmark times nbqat's step in this
+process; the ratio against torch comes from two fresh subprocesses (benchmarks/_tft_worker.py)
+run back to back with the SAME thread count for every pool (Numba, OpenBLAS, OpenMP, torch),
+once with 1 thread and once with this machine's core count. Peak memory: see the worker's
+docstring (tracemalloc for nbqat's NumPy buffers, ``ru_maxrss`` growth for both).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+from _roof import report
+from conftest import SMALL
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SIZE = "small" if SMALL else "full"
+
+
+def _worker(impl: str, threads: int) -> dict:
+    env = dict(os.environ)
+    for var in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(threads)
+    env["PYTHONPATH"] = os.path.join(HERE, "..") + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run(
+        [sys.executable, os.path.join(HERE, "_tft_worker.py"), impl, SIZE],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_tft_train_step(benchmark):
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    from nbqat.nn import TemporalFusionTransformer, TFTConfig, quantile_loss, quantile_loss_grad
+
+    b, k, tau, d, heads = (8, 8, 4, 8, 2) if SMALL else (64, 48, 12, 32, 4)
+    cfg = TFTConfig(2, 4, 3, d, k, tau, num_heads=heads)
+    rng = np.random.default_rng(0)
+    s = rng.normal(size=(b, 2)).astype(np.float32)
+    h = rng.normal(size=(b, k, 3)).astype(np.float32)
+    f = rng.normal(size=(b, tau, 4)).astype(np.float32)
+    y = rng.normal(size=(b, tau)).astype(np.float32)
+    model = TemporalFusionTransformer(cfg, seed=0)
+
+    def step():
+        model.zero_grad()
+        o = model.forward(s, h, f)
+        model.backward(quantile_loss_grad(o, y, cfg.quantiles))
+        return quantile_loss(o, y, cfg.quantiles)
+
+    step()  # compile / load the cached kernels
+    benchmark(step)
+
+    figures = {}
+    cores = os.cpu_count() or 1
+    for threads in sorted({1, cores}):
+        nb = _worker("nbqat", threads)
+        tr = _worker("torch", threads)
+        figures[f"speedup_vs_torch_{threads}t"] = tr["median_s"] / nb["median_s"]
+        figures[f"nbqat_ms_{threads}t"] = nb["median_s"] * 1e3
+        figures[f"torch_ms_{threads}t"] = tr["median_s"] * 1e3
+        figures[f"nbqat_rss_peak_delta_mb_{threads}t"] = nb["rss_peak_delta_mb"]
+        figures[f"torch_rss_peak_delta_mb_{threads}t"] = tr["rss_peak_delta_mb"]
+        figures["nbqat_tracemalloc_peak_mb"] = nb["tracemalloc_peak_mb"]
+        assert abs(nb["loss"] - tr["loss"]) <= 1e-4 * max(1.0, abs(tr["loss"]))  # same network
+    report(benchmark, **figures)
