@@ -97,7 +97,7 @@ def main() -> None:
             e = ty.unsqueeze(-1) - o
             loss = (q * torch.relu(e) + (1 - q) * torch.relu(-e)).mean()
             loss.backward()
-            return float(loss)
+            return float(loss.detach())
 
         out["torch_threads"] = torch.get_num_threads()
     step()

@@ -4,11 +4,12 @@ Every kernel takes C-contiguous arrays of one floating dtype (float32 or float64
 results into caller-provided outputs; the Python layer classes validate and allocate. Matrix
 products are not here: they go through NumPy's BLAS in the layers, and so do the SIMD
 transcendentals (``np.exp``, ``np.expm1``, ``np.tanh`` run ~10x faster than scalar libm calls in
-a Numba loop). Threading: the kernels called many times per training step (GLU, LayerNorm,
-ELU, softmax, LSTM cell) are serial (``prange`` inside them runs as ``range``); only the few
-heavy once-per-step kernels (attention, embedding backward) are parallel. Every parallel region
-launch wakes Numba's OpenMP pool, which competes with OpenBLAS's own threads; hundreds of launches
-per step made a whole step 5-40x slower on a shared machine. Constants are typed with the
+a Numba loop). Threading: every kernel here is compiled serial (``prange`` runs as ``range``;
+the loops keep the per-row ownership that makes them safe to parallelise). A training step calls
+them hundreds of times on small arrays, and every parallel-region launch wakes Numba's OpenMP
+pool, which then competes with OpenBLAS's own threads for the cores: measured on a shared 2-core
+machine, parallel kernels made a whole step 5-40x slower. The step's multi-threading therefore
+comes from one pool only, BLAS (the matmuls are ~60% of a step). Constants are typed with the
 array's own dtype (``T = x.dtype.type``) so float32 stays float32. Reductions over rows are
 chunked by a fixed row count (:data:`ROW_CHUNK`), never by the thread count, and the per-chunk
 partials are merged in order by the caller, so results do not depend on the number of threads.
@@ -172,7 +173,7 @@ def softmax_backward(dp, p, dz):  # (N, m) x2 -> (N, m)
 # ---------------------------------------------------------------------------------------------
 # Variable selection: per-variable embedding and the weighted combination
 # ---------------------------------------------------------------------------------------------
-@cpu_kernel(parallel=True)
+@cpu_kernel(parallel=False)
 def embed_forward(x, w, b, flat, pervar):  # (N, m), (m, d), (m, d) -> (N, m*d), (m, N, d)
     """``e[n, j, :] = x[n, j] * w[j] + b[j]`` written twice: flattened per row (for the
     selection GRN) and variable-major (for the per-variable GRNs)."""
@@ -187,7 +188,7 @@ def embed_forward(x, w, b, flat, pervar):  # (N, m), (m, d), (m, d) -> (N, m*d),
                 pervar[j, r, e] = v
 
 
-@cpu_kernel(parallel=True, fastmath=True)
+@cpu_kernel(parallel=False, fastmath=True)
 def embed_backward(x, w, dflat, dpervar, dx, dw, db):
     """Backward of :func:`embed_forward`; the two layouts' gradients are summed (fan-out).
 
@@ -323,7 +324,7 @@ def lstm_cell_backward(dh_out, dh_next, dc_next, gates, tc, c_prev, dg):
 # ---------------------------------------------------------------------------------------------
 # Interpretable multi-head attention (per-head Q/K, one shared V, heads averaged, causal mask)
 # ---------------------------------------------------------------------------------------------
-@cpu_kernel(parallel=True)
+@cpu_kernel(parallel=False)
 def attn_probs_forward(q, k, nheads, offset, p):  # (B, tq, D), (B, T, D) -> (B, H, tq, T)
     """``p[b, h, i] = softmax_j(<q[b, i, h], k[b, j, h]> / sqrt(dh))`` over ``j <= offset + i``
     (query i sits at absolute position offset + i and sees itself); masked entries are 0."""
@@ -358,7 +359,7 @@ def attn_probs_forward(q, k, nheads, offset, p):  # (B, tq, D), (B, T, D) -> (B,
                     p[b, h, i, j] = T(0.0)
 
 
-@cpu_kernel(parallel=True, fastmath=True)
+@cpu_kernel(parallel=False, fastmath=True)
 def attn_probs_backward(dp, p, q, k, offset, dq, dk):
     """Softmax and score backward: ``ds = p * (dp - sum_j p dp)`` (masked entries 0),
     ``dq[b, i, h] = sum_j ds k[b, j, h] / sqrt(dh)``, ``dk[b, j, h] = sum_i ds q[b, i, h] /
@@ -390,7 +391,7 @@ def attn_probs_backward(dp, p, q, k, offset, dq, dk):
                         dk[b, j, c0 + e] += ds * q[b, i, c0 + e]
 
 
-@cpu_kernel(parallel=True, fastmath=True)
+@cpu_kernel(parallel=False, fastmath=True)
 def attn_apply_forward(p, v, out):  # (B, H, tq, T), (B, T, dv) -> (B, tq, dv)
     """``out[b, i] = (1 / H) sum_h sum_j p[b, h, i, j] v[b, j]`` (shared values, mean of heads)."""
     T = v.dtype.type
@@ -411,7 +412,7 @@ def attn_apply_forward(p, v, out):  # (B, H, tq, T), (B, T, dv) -> (B, tq, dv)
                 out[b, i, e] *= inv_h
 
 
-@cpu_kernel(parallel=True, fastmath=True)
+@cpu_kernel(parallel=False, fastmath=True)
 def attn_apply_backward(dout, p, v, dp, dv):
     """``dp[b, h, i, j] = <dout[b, i], v[b, j]> / H`` (the same for every head) and
     ``dv[b, j] = (1 / H) sum_h sum_i p[b, h, i, j] dout[b, i]``; both written.
