@@ -9,7 +9,8 @@ noisy), and every function is called once before timing (JIT compile, page fault
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numba
 import numpy as np

@@ -24,9 +24,10 @@ def _load() -> Any:
     if _cuda_module is _UNSET:
         try:  # numba-cuda (the `cuda` extra) or numba's bundled numba.cuda
             from numba import cuda as _c
+
+            _cuda_module = _c
         except Exception:  # pragma: no cover - depends on the installation
-            _c = None
-        _cuda_module = _c
+            _cuda_module = None
     return _cuda_module
 
 
@@ -35,6 +36,7 @@ def __getattr__(name: str) -> Any:
     if name == "cuda":
         return _load()
     raise AttributeError(f"module 'nbqat._cuda' has no attribute {name!r}")
+
 
 #: Threads per block for 1-D grid-stride kernels. Tests patch it to a tiny value so that
 #: partial blocks and multi-block reductions are exercised under the simulator.

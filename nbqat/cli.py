@@ -63,7 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
             "shipped dataset (NREL TMY3 hourly weather, two stations; forecast the dry-bulb "
             "temperature 24 h ahead from one week of history)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     g = t.add_argument_group("training")
     g.add_argument(
@@ -71,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         help="maximum float training epochs (early stopping may end sooner) "
-        "[default: 10; --quick: 3]",
+        "[default: 10; --quick: 4]",
     )
     g.add_argument(
         "--qat-epochs",
@@ -84,13 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--hidden-dim",
         type=_positive_int,
         default=None,
-        help="hidden size d of the network [default: 16; --quick: 8]",
+        help="hidden size d of the network [default: 16]",
     )
     g.add_argument(
         "--heads",
         type=_positive_int,
         default=None,
-        help="attention heads (must divide --hidden-dim) [default: 4; --quick: 2]",
+        help="attention heads (must divide --hidden-dim) [default: 4]",
     )
     g.add_argument(
         "--lr",
@@ -108,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-norm",
         type=_max_norm,
         default=1.0,
-        help="clip_grad_norm_ threshold ('none' to disable)",
+        help="clip_grad_norm_ threshold ('none' to disable) [default: 1.0]",
     )
     g.add_argument(
         "--patience",
@@ -129,8 +128,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="training windows drawn per epoch (0 = all) [default: 2048; --quick: 1024]",
     )
-    g.add_argument("--seed", type=int, default=0, help="seed of initialisation and shuffling")
-    g.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the kernels run")
+    g.add_argument(
+        "--seed", type=int, default=0, help="seed of initialisation and shuffling [default: 0]"
+    )
+    g.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the kernels run [default: cpu]; see the README for what runs on the device",
+    )
+    g.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="Numba threads for the compiled kernels [default: all cores]; on a busy shared "
+        "machine 1 is often fastest",
+    )
     g.add_argument(
         "--compare-clipping",
         action="store_true",
@@ -147,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--out",
         default="nbqat-run",
-        help="output folder (metrics.json, timings.json, checkpoint/, *.png)",
+        help="output folder (metrics.json, timings.json, checkpoint/, *.png) [default: nbqat-run]",
     )
     o.add_argument(
         "--resume",
@@ -183,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--history",
         type=_positive_int,
         default=None,
-        help="encoder length k in steps [default: 168; --quick: 72]",
+        help="encoder length k in steps [default: 168]",
     )
     d.add_argument(
         "--horizon",

@@ -27,12 +27,35 @@ from typing import Any
 import numpy as np
 
 from nbqat import fake_quant as _fq
-from nbqat.observers import MovingAverageMinMaxObserver, _MinMaxBase, _PartialWrapper, _with_args
+from nbqat.kernels import fake_quant_cpu as _fqk
+from nbqat.kernels import nn_cpu as _nnk
+from nbqat.observers import (
+    MinMaxObserver,
+    MovingAverageMinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
+    PerChannelMinMaxObserver,
+    _MinMaxBase,
+    _PartialWrapper,
+    _with_args,
+)
 
 __all__ = ["FakeQuantize", "LearnableFakeQuantize"]
 
 _F32 = np.float32
 _CACHED = object()  # default of backward's ctx: "use the ctx of the last forward"
+#: Below this many elements the private fast path runs the serial builds of the fake-quantize
+#: kernels (the observers' threshold, :data:`nbqat.kernels.observe_cpu.PARALLEL_MIN`): inside a
+#: training step the parallel regions compete with OpenBLAS's threads for the cores (the layer
+#: kernels are serial for the same reason, see :mod:`nbqat.kernels.nn_cpu`).
+_SERIAL_MAX = 1 << 18
+#: Observers whose private fast path :meth:`FakeQuantize._forward_fast` may use (exact classes:
+#: a subclass may override forward / calculate_qparams).
+_FAST_OBSERVERS = (
+    MinMaxObserver,
+    MovingAverageMinMaxObserver,
+    PerChannelMinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
+)
 
 
 def _make_observer(observer: Any, kwargs: dict[str, Any], who: str) -> _MinMaxBase:
@@ -191,6 +214,16 @@ class FakeQuantize:
             Bad input (from the observer or the fake-quantize function); the observer state is
             unchanged when the observer rejects the batch.
         """
+        if (
+            type(x) is np.ndarray
+            and x.dtype == _F32
+            and x.size
+            and x.flags.c_contiguous
+            and (not self.is_per_channel or x.ndim >= 1)
+        ):
+            y = self._forward_fast(x)
+            if y is not None:
+                return y
         if self.observer_enabled:
             self.activation_post_process(x)
             s, z = self.activation_post_process.calculate_qparams()
@@ -235,7 +268,88 @@ class FakeQuantize:
             if not self._ran:
                 raise RuntimeError(f"{type(self).__name__}.backward: call forward first")
             ctx = self.ctx
+        if (
+            type(grad_y) is np.ndarray
+            and type(ctx) is np.ndarray
+            and grad_y.dtype == _F32
+            and ctx.dtype == np.bool_
+            and grad_y.shape == ctx.shape
+            and grad_y.flags.c_contiguous
+            and ctx.flags.c_contiguous
+        ):  # the QAT hot path: the mask is our own forward's, skip re-validating it
+            out = np.empty_like(grad_y)
+            n = grad_y.size
+            if n < _SERIAL_MAX:
+                _nnk.ste_backward_serial(grad_y.reshape(-1), ctx.reshape(-1), out.reshape(-1))
+            else:
+                _fqk.ste_backward_kernel(grad_y.reshape(-1), ctx.reshape(-1), out.reshape(-1))
+            return out
         return _fq.fake_quantize_backward(grad_y, ctx)
+
+    def _forward_fast(self, x: np.ndarray) -> Any:
+        """:meth:`forward` for a non-empty C-contiguous float32 NumPy ``x`` (the QAT model's hot
+        path, ~200 calls per training step): the same results and state, bit for bit, without
+        re-validating what this module guarantees itself (its qparams are float32 > 0 with the
+        zero point in range, its mask is its own). Returns None -- with nothing changed -- when
+        the input or the observer state needs the full path (non-finite data, another channel
+        axis, a custom observer)."""
+        obs = self.activation_post_process
+        if self.is_per_channel and self.ch_axis % x.ndim != 0:
+            return None
+        if self.observer_enabled:
+            if type(obs) not in _FAST_OBSERVERS:
+                return None
+            qp = obs._observe_qparams_fast(x)
+            if qp is None:
+                return None
+            self.scale, self.zero_point = qp
+        if not self.fake_quant_enabled:
+            self.ctx = None
+            self._ran = True
+            return x
+        scale, zp = self.scale, self.zero_point
+        n = x.size
+        y = np.empty_like(x)
+        mask = np.empty(x.shape, np.bool_)
+        qmin, qmax = _F32(self.quant_min), _F32(self.quant_max)
+        if self.is_per_channel:
+            c = x.shape[0]
+            if scale.shape != (c,) or zp.shape != (c,):  # only with the observer off: let the
+                return None  # full path raise its clear error
+            inv = _F32(1.0) / scale
+            kern = _nnk.fq_channel_serial if n < _SERIAL_MAX else _fqk.fq_channel_kernel
+            kern(
+                x.reshape(-1),
+                y.reshape(-1),
+                mask.reshape(-1),
+                scale,
+                inv,
+                zp.astype(_F32),
+                1,
+                c,
+                n // c,
+                qmin,
+                qmax,
+                True,
+                False,
+            )
+        else:
+            s32 = scale[0]
+            kern = _nnk.fq_tensor_serial if n < _SERIAL_MAX else _fqk.fq_tensor_kernel
+            kern(
+                x.reshape(-1),
+                y.reshape(-1),
+                mask.reshape(-1),
+                s32,
+                _F32(1.0) / s32,
+                _F32(zp[0]),
+                qmin,
+                qmax,
+                True,
+            )
+        self.ctx = mask
+        self._ran = True
+        return y
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, np.ndarray]:

@@ -342,3 +342,18 @@ def test_device_cuda_under_the_simulator(tiny_run, tmp_path, cuda_sim, small_cud
         for q, x in v.items():
             assert b["q_risk_test"][model][q] == pytest.approx(x, rel=1e-3), (model, q)
     assert b["grad_norm"]["float"]["max"] == pytest.approx(a["grad_norm"]["float"]["max"], rel=1e-3)
+
+
+def test_csv_path_reproduces_the_shipped_run(tiny_run, tmp_path):
+    # The shipped file through --csv (user-data path) gives the same model and metrics.
+    csv_path = Path(__file__).resolve().parents[1] / "nbqat" / "data" / TMY3_FILE
+    rc = _train(tmp_path, "--compare-clipping", "--max-norm", "0.5", "--no-plots",
+                "--csv", str(csv_path), "--time-col", "time", "--target-col", "temp_air",
+                "--entity-col", "station", "--known-cols", "etr",
+                "--static-cols", "latitude,longitude,elevation")  # fmt: skip
+    assert rc == 0
+    a = json.loads((tiny_run / "metrics.json").read_text())
+    b = json.loads((tmp_path / "metrics.json").read_text())
+    assert b["data"]["historical_inputs"] == a["data"]["historical_inputs"]
+    assert b["q_risk_test"] == a["q_risk_test"]
+    assert b["grad_norm"] == a["grad_norm"]

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat.kernels import nn_cpu
 from nbqat.nn.params import Module, uniform_init
 
 
@@ -70,7 +71,7 @@ class Linear(Module):
             wq = self.weight
         y = xq @ wq.T  # (N, out)
         if self.has_bias:
-            y += self.bias
+            nn_cpu.bias_add(y, self.bias)
         self._cache = (xq, wq, ctx_x, ctx_w, lead)
         return y.reshape(*lead, self.out_features)
 

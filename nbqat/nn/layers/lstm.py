@@ -98,8 +98,9 @@ class LSTM(Module):
             w_hh = self.weight_hh_fake_quant.forward(w_hh)
             ctx_whh = self.weight_hh_fake_quant.ctx
         xt = np.ascontiguousarray(x.transpose(1, 0, 2))  # (L, B, in) time-major
-        xg = (xt.reshape(nl * nb, -1) @ w_ih.T).reshape(nl, nb, 4 * d)  # (L, B, 4d)
-        xg += self.bias_ih + self.bias_hh
+        xg2 = xt.reshape(nl * nb, -1) @ w_ih.T  # (L*B, 4d)
+        nn_cpu.bias_add(xg2, self.bias_ih + self.bias_hh)
+        xg = xg2.reshape(nl, nb, 4 * d)  # (L, B, 4d)
         w_hh_t = np.ascontiguousarray(w_hh.T)  # (d, 4d)
         gates = np.empty((nl, nb, 4 * d), dtype=dt)  # activated i, f, g, o
         cs = np.empty((nl, nb, d), dtype=dt)  # c_t
