@@ -294,7 +294,7 @@ class FakeQuantize:
         the input or the observer state needs the full path (non-finite data, another channel
         axis, a custom observer)."""
         obs = self.activation_post_process
-        if self.is_per_channel and self.ch_axis % x.ndim != 0:
+        if self.ch_axis is not None and self.ch_axis % x.ndim != 0:  # None: per tensor
             return None
         if self.observer_enabled:
             if type(obs) not in _FAST_OBSERVERS:

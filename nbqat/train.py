@@ -779,9 +779,10 @@ def run(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
     if cfg.threads is not None:
         import numba
 
-        if cfg.threads > numba.config.NUMBA_NUM_THREADS:
+        n_max = int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+        if cfg.threads > n_max:
             raise ValueError(
-                f"--threads {cfg.threads} exceeds the {numba.config.NUMBA_NUM_THREADS} threads "
+                f"--threads {cfg.threads} exceeds the {n_max} threads "
                 "Numba started with (set NUMBA_NUM_THREADS to raise it)"
             )
         numba.set_num_threads(cfg.threads)
@@ -981,9 +982,8 @@ def _plots(r: _Run, test: SplitWindows, y, naive_point, pred_float, pred_int8) -
         )
     )
     groups, attn = _interpretation(r, test)
-    if True:
-        files.append(plots.plot_variable_importance(groups, out / "variable_importance.png"))
-        files.append(plots.plot_attention(attn, out / "attention.png", history=w.history))
+    files.append(plots.plot_variable_importance(groups, out / "variable_importance.png"))
+    files.append(plots.plot_attention(attn, out / "attention.png", history=w.history))
     if "qat_noclip" in st.grad_norms:
         runs = {
             f"clipped (max_norm={r.cfg.max_norm})": {

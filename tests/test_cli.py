@@ -357,3 +357,9 @@ def test_csv_path_reproduces_the_shipped_run(tiny_run, tmp_path):
     assert b["data"]["historical_inputs"] == a["data"]["historical_inputs"]
     assert b["q_risk_test"] == a["q_risk_test"]
     assert b["grad_norm"] == a["grad_norm"]
+
+
+def test_too_many_threads(tmp_path, capsys):
+    rc = main(["train", "--quick", "--threads", "100000", "--out", str(tmp_path)])
+    assert rc == 2
+    assert "--threads 100000 exceeds" in capsys.readouterr().err

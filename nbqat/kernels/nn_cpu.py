@@ -333,34 +333,6 @@ def lstm_cell_forward(xg, hh, c_prev, gates, c, tc, h):
             h[b, j] = go * t
 
 
-@cpu_kernel(parallel=False, error_model="numpy")
-def lstm_gates(e, tg, gates, c_prev, c):  # (B, 4d), (B, d) -> (B, 4d), (B, d)
-    """Gate activations and the cell state of one step: on entry ``e = exp(-a)`` (B, 4d) and
-    ``tg = tanh(a_g)`` (B, d) (NumPy SIMD ufuncs in the caller); writes ``gates`` = activated
-    ``i, f, g, o`` (``1 / (1 + e)`` for i, f, o; ``tg`` for g) and ``c = f c_prev + i g``."""
-    T = e.dtype.type
-    one = T(1.0)
-    nb, d = c.shape
-    ef = e.reshape(-1)
-    tf = tg.reshape(-1)
-    gf = gates.reshape(-1)
-    cpf = c_prev.reshape(-1)
-    cf = c.reshape(-1)
-    for b in range(nb):
-        o4 = 4 * d * b
-        o = d * b
-        for j in range(d):
-            gi = one / (one + ef[o4 + j])
-            gfo = one / (one + ef[o4 + d + j])
-            gg = tf[o + j]
-            go = one / (one + ef[o4 + 3 * d + j])
-            gf[o4 + j] = gi
-            gf[o4 + d + j] = gfo
-            gf[o4 + 2 * d + j] = gg
-            gf[o4 + 3 * d + j] = go
-            cf[o + j] = gfo * cpf[o + j] + gi * gg
-
-
 @cpu_kernel(parallel=False)
 def lstm_cell_state(gates, c_prev, c):  # (B, 4d) activated i, f, g, o; (B, d) -> (B, d)
     """``c = f * c_prev + i * g`` for one step (the gate nonlinearities and ``tanh(c)`` are
