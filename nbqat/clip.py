@@ -144,7 +144,8 @@ def _segments(g: np.ndarray, owner: int) -> list[list[int]]:
     addr = g.__array_interface__["data"][0]
     if g.flags.c_contiguous:
         return [[addr, 0, 1, g.size, g.size, 1, g.size, owner]]
-    shape, strides = [], []
+    shape: list[int] = []
+    strides: list[int] = []
     for n, s in zip(g.shape, g.strides):
         if n == 1:
             continue

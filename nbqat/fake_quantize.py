@@ -79,6 +79,13 @@ def _flag(state: dict[str, Any], key: str) -> bool:
     return bool(v[0])
 
 
+def _axis(ch_axis: int | None) -> int:
+    """The channel axis of a per-channel quantizer (never None there)."""
+    if ch_axis is None:  # pragma: no cover - guarded by is_per_channel
+        raise ValueError("per-channel fake quantization needs ch_axis")
+    return ch_axis
+
+
 class FakeQuantize:
     """Observer + fake quantization with torch's phases (``torch.ao.quantization.FakeQuantize``).
 
@@ -235,7 +242,7 @@ class FakeQuantize:
             return x
         if self.is_per_channel:
             y, mask = _fq.fake_quantize_per_channel_affine_cachemask(
-                x, self.scale, self.zero_point, self.ch_axis, self.quant_min, self.quant_max
+                x, self.scale, self.zero_point, _axis(self.ch_axis), self.quant_min, self.quant_max
             )
         else:
             y, mask = _fq.fake_quantize_per_tensor_affine_cachemask(
@@ -618,7 +625,7 @@ class LearnableFakeQuantize:
         s, z = self.scale.copy(), self.zero_point.copy()
         if self.is_per_channel:
             y = _fq.fake_quantize_learnable_per_channel_affine(
-                x, s, z, self.ch_axis, self.quant_min, self.quant_max, gf
+                x, s, z, _axis(self.ch_axis), self.quant_min, self.quant_max, gf
             )
         else:
             y = _fq.fake_quantize_learnable_per_tensor_affine(
@@ -661,7 +668,7 @@ class LearnableFakeQuantize:
             )
         if self.is_per_channel:
             gx, gs, gz = _fq.fake_quantize_learnable_per_channel_affine_backward(
-                grad_y, x, s, z, self.ch_axis, self.quant_min, self.quant_max, gf
+                grad_y, x, s, z, _axis(self.ch_axis), self.quant_min, self.quant_max, gf
             )
         else:
             gx, gs, gz = _fq.fake_quantize_learnable_per_tensor_affine_backward(

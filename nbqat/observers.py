@@ -354,6 +354,8 @@ class _MinMaxBase:
 
     def reset_min_max_vals(self) -> None:
         """Forget the statistics (per tensor: +Inf/-Inf; per channel: empty arrays)."""
+        self._min: np.ndarray
+        self._max: np.ndarray
         if self._per_channel:
             self._min = np.empty(0, _F32)
             self._max = np.empty(0, _F32)
@@ -675,8 +677,8 @@ class _MinMaxBase:
             raise TypeError(
                 f"merge needs another {type(self).__name__}, got {type(other).__name__}"
             )
-        mine = (self.dtype, self.qscheme, self.quant_min, self.quant_max)
-        theirs = (other.dtype, other.qscheme, other.quant_min, other.quant_max)
+        mine: tuple[object, ...] = (self.dtype, self.qscheme, self.quant_min, self.quant_max)
+        theirs: tuple[object, ...] = (other.dtype, other.qscheme, other.quant_min, other.quant_max)
         if self._per_channel:
             mine += (self.ch_axis,)
             theirs += (other.ch_axis,)
