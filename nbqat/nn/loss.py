@@ -31,9 +31,12 @@ def quantile_loss(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[fl
 
     Parameters
     ----------
-    y_pred : ndarray (..., Q) float
+    y_pred : ndarray (..., Q) float32 or float64
+        Predicted quantiles; the last axis holds one prediction per quantile.
     target : ndarray (...) real
+        Observed values, ``y_pred.shape[:-1]``; cast to ``y_pred``'s dtype.
     quantiles : sequence of Q floats in (0, 1)
+        The quantile levels of ``y_pred``'s last axis, in that order.
 
     Returns
     -------
@@ -61,6 +64,25 @@ def quantile_loss_grad(
     ``d/dyhat = -q / n`` where ``y > yhat``, ``(1 - q) / n`` where ``y < yhat``, and 0 at a tie
     ``y == yhat`` (the subgradient torch gives for ``q * relu(e) + (1 - q) * relu(-e)``);
     ``n = target.size * Q``.
+
+    Parameters
+    ----------
+    y_pred : ndarray (..., Q) float32 or float64
+        Predicted quantiles; the last axis holds one prediction per quantile.
+    target : ndarray (...) real
+        Observed values, ``y_pred.shape[:-1]``; cast to ``y_pred``'s dtype.
+    quantiles : sequence of Q floats in (0, 1)
+        The quantile levels of ``y_pred``'s last axis, in that order.
+
+    Returns
+    -------
+    ndarray (..., Q)
+        ``d quantile_loss / d y_pred``, in ``y_pred``'s dtype.
+
+    Raises
+    ------
+    ValueError
+        On mismatched shapes, non-float predictions or quantiles outside (0, 1).
     """
     q = _check(y_pred, target, quantiles)
     dt = y_pred.dtype
@@ -73,7 +95,29 @@ def quantile_loss_grad(
 
 def q_risk(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
     """Normalised quantile risk per quantile, ``2 * sum QL(y, yhat_q, q) / sum |y|``
-    (Lim et al. sec. 6, "q-Risk"; use the unscaled target). Returns float64 (Q,)."""
+    (Lim et al. sec. 6, "q-Risk"; use the unscaled target).
+
+    Parameters
+    ----------
+    y_pred : ndarray (..., Q) float32 or float64
+        Predicted quantiles, on the target's original (unscaled) scale.
+    target : ndarray (...) real
+        Observed values, ``y_pred.shape[:-1]``; ``sum(|target|)`` must not be 0.
+    quantiles : sequence of Q floats in (0, 1)
+        The quantile levels of ``y_pred``'s last axis, in that order.
+
+    Returns
+    -------
+    ndarray (Q,) float64
+        The q-risk of each quantile, computed in float64 (e.g. P50 and P90 risk for
+        ``quantiles=(0.1, 0.5, 0.9)`` are entries 1 and 2).
+
+    Raises
+    ------
+    ValueError
+        On mismatched shapes, non-float predictions, quantiles outside (0, 1), or
+        ``sum(|target|) == 0``.
+    """
     q = _check(y_pred, target, quantiles)
     y = np.asarray(target, dtype=np.float64)
     e = y[..., None] - np.asarray(y_pred, dtype=np.float64)

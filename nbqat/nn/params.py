@@ -24,7 +24,18 @@ Init = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
 
 
 def uniform_init(bound: float) -> Init:
-    """``U(-bound, bound)`` (torch's default for nn.Linear / nn.LSTM with bound 1/sqrt(fan))."""
+    """``U(-bound, bound)`` (torch's default for nn.Linear / nn.LSTM with bound 1/sqrt(fan)).
+
+    Parameters
+    ----------
+    bound : float
+        Half-width of the interval, >= 0.
+
+    Returns
+    -------
+    Init
+        ``init(rng, shape)`` drawing a float64 array of ``shape`` from ``rng.uniform``.
+    """
 
     def init(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
         return rng.uniform(-bound, bound, size=shape)
@@ -33,7 +44,19 @@ def uniform_init(bound: float) -> Init:
 
 
 def constant_init(value: float) -> Init:
-    """All entries equal to ``value``."""
+    """All entries equal to ``value``.
+
+    Parameters
+    ----------
+    value : float
+        The constant (e.g. 1.0 for a LayerNorm weight, 0.0 for its bias).
+
+    Returns
+    -------
+    Init
+        ``init(rng, shape)`` returning a float64 array of ``shape`` filled with ``value``
+        (``rng`` is not used, so the random stream of later parameters does not move).
+    """
 
     def init(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
         return np.full(shape, value, dtype=np.float64)
@@ -70,14 +93,37 @@ class Module:
         """Declare parameter ``name`` of ``shape``; bound to views by :class:`ParameterBuffer`.
 
         Until then ``self.<name>`` and ``self.<name>_grad`` are None.
+
+        Parameters
+        ----------
+        name : str
+            Attribute name of the parameter; its gradient view is ``<name>_grad``. Declaring
+            the same name again replaces the earlier declaration.
+        shape : tuple of int
+            Shape of the parameter (``()`` for a scalar).
+        init : Init
+            ``init(rng, shape) -> ndarray``: the initial values, drawn in float64 from the
+            buffer's ``numpy.random.Generator`` and cast to the buffer's dtype.
         """
         self._param_specs[name] = (tuple(int(s) for s in shape), init)
         object.__setattr__(self, name, None)
         object.__setattr__(self, name + "_grad", None)
 
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
-        """Yield ``(dotted_name, module)`` for this module (name ``prefix``, "" at the root) and
-        every descendant, depth first in registration order (``torch.nn.Module.named_modules``)."""
+        """Yield ``(dotted_name, module)`` for this module and every descendant, depth first in
+        registration order (``torch.nn.Module.named_modules``).
+
+        Parameters
+        ----------
+        prefix : str, default ""
+            Name given to this module; a child ``c`` is named ``prefix + "." + c`` (just ``c``
+            when ``prefix`` is "").
+
+        Yields
+        ------
+        tuple of (str, Module)
+            This module first (named ``prefix``), then its descendants.
+        """
         yield prefix, self
         for name, child in self._modules.items():
             yield from child.named_modules(prefix + "." + name if prefix else name)
@@ -87,13 +133,37 @@ class Module:
         yield from self._modules.values()
 
     def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
-        """Yield ``(dotted_name, view)`` for every parameter (views into the flat buffer)."""
+        """Yield ``(dotted_name, view)`` for every parameter (views into the flat buffer).
+
+        Parameters
+        ----------
+        prefix : str, default ""
+            Prepended to every name, as in :meth:`named_modules`.
+
+        Yields
+        ------
+        tuple of (str, numpy.ndarray)
+            ``"<module path>.<parameter>"`` and the parameter view (None before a
+            :class:`ParameterBuffer` is built), in the buffer's layout order.
+        """
         for mname, mod in self.named_modules(prefix):
             for pname in mod._param_specs:
                 yield (mname + "." + pname if mname else pname), getattr(mod, pname)
 
     def named_grads(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
-        """Yield ``(dotted_name, gradient view)`` in the order of :meth:`named_parameters`."""
+        """Yield ``(dotted_name, gradient view)`` in the order of :meth:`named_parameters`.
+
+        Parameters
+        ----------
+        prefix : str, default ""
+            Prepended to every name, as in :meth:`named_modules`.
+
+        Yields
+        ------
+        tuple of (str, numpy.ndarray)
+            The parameter's name (without a ``_grad`` suffix) and its view into the flat
+            gradient buffer (same shape and dtype as the parameter).
+        """
         for mname, mod in self.named_modules(prefix):
             for pname in mod._param_specs:
                 yield (mname + "." + pname if mname else pname), getattr(mod, pname + "_grad")
@@ -107,7 +177,13 @@ class Module:
 
 
 class ModuleList(Module):
-    """An indexable list of modules registered under the names "0", "1", ... (torch's)."""
+    """An indexable list of modules registered under the names "0", "1", ... (torch's).
+
+    Parameters
+    ----------
+    modules : list of Module
+        The children, in order; ``module_list[i]`` is ``modules[i]``.
+    """
 
     def __init__(self, modules: list[Module]) -> None:
         super().__init__()

@@ -13,7 +13,21 @@ from nbqat.nn.params import Module
 
 def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``1 / (1 + exp(-x))`` with NumPy's SIMD ufuncs (three passes, no temporaries beyond
-    ``out``)."""
+    ``out``).
+
+    Parameters
+    ----------
+    x : ndarray float32 or float64
+        Any shape.
+    out : ndarray, optional
+        Array of ``x``'s shape and dtype to write into (may be ``x`` itself); a new array
+        when None.
+
+    Returns
+    -------
+    ndarray
+        ``sigmoid(x)``, shape and dtype of ``x`` (``out`` when given).
+    """
     out = np.negative(x, out=out)
     np.exp(out, out=out)
     out += x.dtype.type(1)
@@ -27,6 +41,13 @@ class GatedLinearUnit(Module):
     first and gate rows second (the layout of ``torch.nn.functional.glu`` and of
     pytorch-forecasting's GatedLinearUnit), so a QAT pass sees it as a single Linear.
     ``forward(x, residual)`` adds ``residual`` inside the same compiled pass.
+
+    Parameters
+    ----------
+    input_size : int
+        Size of the last axis of the input.
+    output_size : int
+        C, size of the last axis of the output; ``fc`` maps input_size -> 2 * C.
     """
 
     def __init__(self, input_size: int, output_size: int) -> None:
@@ -36,7 +57,25 @@ class GatedLinearUnit(Module):
         self.fc = Linear(self.input_size, 2 * self.output_size)
 
     def forward(self, x: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
-        """``x`` (..., input_size) -> (..., output_size) [+ residual of that shape]."""
+        """``GLU(x)`` [+ ``residual``]; the projection and the sigmoid gate are cached.
+
+        Parameters
+        ----------
+        x : ndarray (..., input_size) float32 or float64
+            Any leading shape; in the dtype of the parameters.
+        residual : ndarray (..., output_size), optional
+            Added to the gated output in the same pass (cast to the output's dtype).
+
+        Returns
+        -------
+        ndarray (..., output_size)
+            ``value * sigmoid(gate)`` [+ ``residual``], a new array.
+
+        Raises
+        ------
+        ValueError
+            When ``residual`` does not have the output's shape.
+        """
         z = self.fc.forward(x)  # (..., 2C)
         c = self.output_size
         z2 = z.reshape(-1, 2 * c)  # (N, 2C)
@@ -56,7 +95,25 @@ class GatedLinearUnit(Module):
         return out
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
-        """Gradient w.r.t. ``x``; the residual's gradient is ``dy`` itself (the caller's)."""
+        """Accumulate the gradients of ``fc`` and return the gradient w.r.t. ``x``.
+
+        The residual's gradient is ``dy`` itself (the caller's to use).
+
+        Parameters
+        ----------
+        dy : ndarray (..., output_size)
+            Gradient w.r.t. the output of the last :meth:`forward`.
+
+        Returns
+        -------
+        ndarray (..., input_size)
+            ``dx``.
+
+        Raises
+        ------
+        RuntimeError
+            When called before :meth:`forward`.
+        """
         z2, sig = self._require_forward()
         c = self.output_size
         dy2 = np.ascontiguousarray(dy, dtype=z2.dtype).reshape(-1, c)
@@ -67,7 +124,16 @@ class GatedLinearUnit(Module):
 
 class GateAddNorm(Module):
     """``LayerNorm(skip + GLU(x))`` (Lim et al. eqs. 2, 4 and the gates after the LSTM,
-    the attention and the position-wise GRN)."""
+    the attention and the position-wise GRN).
+
+    Parameters
+    ----------
+    input_size : int
+        Size of the last axis of ``x`` (the GLU's input).
+    output_size : int
+        Size of the last axis of ``skip`` and of the output (the GLU's output and the
+        LayerNorm's ``normalized_shape``).
+    """
 
     def __init__(self, input_size: int, output_size: int) -> None:
         super().__init__()
@@ -75,10 +141,49 @@ class GateAddNorm(Module):
         self.norm = LayerNorm(output_size)
 
     def forward(self, x: np.ndarray, skip: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``LayerNorm(skip + GLU(x))``.
+
+        Parameters
+        ----------
+        x : ndarray (..., input_size) float32 or float64
+            Input of the GLU; in the dtype of the parameters.
+        skip : ndarray (..., output_size)
+            The residual, same leading shape as ``x``.
+        out : ndarray (..., output_size), optional
+            A C-contiguous array to write the result into (a new array when None).
+
+        Returns
+        -------
+        ndarray (..., output_size)
+            The gated, normalised output (``out`` when given).
+
+        Raises
+        ------
+        ValueError
+            When ``skip`` does not have the GLU output's shape.
+        """
         return self.norm.forward(self.glu.forward(x, skip), out=out)
 
     def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Returns ``(dx, dskip)``."""
+        """Accumulate the GLU's and the LayerNorm's gradients; return the input gradients.
+
+        Parameters
+        ----------
+        dy : ndarray (..., output_size)
+            Gradient w.r.t. the output of the last :meth:`forward`.
+
+        Returns
+        -------
+        dx : ndarray (..., input_size)
+            Gradient w.r.t. ``x``.
+        dskip : ndarray (..., output_size)
+            Gradient w.r.t. ``skip``.
+
+        Raises
+        ------
+        RuntimeError
+            When called before :meth:`forward`.
+        """
         ds = self.norm.backward(dy)
         return self.glu.backward(ds), ds
 
@@ -93,8 +198,13 @@ class GatedResidualNetwork(Module):
 
     Parameters
     ----------
-    input_size, hidden_size, output_size : int
-    context_size : int or None
+    input_size : int
+        Size of the last axis of ``a``.
+    hidden_size : int
+        Width of ``fc1``, ``fc2`` and the GLU input.
+    output_size : int
+        Size of the last axis of the output.
+    context_size : int or None, default None
         Size of the context vector; None for a GRN without context.
 
     Notes
@@ -127,7 +237,29 @@ class GatedResidualNetwork(Module):
     def forward(
         self, a: np.ndarray, c: np.ndarray | None = None, out: np.ndarray | None = None
     ) -> np.ndarray:
-        """``a`` (B, in) or (B, L, in), ``c`` (B, context_size) -> (..., output_size)."""
+        """``GRN(a, c) = LayerNorm(skip(a) + GLU(fc2(ELU(fc1(a) + context(c)))))``.
+
+        Parameters
+        ----------
+        a : ndarray (B, input_size) or (B, L, input_size) float32 or float64
+            The primary input; in the dtype of the parameters.
+        c : ndarray (B, context_size), optional
+            The static context, broadcast over the L time steps of a 3-D ``a``. Required
+            exactly when the GRN was built with ``context_size``.
+        out : ndarray (..., output_size), optional
+            A C-contiguous array to write the result into (a new array when None).
+
+        Returns
+        -------
+        ndarray (B, output_size) or (B, L, output_size)
+            ``out`` when given.
+
+        Raises
+        ------
+        ValueError
+            When ``c`` is given without ``context_size`` (or missing with it), or ``c`` does not
+            have shape ``(B, context_size)``.
+        """
         if (c is None) != (self.context_size is None):
             raise ValueError(
                 "context c must be given exactly when the GRN was built with context_size"
@@ -150,7 +282,26 @@ class GatedResidualNetwork(Module):
         return self.gate.forward(eta1, skip, out=out)
 
     def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """Returns ``(da, dc)``; ``dc`` is None without context."""
+        """Accumulate every sub-layer's gradients; return the input gradients.
+
+        Parameters
+        ----------
+        dy : ndarray (..., output_size)
+            Gradient w.r.t. the output of the last :meth:`forward`.
+
+        Returns
+        -------
+        da : ndarray
+            Gradient w.r.t. ``a``, its shape.
+        dc : ndarray (B, context_size) or None
+            Gradient w.r.t. the context (summed over time for a 3-D ``a``); None without
+            context.
+
+        Raises
+        ------
+        RuntimeError
+            When called before :meth:`forward`.
+        """
         ndim, has_ctx = self._require_forward()
         deta1, dskip = self.gate.backward(dy)
         dz = self.elu.backward(self.fc2.backward(deta1))

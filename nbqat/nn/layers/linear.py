@@ -22,8 +22,13 @@ class Linear(Module):
 
     Parameters
     ----------
-    in_features, out_features : int
+    in_features : int
+        Size of the last axis of the input.
+    out_features : int
+        Size of the last axis of the output.
     bias : bool, default True
+        Whether to add the learned ``bias`` (out_features,); without it there is no ``bias``
+        parameter at all.
 
     Attributes
     ----------
@@ -55,7 +60,24 @@ class Linear(Module):
         self.input_fake_quant: Any = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        """``x`` (..., in_features) -> (..., out_features), in the dtype of ``weight``."""
+        """``y = input_fake_quant(x) @ weight_fake_quant(W).T + b`` over the last axis.
+
+        Parameters
+        ----------
+        x : ndarray (..., in_features) float32 or float64
+            Any leading shape (time-distributed); normally in the dtype of ``weight``.
+
+        Returns
+        -------
+        ndarray (..., out_features)
+            In the dtype of ``weight`` (for an input of that dtype). The (fake-quantized) input
+            and weight are cached for :meth:`backward`.
+
+        Raises
+        ------
+        ValueError
+            When the last dimension of ``x`` is not ``in_features``.
+        """
         lead = x.shape[:-1]
         x2 = _as_rows(x, self.in_features, "Linear input")  # (N, in)
         ctx_x = ctx_w = None
@@ -76,7 +98,25 @@ class Linear(Module):
         return y.reshape(*lead, self.out_features)
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
-        """Accumulate ``weight_grad``/``bias_grad``; return ``dx`` (..., in_features)."""
+        """Accumulate ``weight_grad`` / ``bias_grad`` (``+=``) and return the input gradient.
+
+        Parameters
+        ----------
+        dy : ndarray (..., out_features)
+            Gradient w.r.t. the output of the last :meth:`forward` (same leading shape).
+
+        Returns
+        -------
+        ndarray (..., in_features)
+            ``dx``, through the input quantizer's straight-through estimator when there is one.
+
+        Raises
+        ------
+        RuntimeError
+            When called before :meth:`forward`.
+        ValueError
+            When the last dimension of ``dy`` is not ``out_features``.
+        """
         xq, wq, ctx_x, ctx_w, lead = self._require_forward()
         dy2 = _as_rows(dy, self.out_features, "Linear grad")  # (N, out)
         dwq = dy2.T @ xq  # (out, in)

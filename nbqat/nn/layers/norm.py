@@ -15,6 +15,14 @@ class LayerNorm(Module):
     Backward (``g = dy * weight``): ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``,
     ``dweight += sum dy * xhat``, ``dbias += sum dy``; the sums over rows are chunked by a fixed
     row count and merged in order (deterministic).
+
+    Parameters
+    ----------
+    normalized_shape : int
+        C, the size of the normalised last axis; ``weight`` (init 1) and ``bias`` (init 0)
+        have shape (C,).
+    eps : float, default 1e-5
+        Added to the variance before the square root.
     """
 
     def __init__(self, normalized_shape: int, eps: float = 1e-5) -> None:
@@ -25,7 +33,26 @@ class LayerNorm(Module):
         self.declare("bias", (self.normalized_shape,), constant_init(0.0))
 
     def forward(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """``x`` (..., C) -> (..., C); ``out`` an optional C-contiguous array of that shape."""
+        """Normalise ``x`` over its last axis; mean and ``1/std`` are cached for backward.
+
+        Parameters
+        ----------
+        x : ndarray (..., C) float32 or float64
+            Any leading shape; in the dtype of the parameters.
+        out : ndarray (..., C), optional
+            A C-contiguous array of ``x``'s shape and dtype to write the result into
+            (a new array when None).
+
+        Returns
+        -------
+        ndarray (..., C)
+            The normalised, scaled and shifted ``x`` (``out`` when given).
+
+        Raises
+        ------
+        ValueError
+            When the last dimension of ``x`` is not ``normalized_shape``.
+        """
         c = self.normalized_shape
         if x.shape[-1] != c:
             raise ValueError(f"LayerNorm input must have last dimension {c}, got {x.shape}")
@@ -39,6 +66,23 @@ class LayerNorm(Module):
         return y
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
+        """Accumulate ``weight_grad`` / ``bias_grad`` (``+=``) and return the input gradient.
+
+        Parameters
+        ----------
+        dy : ndarray (..., C)
+            Gradient w.r.t. the output of the last :meth:`forward` (cast to its dtype).
+
+        Returns
+        -------
+        ndarray (..., C)
+            ``dx``, the shape and dtype of the forward input.
+
+        Raises
+        ------
+        RuntimeError
+            When called before :meth:`forward`.
+        """
         x2, mean, rstd, shape = self._require_forward()
         c = self.normalized_shape
         dy2 = np.ascontiguousarray(dy, dtype=x2.dtype).reshape(-1, c)
