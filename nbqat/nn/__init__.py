@@ -19,6 +19,7 @@ from nbqat.nn.layers import (
 )
 from nbqat.nn.loss import q_risk, quantile_loss, quantile_loss_grad
 from nbqat.nn.params import Module, ModuleList, ParameterBuffer
+from nbqat.nn.qat import QATTemporalFusionTransformer
 from nbqat.nn.tft import TemporalFusionTransformer, TFTConfig
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "Module",
     "ModuleList",
     "ParameterBuffer",
+    "QATTemporalFusionTransformer",
     "TFTConfig",
     "TemporalFusionTransformer",
     "VariableEmbedding",

@@ -67,7 +67,10 @@ def quantize_per_tensor(
         Any shape; computed in float32.
     scale : float
         > 0 (used as ``float32(1) / float32(scale)``).
-    zero_point, quant_min, quant_max : int
+    zero_point : int
+        Code of the real value 0.
+    quant_min, quant_max : int
+        The code range, e.g. 0 and 255 for quint8.
 
     Returns
     -------
@@ -103,13 +106,18 @@ def quantize_per_channel(
     Parameters
     ----------
     w : ndarray (C, ...) float
+        Weights, output channels on axis 0; computed in float32.
     scale : ndarray (C,) float32, > 0
+        One scale per output channel.
     zero_point : ndarray (C,) int
+        One zero point per output channel (0 for symmetric weights).
     quant_min, quant_max : int
+        The code range, e.g. -128 and 127 for qint8.
 
     Returns
     -------
     ndarray of int32, shape of ``w``
+        ``clamp(rint(w[c] * (1/scale[c])) + zero_point[c], quant_min, quant_max)``.
 
     Raises
     ------
@@ -149,13 +157,17 @@ def qlinear(
     x_q : ndarray (M, K) int
         Activation codes.
     x_scale : float
+        Per-tensor scale of the activations.
     x_zero_point : int
+        Per-tensor zero point of the activations.
     w_q : ndarray (N, K) int
         Weight codes.
     w_scale : ndarray (N,) float32
+        Per-output-channel weight scales.
     w_zero_point : ndarray (N,) int, optional
         Default zeros (symmetric weights).
     bias : ndarray (N,) float, optional
+        Float bias added after requantization; default zeros.
 
     Returns
     -------
@@ -218,6 +230,27 @@ def _qparams(fq: Any, name: str) -> tuple[np.ndarray, np.ndarray, int, int]:
 class Int8Linear:
     """The integer twin of one fake-quantized matmul ``y = x @ W.T + b``.
 
+    Parameters
+    ----------
+    weight : ndarray (N, K) float
+        The float (shadow) weights, quantized here with ``weight_fq``'s qparams.
+    bias : ndarray (N,) float or None
+        The float bias (copied as float32); None for zeros.
+    weight_fq : FakeQuantize or LearnableFakeQuantize
+        The weight quantizer of the QAT layer: per-channel qparams (N,) or per-tensor
+        qparams (broadcast over the N channels).
+    input_fq : FakeQuantize or LearnableFakeQuantize
+        The per-tensor input quantizer of the QAT layer.
+    name : str, default "linear"
+        Layer name used in error messages.
+
+    Raises
+    ------
+    RuntimeError
+        When a quantizer has never observed data.
+    ValueError
+        When ``input_fq`` is not per tensor.
+
     Attributes
     ----------
     weight_q : ndarray (N, K) int8
@@ -262,20 +295,56 @@ class Int8Linear:
         self._mult = np.float64(self.input_scale) * ws.astype(np.float64)
 
     def quantize_input(self, x: np.ndarray) -> np.ndarray:
-        """Activation codes (int32, shape of ``x``) with this layer's input qparams."""
+        """Activation codes with this layer's input qparams (:func:`quantize_per_tensor`).
+
+        Parameters
+        ----------
+        x : ndarray float
+            Any shape; computed in float32.
+
+        Returns
+        -------
+        ndarray of int32, shape of ``x``
+            Codes in ``[input_quant_min, input_quant_max]``.
+        """
         return quantize_per_tensor(
             x, self.input_scale, self.input_zero_point, self.input_quant_min, self.input_quant_max
         )
 
     def matmul_codes(self, x_q: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        """``x_q`` (M, K) int32 codes -> (M, N) float32 (int32 accumulation, requantize)."""
+        """Integer matmul of activation codes with the weight codes, then requantize.
+
+        Parameters
+        ----------
+        x_q : ndarray (M, K) int32
+            C-contiguous activation codes (from :meth:`quantize_input`).
+        bias : ndarray (N,) float32, optional
+            C-contiguous bias added after requantization; default the layer's ``bias``.
+
+        Returns
+        -------
+        ndarray (M, N) float32
+            ``float32(acc * (input_scale * weight_scale[n])) + bias[n]`` with
+            ``acc = sum_k (x_q - input_zero_point) * (weight_q - weight_zero_point)`` in int32.
+        """
         out = np.empty((x_q.shape[0], self.out_features), np.float32)
         b = self.bias if bias is None else bias
         qlinear_kernel(x_q, self.input_zero_point, self._wc, self._mult, b, out)
         return out
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        """``x`` (..., K) float -> (..., N) float32."""
+        """Quantize ``x`` with the input qparams and apply the integer matmul.
+
+        Parameters
+        ----------
+        x : ndarray (..., K) float
+            Any leading shape; K = ``in_features``.
+
+        Returns
+        -------
+        ndarray (..., N) float32
+            N = ``out_features``.
+        """
         lead = x.shape[:-1]
         xq = self.quantize_input(np.reshape(x, (-1, self.in_features)))
         return self.matmul_codes(xq).reshape(*lead, self.out_features)
@@ -290,6 +359,15 @@ class Int8LSTM:
     the layer's input qparams, ``weight_ih`` codes, bias ``b_ih + b_hh``); at every step
     ``h_{t-1}`` is quantized with the hidden qparams and multiplied by the ``weight_hh`` codes
     in integers; the cell (sigmoid/tanh, ``c``, ``h``) is the float model's compiled kernel.
+
+    Parameters
+    ----------
+    lstm : LSTM
+        A fake-quantized :class:`~nbqat.nn.LSTM` (or an object with its attributes): weights,
+        biases and the four quantizers ``weight_ih_fake_quant``, ``weight_hh_fake_quant``,
+        ``input_fake_quant`` and ``hidden_fake_quant``, all of which have observed data.
+    name : str, default "lstm"
+        Layer name used in error messages.
     """
 
     def __init__(self, lstm: Any, name: str = "lstm") -> None:
@@ -306,7 +384,24 @@ class Int8LSTM:
     def forward(
         self, x: np.ndarray, h0: np.ndarray, c0: np.ndarray
     ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-        """``x`` (B, L, in), ``h0``/``c0`` (B, d) -> ``(out (B, L, d), (h_L, c_L))`` float32."""
+        """Run the LSTM over the sequence from ``(h0, c0)`` with integer matmuls.
+
+        Parameters
+        ----------
+        x : ndarray (B, L, input_size) float
+            Input sequence, batch first (computed in float32).
+        h0 : ndarray (B, hidden_size)
+            Initial hidden state.
+        c0 : ndarray (B, hidden_size)
+            Initial cell state.
+
+        Returns
+        -------
+        out : ndarray (B, L, hidden_size) float32
+            Hidden state of every step.
+        final_state : tuple of (ndarray, ndarray)
+            ``(h_L, c_L)``, the final hidden and cell state (B, hidden_size) float32 (copies).
+        """
         from nbqat.kernels import nn_cpu
 
         d = self.hidden_size
@@ -370,6 +465,16 @@ class Int8TemporalFusionTransformer:
     def from_qat(cls, qat: Any) -> Int8TemporalFusionTransformer:
         """Convert a calibrated QAT model (its current weights and qparams).
 
+        Parameters
+        ----------
+        qat : QATTemporalFusionTransformer
+            The source model, calibrated; it is not changed (its weights are copied as
+            float32).
+
+        Returns
+        -------
+        Int8TemporalFusionTransformer
+
         Raises
         ------
         RuntimeError
@@ -394,13 +499,13 @@ class Int8TemporalFusionTransformer:
                     name,
                 )
                 self.layers[name] = lin
-                mod.forward = lin.forward  # the float graph now calls the integer matmul
+                mod.forward = lin.forward  # type: ignore[method-assign]  # the float graph calls the int matmul
             elif isinstance(mod, LSTM) and s.weight_ih_fake_quant is not None:
                 # Int8LSTM reads the quantizers from the source layer, weights from the copy
                 tmp = _LSTMView(mod, s)
                 lstm = Int8LSTM(tmp, name)
                 self.layers[name] = lstm
-                mod.forward = lstm.forward
+                mod.forward = lstm.forward  # type: ignore[method-assign]
             elif (
                 isinstance(mod, InterpretableMultiHeadAttention)
                 and s.attention_fake_quant is not None
@@ -421,8 +526,16 @@ class Int8TemporalFusionTransformer:
         Parameters
         ----------
         static : ndarray (B, num_static_features)
+            Static inputs, float32 or float64 (cast to float32).
         historical : ndarray (B, sequence_length, num_unknown_features)
+            Observed past inputs of the encoder steps.
         future : ndarray (B, prediction_horizon, num_known_features)
+            Known future inputs of the decoder steps.
+
+        Returns
+        -------
+        ndarray (B, prediction_horizon, num_quantiles) float32
+            Dequantized from the uint8 output codes when ``quantized_output``.
         """
         out = self.model.forward(static, historical, future)
         if self.quantized_output:
@@ -435,7 +548,18 @@ class Int8TemporalFusionTransformer:
     __call__ = forward
 
     def quantize_output(self, y: np.ndarray) -> np.ndarray:
-        """uint8-range output codes of ``y`` with the output qparams (int32 array)."""
+        """uint8-range output codes of ``y`` with the output qparams.
+
+        Parameters
+        ----------
+        y : ndarray float
+            Network outputs (any shape, normally (B, tau, Q)); computed in float32.
+
+        Returns
+        -------
+        ndarray of int32, shape of ``y``
+            Codes in ``[output_quant_min, output_quant_max]``.
+        """
         return quantize_per_tensor(
             y,
             self.output_scale,

@@ -6,24 +6,20 @@ plugs :class:`~nbqat.FakeQuantize` objects into the layers' quantization hooks.
 
 Which tensors are quantized
 ---------------------------
-=============================================  ===============================================
-tensor                                          fake quantization (``default_qat_qconfig``)
-=============================================  ===============================================
-weight of every ``Linear`` (GRNs, GLUs, VSNs,   per output channel, symmetric qint8 [-128, 127],
-static contexts, attention Q/K/V/out)           moving-average per-channel min/max observer
-``LSTM`` ``weight_ih`` and ``weight_hh``        same (per gate row), one FakeQuantize each
-input of each of those matmuls                  per tensor, affine quint8 [0, 255], moving-
-(``Linear`` input, LSTM input sequence,         average min/max observer (the LSTM hidden
-LSTM ``h_{t-1}`` at every step)                 state uses ONE quantizer for all steps)
-attention probabilities (B, H, tau, T)          per tensor affine quint8 when
-                                                ``QATConfig.quantize_attention`` (default on;
-                                                Brevitas does this: they feed the P @ V matmul)
-quantile head (Linear d -> Q)                   float by default
-                                                (``QATConfig.quantize_output_head=False``)
-network output (B, tau, Q)                      observed always (its scale defines the "output
-                                                quantization step" of :meth:`to_int8`);
-                                                fake-quantized only with the head
-=============================================  ===============================================
+
+| tensor | fake quantization (``default_qat_qconfig``) |
+| --- | --- |
+| weight of every ``Linear`` (GRNs, GLUs, VSNs, static contexts, attention Q/K/V/out) | \
+per output channel, symmetric qint8 [-128, 127], moving-average per-channel min/max observer |
+| ``LSTM`` ``weight_ih`` and ``weight_hh`` | same (per gate row), one FakeQuantize each |
+| input of each of those matmuls (``Linear`` input, LSTM input sequence, LSTM ``h_{t-1}`` \
+at every step) | per tensor, affine quint8 [0, 255], moving-average min/max observer (the \
+LSTM hidden state uses ONE quantizer for all steps) |
+| attention probabilities (B, H, tau, T) | per tensor affine quint8 when \
+``QATConfig.quantize_attention`` (default on; Brevitas does this: they feed the P @ V matmul) |
+| quantile head (Linear d -> Q) | float by default (``QATConfig.quantize_output_head=False``) |
+| network output (B, tau, Q) | observed always (its scale defines the "output quantization \
+step" of :meth:`to_int8`); fake-quantized only with the head |
 
 Biases, LayerNorm, the per-variable input embeddings (an element-wise ``w_j x_j + b_j``, not a
 matmul), the gates' nonlinearities and the softmax stay in float, as in PyTorch's eager-mode QAT
@@ -31,9 +27,10 @@ and NVIDIA ModelOpt. The head is left in float by default because it is a tiny `
 (quantizing it saves nothing) whose output is the forecast itself: 256 output levels would put a
 floor under the pinball loss, and ModelOpt leaves output heads in float for the same reason.
 
-Phases (``torch.ao.quantization.FakeQuantize`` semantics, driven by
-``QATConfig.calibration_batches``)
-----------------------------------------------------------------------------------------------
+Phases
+------
+``torch.ao.quantization.FakeQuantize`` semantics, driven by ``QATConfig.calibration_batches``:
+
 1. calibration (the state after :meth:`from_float`, or :meth:`enable_calibration`): observers
    on, fake quantization off -- the forward pass is exactly the float model's;
 2. QAT (:meth:`disable_calibration`, called automatically at the first forward after
@@ -152,7 +149,7 @@ def _save_npz_atomic(path: str, state: dict) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".nbqat-ckpt-", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **members)
+            np.savez(f, **members)  # type: ignore[arg-type]
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -241,11 +238,17 @@ class QATTemporalFusionTransformer:
     Parameters
     ----------
     model : TemporalFusionTransformer
-        A float model without quantizers (it receives them).
+        A float model without quantizers (it receives them; not copied).
     qconfig : QConfig, optional
-        Default ``config.qconfig``.
+        Factories of the activation and weight quantizers; default ``config.qconfig``.
     config : QATConfig, optional
-        Default ``QATConfig()``.
+        Calibration length, ``max_norm``, LSQ, what to quantize; default ``QATConfig()``.
+
+    Raises
+    ------
+    TypeError
+        When ``config`` is not a QATConfig or ``qconfig`` lacks callable ``activation`` and
+        ``weight`` factories.
 
     Attributes
     ----------
@@ -432,7 +435,14 @@ class QATTemporalFusionTransformer:
 
     def freeze_observers(self, frozen: bool = True) -> None:
         """Stop (``frozen=True``) or restart updating every observer; fake quantization then
-        uses fixed scales and zero points (torch's ``disable_observer``)."""
+        uses fixed scales and zero points (torch's ``disable_observer``).
+
+        Parameters
+        ----------
+        frozen : bool, default True
+            True stops the observers (and the LSQ scale updates) in the QAT phase; False lets
+            them update again. The phase is not changed, and calibration always observes.
+        """
         self.observers_frozen = bool(frozen)
         self._apply_flags()
 
@@ -497,12 +507,16 @@ class QATTemporalFusionTransformer:
         Parameters
         ----------
         static : ndarray (B, num_static_features)
+            Static inputs, float32 or float64 (cast to the model's dtype).
         historical : ndarray (B, sequence_length, num_unknown_features)
+            Observed past inputs of the encoder steps.
         future : ndarray (B, prediction_horizon, num_known_features)
+            Known future inputs of the decoder steps.
 
         Returns
         -------
         ndarray (B, prediction_horizon, num_quantiles)
+            The forecast quantiles (through the output quantizer), in the model's dtype.
 
         Notes
         -----
@@ -525,7 +539,22 @@ class QATTemporalFusionTransformer:
     __call__ = forward
 
     def predict(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:
-        """:meth:`forward` without updating any observer or the calibration count (evaluation)."""
+        """:meth:`forward` without updating any observer or the calibration count (evaluation).
+
+        Parameters
+        ----------
+        static : ndarray (B, num_static_features)
+            Static inputs, float32 or float64 (cast to the model's dtype).
+        historical : ndarray (B, sequence_length, num_unknown_features)
+            Observed past inputs of the encoder steps.
+        future : ndarray (B, prediction_horizon, num_known_features)
+            Known future inputs of the decoder steps.
+
+        Returns
+        -------
+        ndarray (B, prediction_horizon, num_quantiles)
+            The forecast quantiles with the current qparams and phase, in the model's dtype.
+        """
         saved = [(fq, fq.observer_enabled) for fq in self.fake_quants.values()]
         try:
             for fq, _ in saved:
@@ -539,9 +568,22 @@ class QATTemporalFusionTransformer:
     def backward(self, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Backpropagate ``grad_out`` (B, tau, Q) through every STE mask into :attr:`grads`.
 
+        Gradients are added (``+=``) to the flat buffer; call :meth:`zero_grad` first.
+
+        Parameters
+        ----------
+        grad_out : ndarray (B, prediction_horizon, num_quantiles)
+            Gradient w.r.t. the output of the last :meth:`forward` (e.g.
+            :func:`~nbqat.nn.quantile_loss_grad`).
+
         Returns
         -------
-        (dstatic, dhistorical, dfuture)
+        dstatic : ndarray (B, num_static_features)
+            Gradient w.r.t. ``static``.
+        dhistorical : ndarray (B, sequence_length, num_unknown_features)
+            Gradient w.r.t. ``historical``.
+        dfuture : ndarray (B, prediction_horizon, num_known_features)
+            Gradient w.r.t. ``future``. All three in the model's dtype.
         """
         g = self.output_fake_quant.backward(np.asarray(grad_out), self._out_ctx)
         return self.model.backward(np.asarray(g, dtype=self.model.dtype))
@@ -658,7 +700,9 @@ class QATTemporalFusionTransformer:
             "model": {
                 "params": self.params.copy(),
                 "dtype": str(self.params.dtype),
-                "config": asdict(mcfg) if is_dataclass(mcfg) else None,
+                "config": asdict(mcfg)
+                if is_dataclass(mcfg) and not isinstance(mcfg, type)
+                else None,
             },
             "qat": {
                 "phase": self.phase,
@@ -706,6 +750,7 @@ class QATTemporalFusionTransformer:
         Parameters
         ----------
         path : str or os.PathLike
+            A checkpoint written by :meth:`save`.
         optimizer : optimizer, optional
             Receives the saved optimizer state (default: the optimizer of the last
             :meth:`train_step`, if any). Must be of the saved class and over :attr:`params`.
@@ -728,7 +773,7 @@ class QATTemporalFusionTransformer:
         except (KeyError, TypeError) as e:
             raise CheckpointError(f"{path!r}: corrupt checkpoint (missing {e})") from e
         mcfg = self.model.config
-        own_cfg = asdict(mcfg) if is_dataclass(mcfg) else None
+        own_cfg = asdict(mcfg) if is_dataclass(mcfg) and not isinstance(mcfg, type) else None
         if own_cfg is not None and model_st.get("config") is not None:
             saved_cfg = model_st["config"]
             diff = {
@@ -808,9 +853,24 @@ class QATTemporalFusionTransformer:
         Parameters
         ----------
         path : str or os.PathLike
+            A checkpoint written by :meth:`save`.
         qconfig : QConfig, optional
+            Quantizer factories; default ``config.qconfig``. Must build the same set of
+            quantizers as the saved model's.
         config : QATConfig, optional
             Default: the saved QATConfig's scalar fields with the default qconfig.
+
+        Returns
+        -------
+        QATTemporalFusionTransformer
+            With the saved weights, quantizer states, phase and step (no optimizer).
+
+        Raises
+        ------
+        FileNotFoundError
+            When ``path`` does not exist.
+        CheckpointError
+            For a corrupt, truncated or foreign file or another format version.
         """
         from nbqat.nn.tft import TemporalFusionTransformer, TFTConfig
         from nbqat.qconfig import QATConfig

@@ -41,6 +41,7 @@ class TFTConfig:
     quantiles : tuple of float, default (0.1, 0.5, 0.9)
         Strictly increasing, in (0, 1).
     num_heads : int, default 4
+        H, attention heads of :class:`~nbqat.nn.InterpretableMultiHeadAttention`.
     dropout : float, default 0.0
         Only 0.0 is supported (nbqat's TFT has no dropout layers); any other value raises.
 
@@ -134,9 +135,19 @@ class TemporalFusionTransformer(Module):
     Parameters
     ----------
     config : TFTConfig
+        The sizes (features, hidden width, sequence length, horizon, quantiles, heads).
     seed : int, default 0
         Seed of the initial weights (drawn in float64, then cast).
-    dtype : float32 (default) or float64
+    dtype : numpy dtype, default numpy.float32
+        float32 or float64: the dtype of the parameters, of every computation and of the
+        outputs (inputs are cast to it).
+
+    Raises
+    ------
+    TypeError
+        When ``config`` is not a :class:`TFTConfig`.
+    ValueError
+        When ``dtype`` is neither float32 nor float64.
 
     Attributes
     ----------
@@ -224,6 +235,12 @@ class TemporalFusionTransformer(Module):
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         """Copy ``state`` into the parameter views (the flat buffer is kept).
 
+        Parameters
+        ----------
+        state : Mapping[str, ndarray]
+            Exactly the keys of :meth:`state_dict` (dotted parameter names) with arrays of the
+            matching shapes; the values are cast to the model's dtype.
+
         Raises
         ------
         ValueError
@@ -251,13 +268,17 @@ class TemporalFusionTransformer(Module):
         Parameters
         ----------
         static : ndarray (B, num_static_features)
+            Static (time-invariant) inputs, float32 or float64 (cast to the model's dtype).
         historical : ndarray (B, sequence_length, num_unknown_features)
+            Observed past inputs of the k encoder steps (float32 or float64).
         future : ndarray (B, prediction_horizon, num_known_features)
-            float32 or float64 (cast to the model's dtype).
+            Known future inputs of the tau decoder steps (float32 or float64).
 
         Returns
         -------
-        ndarray (B, prediction_horizon, num_quantiles), the model's dtype.
+        ndarray (B, prediction_horizon, num_quantiles)
+            The forecast quantiles, in the model's dtype. The attention and variable-selection
+            weights of this batch are set as attributes.
 
         Raises
         ------
@@ -309,10 +330,22 @@ class TemporalFusionTransformer(Module):
     def backward(self, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Backpropagate ``grad_out`` (B, tau, Q), accumulating into :attr:`grads`.
 
+        Gradients are added (``+=``) to the flat buffer; call :meth:`zero_grad` first.
+
+        Parameters
+        ----------
+        grad_out : ndarray (B, prediction_horizon, num_quantiles)
+            Gradient w.r.t. the output of the last :meth:`forward` (e.g.
+            :func:`~nbqat.nn.quantile_loss_grad`); cast to the model's dtype.
+
         Returns
         -------
-        (dstatic, dhistorical, dfuture)
-            Gradients w.r.t. the three inputs (the model's dtype).
+        dstatic : ndarray (B, num_static_features)
+            Gradient w.r.t. ``static``.
+        dhistorical : ndarray (B, sequence_length, num_unknown_features)
+            Gradient w.r.t. ``historical``.
+        dfuture : ndarray (B, prediction_horizon, num_known_features)
+            Gradient w.r.t. ``future``. All three in the model's dtype.
 
         Raises
         ------

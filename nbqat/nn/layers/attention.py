@@ -27,6 +27,18 @@ class InterpretableMultiHeadAttention(Module):
     ``attention_fake_quant`` (optional hook) is applied to the probabilities (B, H, tq, T)
     before they multiply V; softmax backward uses the unquantized probabilities. After forward,
     ``attention_probs`` holds the (unquantized) per-head probabilities (B, H, tq, T).
+
+    Parameters
+    ----------
+    d_model : int
+        d, the size of the last axis of the queries, keys/values and the output.
+    n_head : int
+        H >= 1, the number of heads; ``d_model`` must be divisible by it (d_h = d / H).
+
+    Raises
+    ------
+    ValueError
+        When ``n_head < 1`` or ``d_model % n_head != 0``.
     """
 
     def __init__(self, d_model: int, n_head: int) -> None:
@@ -47,7 +59,24 @@ class InterpretableMultiHeadAttention(Module):
         self.attention_probs: np.ndarray | None = None
 
     def forward(self, query: np.ndarray, key_value: np.ndarray, offset: int) -> np.ndarray:
-        """``query`` (B, tq, d), ``key_value`` (B, T, d) -> (B, tq, d)."""
+        """Masked interpretable attention of ``query`` over ``key_value``.
+
+        Parameters
+        ----------
+        query : ndarray (B, tq, d_model) float32 or float64
+            The query sequence; in the dtype of the parameters.
+        key_value : ndarray (B, T, d_model)
+            The sequence that gives both the keys and the values.
+        offset : int
+            Absolute position of the first query in the key sequence: query ``i`` attends to
+            keys ``j <= offset + i`` (itself included).
+
+        Returns
+        -------
+        ndarray (B, tq, d_model)
+            The attention output; ``attention_probs`` is set to the per-head probabilities
+            (B, H, tq, T).
+        """
         q = self.q_proj.forward(query)  # (B, tq, d)
         k = self.k_proj.forward(key_value)  # (B, T, d)
         v = self.v_proj.forward(key_value)  # (B, T, d_h)
@@ -67,8 +96,25 @@ class InterpretableMultiHeadAttention(Module):
         return self.out_proj.forward(o)
 
     def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``dy`` (B, tq, d) -> ``(dquery (B, tq, d), dkey_value (B, T, d))`` (the key and value
-        paths' gradients summed)."""
+        """Accumulate the projections' gradients and return the input gradients.
+
+        Parameters
+        ----------
+        dy : ndarray (B, tq, d_model)
+            Gradient w.r.t. the output of the last :meth:`forward`.
+
+        Returns
+        -------
+        dquery : ndarray (B, tq, d_model)
+            Gradient w.r.t. ``query``.
+        dkey_value : ndarray (B, T, d_model)
+            Gradient w.r.t. ``key_value`` (the key and value paths' gradients summed).
+
+        Raises
+        ------
+        RuntimeError
+            When called before :meth:`forward`.
+        """
         q, k, v, p, pq, ctx, offset = self._require_forward()
         do = np.ascontiguousarray(self.out_proj.backward(dy), dtype=q.dtype)  # (B, tq, d_h)
         dp = np.empty_like(p)

@@ -27,6 +27,23 @@ def lstm_step(
     ``i, f, o = sigmoid(a)``, ``g = tanh(a)`` written to ``gates`` (B, 4d); ``c = f c_prev + i g``
     (compiled kernel), ``tc = tanh(c)``, ``h = o tc`` (B, d). ``hh`` is overwritten. The
     transcendentals are NumPy's SIMD ufuncs (~10x faster than scalar libm calls under Numba).
+
+    Parameters
+    ----------
+    xg : ndarray (B, 4d)
+        Input projection of this step, ``x_t W_ih^T + b_ih + b_hh``.
+    hh : ndarray (B, 4d)
+        Recurrent projection ``h_{t-1} W_hh^T``; overwritten with the pre-activations ``a``.
+    c_prev : ndarray (B, d)
+        Cell state of the previous step.
+    gates : ndarray (B, 4d)
+        Output: the activated gates ``[i, f, g, o]`` (sigmoid, sigmoid, tanh, sigmoid).
+    c : ndarray (B, d)
+        Output: the new cell state.
+    tc : ndarray (B, d)
+        Output: ``tanh(c)``.
+    h : ndarray (B, d)
+        Output: the new hidden state.
     """
     d = c.shape[1]
     np.add(xg, hh, out=hh)  # (B, 4d) pre-activations
@@ -56,6 +73,13 @@ class LSTM(Module):
     initial state ``(h0, c0)`` are returned (they feed the static-context GRNs in the TFT), and
     gradients w.r.t. the final state can be fed in (the decoder's initial-state gradient seeds
     the encoder's last step).
+
+    Parameters
+    ----------
+    input_size : int
+        Size of the last axis of the input sequence.
+    hidden_size : int
+        d, the size of the hidden and cell states.
     """
 
     def __init__(self, input_size: int, hidden_size: int) -> None:
@@ -76,7 +100,29 @@ class LSTM(Module):
     def forward(
         self, x: np.ndarray, h0: np.ndarray, c0: np.ndarray
     ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-        """``x`` (B, L, in), ``h0``/``c0`` (B, d) -> ``(out (B, L, d), (h_L, c_L))``."""
+        """Run the LSTM over the sequence from the initial state ``(h0, c0)``.
+
+        Parameters
+        ----------
+        x : ndarray (B, L, input_size)
+            Input sequence, batch first; cast to the dtype of the weights.
+        h0 : ndarray (B, hidden_size)
+            Initial hidden state.
+        c0 : ndarray (B, hidden_size)
+            Initial cell state.
+
+        Returns
+        -------
+        out : ndarray (B, L, hidden_size)
+            Hidden state of every step, in the dtype of the weights.
+        final_state : tuple of (ndarray, ndarray)
+            ``(h_L, c_L)``, the final hidden and cell state (B, hidden_size) (copies).
+
+        Raises
+        ------
+        ValueError
+            When ``x`` is not (B, L, input_size) or ``h0`` / ``c0`` is not (B, hidden_size).
+        """
         d = self.hidden_size
         dt = self.weight_ih.dtype
         if x.ndim != 3 or x.shape[2] != self.input_size:
@@ -131,7 +177,33 @@ class LSTM(Module):
         dh_n: np.ndarray | None = None,
         dc_n: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``dout`` (B, L, d) [+ final-state grads (B, d)] -> ``(dx, dh0, dc0)``."""
+        """Backprop through time; accumulate the weight and bias gradients (``+=``).
+
+        Parameters
+        ----------
+        dout : ndarray (B, L, hidden_size)
+            Gradient w.r.t. ``out`` of the last :meth:`forward`.
+        dh_n : ndarray (B, hidden_size), optional
+            Gradient w.r.t. the final hidden state ``h_L`` (zero when None).
+        dc_n : ndarray (B, hidden_size), optional
+            Gradient w.r.t. the final cell state ``c_L`` (zero when None).
+
+        Returns
+        -------
+        dx : ndarray (B, L, input_size)
+            Gradient w.r.t. the input sequence.
+        dh0 : ndarray (B, hidden_size)
+            Gradient w.r.t. the initial hidden state.
+        dc0 : ndarray (B, hidden_size)
+            Gradient w.r.t. the initial cell state.
+
+        Raises
+        ------
+        RuntimeError
+            When called before :meth:`forward`.
+        ValueError
+            When ``dout`` is not (B, L, hidden_size).
+        """
         (xt, w_ih, w_hh, ctx_x, ctx_wih, ctx_whh, ctx_h, gates, cs, tcs, hprev, c0) = (
             self._require_forward()
         )

@@ -17,6 +17,13 @@ class VariableEmbedding(Module):
     ``forward(x (..., m))`` returns the embedding twice: ``flat`` (N, m*d), row-major per step
     (the selection GRN's input), and ``pervar`` (m, N, d), variable-major (each variable's GRN
     input, contiguous); ``backward(dflat, dpervar)`` sums both gradients.
+
+    Parameters
+    ----------
+    num_vars : int
+        m, the number of input variables (size of the input's last axis).
+    d : int
+        Embedding size of each variable.
     """
 
     def __init__(self, num_vars: int, d: int) -> None:
@@ -27,6 +34,20 @@ class VariableEmbedding(Module):
         self.declare("bias", (self.num_vars, self.d), uniform_init(1.0))
 
     def forward(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Embed every variable of every row of ``x``.
+
+        Parameters
+        ----------
+        x : ndarray (..., num_vars) float32 or float64
+            Any leading shape (N rows in all); in the dtype of the parameters.
+
+        Returns
+        -------
+        flat : ndarray (N, num_vars * d)
+            Row ``n`` holds the m embeddings of row ``n`` one after the other.
+        pervar : ndarray (num_vars, N, d)
+            The same values, variable-major.
+        """
         m, d = self.num_vars, self.d
         x2 = np.ascontiguousarray(x).reshape(-1, m)  # (N, m)
         n = x2.shape[0]
@@ -37,6 +58,25 @@ class VariableEmbedding(Module):
         return flat, pervar
 
     def backward(self, dflat: np.ndarray, dpervar: np.ndarray) -> np.ndarray:
+        """Accumulate ``weight_grad`` / ``bias_grad`` from both outputs' gradients.
+
+        Parameters
+        ----------
+        dflat : ndarray (N, num_vars * d)
+            Gradient w.r.t. ``flat`` of the last :meth:`forward`.
+        dpervar : ndarray (num_vars, N, d)
+            Gradient w.r.t. ``pervar`` of the last :meth:`forward`.
+
+        Returns
+        -------
+        ndarray (..., num_vars)
+            ``dx``, the shape of the forward input (both paths summed).
+
+        Raises
+        ------
+        RuntimeError
+            When called before :meth:`forward`.
+        """
         x2, shape = self._require_forward()
         dx = np.empty_like(x2)
         dw = np.empty_like(self.weight)
@@ -67,7 +107,7 @@ class VariableSelectionNetwork(Module):
         m, the number of input variables (>= 1).
     hidden_size : int
         d: embedding size, hidden size of every GRN and output size.
-    context_size : int or None
+    context_size : int or None, default None
         Size of the static context fed to ``flat_grn`` (None for the static VSN).
 
     Notes
@@ -88,7 +128,30 @@ class VariableSelectionNetwork(Module):
         self.weights: np.ndarray | None = None
 
     def forward(self, x: np.ndarray, c: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``x`` (B, m) or (B, L, m), ``c`` (B, context) -> (output (..., d), weights (..., m))."""
+        """Embed, weight and combine the m variables.
+
+        Parameters
+        ----------
+        x : ndarray (B, num_vars) or (B, L, num_vars) float32 or float64
+            The raw (real-valued) inputs; in the dtype of the parameters.
+        c : ndarray (B, context_size), optional
+            Static context of ``flat_grn``; required exactly when the VSN was built with
+            ``context_size``.
+
+        Returns
+        -------
+        output : ndarray (..., hidden_size)
+            ``sum_j v_j xi~_j``, same leading shape as ``x``.
+        weights : ndarray (..., num_vars)
+            The selection weights ``v`` (softmax over the variables); also kept in
+            ``self.weights``.
+
+        Raises
+        ------
+        ValueError
+            When ``c`` is given without ``context_size`` (or missing with it), or has the wrong
+            shape.
+        """
         m, d = self.num_vars, self.hidden_size
         lead = x.shape[:-1]
         flat, pervar = self.embedding.forward(x)  # (N, m*d), (m, N, d)
@@ -106,7 +169,26 @@ class VariableSelectionNetwork(Module):
         return out.reshape(*lead, d), self.weights
 
     def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """``dy`` (..., d) -> ``(dx (..., m), dc (B, context) or None)``."""
+        """Accumulate every sub-layer's gradients; return the input gradients.
+
+        Parameters
+        ----------
+        dy : ndarray (..., hidden_size)
+            Gradient w.r.t. ``output`` of the last :meth:`forward` (no gradient flows in through
+            the returned selection weights).
+
+        Returns
+        -------
+        dx : ndarray (..., num_vars)
+            Gradient w.r.t. ``x``, its shape.
+        dc : ndarray (B, context_size) or None
+            Gradient w.r.t. the context; None without context.
+
+        Raises
+        ------
+        RuntimeError
+            When called before :meth:`forward`.
+        """
         v, xs, lead = self._require_forward()
         m, d = self.num_vars, self.hidden_size
         n = v.shape[0]
