@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from _roof import bench_median, median_time, report
 from conftest import SMALL
+from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tests"))
 
@@ -102,13 +103,17 @@ def test_qat_train_step(benchmark):
     def qat_step():
         qat.train_step(batch, opt, max_norm=1.0)
 
-    qat_step()  # compile / warm up
-    float_step()
-    benchmark.pedantic(qat_step, rounds=REPEAT, iterations=1, warmup_rounds=1)
-    t_qat = bench_median(benchmark)
-    if not np.isfinite(t_qat):  # --benchmark-disable
-        t_qat = median_time(qat_step, repeat=REPEAT)
-    t_float = median_time(float_step, repeat=REPEAT)
+    # nbqat's steps run with NumPy's BLAS on one thread, as `nbqat train` does (threadpoolctl):
+    # its small matmuls gain nothing from a second BLAS thread, whose spinning starves Numba's
+    # worker. torch keeps its own thread pools (intra-op threads = Numba's thread count).
+    with threadpool_limits(limits=1, user_api="blas"):
+        qat_step()  # compile / warm up
+        float_step()
+        benchmark.pedantic(qat_step, rounds=REPEAT, iterations=1, warmup_rounds=1)
+        t_qat = bench_median(benchmark)
+        if not np.isfinite(t_qat):  # --benchmark-disable
+            t_qat = median_time(qat_step, repeat=REPEAT)
+        t_float = median_time(float_step, repeat=REPEAT)
     t_torch = median_time(torch_step, repeat=REPEAT)
     report(
         benchmark,

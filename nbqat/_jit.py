@@ -51,10 +51,13 @@ def cpu_kernel(
     )
 
 
-#: Below this many elements the CPU kernels run on one thread: waking the worker threads (and
-#: competing with OpenBLAS's) costs far more than the work (measured on 2 cores: 16 ms for a
-#: 512-element parallel region against 9 us on one thread). Results never depend on the count.
-PARALLEL_MIN = 1 << 16
+#: Below this many elements (4 MiB of float32) the CPU kernels run on one thread: one pass over
+#: fewer elements takes well under a millisecond, while waking a sleeping worker thread can
+#: cost several (measured on the 2-vCPU development VM: 4-8 ms whenever the other vCPU was idle
+#: or held by OpenBLAS's spinning threads, against 25 us back to back). Every public function
+#: and :class:`~nbqat.FakeQuantize` read it at call time; results never depend on the thread
+#: count (fixed chunking), so tests may set it to 0 to force the parallel builds.
+PARALLEL_MIN = 1 << 20
 
 
 @contextmanager

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat import _jit
 from nbqat import fake_quant as _fq
 from nbqat.kernels import fake_quant_cpu as _fqk
 from nbqat.kernels import nn_cpu as _nnk
@@ -43,11 +44,6 @@ __all__ = ["FakeQuantize", "LearnableFakeQuantize"]
 
 _F32 = np.float32
 _CACHED = object()  # default of backward's ctx: "use the ctx of the last forward"
-#: Below this many elements the private fast path runs the serial builds of the fake-quantize
-#: kernels (the observers' threshold, :data:`nbqat.kernels.observe_cpu.PARALLEL_MIN`): inside a
-#: training step the parallel regions compete with OpenBLAS's threads for the cores (the layer
-#: kernels are serial for the same reason, see :mod:`nbqat.kernels.nn_cpu`).
-_SERIAL_MAX = 1 << 18
 #: Observers whose private fast path :meth:`FakeQuantize._forward_fast` may use (exact classes:
 #: a subclass may override forward / calculate_qparams).
 _FAST_OBSERVERS = (
@@ -286,7 +282,7 @@ class FakeQuantize:
         ):  # the QAT hot path: the mask is our own forward's, skip re-validating it
             out = np.empty_like(grad_y)
             n = grad_y.size
-            if n < _SERIAL_MAX:
+            if n < _jit.PARALLEL_MIN:
                 _nnk.ste_backward_serial(grad_y.reshape(-1), ctx.reshape(-1), out.reshape(-1))
             else:
                 _fqk.ste_backward_kernel(grad_y.reshape(-1), ctx.reshape(-1), out.reshape(-1))
@@ -324,7 +320,7 @@ class FakeQuantize:
             if scale.shape != (c,) or zp.shape != (c,):  # only with the observer off: let the
                 return None  # full path raise its clear error
             inv = _F32(1.0) / scale
-            kern = _nnk.fq_channel_serial if n < _SERIAL_MAX else _fqk.fq_channel_kernel
+            kern = _nnk.fq_channel_serial if n < _jit.PARALLEL_MIN else _fqk.fq_channel_kernel
             kern(
                 x.reshape(-1),
                 y.reshape(-1),
@@ -342,7 +338,7 @@ class FakeQuantize:
             )
         else:
             s32 = scale[0]
-            kern = _nnk.fq_tensor_serial if n < _SERIAL_MAX else _fqk.fq_tensor_kernel
+            kern = _nnk.fq_tensor_serial if n < _jit.PARALLEL_MIN else _fqk.fq_tensor_kernel
             kern(
                 x.reshape(-1),
                 y.reshape(-1),

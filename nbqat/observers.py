@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from nbqat import _cuda
+from nbqat import _cuda, _jit
 from nbqat.kernels import observe_cpu as _k
 
 __all__ = [
@@ -151,7 +151,7 @@ def _stats_cpu_tensor(x: np.ndarray) -> tuple[np.ndarray, ...]:
     if not flat.flags.c_contiguous:  # pragma: no cover - ravel always returns contiguous
         flat = np.ascontiguousarray(flat)
     b = flat.view(np.int32)
-    if b.size < _k.PARALLEL_MIN:
+    if b.size < _jit.PARALLEL_MIN:
         kmin, kmax = _k.row_keys(b, 0, b.size, _k.KEY_POS_INF, _k.KEY_NEG_INF)
     else:
         kmin, kmax = _k.minmax_keys_1d(b)
@@ -179,7 +179,7 @@ def _stats_cpu_channel(x: np.ndarray, axis: int) -> tuple[np.ndarray, ...]:
         v, ax = np.ascontiguousarray(x32), axis
     outer, c, inner = _outer_inner(v.shape, ax)
     b = v.reshape(-1).view(np.int32)
-    kern = _k.minmax_keys_3d if b.size >= _k.PARALLEL_MIN else _k.minmax_keys_3d_serial
+    kern = _k.minmax_keys_3d if b.size >= _jit.PARALLEL_MIN else _k.minmax_keys_3d_serial
     kmin, kmax = kern(b, outer, c, inner)
     if kmin.min() > _k.KEY_NEG_INF and kmax.max() < _k.KEY_POS_INF:
         z = np.zeros(c, np.int64)
@@ -493,7 +493,7 @@ class _MinMaxBase:
             if self._min.size and self._min.size != c:
                 return None
             b = x.reshape(-1).view(np.int32)
-            if b.size >= _k.PARALLEL_MIN:
+            if b.size >= _jit.PARALLEL_MIN:
                 return None
             kmin, kmax = _k.minmax_keys_3d_serial(b, 1, c, b.size // c)
             if kmin.min() <= _k.KEY_NEG_INF or kmax.max() >= _k.KEY_POS_INF:
@@ -518,7 +518,7 @@ class _MinMaxBase:
             self._min, self._max = out[0].astype(_F32), out[1].astype(_F32)
             return out[2].astype(_F32), out[3].astype(np.int32)
         b = x.reshape(-1).view(np.int32)
-        if b.size >= _k.PARALLEL_MIN:
+        if b.size >= _jit.PARALLEL_MIN:
             return None
         kmin, kmax = _k.row_keys(b, 0, b.size, _k.KEY_POS_INF, _k.KEY_NEG_INF)
         if not (kmin > _k.KEY_NEG_INF and kmax < _k.KEY_POS_INF):

@@ -69,3 +69,12 @@ def small_cuda_blocks(monkeypatch):
 def rng():
     """A fixed-seed NumPy generator."""
     return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def force_parallel(monkeypatch):
+    """Run every CPU kernel through its parallel build, however small the input (results must
+    not depend on the thread count, so determinism tests use this)."""
+    from nbqat import _jit
+
+    monkeypatch.setattr(_jit, "PARALLEL_MIN", 0)

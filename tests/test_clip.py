@@ -299,7 +299,7 @@ def test_clip_coef_matches_torch_bits(torch, dtype, total):
 # determinism
 
 
-def test_bit_identical_for_thread_counts_1_and_2(rng):
+def test_bit_identical_for_thread_counts_1_and_2(rng, force_parallel):
     grads = grad_set(rng, np.float32) + [rng.standard_normal(5 * K.CHUNK + 3).astype(np.float32)]
     old = numba.get_num_threads()
     results = []

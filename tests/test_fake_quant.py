@@ -564,7 +564,7 @@ def test_lsq_per_channel_matches_torch(torch, rng, axis):
         np.testing.assert_allclose(dz, tdz.numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_lsq_per_channel_chunked_path_and_thread_independence(rng):
+def test_lsq_per_channel_chunked_path_and_thread_independence(rng, force_parallel):
     """inner == 1 with many rows uses the chunked reduction; results must not depend on the
     number of threads."""
     x = (rng.standard_normal((700, 5)) * 3).astype(np.float32)

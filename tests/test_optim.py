@@ -123,7 +123,7 @@ def test_clip_folded_into_step_equals_clip_then_step(rng):
     assert np.array_equal(a, b)
 
 
-def test_deterministic_thread_counts(rng):
+def test_deterministic_thread_counts(rng, force_parallel):
     p0 = rng.standard_normal(5000).astype(np.float32)
     g = rng.standard_normal(5000).astype(np.float32)
     outs = []

@@ -37,8 +37,6 @@ KEY_NEG_INF = np.int32(-0x7F800001)
 ROW_MIN = 32
 #: Fixed number of outer chunks for the short-row per-channel kernel.
 OUTER_CHUNKS = 64
-#: Inputs with fewer elements run serially (the per-tensor case through :func:`row_keys`).
-PARALLEL_MIN = 1 << 18
 
 _M = np.int32(0x7FFFFFFF)
 _E = np.int32(0x7F800000)
@@ -211,8 +209,8 @@ def _renamed(f, name):
 
 
 minmax_keys_3d = cpu_kernel(parallel=True)(_renamed(_minmax_keys_3d, "minmax_keys_3d"))
-#: The same kernel compiled without threads, for small inputs (``size < PARALLEL_MIN``), where
-#: waking the thread pool costs more than the whole reduction (results are identical).
+#: The same kernel compiled without threads, for small inputs (``size < _jit.PARALLEL_MIN``),
+#: where waking the thread pool costs more than the whole reduction (results are identical).
 minmax_keys_3d_serial = cpu_kernel(parallel=False)(
     _renamed(_minmax_keys_3d, "minmax_keys_3d_serial")
 )
