@@ -1037,6 +1037,12 @@ def _interpretation(r: _Run, test: SplitWindows):
     return groups, attn
 
 
+def _versus(what: str, improvement: float, other: str) -> str:
+    """'<what> 23.3% better than <other>' (or 'worse') from a relative improvement."""
+    word = "better" if improvement >= 0 else "worse"
+    return f"{what} {100 * abs(improvement):.1f}% {word} than {other}"
+
+
 def _summary_table(metrics: dict, timings: dict) -> str:
     qr = metrics["q_risk_test"]
     rows = [
@@ -1054,8 +1060,9 @@ def _summary_table(metrics: dict, timings: dict) -> str:
         lines.append(f"{name:<18}{v['P10']:>9.4f}{v['P50']:>9.4f}{v['P90']:>9.4f}")
     c = metrics["comparisons"]
     lines.append(
-        f"float P50 vs seasonal naive: {100 * c['float_vs_naive_P50_improvement']:+.1f}% better; "
-        f"int8 P50 vs float: {100 * c['int8_vs_float_P50_relative_diff']:+.2f}%"
+        _versus("float P50", c["float_vs_naive_P50_improvement"], "the seasonal naive")
+        + "; "
+        + _versus("int8 P50", -c["int8_vs_float_P50_relative_diff"], "float")
     )
     g = metrics["grad_norm"]
     for ph in ("float", "qat"):
