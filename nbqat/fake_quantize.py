@@ -82,7 +82,57 @@ def _axis(ch_axis: int | None) -> int:
     return ch_axis
 
 
-class FakeQuantize:
+class _QuantizerPhases:
+    """The phase switches and ``with_args`` shared by :class:`FakeQuantize` and
+    :class:`LearnableFakeQuantize` (torch's names; ``torch.ao.quantization.FakeQuantizeBase``)."""
+
+    observer_enabled: bool
+    fake_quant_enabled: bool
+
+    @classmethod
+    def with_args(cls, **kwargs: Any) -> _PartialWrapper:
+        """A factory of this module with these keyword arguments (torch's ``with_args``).
+
+        Parameters
+        ----------
+        **kwargs
+            Constructor arguments (``observer=...``, ``quant_min=...``, observer arguments).
+
+        Returns
+        -------
+        callable
+            Each call builds a new, independent module (a :class:`QConfig` holds these).
+        """
+        return _with_args(cls, **kwargs)
+
+    def enable_observer(self, enabled: bool = True) -> None:
+        """Turn statistics collection (and qparams recomputation) on or off.
+
+        Parameters
+        ----------
+        enabled : bool, default True
+        """
+        self.observer_enabled = bool(enabled)
+
+    def disable_observer(self) -> None:
+        """Freeze the observer (and so scale / zero_point)."""
+        self.enable_observer(False)
+
+    def enable_fake_quant(self, enabled: bool = True) -> None:
+        """Turn fake quantization on or off (off: forward returns x).
+
+        Parameters
+        ----------
+        enabled : bool, default True
+        """
+        self.fake_quant_enabled = bool(enabled)
+
+    def disable_fake_quant(self) -> None:
+        """Pass inputs through unchanged (statistics may still be collected)."""
+        self.enable_fake_quant(False)
+
+
+class FakeQuantize(_QuantizerPhases):
     """Observer + fake quantization with torch's phases (``torch.ao.quantization.FakeQuantize``).
 
     Parameters
@@ -145,49 +195,6 @@ class FakeQuantize:
         self.fake_quant_enabled = True
         self.ctx: Any = None
         self._ran = False
-
-    @classmethod
-    def with_args(cls, **kwargs: Any) -> _PartialWrapper:
-        """A factory of this module with these keyword arguments (torch's ``with_args``).
-
-        Parameters
-        ----------
-        **kwargs
-            Constructor arguments (``observer=...``, ``quant_min=...``, observer arguments).
-
-        Returns
-        -------
-        callable
-            Each call builds a new, independent module (a :class:`QConfig` holds these).
-        """
-        return _with_args(cls, **kwargs)
-
-    # -- phases ------------------------------------------------------------------------------
-    def enable_observer(self, enabled: bool = True) -> None:
-        """Turn statistics collection (and qparams recomputation) on or off.
-
-        Parameters
-        ----------
-        enabled : bool, default True
-        """
-        self.observer_enabled = bool(enabled)
-
-    def disable_observer(self) -> None:
-        """Freeze the observer (and so scale / zero_point)."""
-        self.enable_observer(False)
-
-    def enable_fake_quant(self, enabled: bool = True) -> None:
-        """Turn fake quantization on or off (off: forward returns x).
-
-        Parameters
-        ----------
-        enabled : bool, default True
-        """
-        self.fake_quant_enabled = bool(enabled)
-
-    def disable_fake_quant(self) -> None:
-        """Pass inputs through unchanged (statistics may still be collected)."""
-        self.enable_fake_quant(False)
 
     def calculate_qparams(self) -> tuple[np.ndarray, np.ndarray]:
         """The observer's current ``(scale float32, zero_point int32)`` (shape (1,) or (C,))."""
@@ -429,7 +436,7 @@ class FakeQuantize:
         )
 
 
-class LearnableFakeQuantize:
+class LearnableFakeQuantize(_QuantizerPhases):
     """LSQ fake quantization with a trainable scale and zero point (torch's
     ``_LearnableFakeQuantize``).
 
@@ -511,48 +518,6 @@ class LearnableFakeQuantize:
         self.learning_enabled = False
         self.ctx: Any = None
         self._ran = False
-
-    @classmethod
-    def with_args(cls, **kwargs: Any) -> _PartialWrapper:
-        """A factory of this module with these keyword arguments.
-
-        Parameters
-        ----------
-        **kwargs
-            Constructor arguments.
-
-        Returns
-        -------
-        callable
-        """
-        return _with_args(cls, **kwargs)
-
-    # -- phases (torch's names) ----------------------------------------------------------------
-    def enable_observer(self, enabled: bool = True) -> None:
-        """Static estimates from the observer on or off (torch: ``toggle_observer_update``).
-
-        Parameters
-        ----------
-        enabled : bool, default True
-        """
-        self.observer_enabled = bool(enabled)
-
-    def disable_observer(self) -> None:
-        """Stop observing; scale / zero_point stay as they are (and may be learned)."""
-        self.enable_observer(False)
-
-    def enable_fake_quant(self, enabled: bool = True) -> None:
-        """Fake quantization on or off.
-
-        Parameters
-        ----------
-        enabled : bool, default True
-        """
-        self.fake_quant_enabled = bool(enabled)
-
-    def disable_fake_quant(self) -> None:
-        """Pass inputs through unchanged."""
-        self.enable_fake_quant(False)
 
     def enable_param_learning(self) -> LearnableFakeQuantize:
         """Learn scale / zero point: learning on, fake quant on, observer off. Returns self."""

@@ -192,6 +192,17 @@ class _Optimizer:
     def _validate(self, **hp: Any) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def _launch(self, kernel: str, args: tuple) -> None:
+        """Run the fused update ``kernel`` of :mod:`nbqat.kernels.optim_cpu` (or, for a CUDA
+        buffer, its twin in :mod:`nbqat.kernels.optim_cuda`)."""
+        if self._cuda:
+            from nbqat.kernels import optim_cuda
+
+            getattr(optim_cuda, kernel)(*args)
+        else:
+            with threads_for(self.params.shape[0]):
+                getattr(_k, kernel)(*args)
+
 
 class SGD(_Optimizer):
     """Stochastic gradient descent with optional momentum, dampening, Nesterov and L2 decay.
@@ -273,13 +284,7 @@ class SGD(_Optimizer):
             self.params, grads, buf, t(gs), t(-self.lr), t(self.momentum),
             t(1.0 - self.dampening), t(self.weight_decay), self.nesterov, first, gs != 1.0,
         )  # fmt: skip
-        if self._cuda:
-            from nbqat.kernels import optim_cuda
-
-            optim_cuda.sgd_step(*args)
-        else:
-            with threads_for(self.params.shape[0]):
-                _k.sgd_step(*args)
+        self._launch("sgd_step", args)
         self.step_count += 1
 
 
@@ -372,13 +377,7 @@ class Adam(_Optimizer):
             t(1 - self.lr * self.weight_decay), t(bc2**0.5), t(self.eps), t(-(self.lr / bc1)),
             decoupled, gs != 1.0,
         )  # fmt: skip
-        if self._cuda:
-            from nbqat.kernels import optim_cuda
-
-            optim_cuda.adam_step(*args)
-        else:
-            with threads_for(self.params.shape[0]):
-                _k.adam_step(*args)
+        self._launch("adam_step", args)
         self.step_count = step
 
 
