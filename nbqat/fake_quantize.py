@@ -29,7 +29,7 @@ import numpy as np
 from nbqat import _jit
 from nbqat import fake_quant as _fq
 from nbqat.kernels import fake_quant_cpu as _fqk
-from nbqat.kernels import nn_cpu as _nnk
+from nbqat.kernels import qat_cpu as _qk
 from nbqat.observers import (
     MinMaxObserver,
     MovingAverageMinMaxObserver,
@@ -290,7 +290,7 @@ class FakeQuantize(_QuantizerPhases):
             out = np.empty_like(grad_y)
             n = grad_y.size
             if n < _jit.PARALLEL_MIN:
-                _nnk.ste_backward_serial(grad_y.reshape(-1), ctx.reshape(-1), out.reshape(-1))
+                _qk.ste_backward_serial(grad_y.reshape(-1), ctx.reshape(-1), out.reshape(-1))
             else:
                 _fqk.ste_backward_kernel(grad_y.reshape(-1), ctx.reshape(-1), out.reshape(-1))
             return out
@@ -327,7 +327,7 @@ class FakeQuantize(_QuantizerPhases):
             if scale.shape != (c,) or zp.shape != (c,):  # only with the observer off: let the
                 return None  # full path raise its clear error
             inv = _F32(1.0) / scale
-            kern = _nnk.fq_channel_serial if n < _jit.PARALLEL_MIN else _fqk.fq_channel_kernel
+            kern = _qk.fq_channel_serial if n < _jit.PARALLEL_MIN else _fqk.fq_channel_kernel
             kern(
                 x.reshape(-1),
                 y.reshape(-1),
@@ -345,7 +345,7 @@ class FakeQuantize(_QuantizerPhases):
             )
         else:
             s32 = scale[0]
-            kern = _nnk.fq_tensor_serial if n < _jit.PARALLEL_MIN else _fqk.fq_tensor_kernel
+            kern = _qk.fq_tensor_serial if n < _jit.PARALLEL_MIN else _fqk.fq_tensor_kernel
             kern(
                 x.reshape(-1),
                 y.reshape(-1),

@@ -484,7 +484,7 @@ class _MinMaxBase:
         the state is not plain finite data (NaN/Inf, unset channels, an overflow), it returns
         None without touching the state, and the caller takes the full path.
         """
-        from nbqat.kernels import nn_cpu
+        from nbqat.kernels import qat_cpu
 
         if self._per_channel:
             if self.ch_axis % x.ndim != 0:
@@ -499,7 +499,7 @@ class _MinMaxBase:
             if kmin.min() <= _k.KEY_NEG_INF or kmax.max() >= _k.KEY_POS_INF:
                 return None
             out = np.empty((4, c), np.float64)  # exact for float32 values and int32 zps
-            ok = nn_cpu.observe_channel_qparams(
+            ok = qat_cpu.observe_channel_qparams(
                 kmin,
                 kmax,
                 self._min,
@@ -523,7 +523,7 @@ class _MinMaxBase:
         kmin, kmax = _k.row_keys(b, 0, b.size, _k.KEY_POS_INF, _k.KEY_NEG_INF)
         if not (kmin > _k.KEY_NEG_INF and kmax < _k.KEY_POS_INF):
             return None
-        ok, nmin, nmax, sc, zp = nn_cpu.observe_tensor_qparams(
+        ok, nmin, nmax, sc, zp = qat_cpu.observe_tensor_qparams(
             b,
             kmin,
             kmax,
