@@ -308,7 +308,7 @@ def lstm_cell_forward(xg, hh, c_prev, gates, c, tc, h):
     ``a = xg + hh`` (B, 4d), ``i, f, o = sigmoid``, ``g = tanh``, ``c = f * c_prev + i * g``,
     ``h = o * tanh(c)``; writes ``gates`` (activated i, f, g, o), ``c``, ``tc`` = tanh(c), ``h``.
     The float layer :class:`nbqat.nn.LSTM` uses :func:`nbqat.nn.layers.lstm.lstm_step` instead
-    (NumPy SIMD transcendentals, equal to this to a few ulp).
+    (NumPy's SIMD tanh for all four gates, equal to this to a few ulp).
     """
     T = xg.dtype.type
     one = T(1.0)
@@ -331,13 +331,29 @@ def lstm_cell_forward(xg, hh, c_prev, gates, c, tc, h):
 
 
 @cpu_kernel(parallel=False)
-def lstm_cell_state(gates, c_prev, c):  # (B, 4d) activated i, f, g, o; (B, d) -> (B, d)
-    """``c = f * c_prev + i * g`` for one step (the gate nonlinearities and ``tanh(c)`` are
-    NumPy SIMD ufuncs in the caller)."""
+def lstm_gates_forward(tg, c_prev, c):  # (B, 4d) in place; (B, d) -> (B, d)
+    """Gates and cell state of one step from ``tg = tanh(a')`` (B, 4d), where ``a'`` is the
+    pre-activation with the i, f, o blocks halved: ``sigmoid(a) = 0.5 + 0.5 tanh(a / 2)`` turns
+    ``tg`` into the activated gates ``[i, f, g, o]`` in place (g = tanh(a) as is) and writes
+    ``c = f * c_prev + i * g``."""
+    T = tg.dtype.type
+    half = T(0.5)
     nb, d = c.shape
     for b in range(nb):
+        r = tg[b]
+        ri = r[:d]
+        rf = r[d : 2 * d]
+        rg = r[2 * d : 3 * d]
+        ro = r[3 * d :]
+        cp = c_prev[b]
+        cr = c[b]
         for j in range(d):
-            c[b, j] = gates[b, d + j] * c_prev[b, j] + gates[b, j] * gates[b, 2 * d + j]
+            i = half + half * ri[j]
+            f = half + half * rf[j]
+            ri[j] = i
+            rf[j] = f
+            ro[j] = half + half * ro[j]
+            cr[j] = f * cp[j] + i * rg[j]
 
 
 @cpu_kernel(parallel=False)
@@ -367,164 +383,3 @@ def lstm_cell_backward(dh_out, dh_next, dc_next, gates, tc, c_prev, dg):
             dg[b, d + j] = dc * c_prev[b, j] * gf * (one - gf)
             dg[b, 2 * d + j] = dc * gi * (one - gg * gg)
             dg[b, 3 * d + j] = do * go * (one - go)
-
-
-# ---------------------------------------------------------------------------------------------
-# Interpretable multi-head attention (per-head Q/K, one shared V, heads averaged, causal mask)
-# ---------------------------------------------------------------------------------------------
-@cpu_kernel(parallel=False, error_model="numpy")
-def attn_scores(q, k, nheads, offset, p):  # (B, tq, D), (B, T, D) -> (B, H, tq, T)
-    """First half of :func:`attn_probs_forward`: ``p[b, h, i, j] = s_j - max_j s_j`` with
-    ``s_j = <q[b, i, h], k[b, j, h]> / sqrt(dh)`` for ``j <= offset + i`` and ``-inf`` for the
-    masked keys (so that ``exp`` gives exactly 0 there)."""
-    T = q.dtype.type
-    nb, tq, dm = q.shape
-    tk = k.shape[1]
-    dh = dm // nheads
-    sq = np.sqrt(T(dh))
-    for b in prange(nb):
-        for h in range(nheads):
-            c0 = h * dh
-            for i in range(tq):
-                lim = min(offset + i + 1, tk)
-                mx = -np.inf
-                for j in range(lim):
-                    s = T(0.0)
-                    for e in range(dh):
-                        s += q[b, i, c0 + e] * k[b, j, c0 + e]
-                    s = s / sq
-                    p[b, h, i, j] = s
-                    if s > mx:
-                        mx = s
-                for j in range(lim):
-                    p[b, h, i, j] -= mx
-                for j in range(lim, tk):
-                    p[b, h, i, j] = -np.inf
-
-
-@cpu_kernel(parallel=False, fastmath=True, error_model="numpy")
-def attn_normalize(p, offset):  # (B, H, tq, T) in place
-    """Second half of :func:`attn_probs_forward`: on entry ``p`` holds ``exp(s - max)`` (0 on
-    masked keys); divides each row by its sum over the visible keys."""
-    T = p.dtype.type
-    nb, nh, tq, tk = p.shape
-    for b in range(nb):
-        for h in range(nh):
-            for i in range(tq):
-                lim = min(offset + i + 1, tk)
-                tot = T(0.0)
-                for j in range(lim):
-                    tot += p[b, h, i, j]
-                inv = T(1.0) / tot
-                for j in range(lim):
-                    p[b, h, i, j] *= inv
-
-
-def attn_probs_forward(q, k, nheads, offset, p):  # (B, tq, D), (B, T, D) -> (B, H, tq, T)
-    """``p[b, h, i] = softmax_j(<q[b, i, h], k[b, j, h]> / sqrt(dh))`` over ``j <= offset + i``
-    (query i sits at absolute position offset + i and sees itself); masked entries are 0.
-
-    Two compiled passes around NumPy's SIMD ``exp`` (:func:`attn_scores`, ``np.exp``,
-    :func:`attn_normalize`)."""
-    attn_scores(q, k, nheads, offset, p)
-    np.exp(p, out=p)
-    attn_normalize(p, offset)
-
-
-@cpu_kernel(parallel=False, fastmath=True)
-def attn_probs_backward(dp, p, q, k, offset, dq, dk):
-    """Softmax and score backward: ``ds = p * (dp - sum_j p dp)`` (masked entries 0),
-    ``dq[b, i, h] = sum_j ds k[b, j, h] / sqrt(dh)``, ``dk[b, j, h] = sum_i ds q[b, i, h] /
-    sqrt(dh)``. dq (B, tq, D) and dk (B, T, D) are written. Shapes as :func:`attn_probs_forward`.
-    """
-    T = q.dtype.type
-    nb, nh, tq, tk = p.shape
-    dm = q.shape[2]
-    dh = dm // nh
-    sq = np.sqrt(T(dh))
-    for b in prange(nb):
-        for i in range(tq):
-            for e in range(dm):
-                dq[b, i, e] = T(0.0)
-        for j in range(tk):
-            for e in range(dm):
-                dk[b, j, e] = T(0.0)
-        for h in range(nh):
-            c0 = h * dh
-            for i in range(tq):
-                lim = min(offset + i + 1, tk)
-                s = T(0.0)
-                for j in range(lim):
-                    s += p[b, h, i, j] * dp[b, h, i, j]
-                for j in range(lim):
-                    ds = p[b, h, i, j] * (dp[b, h, i, j] - s) / sq
-                    for e in range(dh):
-                        dq[b, i, c0 + e] += ds * k[b, j, c0 + e]
-                        dk[b, j, c0 + e] += ds * q[b, i, c0 + e]
-
-
-@cpu_kernel(parallel=False, fastmath=True)
-def attn_apply_forward(p, v, out):  # (B, H, tq, T), (B, T, dv) -> (B, tq, dv)
-    """``out[b, i] = (1 / H) sum_j (sum_h p[b, h, i, j]) v[b, j]`` (shared values, mean of
-    heads)."""
-    T = v.dtype.type
-    nb, nh, tq, tk = p.shape
-    dv = v.shape[2]
-    inv_h = T(1.0) / T(nh)
-    pf = p.reshape(-1)
-    vf = v.reshape(-1)
-    of = out.reshape(-1)
-    for b in prange(nb):
-        for i in range(tq):
-            oo = (b * tq + i) * dv
-            for e in range(dv):
-                of[oo + e] = T(0.0)
-            for j in range(tk):
-                w = T(0.0)
-                for h in range(nh):
-                    w += pf[((b * nh + h) * tq + i) * tk + j]
-                if w != 0:
-                    ov = (b * tk + j) * dv
-                    for e in range(dv):
-                        of[oo + e] += w * vf[ov + e]
-            for e in range(dv):
-                of[oo + e] *= inv_h
-
-
-@cpu_kernel(parallel=False, fastmath=True)
-def attn_apply_backward(dout, p, v, dp, dv):
-    """``dp[b, h, i, j] = <dout[b, i], v[b, j]> / H`` (the same for every head) and
-    ``dv[b, j] = (1 / H) sum_i (sum_h p[b, h, i, j]) dout[b, i]``; both written.
-    Shapes: dout (B, tq, dv), p, dp (B, H, tq, T), v, dv (B, T, dv)."""
-    T = v.dtype.type
-    nb, nh, tq, tk = p.shape
-    de = v.shape[2]
-    inv_h = T(1.0) / T(nh)
-    df = dout.reshape(-1)
-    pf = p.reshape(-1)
-    vf = v.reshape(-1)
-    dpf = dp.reshape(-1)
-    dvf = dv.reshape(-1)
-    for i in range(dvf.size):
-        dvf[i] = T(0.0)
-    for b in prange(nb):
-        for i in range(tq):
-            od = (b * tq + i) * de
-            for j in range(tk):
-                ov = (b * tk + j) * de
-                s = T(0.0)
-                w = T(0.0)
-                for e in range(de):
-                    s += df[od + e] * vf[ov + e]
-                s *= inv_h
-                for h in range(nh):
-                    o = ((b * nh + h) * tq + i) * tk + j
-                    dpf[o] = s
-                    w += pf[o]
-                if w != 0:
-                    for e in range(de):
-                        dvf[ov + e] += w * df[od + e]
-        for j in range(tk):
-            ov = (b * tk + j) * de
-            for e in range(de):
-                dvf[ov + e] *= inv_h

@@ -83,6 +83,9 @@ class Module:
         def __getattr__(self, name: str) -> Any: ...
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_cache":  # set by every forward: skip the registry checks
+            object.__setattr__(self, name, value)
+            return
         if isinstance(value, Module):
             self._modules[name] = value
         elif name in self.__dict__.get("_modules", {}):

@@ -319,9 +319,7 @@ class TemporalFusionTransformer(Module):
         phi_dec = np.ascontiguousarray(phi[:, k:])  # (B, tau, d)
         psi_t = self.pre_output_gate.forward(psi, phi_dec)  # (B, tau, d)
         out = self.output_layer.forward(psi_t)  # (B, tau, Q)
-        probs = self.multihead_attn.attention_probs  # (B, H, tau, T)
-        assert probs is not None
-        self.attention_weights = probs.mean(axis=1)  # (B, tau, T)
+        self.attention_weights = self.multihead_attn.attention_weights  # (B, tau, T)
         self._cache = out.shape
         return out
 

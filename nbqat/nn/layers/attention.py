@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from nbqat.kernels import nn_cpu
+from nbqat.kernels import attention_cpu as _k
 from nbqat.nn.layers.linear import Linear
 from nbqat.nn.params import Module
 
@@ -26,7 +26,8 @@ class InterpretableMultiHeadAttention(Module):
 
     ``attention_fake_quant`` (optional hook) is applied to the probabilities (B, H, tq, T)
     before they multiply V; softmax backward uses the unquantized probabilities. After forward,
-    ``attention_probs`` holds the (unquantized) per-head probabilities (B, H, tq, T).
+    ``attention_probs`` holds the (unquantized) per-head probabilities (B, H, tq, T) and
+    ``attention_weights`` their mean over the heads (B, tq, T).
 
     Parameters
     ----------
@@ -57,6 +58,7 @@ class InterpretableMultiHeadAttention(Module):
         self.out_proj = Linear(self.d_head, d_model)
         self.attention_fake_quant: Any = None
         self.attention_probs: np.ndarray | None = None
+        self.attention_weights: np.ndarray | None = None
 
     def forward(self, query: np.ndarray, key_value: np.ndarray, offset: int) -> np.ndarray:
         """Masked interpretable attention of ``query`` over ``key_value``.
@@ -82,17 +84,26 @@ class InterpretableMultiHeadAttention(Module):
         v = self.v_proj.forward(key_value)  # (B, T, d_h)
         nb, tq, _ = q.shape
         tk = k.shape[1]
-        p = np.empty((nb, self.n_head, tq, tk), dtype=q.dtype)  # (B, H, tq, T)
-        nn_cpu.attn_probs_forward(q, k, self.n_head, int(offset), p)
+        nh, dh = self.n_head, self.d_head
+        qh = np.ascontiguousarray(q.reshape(nb, tq, nh, dh).transpose(0, 2, 1, 3))  # (B,H,tq,dh)
+        kt = np.ascontiguousarray(k.reshape(nb, tk, nh, dh).transpose(0, 2, 3, 1))  # (B,H,dh,T)
+        p = np.empty((nb, nh, tq, tk), dtype=q.dtype)  # (B, H, tq, T)
+        _k.attn_scores(qh, kt, int(offset), p)
+        np.exp(p, out=p)
+        _k.attn_normalize(p, int(offset))
         ctx = None
         pq = p
         if self.attention_fake_quant is not None:
             pq = np.ascontiguousarray(self.attention_fake_quant.forward(p), dtype=p.dtype)
             ctx = self.attention_fake_quant.ctx
+        vt = np.ascontiguousarray(v.transpose(0, 2, 1))  # (B, d_h, T)
+        pbar = np.empty((nb, tq, tk), dtype=q.dtype)  # (B, tq, T) heads averaged
         o = np.empty((nb, tq, self.d_head), dtype=q.dtype)  # (B, tq, d_h)
-        nn_cpu.attn_apply_forward(pq, v, o)
+        _k.attn_apply_forward(pq, vt, pbar, o)
         self.attention_probs = p
-        self._cache = (q, k, v, p, pq, ctx, int(offset))
+        # heads averaged (unquantized): the forecaster's interpretable attention weights
+        self.attention_weights = pbar if pq is p else p.mean(axis=1)
+        self._cache = (qh, kt, vt, p, pbar, ctx, int(offset))
         return self.out_proj.forward(o)
 
     def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -115,17 +126,20 @@ class InterpretableMultiHeadAttention(Module):
         RuntimeError
             When called before :meth:`forward`.
         """
-        q, k, v, p, pq, ctx, offset = self._require_forward()
-        do = np.ascontiguousarray(self.out_proj.backward(dy), dtype=q.dtype)  # (B, tq, d_h)
+        qh, kt, vt, p, pbar, ctx, offset = self._require_forward()
+        nb, nh, tq, tk = p.shape
+        do = np.ascontiguousarray(self.out_proj.backward(dy), dtype=p.dtype)  # (B, tq, d_h)
         dp = np.empty_like(p)
-        dv = np.empty_like(v)
-        nn_cpu.attn_apply_backward(do, pq, v, dp, dv)
+        dvt = np.empty_like(vt)  # (B, d_h, T)
+        _k.attn_apply_backward(do, pbar, vt, dp, dvt)
         if self.attention_fake_quant is not None:
-            dp = np.ascontiguousarray(self.attention_fake_quant.backward(dp, ctx), dtype=q.dtype)
-        dq = np.empty_like(q)
-        dk = np.empty_like(k)
-        nn_cpu.attn_probs_backward(dp, p, q, k, offset, dq, dk)
+            dp = np.ascontiguousarray(self.attention_fake_quant.backward(dp, ctx), dtype=p.dtype)
+        dqh = np.empty_like(qh)
+        dkt = np.empty_like(kt)
+        _k.attn_probs_backward(dp, p, qh, kt, offset, dqh, dkt)
+        dq = dqh.transpose(0, 2, 1, 3).reshape(nb, tq, self.d_model)  # (B, tq, d)
+        dk = dkt.transpose(0, 3, 1, 2).reshape(nb, tk, self.d_model)  # (B, T, d)
         dquery = self.q_proj.backward(dq)
         dkv = self.k_proj.backward(dk)
-        dkv += self.v_proj.backward(dv)
+        dkv += self.v_proj.backward(dvt.transpose(0, 2, 1))
         return dquery, dkv

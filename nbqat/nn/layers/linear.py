@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -9,6 +10,14 @@ import numpy as np
 
 from nbqat.kernels import nn_cpu
 from nbqat.nn.params import Module, uniform_init
+
+
+@functools.lru_cache(maxsize=32)
+def _ones(n: int, dtype: np.dtype) -> np.ndarray:
+    """A read-only (n,) vector of ones (the bias gradient's column sum as a BLAS gemv)."""
+    v = np.ones(n, dtype=dtype)
+    v.flags.writeable = False
+    return v
 
 
 def _as_rows(x: np.ndarray, n_last: int, name: str) -> np.ndarray:
@@ -125,7 +134,7 @@ class Linear(Module):
         self.weight_grad += dwq
         if self.has_bias:
             # column sum through BLAS gemv (~4x faster than ndarray.sum(axis=0) here)
-            self.bias_grad += np.ones(dy2.shape[0], dtype=dy2.dtype) @ dy2
+            self.bias_grad += _ones(dy2.shape[0], dy2.dtype) @ dy2
         dx = dy2 @ wq  # (N, in)
         if self.input_fake_quant is not None:
             dx = self.input_fake_quant.backward(dx, ctx_x)
