@@ -28,7 +28,6 @@ import numpy as np
 
 from nbqat import _jit
 from nbqat import fake_quant as _fq
-from nbqat.kernels import fake_quant_cpu as _fqk
 from nbqat.kernels import qat_cpu as _qk
 from nbqat.observers import (
     MinMaxObserver,
@@ -44,14 +43,18 @@ __all__ = ["FakeQuantize", "LearnableFakeQuantize"]
 
 _F32 = np.float32
 _CACHED = object()  # default of backward's ctx: "use the ctx of the last forward"
-#: Observers whose private fast path :meth:`FakeQuantize._forward_fast` may use (exact classes:
-#: a subclass may override forward / calculate_qparams).
-_FAST_OBSERVERS = (
-    MinMaxObserver,
-    MovingAverageMinMaxObserver,
-    PerChannelMinMaxObserver,
-    MovingAveragePerChannelMinMaxObserver,
-)
+
+_DT32 = np.dtype(np.float32)
+_DTBOOL = np.dtype(np.bool_)
+_ONE = _F32(1.0)
+#: Typed placeholders for the fused kernels' unused arguments (one compiled specialisation).
+_DUMMY_F32 = np.zeros(1, _F32)
+_DUMMY_BOOL = np.zeros(1, np.bool_)
+_EMPTY_F32 = np.zeros(0, _F32)
+_EMPTY_F32_3 = np.zeros((3, 0), _F32)
+#: The fused kernels' observer arguments when the observer is disabled (values unused).
+_NO_OBSERVER = (False, _ONE, False, 0, 0, 0, _ONE)
+_NO_OBSERVER_TENSOR = (_ONE, _ONE) + _NO_OBSERVER
 
 
 def _make_observer(observer: Any, kwargs: dict[str, Any], who: str) -> _MinMaxBase:
@@ -224,16 +227,15 @@ class FakeQuantize(_QuantizerPhases):
             Bad input (from the observer or the fake-quantize function); the observer state is
             unchanged when the observer rejects the batch.
         """
-        if (
-            type(x) is np.ndarray
-            and x.dtype == _F32
-            and x.size
-            and x.flags.c_contiguous
-            and (not self.is_per_channel or x.ndim >= 1)
-        ):
-            y = self._forward_fast(x)
-            if y is not None:
-                return y
+        if type(x) is np.ndarray and x.dtype is _DT32 and x.flags.c_contiguous:
+            n = x.size
+            if 0 < n < _jit.PARALLEL_MIN:
+                if self.is_per_channel:
+                    y = self._forward_channel_fast(x)
+                else:
+                    y = self._forward_tensor_fast(x)
+                if y is not None:
+                    return y
         if self.observer_enabled:
             self.activation_post_process(x)
             s, z = self.activation_post_process.calculate_qparams()
@@ -255,7 +257,7 @@ class FakeQuantize(_QuantizerPhases):
         self._ran = True
         return y
 
-    def backward(self, grad_y: Any, ctx: Any = _CACHED) -> Any:
+    def backward(self, grad_y: Any, ctx: Any = _CACHED, *, out: Any = None) -> Any:
         """Straight-through estimator: ``grad_x = grad_y * mask``.
 
         Parameters
@@ -264,15 +266,20 @@ class FakeQuantize(_QuantizerPhases):
         ctx : bool ndarray or None, optional
             A ctx saved from :attr:`ctx` after a forward; default: the last forward's. None
             (fake quantization was off) returns a copy of ``grad_y``.
+        out : array, optional
+            Preallocated result of ``grad_y``'s shape and dtype; ``out=grad_y`` works in place
+            (saves an allocation and a pass over fresh memory when the caller owns ``grad_y``).
 
         Returns
         -------
-        grad_x : array like ``grad_y``
+        grad_x : array like ``grad_y`` (``out`` when given)
 
         Raises
         ------
         RuntimeError
             No ctx given and forward has never run.
+        TypeError, ValueError
+            Bad ``grad_y``, ``ctx`` or ``out`` (:func:`nbqat.fake_quant.fake_quantize_backward`).
         """
         if ctx is _CACHED:
             if not self._ran:
@@ -280,83 +287,175 @@ class FakeQuantize(_QuantizerPhases):
             ctx = self.ctx
         if (
             type(grad_y) is np.ndarray
-            and type(ctx) is np.ndarray
-            and grad_y.dtype == _F32
-            and ctx.dtype == np.bool_
-            and grad_y.shape == ctx.shape
-            and grad_y.flags.c_contiguous
-            and ctx.flags.c_contiguous
-        ):  # the QAT hot path: the mask is our own forward's, skip re-validating it
-            out = np.empty_like(grad_y)
-            n = grad_y.size
-            if n < _jit.PARALLEL_MIN:
-                _qk.ste_backward_serial(grad_y.reshape(-1), ctx.reshape(-1), out.reshape(-1))
-            else:
-                _fqk.ste_backward_kernel(grad_y.reshape(-1), ctx.reshape(-1), out.reshape(-1))
-            return out
-        return _fq.fake_quantize_backward(grad_y, ctx)
+            and grad_y.dtype is _DT32
+            and (out is None or (out is grad_y and grad_y.flags.writeable))
+        ):
+            # the QAT hot path: the mask is our own forward's, skip re-validating it
+            if ctx is None:
+                return grad_y.copy() if out is None else grad_y
+            if (
+                type(ctx) is np.ndarray
+                and ctx.dtype is _DTBOOL
+                and grad_y.shape == ctx.shape
+                and grad_y.flags.c_contiguous
+                and ctx.flags.c_contiguous
+                and grad_y.size < _jit.PARALLEL_MIN
+            ):
+                g = grad_y.reshape(-1)
+                if out is None:
+                    out = np.empty(grad_y.shape, _F32)
+                    _qk.ste_backward_serial(g, ctx.reshape(-1), out.reshape(-1))
+                else:
+                    _qk.ste_backward_serial(g, ctx.reshape(-1), g)
+                return out
+        return _fq.fake_quantize_backward(grad_y, ctx, out=out)
 
-    def _forward_fast(self, x: np.ndarray) -> Any:
-        """:meth:`forward` for a non-empty C-contiguous float32 NumPy ``x`` (the QAT model's hot
-        path, ~200 calls per training step): the same results and state, bit for bit, without
-        re-validating what this module guarantees itself (its qparams are float32 > 0 with the
-        zero point in range, its mask is its own). Returns None -- with nothing changed -- when
-        the input or the observer state needs the full path (non-finite data, another channel
-        axis, a custom observer)."""
-        obs = self.activation_post_process
-        if self.ch_axis is not None and self.ch_axis % x.ndim != 0:  # None: per tensor
-            return None
-        if self.observer_enabled:
-            if type(obs) not in _FAST_OBSERVERS:
+    def _forward_tensor_fast(self, x: np.ndarray) -> Any:
+        """Per-tensor :meth:`forward` of a C-contiguous float32 NumPy ``x`` with
+        ``0 < x.size < PARALLEL_MIN`` (the QAT model's hot path, ~130 calls per training step):
+        ONE compiled call (:func:`nbqat.kernels.qat_cpu.fq_tensor_fused`) does the observer's
+        min/max pass, its update, the qparams and the fake quantization, with the same results
+        and state, bit for bit, as the public path, and without re-validating what this module
+        guarantees itself (its qparams are float32 > 0 with the zero point in range). Returns
+        None -- with nothing changed -- when the input or the state needs the public path
+        (non-finite data or state, an overflowing zero point, a custom observer)."""
+        observe = self.observer_enabled
+        fake = self.fake_quant_enabled
+        if observe:
+            obs = self.activation_post_process
+            cls = type(obs)
+            if cls is not MovingAverageMinMaxObserver and cls is not MinMaxObserver:
                 return None
-            qp = obs._observe_qparams_fast(x)
-            if qp is None:
-                return None
-            self.scale, self.zero_point = qp
-        if not self.fake_quant_enabled:
-            self.ctx = None
-            self._ran = True
-            return x
-        scale, zp = self.scale, self.zero_point
-        n = x.size
-        y = np.empty_like(x)
-        mask = np.empty(x.shape, np.bool_)
-        qmin, qmax = _F32(self.quant_min), _F32(self.quant_max)
-        if self.is_per_channel:
-            c = x.shape[0]
-            if scale.shape != (c,) or zp.shape != (c,):  # only with the observer off: let the
-                return None  # full path raise its clear error
-            inv = _F32(1.0) / scale
-            kern = _qk.fq_channel_serial if n < _jit.PARALLEL_MIN else _fqk.fq_channel_kernel
-            kern(
-                x.reshape(-1),
-                y.reshape(-1),
-                mask.reshape(-1),
-                scale,
-                inv,
-                zp.astype(_F32),
-                1,
-                c,
-                n // c,
-                qmin,
-                qmax,
-                True,
-                False,
+            moving = cls._moving
+            symmetric = obs.symmetric
+            args = (
+                obs._min[()],
+                obs._max[()],
+                moving,
+                _F32(obs.averaging_constant) if moving else _ONE,
+                symmetric,
+                obs._symmetric_zero_point() if symmetric else 0,
+                obs.quant_min,
+                obs.quant_max,
+                obs.eps,
             )
         else:
-            s32 = scale[0]
-            kern = _qk.fq_tensor_serial if n < _jit.PARALLEL_MIN else _fqk.fq_tensor_kernel
-            kern(
+            args = _NO_OBSERVER_TENSOR
+        if fake:
+            y = np.empty(x.shape, _F32)
+            mask = np.empty(x.shape, np.bool_)
+            ok, mn, mx, s, z = _qk.fq_tensor_fused(
                 x.reshape(-1),
                 y.reshape(-1),
                 mask.reshape(-1),
-                s32,
-                _F32(1.0) / s32,
-                _F32(zp[0]),
-                qmin,
-                qmax,
+                self.scale[0],
+                self.zero_point[0],
+                observe,
                 True,
+                *args,
+                self.quant_min,
+                self.quant_max,
             )
+        else:
+            y, mask = x, None
+            ok, mn, mx, s, z = _qk.fq_tensor_fused(
+                x.reshape(-1),
+                _DUMMY_F32,
+                _DUMMY_BOOL,
+                self.scale[0],
+                self.zero_point[0],
+                observe,
+                False,
+                *args,
+                self.quant_min,
+                self.quant_max,
+            )
+        if not ok:
+            return None
+        if observe:
+            obs._min = np.array(mn, _F32)
+            obs._max = np.array(mx, _F32)
+            self.scale = np.array([s], _F32)
+            self.zero_point = np.array([z], np.int32)
+        self.ctx = mask
+        self._ran = True
+        return y
+
+    def _forward_channel_fast(self, x: np.ndarray) -> Any:
+        """Per-channel twin of :meth:`_forward_tensor_fast` (weights: channel axis first,
+        :func:`nbqat.kernels.qat_cpu.fq_channel_fused`). Returns None -- with nothing changed --
+        for another channel axis, a channel count the state does not have, or the cases of
+        :meth:`_forward_tensor_fast`."""
+        nd = x.ndim
+        if nd == 0 or self.ch_axis % nd != 0:  # type: ignore[operator]
+            return None
+        c = x.shape[0]
+        observe = self.observer_enabled
+        if observe:
+            obs = self.activation_post_process
+            cls = type(obs)
+            if (
+                cls is not MovingAveragePerChannelMinMaxObserver
+                and cls is not PerChannelMinMaxObserver
+            ):
+                return None
+            old_min = obs._min
+            if old_min.size and old_min.size != c:
+                return None
+            out = np.empty((3, c), _F32)  # new min_val, max_val, scale
+            zp = np.empty(c, np.int32)
+            moving = cls._moving
+            symmetric = obs.symmetric
+            args = (
+                out,
+                zp,
+                old_min,
+                obs._max,
+                moving,
+                _F32(obs.averaging_constant) if moving else _ONE,
+                symmetric,
+                obs._symmetric_zero_point() if symmetric else 0,
+                obs.quant_min,
+                obs.quant_max,
+                obs.eps,
+            )
+        else:
+            scale, zp = self.scale, self.zero_point
+            if scale.shape != (c,) or zp.shape != (c,):  # let the public path raise its error
+                return None
+            args = (_EMPTY_F32_3, zp, _EMPTY_F32, _EMPTY_F32) + _NO_OBSERVER
+        if self.fake_quant_enabled:
+            y = np.empty(x.shape, _F32)
+            mask = np.empty(x.shape, np.bool_)
+            ok = _qk.fq_channel_fused(
+                x.reshape(-1),
+                y.reshape(-1),
+                mask.reshape(-1),
+                self.scale,
+                observe,
+                True,
+                *args,
+                self.quant_min,
+                self.quant_max,
+            )
+        else:
+            y, mask = x, None
+            ok = _qk.fq_channel_fused(
+                x.reshape(-1),
+                _DUMMY_F32,
+                _DUMMY_BOOL,
+                self.scale,
+                observe,
+                False,
+                *args,
+                self.quant_min,
+                self.quant_max,
+            )
+        if not ok:
+            return None
+        if observe:
+            obs._min, obs._max, self.scale = out  # three (c,) rows
+            self.zero_point = zp
         self.ctx = mask
         self._ran = True
         return y

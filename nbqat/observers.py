@@ -472,77 +472,7 @@ class _MinMaxBase:
         else:
             self._min, self._max = new_min.reshape(()), new_max.reshape(())
 
-    # -- private fast path (nbqat.FakeQuantize on the QAT model's hot path) ---------------------
-    def _observe_qparams_fast(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """Observe ``x`` and return the new ``(scale, zero_point)``, or None (nothing changed).
-
-        The hot path of :class:`nbqat.FakeQuantize` (hundreds of calls per QAT training step):
-        ``x`` must be a non-empty C-contiguous float32 NumPy array (the caller checks), and per
-        channel ``ch_axis`` must be the first axis. The result and the new state are bit for
-        bit those of :meth:`forward` followed by :meth:`calculate_qparams`; only the argument
-        validation is skipped and the tiny-array NumPy work is trimmed. Whenever the batch or
-        the state is not plain finite data (NaN/Inf, unset channels, an overflow), it returns
-        None without touching the state, and the caller takes the full path.
-        """
-        from nbqat.kernels import qat_cpu
-
-        if self._per_channel:
-            if self.ch_axis % x.ndim != 0:
-                return None
-            c = x.shape[0]
-            if self._min.size and self._min.size != c:
-                return None
-            b = x.reshape(-1).view(np.int32)
-            if b.size >= _jit.PARALLEL_MIN:
-                return None
-            kmin, kmax = _k.minmax_keys_3d_serial(b, 1, c, b.size // c)
-            if kmin.min() <= _k.KEY_NEG_INF or kmax.max() >= _k.KEY_POS_INF:
-                return None
-            out = np.empty((4, c), np.float64)  # exact for float32 values and int32 zps
-            ok = qat_cpu.observe_channel_qparams(
-                kmin,
-                kmax,
-                self._min,
-                self._max,
-                self._moving,
-                _F32(self.averaging_constant) if self._moving else _F32(1),
-                self.symmetric,
-                self._symmetric_zero_point() if self.symmetric else 0,
-                self.quant_min,
-                self.quant_max,
-                self.eps,
-                out,
-            )
-            if not ok:
-                return None
-            self._min, self._max = out[0].astype(_F32), out[1].astype(_F32)
-            return out[2].astype(_F32), out[3].astype(np.int32)
-        b = x.reshape(-1).view(np.int32)
-        if b.size >= _jit.PARALLEL_MIN:
-            return None
-        kmin, kmax = _k.row_keys(b, 0, b.size, _k.KEY_POS_INF, _k.KEY_NEG_INF)
-        if not (kmin > _k.KEY_NEG_INF and kmax < _k.KEY_POS_INF):
-            return None
-        ok, nmin, nmax, sc, zp = qat_cpu.observe_tensor_qparams(
-            b,
-            kmin,
-            kmax,
-            self._min[()],
-            self._max[()],
-            self._moving,
-            _F32(self.averaging_constant) if self._moving else _F32(1),
-            self.symmetric,
-            self.quant_min,
-            self.quant_max,
-            self.eps,
-        )
-        if not ok:
-            return None
-        if self.symmetric:
-            zp = self._symmetric_zero_point()
-        self._min, self._max = np.array(nmin, _F32), np.array(nmax, _F32)
-        return np.array([sc], _F32), np.array([zp], np.int32)
-
+    # -- private helpers of nbqat.FakeQuantize's fast path ------------------------------------
     def _symmetric_zero_point(self) -> int:
         """The zero point of a symmetric qscheme (see :meth:`calculate_qparams`)."""
         if _DTYPES[self.dtype][2]:

@@ -306,3 +306,95 @@ def test_fake_quantize_on_device_equals_host(cuda_sim, small_cuda_blocks, rng):
         yd = dev(cuda_sim.to_device(x))
         np.testing.assert_array_equal(np.asarray(yd.copy_to_host()), yh)
     np.testing.assert_array_equal(dev.scale, host.scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# the fused fast path (nbqat.kernels.qat_cpu) against the validated public path
+# ---------------------------------------------------------------------------------------------
+FUSED_CONFIGS = {
+    "tensor_affine_quint8_moving": dict(
+        observer=nbqat.MovingAverageMinMaxObserver, quant_min=0, quant_max=255
+    ),
+    "tensor_symmetric_qint8": dict(
+        observer=nbqat.MinMaxObserver, dtype="qint8", qscheme="per_tensor_symmetric"
+    ),
+    "channel0_symmetric_qint8_moving": CONFIGS["channel0_symmetric_qint8"][0],
+    "channel0_affine_quint8": dict(
+        observer=nbqat.PerChannelMinMaxObserver, ch_axis=0, qscheme="per_channel_affine"
+    ),
+}
+
+
+def _outcome(fq, x):
+    """Everything a forward produces: output bits or the error, warnings, and the new state."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            y, err = fq(x), None
+        except ValueError as e:
+            y, err = None, str(e)
+    obs = fq.activation_post_process
+    state = [fq.scale, fq.zero_point, obs.min_val, obs.max_val, fq.ctx]
+    return (
+        None if y is None else (y is x, bits(y).tobytes()),
+        err,
+        [(w.category, str(w.message)) for w in caught],
+        [
+            None if a is None else (a.dtype, a.shape, np.ascontiguousarray(a).tobytes())
+            for a in state
+        ],
+    )
+
+
+@pytest.mark.parametrize("nonfinite", ["raise", "ignore", "propagate"])
+@pytest.mark.parametrize("name", list(FUSED_CONFIGS))
+def test_fused_fast_path_matches_public_path(monkeypatch, rng, name, nonfinite):
+    from nbqat import _jit
+    from nbqat.kernels import qat_cpu
+
+    fused = []
+    for kern in ("fq_tensor_fused", "fq_channel_fused"):
+        f = getattr(qat_cpu, kern)
+        monkeypatch.setattr(qat_cpu, kern, lambda *a, _f=f: fused.append(1) or _f(*a))
+    fast = nbqat.FakeQuantize(nonfinite=nonfinite, **FUSED_CONFIGS[name])
+    slow = nbqat.FakeQuantize(nonfinite=nonfinite, **FUSED_CONFIGS[name])
+    # (observer on, fake quant on, non-finite values) per call: QAT steps with an evolving
+    # moving average, NaN/Inf batches (the fast path must fall back), frozen, calibration
+    plan = [(1, 1, 0), (1, 1, 0), (1, 1, 0), (1, 1, 1), (1, 1, 0), (0, 1, 0), (1, 0, 0)]
+    plan += [(1, 1, 0), (1, 1, 1), (1, 1, 0), (0, 1, 0)]
+    for step, (observe, fake, bad) in enumerate(plan):
+        for m in (fast, slow):
+            m.enable_observer(bool(observe))
+            m.enable_fake_quant(bool(fake))
+        x = (rng.standard_normal((6, 10)) * (0.5 + step) + rng.normal(0, 2)).astype(np.float32)
+        x[step % 6, step % 10] = 60.0 - 15 * step  # out of range now and then: masked
+        if bad:
+            x[1, 2], x[4, 7], x[5, 0] = np.nan, np.inf, -np.inf
+        before = len(fused)
+        got = _outcome(fast, x)
+        with monkeypatch.context() as mp:
+            mp.setattr(_jit, "PARALLEL_MIN", 0)  # every call takes the public path
+            n_fused = len(fused)
+            want = _outcome(slow, x)
+            assert len(fused) == n_fused
+        assert got == want, (step, got[1], want[1])
+        if not bad and nonfinite != "propagate":
+            assert len(fused) > before  # the fast path ran (it is not what is compared)
+        if got[0] is not None and fast.ctx is not None:
+            g = rng.standard_normal(x.shape).astype(np.float32)
+            g[0, 0] = np.nan  # NaN * 0 stays NaN: the STE multiplies
+            gf = fast.backward(g)
+            with monkeypatch.context() as mp:
+                mp.setattr(_jit, "PARALLEL_MIN", 0)
+                gs = slow.backward(g)
+                g_slow = g.copy()
+                assert slow.backward(g_slow, out=g_slow) is g_slow
+            assert np.array_equal(bits(gf), bits(gs))
+            g_fast = g.copy()
+            assert fast.backward(g_fast, out=g_fast) is g_fast  # in place
+            assert np.array_equal(bits(g_fast), bits(gs)) and np.array_equal(bits(g_slow), bits(gs))
+        elif got[0] is not None:
+            g = rng.standard_normal(x.shape).astype(np.float32)
+            assert fast.backward(g) is not g and np.array_equal(fast.backward(g), g)
+            assert fast.backward(g, out=g) is g
+    assert fused

@@ -1,8 +1,13 @@
 """Compiled CPU kernels of the QAT hot path (:class:`nbqat.FakeQuantize`'s private fast path).
 
 A QAT training step calls its quantizers ~200 times on small tensors, so these kernels are serial
-(a parallel-region launch costs more than the work) and fold the observer update and the qparams
-into one compiled call. Every result is bit for bit that of the public, validated path.
+(a parallel-region launch costs more than the work) and each quantizer call is ONE compiled call:
+the observer's min/max pass, the observer update, ``calculate_qparams`` and the fake
+quantization with its STE mask (:func:`fq_tensor_fused`, :func:`fq_channel_fused`). Every result
+is bit for bit that of the public, validated path (:meth:`nbqat.observers._MinMaxBase.forward`,
+``calculate_qparams`` and :mod:`nbqat.fake_quant`); whenever the data or the state is not plain
+finite data they report failure with nothing written that the caller keeps, and the caller takes
+the public path.
 """
 
 from __future__ import annotations
@@ -12,52 +17,64 @@ import types
 import numpy as np
 
 from nbqat._jit import cpu_kernel
+from nbqat._validate import QUANT_BOUND
 from nbqat.kernels import fake_quant_cpu as _fqk
+from nbqat.kernels.observe_cpu import KEY_NEG_INF, KEY_POS_INF
+
+_M = np.int32(0x7FFFFFFF)
+_S = np.int32(31)
+_QB = np.int64(QUANT_BOUND)
 
 
-# ---------------------------------------------------------------------------------------------
-# QAT hot path: one per-tensor observer step + qparams (nbqat.observers' private fast path)
-# ---------------------------------------------------------------------------------------------
-@cpu_kernel(parallel=False)
-def observe_tensor_qparams(
-    b, kmin, kmax, old_min, old_max, moving, cst, symmetric, qmin, qmax, eps
-):
-    """A min/max observer's update and ``calculate_qparams`` for one finite float32 batch, as
-    scalars (the per-tensor hot path of :class:`nbqat.FakeQuantize`).
+@cpu_kernel(parallel=False, inline="always")
+def _fq_args_ok(scale, z, qmin, qmax):  # pragma: no cover
+    """What :mod:`nbqat.fake_quant` accepts (else it raises, and so must the caller): a range
+    ``qmin < qmax`` inside ``[-QUANT_BOUND, QUANT_BOUND]``, a zero point inside it, a float32
+    scale that is finite, > 0 and has a finite reciprocal."""
+    if not (qmin < qmax and qmin >= -_QB and qmax <= _QB and qmin <= z and z <= qmax):
+        return False
+    inv = np.float32(1.0) / scale
+    return scale > 0 and np.isfinite(scale) and np.isfinite(inv)
 
-    ``b`` (n,) int32 holds the bits of the float32 batch, ``kmin``/``kmax`` its min/max order
-    keys (:mod:`nbqat.kernels.observe_cpu`); ``old_min``/``old_max`` float32 the state
-    (+inf/-inf when unset). Returns ``(ok, new_min, new_max, scale, zero_point)`` with the
-    float32 expressions of :meth:`nbqat.observers._MinMaxBase._update` and ``_qparams``
-    (NumPy's ``minimum(a, b) = a if a < b else b``); ``ok`` is False -- the caller then takes the
-    full path -- when the batch or the new state is not finite or the zero point would need
-    torch's out-of-range conversion. Symmetric: the zero point returned is 0 (callers fill it).
+
+@cpu_kernel(parallel=False, inline="always")
+def _keys_to_f32(k0, k1):  # pragma: no cover
+    """float32 values of two order keys (the key map is its own inverse)."""
+    buf = np.empty(2, np.int32)
+    a = np.int64(k0)
+    b = np.int64(k1)
+    if a < 0:
+        a = a ^ 0x7FFFFFFF
+    if b < 0:
+        b = b ^ 0x7FFFFFFF
+    buf[0] = a
+    buf[1] = b
+    f = buf.view(np.float32)
+    return f[0], f[1]
+
+
+@cpu_kernel(parallel=False, inline="always")
+def _update_qparams(fmin, fmax, om, oM, has_old, moving, cst, symmetric, qmin, qmax, eps):
+    """One (channel's) observer update and qparams, as float32 scalars.
+
+    torch's expressions (:meth:`nbqat.observers._MinMaxBase._update` and ``_qparams``), with
+    NumPy's ``minimum(a, b) = a if a < b else b``. Returns ``(ok, new_min, new_max, scale, z)``;
+    ``ok`` is False when the new state is not finite or the zero point would need torch's
+    out-of-range conversion (the public path handles those). Symmetric: ``z`` is 0.
     """
     T = np.float32
     zero = T(0.0)
-    buf = np.empty(2, np.int32)
-    k0 = np.int64(kmin)
-    k1 = np.int64(kmax)
-    if k0 < 0:
-        k0 = k0 ^ 0x7FFFFFFF
-    if k1 < 0:
-        k1 = k1 ^ 0x7FFFFFFF
-    buf[0] = k0
-    buf[1] = k1
-    f = buf.view(np.float32)
-    fmin = f[0]
-    fmax = f[1]
-    if old_min == np.inf and old_max == -np.inf:
+    if not has_old:
         nmin = fmin
         nmax = fmax
     elif moving:
-        nmin = old_min + cst * (fmin - old_min)
-        nmax = old_max + cst * (fmax - old_max)
+        nmin = om + cst * (fmin - om)
+        nmax = oM + cst * (fmax - oM)
     else:
-        nmin = fmin if fmin < old_min else old_min
-        nmax = fmax if fmax > old_max else old_max
+        nmin = fmin if fmin < om else om
+        nmax = fmax if fmax > oM else oM
     if not (np.isfinite(nmin) and np.isfinite(nmax)):
-        return False, nmin, nmax, T(1.0), 0
+        return False, nmin, nmax, T(1.0), np.int64(0)
     min_neg = nmin if nmin < zero else zero
     max_pos = nmax if nmax > zero else zero
     if symmetric:
@@ -65,87 +82,214 @@ def observe_tensor_qparams(
         mp = mneg if mneg > max_pos else max_pos
         scale = mp / T((qmax - qmin) / 2.0)
         scale = scale if scale > eps else eps
-        return True, nmin, nmax, scale, 0
+        return True, nmin, nmax, scale, np.int64(0)
     scale = (max_pos - min_neg) / T(qmax - qmin)
     scale = scale if scale > eps else eps
     r = np.rint(min_neg / scale)
     if not (np.isfinite(r) and r >= -(2.0**31) and r < 2.0**31):
-        return False, nmin, nmax, scale, 0
+        return False, nmin, nmax, scale, np.int64(0)
     z = np.int64(qmin) - np.int64(r)
     if z < -(2**31) or z >= 2**31:
-        return False, nmin, nmax, scale, 0
+        return False, nmin, nmax, scale, np.int64(0)
     z = max(min(z, np.int64(qmax)), np.int64(qmin))
     return True, nmin, nmax, scale, z
 
 
 @cpu_kernel(parallel=False)
-def observe_channel_qparams(
-    kmin, kmax, old_min, old_max, moving, cst, symmetric, zp_sym, qmin, qmax, eps, out
-):
-    """Per-channel twin of :func:`observe_tensor_qparams` for C channels.
+def fq_tensor_fused(
+    x,
+    y,
+    mask,
+    scale,
+    zp,
+    observe,
+    fake,
+    old_min,
+    old_max,
+    moving,
+    cst,
+    symmetric,
+    zp_sym,
+    oqmin,
+    oqmax,
+    eps,
+    qmin,
+    qmax,
+):  # pragma: no cover
+    """One per-tensor :class:`nbqat.FakeQuantize` forward on finite float32 data.
 
-    ``kmin``/``kmax`` (C,) int32 order keys of the batch's per-channel min/max; ``old_min``/
-    ``old_max`` (C,) float32 state, or (0,) when unset. Writes ``out`` (4, C) float32: rows new
-    min, new max, scale and zero point (integral values). Returns False (``out`` partly
-    written, nothing else changed) when a value is not finite or a zero point would need
-    torch's out-of-range conversion. ``zp_sym`` is the symmetric qschemes' zero point.
+    Parameters
+    ----------
+    x : (n,) float32, C-contiguous, ``n >= 1``
+    y, mask : (n,) float32 / bool outputs (written only when ``fake``; (1,) dummies otherwise)
+    scale, zp : float32, int32
+        The current qparams (used when not ``observe``).
+    observe, fake : bool
+        Observer / fake quantization enabled.
+    old_min, old_max : float32
+        The observer state (``+inf``/``-inf`` when unset).
+    moving, cst : bool, float32
+        Moving-average observer and its averaging constant.
+    symmetric, zp_sym : bool, int
+        Symmetric qscheme and its zero point.
+    oqmin, oqmax, eps : int, int, float32
+        The observer's range and scale floor.
+    qmin, qmax : int
+        The fake-quantize range.
+
+    Returns
+    -------
+    (ok, new_min, new_max, scale, zero_point) : (bool, float32, float32, float32, int64)
+        ``ok`` False (NaN/Inf in ``x``, a non-finite state, an overflowing zero point, qparams
+        or a range that :mod:`nbqat.fake_quant` rejects): the caller keeps nothing and takes the
+        public path.
     """
     T = np.float32
-    zero = T(0.0)
-    c = kmin.size
-    buf = np.empty(2 * c, np.int32)
-    for j in range(c):
-        k0 = np.int64(kmin[j])
-        k1 = np.int64(kmax[j])
-        if k0 < 0:
-            k0 = k0 ^ 0x7FFFFFFF
-        if k1 < 0:
-            k1 = k1 ^ 0x7FFFFFFF
-        buf[j] = k0
-        buf[c + j] = k1
-    f = buf.view(np.float32)
-    has_old = old_min.size == c
-    for j in range(c):
-        fmin = f[j]
-        fmax = f[c + j]
-        if not has_old:
-            nmin = fmin
-            nmax = fmax
-        else:
-            om = old_min[j]
-            oM = old_max[j]
-            if om == np.inf and oM == -np.inf:
-                return False
-            if moving:
-                nmin = om + cst * (fmin - om)
-                nmax = oM + cst * (fmax - oM)
-            else:
-                nmin = fmin if fmin < om else om
-                nmax = fmax if fmax > oM else oM
-        if not (np.isfinite(nmin) and np.isfinite(nmax)):
-            return False
-        min_neg = nmin if nmin < zero else zero
-        max_pos = nmax if nmax > zero else zero
+    z = np.int64(zp)
+    nmin = old_min
+    nmax = old_max
+    if observe:
+        b = x.view(np.int32)
+        kmin = np.int32(KEY_POS_INF)
+        kmax = np.int32(KEY_NEG_INF)
+        for i in range(np.uint64(0), np.uint64(b.size)):
+            w = b[i]
+            k = np.int32(w ^ ((w >> _S) & _M))
+            kmin = min(k, kmin)
+            kmax = max(k, kmax)
+        if not (kmin > KEY_NEG_INF and kmax < KEY_POS_INF):
+            return False, nmin, nmax, scale, z
+        fmin, fmax = _keys_to_f32(kmin, kmax)
+        has_old = not (old_min == np.inf and old_max == -np.inf)
+        ok, nmin, nmax, scale, z = _update_qparams(
+            fmin, fmax, old_min, old_max, has_old, moving, cst, symmetric, oqmin, oqmax, eps
+        )
+        if not ok:
+            return False, nmin, nmax, scale, z
         if symmetric:
-            mneg = -min_neg
-            mp = mneg if mneg > max_pos else max_pos
-            scale = mp / T((qmax - qmin) / 2.0)
-            scale = scale if scale > eps else eps
             z = np.int64(zp_sym)
-        else:
-            scale = (max_pos - min_neg) / T(qmax - qmin)
-            scale = scale if scale > eps else eps
-            r = np.rint(min_neg / scale)
-            if not (np.isfinite(r) and r >= -(2.0**31) and r < 2.0**31):
+    if fake:
+        if not _fq_args_ok(scale, z, np.int64(qmin), np.int64(qmax)):
+            return False, nmin, nmax, scale, z
+        inv = T(1.0) / scale
+        zf = T(z)
+        lo = T(qmin)
+        hi = T(qmax)
+        m8 = mask.view(np.uint8)  # byte stores and an unsigned loop vectorize best
+        # nbqat.kernels.fake_quant_cpu.fq_tensor_kernel's arithmetic
+        for i in range(np.uint64(0), np.uint64(x.size)):
+            r = np.rint(x[i] * inv) + zf
+            q = r if r > lo else lo
+            q = q if q < hi else hi
+            m8[i] = np.uint8((lo <= r) & (r <= hi))
+            y[i] = (q - zf) * scale
+    return True, nmin, nmax, scale, z
+
+
+@cpu_kernel(parallel=False)
+def fq_channel_fused(
+    x,
+    y,
+    mask,
+    scale,
+    observe,
+    fake,
+    out,
+    zp,
+    old_min,
+    old_max,
+    moving,
+    cst,
+    symmetric,
+    zp_sym,
+    oqmin,
+    oqmax,
+    eps,
+    qmin,
+    qmax,
+):  # pragma: no cover
+    """One per-channel (channel axis first) :class:`nbqat.FakeQuantize` forward.
+
+    Parameters
+    ----------
+    x : (c * inner,) float32, C-contiguous: the ``(c, inner)`` data, ``c = zp.size >= 1``
+    y, mask : (c * inner,) float32 / bool outputs (written only when ``fake``; dummies otherwise)
+    scale : (c,) float32
+        The current scales (used when not ``observe``).
+    observe, fake : bool
+        Observer / fake quantization enabled.
+    out : (3, c) float32
+        Output when ``observe``: rows new min_val, new max_val, new scale ((3, 0) otherwise).
+    zp : (c,) int32
+        Output (the new zero points) when ``observe``; else the zero points to use.
+    old_min, old_max : (c,) float32 observer state, or (0,) when unset
+    moving, cst, symmetric, zp_sym, oqmin, oqmax, eps, qmin, qmax
+        As :func:`fq_tensor_fused`.
+
+    Returns
+    -------
+    bool
+        False (NaN/Inf in ``x``, an unset channel in the state, a non-finite state, an
+        overflowing zero point, qparams or a range that :mod:`nbqat.fake_quant` rejects): the
+        outputs are partly written and the caller keeps nothing.
+    """
+    T = np.float32
+    c = zp.size
+    n = x.size
+    inner = n // c
+    sc = scale
+    if observe:
+        sc = out[2]
+        b = x.view(np.int32)
+        has_old = old_min.size == c
+        for j in range(c):
+            kmin = np.int32(KEY_POS_INF)
+            kmax = np.int32(KEY_NEG_INF)
+            for i in range(np.uint64(j * inner), np.uint64((j + 1) * inner)):
+                w = b[i]
+                k = np.int32(w ^ ((w >> _S) & _M))
+                kmin = min(k, kmin)
+                kmax = max(k, kmax)
+            if not (kmin > KEY_NEG_INF and kmax < KEY_POS_INF):
                 return False
-            z = np.int64(qmin) - np.int64(r)
-            if z < -(2**31) or z >= 2**31:
+            fmin, fmax = _keys_to_f32(kmin, kmax)
+            om = T(np.inf)
+            oM = T(-np.inf)
+            if has_old:
+                om = old_min[j]
+                oM = old_max[j]
+                if om == np.inf and oM == -np.inf:
+                    return False
+            ok, nmin, nmax, s, z = _update_qparams(
+                fmin, fmax, om, oM, has_old, moving, cst, symmetric, oqmin, oqmax, eps
+            )
+            if not ok:
                 return False
-            z = max(min(z, np.int64(qmax)), np.int64(qmin))
-        out[0, j] = nmin
-        out[1, j] = nmax
-        out[2, j] = scale
-        out[3, j] = T(z)
+            out[0, j] = nmin
+            out[1, j] = nmax
+            sc[j] = s
+            zp[j] = zp_sym if symmetric else z
+    if fake:
+        for j in range(c):
+            if not _fq_args_ok(sc[j], np.int64(zp[j]), np.int64(qmin), np.int64(qmax)):
+                return False
+        lo = T(qmin)
+        hi = T(qmax)
+        m8 = mask.view(np.uint8)
+        for j in range(c):  # nbqat.kernels.fake_quant_cpu.fq_channel_kernel's arithmetic
+            s = sc[j]
+            inv = T(1.0) / s
+            zf = T(zp[j])
+            base = j * inner
+            xr = x[base : base + inner]
+            yr = y[base : base + inner]
+            mr = m8[base : base + inner]
+            for k in range(np.uint64(0), np.uint64(inner)):
+                r = np.rint(xr[k] * inv) + zf
+                q = r if r > lo else lo
+                q = q if q < hi else hi
+                mr[k] = np.uint8((lo <= r) & (r <= hi))
+                yr[k] = (q - zf) * s
     return True
 
 
@@ -157,14 +301,8 @@ def _renamed(f, name):
     return g
 
 
-#: Serial builds of the fake-quantize kernels (:mod:`nbqat.kernels.fake_quant_cpu`) for the
-#: small tensors of a QAT step: launching a parallel region costs more than the work there.
-fq_tensor_serial = cpu_kernel(parallel=False)(
-    _renamed(_fqk.fq_tensor_kernel.py_func, "fq_tensor_serial")
-)
-fq_channel_serial = cpu_kernel(parallel=False)(
-    _renamed(_fqk.fq_channel_kernel.py_func, "fq_channel_serial")
-)
+#: Serial build of the STE kernel (:func:`nbqat.kernels.fake_quant_cpu.ste_backward_kernel`) for
+#: the small tensors of a QAT step: launching a parallel region costs more than the work there.
 ste_backward_serial = cpu_kernel(parallel=False)(
     _renamed(_fqk.ste_backward_kernel.py_func, "ste_backward_serial")
 )
