@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.kernels import attention_cpu as _k
-from nbqat.nn.layers.linear import Linear
+from nbqat.nn.layers.linear import Linear, hook_backward
 from nbqat.nn.params import Module
 
 
@@ -133,7 +133,8 @@ class InterpretableMultiHeadAttention(Module):
         dvt = np.empty_like(vt)  # (B, d_h, T)
         _k.attn_apply_backward(do, pbar, vt, dp, dvt)
         if self.attention_fake_quant is not None:
-            dp = np.ascontiguousarray(self.attention_fake_quant.backward(dp, ctx), dtype=p.dtype)
+            dp = hook_backward(self.attention_fake_quant, dp, ctx)
+            dp = np.ascontiguousarray(dp, dtype=p.dtype)
         dqh = np.empty_like(qh)
         dkt = np.empty_like(kt)
         _k.attn_probs_backward(dp, p, qh, kt, offset, dqh, dkt)

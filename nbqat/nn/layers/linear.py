@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat.fake_quantize import FakeQuantize
 from nbqat.kernels import nn_cpu
 from nbqat.nn.params import Module, uniform_init
 
@@ -18,6 +19,15 @@ def _ones(n: int, dtype: np.dtype) -> np.ndarray:
     v = np.ones(n, dtype=dtype)
     v.flags.writeable = False
     return v
+
+
+def hook_backward(hook: Any, grad: np.ndarray, ctx: Any) -> np.ndarray:
+    """``hook.backward(grad, ctx)``, written into ``grad`` itself when the hook is nbqat's
+    :class:`~nbqat.FakeQuantize` (``out=``: no allocation, no pass over fresh memory). ``grad``
+    must be a temporary the caller owns; any other hook gets the plain call."""
+    if type(hook) is FakeQuantize:
+        return hook.backward(grad, ctx, out=grad)
+    return hook.backward(grad, ctx)
 
 
 def _as_rows(x: np.ndarray, n_last: int, name: str) -> np.ndarray:
@@ -130,12 +140,12 @@ class Linear(Module):
         dy2 = _as_rows(dy, self.out_features, "Linear grad")  # (N, out)
         dwq = dy2.T @ xq  # (out, in)
         if self.weight_fake_quant is not None:
-            dwq = self.weight_fake_quant.backward(dwq, ctx_w)
+            dwq = hook_backward(self.weight_fake_quant, dwq, ctx_w)
         self.weight_grad += dwq
         if self.has_bias:
             # column sum through BLAS gemv (~4x faster than ndarray.sum(axis=0) here)
             self.bias_grad += _ones(dy2.shape[0], dy2.dtype) @ dy2
         dx = dy2 @ wq  # (N, in)
         if self.input_fake_quant is not None:
-            dx = self.input_fake_quant.backward(dx, ctx_x)
+            dx = hook_backward(self.input_fake_quant, dx, ctx_x)
         return dx.reshape(*lead, self.in_features)

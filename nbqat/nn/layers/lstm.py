@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.kernels import nn_cpu
+from nbqat.nn.layers.linear import hook_backward
 from nbqat.nn.params import Module, uniform_init
 
 
@@ -235,14 +236,14 @@ class LSTM(Module):
             # (B, d) grad w.r.t. (quantized) h_{t-1}; the kernel has consumed the old dh_next
             dh_next = np.matmul(dg[t], w_hh, out=dh_buf)
             if hfq is not None:
-                dh_next = hfq.backward(dh_next, ctx_h[t])
+                dh_next = hook_backward(hfq, dh_next, ctx_h[t])
         dg2 = dg.reshape(nl * nb, 4 * d)
         dw_ih = dg2.T @ xt.reshape(nl * nb, -1)  # (4d, in)
         dw_hh = dg2.T @ hprev.reshape(nl * nb, d)  # (4d, d)
         if self.weight_ih_fake_quant is not None:
-            dw_ih = self.weight_ih_fake_quant.backward(dw_ih, ctx_wih)
+            dw_ih = hook_backward(self.weight_ih_fake_quant, dw_ih, ctx_wih)
         if self.weight_hh_fake_quant is not None:
-            dw_hh = self.weight_hh_fake_quant.backward(dw_hh, ctx_whh)
+            dw_hh = hook_backward(self.weight_hh_fake_quant, dw_hh, ctx_whh)
         self.weight_ih_grad += dw_ih
         self.weight_hh_grad += dw_hh
         db = dg2.sum(axis=0)
@@ -251,5 +252,5 @@ class LSTM(Module):
         dxt = (dg2 @ w_ih).reshape(nl, nb, -1)  # (L, B, in)
         dx = np.ascontiguousarray(dxt.transpose(1, 0, 2))  # (B, L, in)
         if self.input_fake_quant is not None:
-            dx = self.input_fake_quant.backward(dx, ctx_x)
+            dx = hook_backward(self.input_fake_quant, dx, ctx_x)
         return dx, np.ascontiguousarray(dh_next), dc_next
