@@ -62,6 +62,36 @@ def median_time(fn: Callable[[], Any], repeat: int = 7, warmup: int = 1) -> floa
     return float(np.median(times))
 
 
+def paired_ratio(
+    fn_a: Callable[[], Any], fn_b: Callable[[], Any], rounds: int = 15
+) -> tuple[float, float, float, float, float]:
+    """Time ``fn_a`` and ``fn_b`` alternately (a, b, a, b, ...) after one warm-up call each.
+
+    On a shared machine a noisy second hits both members of a pair alike, so the median of the
+    per-pair ratios is steadier than a ratio of two medians taken one after the other.
+
+    Returns
+    -------
+    tuple of float
+        ``(median ratio a/b, first quartile, third quartile, median a seconds, median b
+        seconds)``.
+    """
+    fn_a()
+    fn_b()
+    ta, tb = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn_a()
+        t1 = time.perf_counter()
+        fn_b()
+        t2 = time.perf_counter()
+        ta.append(t1 - t0)
+        tb.append(t2 - t1)
+    r = np.asarray(ta) / np.asarray(tb)
+    q1, med, q3 = (float(v) for v in np.percentile(r, [25, 50, 75]))
+    return med, q1, q3, float(np.median(ta)), float(np.median(tb))
+
+
 def copy_roof(nbytes: int, repeat: int = 7) -> float:
     """Median seconds of the fastest parallel copy that moves ``nbytes`` in total
     (``nbytes / 2`` read and ``nbytes / 2`` written).

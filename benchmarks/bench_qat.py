@@ -7,7 +7,8 @@
 Every step is forward -> pinball loss -> backward -> total gradient norm -> Adam with clipping
 (max_norm 1.0). Config: the float benchmark's (B=64, k=48, tau=12, hidden 32, 4 heads, 2 static,
 4 known, 3 observed inputs, float32); ``NBQAT_BENCH_SMALL=1`` shrinks it for a smoke run.
-Ratios are reported, not asserted.
+The QAT and float steps alternate (``_roof.paired_ratio``): the QAT/float figure is the median
+of the per-pair ratios, with its quartiles. Ratios are reported, not asserted.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 import numba
 import numpy as np
 import pytest
-from _roof import bench_median, median_time, report
+from _roof import median_time, paired_ratio, report
 from conftest import SMALL
 from threadpoolctl import threadpool_limits
 
@@ -37,6 +38,7 @@ from nbqat.nn.qat import QATTemporalFusionTransformer  # noqa: E402
 B, K, TAU, D = (8, 12, 4, 16) if SMALL else (64, 48, 12, 32)
 CFG = TFTConfig(2, 4, 3, D, K, TAU, num_heads=4)
 REPEAT = 3 if SMALL else 7
+ROUNDS = 3 if SMALL else 21
 
 
 def _batch(rng):
@@ -106,21 +108,21 @@ def test_qat_train_step(benchmark):
     # nbqat's steps run with NumPy's BLAS on one thread, as `nbqat train` does (threadpoolctl):
     # its small matmuls gain nothing from a second BLAS thread, whose spinning starves Numba's
     # worker. torch keeps its own thread pools (intra-op threads = Numba's thread count).
+    # QAT and float steps alternate (paired_ratio): the ratio is the median over the pairs.
     with threadpool_limits(limits=1, user_api="blas"):
         qat_step()  # compile / warm up
         float_step()
         benchmark.pedantic(qat_step, rounds=REPEAT, iterations=1, warmup_rounds=1)
-        t_qat = bench_median(benchmark)
-        if not np.isfinite(t_qat):  # --benchmark-disable
-            t_qat = median_time(qat_step, repeat=REPEAT)
-        t_float = median_time(float_step, repeat=REPEAT)
+        ratio, q1, q3, t_qat, t_float = paired_ratio(qat_step, float_step, rounds=ROUNDS)
     t_torch = median_time(torch_step, repeat=REPEAT)
     report(
         benchmark,
         qat_ms=t_qat * 1e3,
         float_ms=t_float * 1e3,
         torch_qat_ms=t_torch * 1e3,
-        qat_over_float=t_qat / t_float,
+        qat_over_float=ratio,
+        qat_over_float_q1=q1,
+        qat_over_float_q3=q3,
         torch_over_nbqat_qat=t_torch / t_qat,
         quantizers=float(len(qat.fake_quants)),
     )

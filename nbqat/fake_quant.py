@@ -481,7 +481,10 @@ def fake_quantize_backward(grad_y: Any, mask: Any, *, out: Any = None) -> Any:
     of = _flat_out(out, t, n, (gf, mf))
     if n:
         with threads_for(n):
-            _k.ste_backward_kernel(gf, mf, of)
+            if of.__array_interface__["data"][0] == gf.__array_interface__["data"][0]:
+                _k.ste_backward_inplace_kernel(of, mf)  # out=grad_y: in place
+            else:
+                _k.ste_backward_kernel(gf, mf, of)
     return _finish(out, of, g.shape, g.dtype)
 
 

@@ -306,7 +306,7 @@ class FakeQuantize(_QuantizerPhases):
                     out = np.empty(grad_y.shape, _F32)
                     _qk.ste_backward_serial(g, ctx.reshape(-1), out.reshape(-1))
                 else:
-                    _qk.ste_backward_serial(g, ctx.reshape(-1), g)
+                    _qk.ste_backward_inplace(g, ctx.reshape(-1))
                 return out
         return _fq.fake_quantize_backward(grad_y, ctx, out=out)
 

@@ -453,6 +453,10 @@ def test_ste_backward_matches_torch(torch, rng, dtype):
     g = F.fake_quantize_backward(gy, m)
     assert bits_equal(g, tx.grad.numpy())
     assert np.isnan(g[0, 0])  # NaN * 0 stays NaN, as torch
+    # contiguous out=grad_y: the in-place kernel
+    gin = gy.copy()
+    assert F.fake_quantize_backward(gin, m, out=gin) is gin
+    assert bits_equal(gin, tx.grad.numpy())
     # strided grad_y and out=grad_y in place
     gbig = np.zeros((5, 14), dtype)
     gbig[:, ::2] = gy
@@ -461,6 +465,19 @@ def test_ste_backward_matches_torch(torch, rng, dtype):
     # mask None: identity (copy)
     c = F.fake_quantize_backward(gy, None)
     assert bits_equal(c, gy) and c is not gy
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_ste_backward_parallel_build(torch, rng, force_parallel, in_place):
+    """The parallel STE kernels (out-of-place and in place) under the forced parallel builds."""
+    x = (rng.standard_normal(1000) * 20).astype(np.float32)
+    gy = rng.standard_normal(1000).astype(np.float32)
+    tx = torch.from_numpy(x).requires_grad_(True)
+    torch.fake_quantize_per_tensor_affine(tx, 0.1, 0, -128, 127).backward(torch.from_numpy(gy))
+    _, m = F.fake_quantize_per_tensor_affine_cachemask(x, 0.1, 0, -128, 127)
+    assert 0 < m.sum() < m.size
+    g = F.fake_quantize_backward(gy, m, out=gy) if in_place else F.fake_quantize_backward(gy, m)
+    assert bits_equal(g, tx.grad.numpy())
 
 
 def test_ste_per_channel_matches_torch(torch, rng):

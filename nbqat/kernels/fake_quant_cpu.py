@@ -138,6 +138,25 @@ def ste_backward_kernel(grad_y, mask, out):  # pragma: no cover
         out[i] = grad_y[i] * (one if mask[i] else zero)
 
 
+@cpu_kernel(parallel=True)
+def ste_backward_inplace_kernel(grad, mask):  # pragma: no cover
+    """In-place straight-through estimator ``grad *= mask`` (a multiply, so NaN stays NaN).
+
+    A kernel of its own: :func:`ste_backward_kernel` with ``out`` the same array as ``grad_y``
+    is correct, but LLVM's runtime overlap check then sends its loop to the scalar version
+    (measured 6-7x slower on 98k float32 elements).
+
+    Parameters
+    ----------
+    grad : (n,) float32 | float64, C-contiguous, written in place
+    mask : (n,) bool
+    """
+    one = grad.dtype.type(1)
+    zero = grad.dtype.type(0)
+    for i in prange(grad.size):
+        grad[i] = grad[i] * (one if mask[i] else zero)
+
+
 @cpu_kernel(parallel=False, inline="always")
 def _lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf):  # pragma: no cover
     """Element ``i``'s LSQ gradients ``(dx, ds, dz)`` in ``x``'s dtype.

@@ -306,3 +306,8 @@ def _renamed(f, name):
 ste_backward_serial = cpu_kernel(parallel=False)(
     _renamed(_fqk.ste_backward_kernel.py_func, "ste_backward_serial")
 )
+#: Serial build of :func:`nbqat.kernels.fake_quant_cpu.ste_backward_inplace_kernel`
+#: (``FakeQuantize.backward(g, ctx, out=g)``).
+ste_backward_inplace = cpu_kernel(parallel=False)(
+    _renamed(_fqk.ste_backward_inplace_kernel.py_func, "ste_backward_inplace")
+)
