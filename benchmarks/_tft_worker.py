@@ -4,7 +4,7 @@ Run as ``python benchmarks/_tft_worker.py {nbqat|torch} SIZE`` with the thread c
 caller through NUMBA_NUM_THREADS / OPENBLAS_NUM_THREADS / OMP_NUM_THREADS (torch gets
 ``torch.set_num_threads`` with the same number). Prints one JSON line:
 
-* ``median_s``: median wall time of a step after two warm-up steps;
+* ``median_s``: median wall time of ``STEPS`` steps after ``WARMUP`` warm-up steps;
 * ``rss_peak_delta_mb``: the peak resident set size during the timed steps minus the resident
   set size just before them (both implementations, same measure). The kernel's peak counter
   VmHWM is reset first (``/proc/self/clear_refs`` = 5); if that is not permitted, ``ru_maxrss``
@@ -29,6 +29,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
+WARMUP = 5  # the first steps of a process run slower (allocator and caches still warming)
+STEPS = 15
 SIZES = {
     "full": dict(b=64, k=48, tau=12, d=32, heads=4),
     "small": dict(b=8, k=8, tau=4, d=8, heads=2),
@@ -100,12 +102,12 @@ def main() -> None:
             return float(loss.detach())
 
         out["torch_threads"] = torch.get_num_threads()
-    step()
-    step()
+    for _ in range(WARMUP):
+        step()
     rss0 = _rss_mb()
     out["rss_peak_reset"] = _reset_peak()
     times = []
-    for _ in range(7 if size == "full" else 5):
+    for _ in range(STEPS if size == "full" else 5):
         t0 = time.perf_counter()
         out.setdefault("loss", float(step()))
         times.append(time.perf_counter() - t0)
