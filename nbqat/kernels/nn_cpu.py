@@ -30,6 +30,7 @@ import numpy as np
 from numba import prange
 
 from nbqat._jit import cpu_kernel
+from nbqat.kernels import vmath
 
 #: Rows per chunk of the deterministic row reductions (LayerNorm parameter gradients).
 ROW_CHUNK = 128
@@ -73,29 +74,27 @@ def elu_backward(dy, x, y, dx):  # (n,) x3 -> (n,)
 # GLU with optional residual: out = skip + z[:, :C] * sigmoid(z[:, C:])  (torch F.glu layout)
 # ---------------------------------------------------------------------------------------------
 @cpu_kernel(parallel=False, error_model="numpy")
-def glu_forward(z, sig, skip, has_skip, out):  # (N, 2C), (N, C), (N, C), bool -> (N, C)
-    """``sig = 1 / (1 + sig)`` in place, ``out = z[:, :C] * sig (+ skip if has_skip)``; on entry
-    ``sig`` holds exp(-z[:, C:]) (NumPy's SIMD exp in the caller), on exit sigmoid(z[:, C:])."""
-    T = z.dtype.type
-    one = T(1.0)
+def glu_forward(z, skip, has_skip, out, sig):  # (N, 2C), (N, C), bool -> (N, C), (N, C)
+    """``sig = sigmoid(z[:, C:])``, ``out = z[:, :C] * sig (+ skip if has_skip)`` in one pass
+    (:func:`nbqat.kernels.vmath.sigmoid`, vectorised; ``sig`` is kept for backward)."""
     n, c = out.shape
-    zf = z.reshape(-1)
-    sf = sig.reshape(-1)
-    kf = skip.reshape(-1)
-    of = out.reshape(-1)
-    for r in prange(n):
-        o = r * c
-        o2 = 2 * o
+    for r in range(n):
+        zr = z[r]
+        val = zr[:c]
+        gate = zr[c:]
+        o = out[r]
+        sr = sig[r]
         if has_skip:
+            k = skip[r]
             for j in range(c):
-                s = one / (one + sf[o + j])
-                sf[o + j] = s
-                of[o + j] = kf[o + j] + zf[o2 + j] * s
+                s = vmath.sigmoid(gate[j])
+                sr[j] = s
+                o[j] = k[j] + val[j] * s
         else:
             for j in range(c):
-                s = one / (one + sf[o + j])
-                sf[o + j] = s
-                of[o + j] = zf[o2 + j] * s
+                s = vmath.sigmoid(gate[j])
+                sr[j] = s
+                o[j] = val[j] * s
 
 
 @cpu_kernel(parallel=False)

@@ -88,9 +88,8 @@ class GatedLinearUnit(Module):
                 raise ValueError(f"residual must have shape {out.shape}, got {residual.shape}")
             skip = np.ascontiguousarray(residual, dtype=z.dtype).reshape(-1, c)
             has_skip = True
-        sig = np.negative(z2[:, c:])  # (N, C) -> exp(-gate) -> sigmoid(gate) in the kernel
-        np.exp(sig, out=sig)
-        nn_cpu.glu_forward(z2, sig, skip, has_skip, out.reshape(-1, c))
+        sig = np.empty((z2.shape[0], c), dtype=z.dtype)  # sigmoid(gate), kept for backward
+        nn_cpu.glu_forward(z2, skip, has_skip, out.reshape(-1, c), sig)
         self._cache = (z2, sig)
         return out
 
