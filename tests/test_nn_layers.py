@@ -307,6 +307,38 @@ def test_attention(rng, hook):
     np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-14)
 
 
+@pytest.mark.parametrize("offset", [0, 9, 40])
+def test_attention_float32_matches_float64(rng, offset):
+    """The float32 kernels (vector code over the key rows, partial last vectors) at a realistic
+    size against the float64 build of the same layer: output and every gradient."""
+    nb, tq, tk, d = 3, 11, 37, 32
+    q = rng.normal(size=(nb, tq, d))
+    kv = rng.normal(size=(nb, tk, d))
+    dy = rng.normal(size=(nb, tq, d))
+    res = {}
+    for dt in (np.float64, np.float32):
+        att = InterpretableMultiHeadAttention(d, 4)
+        buf = ParameterBuffer(att, dt, 3)  # same seed: the same weights, cast
+        out = att.forward(q.astype(dt), kv.astype(dt), offset=offset)
+        dq, dkv = att.backward(dy.astype(dt))
+        res[dt] = (out, dq, dkv, buf.grads.copy(), att.attention_weights)
+    for a, b in zip(res[np.float32], res[np.float64]):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5 * np.abs(b).max())
+    w = res[np.float32][4]  # (B, tq, T): row i sums to 1 over keys j <= offset + i
+    for i in range(tq):
+        lim = min(offset + i + 1, tk)
+        assert np.all(w[:, i, lim:] == 0) and np.all(w[:, i, :lim] > 0)
+
+
+def test_attention_rejects_negative_offset(rng):
+    att = InterpretableMultiHeadAttention(4, 2)
+    _build(att)
+    x = rng.normal(size=(1, 2, 4))
+    with pytest.raises(ValueError, match="offset must be >= 0"):
+        att.forward(x, x, offset=-1)
+
+
 def test_attention_matches_reference(rng):
     att = InterpretableMultiHeadAttention(6, 3)
     _build(att)

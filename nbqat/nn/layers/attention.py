@@ -70,15 +70,25 @@ class InterpretableMultiHeadAttention(Module):
         key_value : ndarray (B, T, d_model)
             The sequence that gives both the keys and the values.
         offset : int
-            Absolute position of the first query in the key sequence: query ``i`` attends to
-            keys ``j <= offset + i`` (itself included).
+            Absolute position (>= 0) of the first query in the key sequence: query ``i``
+            attends to keys ``j <= offset + i`` (itself included).
 
         Returns
         -------
         ndarray (B, tq, d_model)
             The attention output; ``attention_probs`` is set to the per-head probabilities
             (B, H, tq, T).
+
+        Raises
+        ------
+        ValueError
+            When ``offset < 0`` (a query would see no key).
         """
+        offset = int(offset)
+        if offset < 0:
+            raise ValueError(
+                f"offset must be >= 0 (query i attends to keys j <= offset + i), got {offset}"
+            )
         q = self.q_proj.forward(query)  # (B, tq, d)
         k = self.k_proj.forward(key_value)  # (B, T, d)
         v = self.v_proj.forward(key_value)  # (B, T, d_h)
@@ -88,9 +98,9 @@ class InterpretableMultiHeadAttention(Module):
         qh = np.ascontiguousarray(q.reshape(nb, tq, nh, dh).transpose(0, 2, 1, 3))  # (B,H,tq,dh)
         kt = np.ascontiguousarray(k.reshape(nb, tk, nh, dh).transpose(0, 2, 3, 1))  # (B,H,dh,T)
         p = np.empty((nb, nh, tq, tk), dtype=q.dtype)  # (B, H, tq, T)
-        _k.attn_scores(qh, kt, int(offset), p)
+        _k.attn_scores(qh, kt, offset, p)
         np.exp(p, out=p)
-        _k.attn_normalize(p, int(offset))
+        _k.attn_normalize(p, offset)
         ctx = None
         pq = p
         if self.attention_fake_quant is not None:
@@ -103,7 +113,7 @@ class InterpretableMultiHeadAttention(Module):
         self.attention_probs = p
         # heads averaged (unquantized): the forecaster's interpretable attention weights
         self.attention_weights = pbar if pq is p else p.mean(axis=1)
-        self._cache = (qh, kt, vt, p, pbar, ctx, int(offset))
+        self._cache = (qh, kt, vt, p, pbar, ctx, offset)
         return self.out_proj.forward(o)
 
     def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
