@@ -138,6 +138,29 @@ def test_elu(rng):
     np.testing.assert_allclose(e.forward(x), np.where(x > 0, x, np.expm1(x)), rtol=1e-15)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_elu_fused_bias_and_context(rng, dtype):
+    """ELU.forward(x, bias, context): one pass equal to ELU(x + bias + context[b]) (float64
+    reference; float32 through vmath.expm1, within 2 ulp); x keeps the pre-activation."""
+    nb, steps, c = 3, 5, 32
+    x = rng.normal(size=(nb, steps, c)).astype(dtype)
+    x[0, 0, :8] = np.linspace(-1e-3, 1e-3, 8)  # expm1's small-argument branch
+    bias = rng.normal(size=c).astype(dtype)
+    ctx = rng.normal(size=(nb, c)).astype(dtype)
+    pre = (x + bias) + ctx[:, None, :]  # in dtype, the kernel's order of the two additions
+    p64 = pre.astype(np.float64)
+    ref = np.where(p64 > 0, p64, np.expm1(p64))
+    xin = x.copy()
+    y = ELU().forward(xin, bias=bias, context=ctx)
+    tol = 2 * np.finfo(dtype).eps
+    np.testing.assert_allclose(y, ref, rtol=tol, atol=tol * 1e-3)
+    assert np.array_equal(xin, pre)  # the cached pre-activation, bit for bit
+    with pytest.raises(ValueError, match="context must have shape"):
+        ELU().forward(x.copy(), context=ctx[:2])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ELU().forward(np.asfortranarray(x[0]), bias=bias)
+
+
 @pytest.mark.parametrize("residual", [False, True])
 def test_glu(rng, residual):
     glu = GatedLinearUnit(3, 4)

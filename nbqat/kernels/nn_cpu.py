@@ -54,11 +54,26 @@ def bias_add(y, b):  # (N, C) in place, (C,)
 # ELU (alpha = 1), elementwise over flat 1-D views (the exponential is NumPy's SIMD expm1)
 # ---------------------------------------------------------------------------------------------
 @cpu_kernel(parallel=False)
-def elu_select(x, y):  # (n,) x2 -> y (n,) in place
-    """``y = x where x > 0`` (on entry ``y`` holds ``expm1(min(x, 0))``): ELU's forward."""
-    for i in prange(x.size):
-        if x[i] > 0:
-            y[i] = x[i]
+def elu_forward(x, bias, has_bias, ctx, has_ctx, steps, y):  # (N, C) in place -> y (N, C)
+    """ELU's forward in one pass, with the preceding additions fused in:
+    ``x[r] += bias`` (if ``has_bias``) ``+ ctx[r // steps]`` (if ``has_ctx``; a (B, C) static
+    context broadcast over ``steps`` rows per batch element), then ``y = x if x > 0 else
+    expm1(x)`` (:func:`nbqat.kernels.vmath.expm1`, vectorised). ``x`` keeps the pre-activation
+    for backward."""
+    n, c = x.shape
+    for r in range(n):
+        xr = x[r]
+        if has_bias:
+            for j in range(c):
+                xr[j] += bias[j]
+        if has_ctx:
+            cr = ctx[r // steps]
+            for j in range(c):
+                xr[j] += cr[j]
+        yr = y[r]
+        for j in range(c):
+            v = xr[j]
+            yr[j] = v if v > 0 else vmath.expm1(v)
 
 
 @cpu_kernel(parallel=False)

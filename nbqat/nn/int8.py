@@ -332,13 +332,16 @@ class Int8Linear:
         qlinear_kernel(x_q, self.input_zero_point, self._wc, self._mult, b, out)
         return out
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
+    def forward(self, x: np.ndarray, add_bias: bool = True) -> np.ndarray:
         """Quantize ``x`` with the input qparams and apply the integer matmul.
 
         Parameters
         ----------
         x : ndarray (..., K) float
             Any leading shape; K = ``in_features``.
+        add_bias : bool, default True
+            False leaves the bias out (the float :class:`~nbqat.nn.Linear`'s option, used by
+            the GRN, which adds it in its ELU pass).
 
         Returns
         -------
@@ -347,7 +350,8 @@ class Int8Linear:
         """
         lead = x.shape[:-1]
         xq = self.quantize_input(np.reshape(x, (-1, self.in_features)))
-        return self.matmul_codes(xq).reshape(*lead, self.out_features)
+        b = None if add_bias else np.zeros(self.out_features, np.float32)
+        return self.matmul_codes(xq, b).reshape(*lead, self.out_features)
 
     __call__ = forward
 

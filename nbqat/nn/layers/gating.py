@@ -263,18 +263,16 @@ class GatedResidualNetwork(Module):
             raise ValueError(
                 "context c must be given exactly when the GRN was built with context_size"
             )
-        z = self.fc1.forward(a)  # (..., h)
+        z = self.fc1.forward(a, add_bias=False)  # (..., h); the bias goes in with the ELU
+        cp = None
         if c is not None:
             if c.ndim != 2 or c.shape != (a.shape[0], self.context_size):
                 raise ValueError(
                     f"context must have shape ({a.shape[0]}, {self.context_size}), got {c.shape}"
                 )
-            cp = self.context.forward(c)  # (B, h)
-            if a.ndim == 3:
-                z += cp[:, None, :]  # broadcast over time
-            else:
-                z += cp
-        eta2 = self.elu.forward(z)
+            cp = self.context.forward(c)  # (B, h), broadcast over time in the ELU's pass
+        # one compiled pass: z += fc1.bias (+ context), eta2 = ELU(z)
+        eta2 = self.elu.forward(z, bias=self.fc1.bias, context=cp)
         eta1 = self.fc2.forward(eta2)
         skip = self.skip.forward(a) if self.input_size != self.output_size else a
         self._cache = (a.ndim, c is not None)

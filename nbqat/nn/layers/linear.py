@@ -78,13 +78,17 @@ class Linear(Module):
         self.weight_fake_quant: Any = None
         self.input_fake_quant: Any = None
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
+    def forward(self, x: np.ndarray, add_bias: bool = True) -> np.ndarray:
         """``y = input_fake_quant(x) @ weight_fake_quant(W).T + b`` over the last axis.
 
         Parameters
         ----------
         x : ndarray (..., in_features) float32 or float64
             Any leading shape (time-distributed); normally in the dtype of ``weight``.
+        add_bias : bool, default True
+            False leaves the bias out of ``y`` for a caller that adds it inside its own compiled
+            pass (:class:`GatedResidualNetwork` into its ELU). :meth:`backward` is the same
+            either way (the bias gradient is the column sum of ``dy``).
 
         Returns
         -------
@@ -111,7 +115,7 @@ class Linear(Module):
         else:
             wq = self.weight
         y = xq @ wq.T  # (N, out)
-        if self.has_bias:
+        if self.has_bias and add_bias:
             nn_cpu.bias_add(y, self.bias)
         self._cache = (xq, wq, ctx_x, ctx_w, lead)
         return y.reshape(*lead, self.out_features)
