@@ -89,16 +89,22 @@ def elu_backward(dy, x, y, dx):  # (n,) x3 -> (n,)
 # GLU with optional residual: out = skip + z[:, :C] * sigmoid(z[:, C:])  (torch F.glu layout)
 # ---------------------------------------------------------------------------------------------
 @cpu_kernel(parallel=False, error_model="numpy")
-def glu_forward(z, skip, has_skip, out, sig):  # (N, 2C), (N, C), bool -> (N, C), (N, C)
-    """``sig = sigmoid(z[:, C:])``, ``out = z[:, :C] * sig (+ skip if has_skip)`` in one pass
-    (:func:`nbqat.kernels.vmath.sigmoid`, vectorised; ``sig`` is kept for backward)."""
+def glu_forward(z, bias, skip, has_skip, out, sig):  # (N, 2C), (2C,), (N, C) -> (N, C), (N, C)
+    """The GLU in one pass: ``z[r] += bias`` (in place: backward reads the biased value half),
+    ``sig = sigmoid(z[:, C:])`` (:func:`nbqat.kernels.vmath.sigmoid`, vectorised), ``out =
+    z[:, :C] * sig (+ skip if has_skip)``."""
     n, c = out.shape
+    bv = bias[:c]
+    bg = bias[c:]
     for r in range(n):
         zr = z[r]
         val = zr[:c]
         gate = zr[c:]
         o = out[r]
         sr = sig[r]
+        for j in range(c):
+            val[j] += bv[j]
+            gate[j] += bg[j]
         if has_skip:
             k = skip[r]
             for j in range(c):

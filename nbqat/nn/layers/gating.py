@@ -76,7 +76,7 @@ class GatedLinearUnit(Module):
         ValueError
             When ``residual`` does not have the output's shape.
         """
-        z = self.fc.forward(x)  # (..., 2C)
+        z = self.fc.forward(x, add_bias=False)  # (..., 2C); the kernel adds the bias
         c = self.output_size
         z2 = z.reshape(-1, 2 * c)  # (N, 2C)
         out = np.empty(z.shape[:-1] + (c,), dtype=z.dtype)
@@ -89,7 +89,7 @@ class GatedLinearUnit(Module):
             skip = np.ascontiguousarray(residual, dtype=z.dtype).reshape(-1, c)
             has_skip = True
         sig = np.empty((z2.shape[0], c), dtype=z.dtype)  # sigmoid(gate), kept for backward
-        nn_cpu.glu_forward(z2, skip, has_skip, out.reshape(-1, c), sig)
+        nn_cpu.glu_forward(z2, self.fc.bias, skip, has_skip, out.reshape(-1, c), sig)
         self._cache = (z2, sig)
         return out
 
