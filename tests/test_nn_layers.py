@@ -141,7 +141,7 @@ def test_elu(rng):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_elu_fused_bias_and_context(rng, dtype):
     """ELU.forward(x, bias, context): one pass equal to ELU(x + bias + context[b]) (float64
-    reference; float32 through vmath.expm1, within 2 ulp); x keeps the pre-activation."""
+    reference; float32 through nn_cpu.vexpm1, within 2 ulp); x keeps the pre-activation."""
     nb, steps, c = 3, 5, 32
     x = rng.normal(size=(nb, steps, c)).astype(dtype)
     x[0, 0, :8] = np.linspace(-1e-3, 1e-3, 8)  # expm1's small-argument branch
@@ -157,6 +157,9 @@ def test_elu_fused_bias_and_context(rng, dtype):
     assert np.array_equal(xin, pre)  # the cached pre-activation, bit for bit
     with pytest.raises(ValueError, match="context must have shape"):
         ELU().forward(x.copy(), context=ctx[:2])
+    empty = np.zeros((0, steps, c), dtype)  # an empty batch, with and without the fused terms
+    assert ELU().forward(empty).shape == empty.shape
+    assert ELU().forward(empty, bias=bias, context=ctx[:0]).shape == empty.shape
     with pytest.raises(ValueError, match="C-contiguous"):
         ELU().forward(np.asfortranarray(x[0]), bias=bias)
 

@@ -1,21 +1,21 @@
-"""nbqat.kernels.vmath: the vectorisable exp / sigmoid against float64 (and longdouble) NumPy."""
+"""The vectorisable exp / sigmoid / expm1 of nbqat.kernels.nn_cpu against longdouble NumPy."""
 
 import numpy as np
 import pytest
 from numba import njit
 
-from nbqat.kernels import vmath
+from nbqat.kernels import nn_cpu
 
 
 @njit(cache=False)
 def _apply(x, y, which):
     for i in range(x.size):
         if which == 0:
-            y[i] = vmath.exp(x[i])
+            y[i] = nn_cpu.vexp(x[i])
         elif which == 1:
-            y[i] = vmath.sigmoid(x[i])
+            y[i] = nn_cpu.vsigmoid(x[i])
         else:
-            y[i] = vmath.expm1(x[i])
+            y[i] = nn_cpu.vexpm1(x[i])
 
 
 def _run(x, which):
@@ -69,6 +69,27 @@ def test_special_values(dtype):
     m = _run(x, 2)
     assert np.isnan(e[0]) and np.isnan(s[0]) and np.isnan(m[0])
     assert m[2] == -1 and m[3] == 0
+    assert np.signbit(_run(np.array([-0.0], dtype), 2)[0])  # expm1(-0.0) = -0.0
     assert s[1] == 1 and s[3] == 0.5 and e[3] == 1
-    assert 0 <= s[2] < 1e-38 and 0 <= e[2] < 1.2e-38 * 1.0001
-    assert e[1] > 1e38  # float32: 2.4e38 (clamped), float64: inf
+    assert s[2] == 0 and e[2] == 0 and e[1] == np.inf
+    big = np.array([89.0, -88.0, -1e30], dtype)  # overflow / below the normal range
+    assert _run(big, 1)[1] >= 0 and _run(big, 1)[2] == 0
+    if dtype == np.float32:
+        assert _run(big, 0)[0] == np.inf  # float32 overflow, as expf
+
+
+def test_glu_nonfinite_matches_torch(torch):
+    """The GLU's fused float32 sigmoid handles inf / huge gates as torch.nn.functional.glu:
+    -inf * sigmoid(-inf) is NaN, a huge value times a gate that underflows is 0."""
+    from nbqat.nn.layers import GatedLinearUnit
+    from nbqat.nn.params import ParameterBuffer
+
+    glu = GatedLinearUnit(2, 2)
+    ParameterBuffer(glu, np.float32, 0)
+    x = np.array([[np.inf, 0], [-np.inf, 1], [1e30, -1e30], [3.0, -2.0]], np.float32)
+    y = glu.forward(x)
+    tz = torch.from_numpy(x) @ torch.from_numpy(glu.fc.weight).T + torch.from_numpy(glu.fc.bias)
+    ref = torch.nn.functional.glu(tz, -1).numpy()
+    assert np.array_equal(np.isnan(y), np.isnan(ref))
+    fin = ~np.isnan(ref)
+    np.testing.assert_allclose(y[fin], ref[fin], rtol=1e-6)

@@ -61,8 +61,11 @@ class ELU(Module):
             nb = x.shape[0]
             if context.shape != (nb, c):
                 raise ValueError(f"ELU: context must have shape ({nb}, {c}), got {context.shape}")
-            steps = x2.shape[0] // nb
+            steps = x2.shape[0] // max(nb, 1)
         y = np.empty_like(x)
+        if x2.size == 0:  # nothing to compute (and no row to broadcast a context over)
+            self._cache = (x, y)
+            return y
         nn_cpu.elu_forward(
             x2,
             x2[0] if bias is None else np.asarray(bias, dtype=x.dtype),  # unread without bias
