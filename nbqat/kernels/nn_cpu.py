@@ -2,26 +2,30 @@
 
 Every kernel takes C-contiguous arrays of one floating dtype (float32 or float64) and writes its
 results into caller-provided outputs; the Python layer classes validate and allocate. Matrix
-products are not here: they go through NumPy's BLAS in the layers, and so do the SIMD
-transcendentals (``np.exp``, ``np.expm1``, ``np.tanh`` run ~10x faster than scalar libm calls in
-a Numba loop). Threading: every kernel here is compiled serial (``prange`` runs as ``range``;
-the loops keep the per-row ownership that makes them safe to parallelise). A training step calls
-them hundreds of times on small arrays, and every parallel-region launch wakes Numba's OpenMP
-pool, which then competes with OpenBLAS's own threads for the cores: measured on a shared 2-core
-machine, parallel kernels made a whole step 5-40x slower. The step's multi-threading therefore
-comes from one pool only, BLAS (the matmuls are ~60% of a step). Constants are typed with the
-array's own dtype (``T = x.dtype.type``) so float32 stays float32. Reductions over rows are
-chunked by a fixed row count (:data:`ROW_CHUNK`), never by the thread count, and the per-chunk
-partials are merged in order by the caller, so results do not depend on the number of threads.
+products are not here: they go through NumPy's BLAS in the layers. Transcendentals: a scalar libm
+call in a Numba loop is ~10x slower than NumPy's SIMD ufuncs, so the LSTM uses ``np.tanh`` between
+compiled passes, while the GLU and the ELU call the vectorisable :func:`vsigmoid` / :func:`vexpm1`
+defined below inside their one pass.
 
-Vectorisation: the kernels index every array through a flat 1-D view (``a.reshape(-1)``, offsets
-computed per row) rather than ``a[r, j]``. With several 2-D arrays read and written in one loop,
-LLVM gives up on the runtime alias checks of 2-D indexing and emits scalar code; over flat views
-the same loops compile to AVX2/AVX-512 vector code (measured 3-5x faster per kernel); LayerNorm
-keeps 2-D indexing, which vectorises better there. Kernels that divide use
-``error_model="numpy"`` (IEEE division, no ZeroDivisionError check): Numba's default Python
-error model puts a branch on every division, which stops LLVM from vectorising the loop (the
-divisors here are never zero: ``1 + exp(-x)``, ``sqrt(d_h)``, sums of positive terms).
+Threading: every kernel here is compiled serial (``prange`` runs as ``range``; the loops keep the
+per-row ownership that makes them safe to parallelise). A training step calls them hundreds of times
+on small arrays, and every parallel-region launch wakes Numba's OpenMP pool, which then competes
+with OpenBLAS's own threads for the cores: measured on a shared 2-core machine, parallel kernels
+made a whole step 5-40x slower. The step's multi-threading therefore comes from one pool only, BLAS
+(the matmuls are about a third of a step). Constants are typed with the array's own dtype (``T =
+x.dtype.type``) so float32 stays float32. Reductions over rows are chunked by a fixed row count
+(:data:`ROW_CHUNK`), never by the thread count, and the per-chunk partials are merged in order by
+the caller, so results do not depend on the number of threads.
+
+Vectorisation: inner loops index either a flat 1-D view (``a.reshape(-1)``, offsets computed per
+row) or a row view (``row = a[r]``, then ``row[j]`` with ``j`` from ``range``), not ``a[r, j]``:
+with several 2-D arrays read and written in one loop, LLVM gives up on the runtime alias checks of
+2-D indexing and emits scalar code, while the same loops over flat or row views compile to
+AVX2/AVX-512 code (measured 3-5x faster per kernel); LayerNorm keeps 2-D indexing, which vectorises
+better there. Kernels that divide use ``error_model="numpy"`` (IEEE division, no ZeroDivisionError
+check): Numba's default Python error model puts a branch on every division, which stops LLVM from
+vectorising the loop (the divisors here are never zero: ``1 + exp(-x)``, ``sqrt(d_h)``, sums of
+positive terms).
 """
 
 from __future__ import annotations
