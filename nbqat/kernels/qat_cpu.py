@@ -95,6 +95,34 @@ def _update_qparams(fmin, fmax, om, oM, has_old, moving, cst, symmetric, qmin, q
     return True, nmin, nmax, scale, z
 
 
+@cpu_kernel(parallel=False, inline="always")
+def _minmax_keys(b):  # pragma: no cover
+    """Min and max order keys (:mod:`nbqat.kernels.observe_cpu`) of the float32 bits ``b``
+    (1-D int32 view); an unsigned loop vectorises best."""
+    kmin = np.int32(KEY_POS_INF)
+    kmax = np.int32(KEY_NEG_INF)
+    for i in range(np.uint64(0), np.uint64(b.size)):
+        w = b[i]
+        k = np.int32(w ^ ((w >> _S) & _M))
+        kmin = min(k, kmin)
+        kmax = max(k, kmax)
+    return kmin, kmax
+
+
+@cpu_kernel(parallel=False, inline="always")
+def _fq_span(x, y, m8, s, zf, lo, hi):  # pragma: no cover
+    """Fake-quantize the 1-D span ``x`` with one scale / zero point into ``y`` and the byte mask
+    ``m8`` (:func:`nbqat.kernels.fake_quant_cpu.fq_tensor_kernel`'s arithmetic; byte stores
+    and an unsigned loop vectorise best)."""
+    inv = np.float32(1.0) / s
+    for i in range(np.uint64(0), np.uint64(x.size)):
+        r = np.rint(x[i] * inv) + zf
+        q = r if r > lo else lo
+        q = q if q < hi else hi
+        m8[i] = np.uint8((lo <= r) & (r <= hi))
+        y[i] = (q - zf) * s
+
+
 @cpu_kernel(parallel=False)
 def fq_tensor_fused(
     x,
@@ -149,14 +177,7 @@ def fq_tensor_fused(
     nmin = old_min
     nmax = old_max
     if observe:
-        b = x.view(np.int32)
-        kmin = np.int32(KEY_POS_INF)
-        kmax = np.int32(KEY_NEG_INF)
-        for i in range(np.uint64(0), np.uint64(b.size)):
-            w = b[i]
-            k = np.int32(w ^ ((w >> _S) & _M))
-            kmin = min(k, kmin)
-            kmax = max(k, kmax)
+        kmin, kmax = _minmax_keys(x.view(np.int32))
         if not (kmin > KEY_NEG_INF and kmax < KEY_POS_INF):
             return False, nmin, nmax, scale, z
         fmin, fmax = _keys_to_f32(kmin, kmax)
@@ -171,18 +192,7 @@ def fq_tensor_fused(
     if fake:
         if not _fq_args_ok(scale, z, np.int64(qmin), np.int64(qmax)):
             return False, nmin, nmax, scale, z
-        inv = T(1.0) / scale
-        zf = T(z)
-        lo = T(qmin)
-        hi = T(qmax)
-        m8 = mask.view(np.uint8)  # byte stores and an unsigned loop vectorize best
-        # nbqat.kernels.fake_quant_cpu.fq_tensor_kernel's arithmetic
-        for i in range(np.uint64(0), np.uint64(x.size)):
-            r = np.rint(x[i] * inv) + zf
-            q = r if r > lo else lo
-            q = q if q < hi else hi
-            m8[i] = np.uint8((lo <= r) & (r <= hi))
-            y[i] = (q - zf) * scale
+        _fq_span(x, y, mask.view(np.uint8), scale, T(z), T(qmin), T(qmax))
     return True, nmin, nmax, scale, z
 
 
@@ -243,13 +253,7 @@ def fq_channel_fused(
         b = x.view(np.int32)
         has_old = old_min.size == c
         for j in range(c):
-            kmin = np.int32(KEY_POS_INF)
-            kmax = np.int32(KEY_NEG_INF)
-            for i in range(np.uint64(j * inner), np.uint64((j + 1) * inner)):
-                w = b[i]
-                k = np.int32(w ^ ((w >> _S) & _M))
-                kmin = min(k, kmin)
-                kmax = max(k, kmax)
+            kmin, kmax = _minmax_keys(b[j * inner : (j + 1) * inner])
             if not (kmin > KEY_NEG_INF and kmax < KEY_POS_INF):
                 return False
             fmin, fmax = _keys_to_f32(kmin, kmax)
@@ -276,20 +280,9 @@ def fq_channel_fused(
         lo = T(qmin)
         hi = T(qmax)
         m8 = mask.view(np.uint8)
-        for j in range(c):  # nbqat.kernels.fake_quant_cpu.fq_channel_kernel's arithmetic
-            s = sc[j]
-            inv = T(1.0) / s
-            zf = T(zp[j])
-            base = j * inner
-            xr = x[base : base + inner]
-            yr = y[base : base + inner]
-            mr = m8[base : base + inner]
-            for k in range(np.uint64(0), np.uint64(inner)):
-                r = np.rint(xr[k] * inv) + zf
-                q = r if r > lo else lo
-                q = q if q < hi else hi
-                mr[k] = np.uint8((lo <= r) & (r <= hi))
-                yr[k] = (q - zf) * s
+        for j in range(c):
+            sl = slice(j * inner, (j + 1) * inner)
+            _fq_span(x[sl], y[sl], m8[sl], sc[j], T(zp[j]), lo, hi)
     return True
 
 
