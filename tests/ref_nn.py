@@ -103,3 +103,16 @@ class NumpyFakeQuant:
     def backward(self, grad, ctx=None):
         m = self.ctx if ctx is None else ctx
         return np.where(m, grad, 0).astype(grad.dtype)
+
+
+def set_fold_embedding(model, fold: bool) -> int:
+    """Switch every VariableSelectionNetwork of ``model`` to the folded (True) or the
+    materialised (False) embedding path; returns how many were switched."""
+    from nbqat.nn import VariableSelectionNetwork
+
+    n = 0
+    for _, mod in model.named_modules():
+        if isinstance(mod, VariableSelectionNetwork):
+            mod.fold_embedding = fold
+            n += 1
+    return n

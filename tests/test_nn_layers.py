@@ -234,6 +234,32 @@ def test_grn(rng, in_size, out_size, ctx, lead):
     _check(grn, lambda: (grn.forward(a, c),), bwd, inputs)
 
 
+def test_grn_projected_pair_is_the_grn_after_its_projections(rng):
+    """forward_projected / backward_projected with the caller's fc1 and skip products give the
+    GRN's own output and gradients exactly; the plain backward refuses a projected forward."""
+    grn = GatedResidualNetwork(5, 4, 3, 2)
+    _build(grn)
+    a, c, dy = rng.normal(size=(2, 3, 5)), rng.normal(size=(2, 2)), rng.normal(size=(2, 3, 3))
+    y = grn.forward(a, c)
+    da, dc = grn.backward(dy)
+    g_ref = {n: g.copy() for n, g in grn.named_grads()}
+    for _, g in grn.named_grads():
+        g[...] = 0
+    z = a @ grn.fc1.weight.T
+    skip = a @ grn.skip.weight.T + grn.skip.bias
+    np.testing.assert_array_equal(grn.forward_projected(z, skip, c), y)
+    dz, dskip, dc2 = grn.backward_projected(dy)
+    np.testing.assert_array_equal(dc2, dc)
+    np.testing.assert_array_equal(dz @ grn.fc1.weight + dskip @ grn.skip.weight, da)
+    for name, g in grn.named_grads():
+        if name.startswith(("fc1.", "skip.")):
+            assert not g.any(), name  # the caller's projections: untouched
+        else:
+            np.testing.assert_array_equal(g, g_ref[name])
+    with pytest.raises(RuntimeError, match="backward_projected"):
+        grn.backward(dy)
+
+
 def test_grn_context_errors(rng):
     grn = GatedResidualNetwork(4, 4, 4, 3)
     _build(grn)
@@ -243,9 +269,10 @@ def test_grn_context_errors(rng):
         grn.forward(rng.normal(size=(2, 4)), rng.normal(size=(3, 3)))
 
 
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "materialised"])
 @pytest.mark.parametrize("m,ctx,lead", [(3, None, (4,)), (2, 4, (2, 3)), (1, None, (3,))])
-def test_vsn(rng, m, ctx, lead):
-    vsn = VariableSelectionNetwork(m, 4, ctx)
+def test_vsn(rng, m, ctx, lead, fold):
+    vsn = VariableSelectionNetwork(m, 4, ctx, fold_embedding=fold)
     _build(vsn)
     x = rng.normal(size=lead + (m,))
     c = None if ctx is None else rng.normal(size=(lead[0], ctx))

@@ -415,6 +415,65 @@ def embed_backward(x, w, dflat, dpervar, dx, dw, db):
             dx[r, j] = s
 
 
+@cpu_kernel(parallel=False)
+def embed_var_forward(x, w, b, a, pervar, zs):
+    """The per-variable embeddings and their ``fc1`` products in one pass (the embedding folded
+    into the per-variable GRNs' first Linear, which is affine in the scalar ``x[n, j]``).
+
+    ``pervar[j, n] = x[n, j] * w[j] + b[j]`` and ``zs[j, n] = x[n, j] * a[j]`` (``a[j] =
+    fc1_j.weight @ w[j]``; the ``fc1_j.weight @ b[j]`` part is a constant the caller adds with
+    the bias). Shapes: x (N, m); w, b (m, d); a (m, h); pervar (m, N, d); zs (m, N, h).
+    """
+    n, m = x.shape
+    for j in range(m):
+        wj = w[j]
+        bj = b[j]
+        aj = a[j]
+        for r in prange(n):
+            xv = x[r, j]
+            prow = pervar[j, r]
+            zrow = zs[j, r]
+            for e in range(wj.shape[0]):
+                prow[e] = xv * wj[e] + bj[e]
+            for e in range(aj.shape[0]):
+                zrow[e] = xv * aj[e]
+
+
+@cpu_kernel(parallel=False, fastmath=True)
+def embed_var_backward(x, j, w, a, dz, dskip, gz, gz0, gs, gs0, dx):
+    """The sums the folded per-variable ``fc1`` and embedding need from one variable's GRN
+    gradients, in one pass over the rows (in order, serial).
+
+    With ``xj = x[:, j]``: ``gz = dz^T xj``, ``gz0 = sum_n dz[n]`` (h,); ``gs = dskip^T xj``,
+    ``gs0 = sum_n dskip[n]`` (d,) (all written); ``dx[n, j] += dz[n] . a + dskip[n] . w``
+    (accumulated). Shapes: x, dx (N, m); w, dskip rows (d,); a, dz rows (h,).
+    """
+    T = x.dtype.type
+    n = x.shape[0]
+    for e in range(gz.shape[0]):
+        gz[e] = T(0.0)
+        gz0[e] = T(0.0)
+    for e in range(gs.shape[0]):
+        gs[e] = T(0.0)
+        gs0[e] = T(0.0)
+    for r in range(n):
+        xv = x[r, j]
+        zrow = dz[r]
+        srow = dskip[r]
+        acc = T(0.0)
+        for e in range(gz.shape[0]):
+            g = zrow[e]
+            gz[e] += xv * g
+            gz0[e] += g
+            acc += g * a[e]
+        for e in range(gs.shape[0]):
+            g = srow[e]
+            gs[e] += xv * g
+            gs0[e] += g
+            acc += g * w[e]
+        dx[r, j] += acc
+
+
 @cpu_kernel(parallel=False, fastmath=True)
 def vsn_combine_forward(v, xs, out):  # (N, m), (m, N, d) -> (N, d)
     """``out[n] = sum_j v[n, j] * xs[j, n]`` (j outer, the contiguous d axis inner)."""

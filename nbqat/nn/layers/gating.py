@@ -259,23 +259,76 @@ class GatedResidualNetwork(Module):
             When ``c`` is given without ``context_size`` (or missing with it), or ``c`` does not
             have shape ``(B, context_size)``.
         """
+        self._check_context(a, c)
+        z = self.fc1.forward(a, add_bias=False)  # (..., h); the bias goes in with the ELU
+        skip = self.skip.forward(a) if self.input_size != self.output_size else a
+        return self._body(z, skip, c, out, self.fc1.bias, projected=False)
+
+    def _check_context(self, a: np.ndarray, c: np.ndarray | None) -> None:
         if (c is None) != (self.context_size is None):
             raise ValueError(
                 "context c must be given exactly when the GRN was built with context_size"
             )
-        z = self.fc1.forward(a, add_bias=False)  # (..., h); the bias goes in with the ELU
-        cp = None
-        if c is not None:
-            if c.ndim != 2 or c.shape != (a.shape[0], self.context_size):
-                raise ValueError(
-                    f"context must have shape ({a.shape[0]}, {self.context_size}), got {c.shape}"
-                )
-            cp = self.context.forward(c)  # (B, h), broadcast over time in the ELU's pass
-        # one compiled pass: z += fc1.bias (+ context), eta2 = ELU(z)
-        eta2 = self.elu.forward(z, bias=self.fc1.bias, context=cp)
+        if c is not None and (c.ndim != 2 or c.shape != (a.shape[0], self.context_size)):
+            raise ValueError(
+                f"context must have shape ({a.shape[0]}, {self.context_size}), got {c.shape}"
+            )
+
+    def forward_projected(
+        self,
+        z: np.ndarray,
+        skip: np.ndarray,
+        c: np.ndarray | None = None,
+        out: np.ndarray | None = None,
+        bias: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """The GRN after its input projections: ``LayerNorm(skip + GLU(fc2(ELU(z + bias +
+        context(c)))))``.
+
+        For a caller that computes ``z = fc1(a)`` (without the bias) and ``skip(a)`` itself, in
+        a cheaper way than the two Linear layers: :class:`VariableSelectionNetwork` folds its
+        input embedding into them. Pair it with :meth:`backward_projected`.
+
+        Parameters
+        ----------
+        z : ndarray (B, hidden_size) or (B, L, hidden_size), C-contiguous
+            ``a @ fc1.weight.T``; OVERWRITTEN with the ELU's pre-activation.
+        skip : ndarray (..., output_size)
+            The residual, ``skip(a)`` (or ``a`` itself when input_size == output_size).
+        c : ndarray (B, context_size), optional
+            The static context, as in :meth:`forward`.
+        out : ndarray (..., output_size), optional
+            A C-contiguous array to write the result into (a new array when None).
+        bias : ndarray (hidden_size,), optional
+            The bias added to ``z`` before the ELU; ``fc1.bias`` when None.
+
+        Returns
+        -------
+        ndarray (..., output_size)
+            ``out`` when given.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`forward` for the context; when ``skip`` does not have the output's shape.
+        """
+        self._check_context(z, c)
+        return self._body(z, skip, c, out, self.fc1.bias if bias is None else bias, True)
+
+    def _body(
+        self,
+        z: np.ndarray,
+        skip: np.ndarray,
+        c: np.ndarray | None,
+        out: np.ndarray | None,
+        bias: np.ndarray,
+        projected: bool,
+    ) -> np.ndarray:
+        cp = None if c is None else self.context.forward(c)  # (B, h), broadcast over time
+        # one compiled pass: z += bias (+ context), eta2 = ELU(z)
+        eta2 = self.elu.forward(z, bias=bias, context=cp)
         eta1 = self.fc2.forward(eta2)
-        skip = self.skip.forward(a) if self.input_size != self.output_size else a
-        self._cache = (a.ndim, c is not None)
+        self._cache = (z.ndim, c is not None, projected)
         return self.gate.forward(eta1, skip, out=out)
 
     def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -299,16 +352,46 @@ class GatedResidualNetwork(Module):
         RuntimeError
             When called before :meth:`forward`.
         """
-        ndim, has_ctx = self._require_forward()
-        deta1, dskip = self.gate.backward(dy)
-        dz = self.elu.backward(self.fc2.backward(deta1))
-        dc = None
-        if has_ctx:
-            dcp = dz.sum(axis=1) if ndim == 3 else dz  # (B, h): sum over broadcast time
-            dc = self.context.backward(dcp)
+        if self._require_forward()[2]:
+            raise RuntimeError("the last forward was forward_projected: use backward_projected")
+        dz, dskip, dc = self.backward_projected(dy)
         da = self.fc1.backward(dz)
         if self.input_size != self.output_size:
             da += self.skip.backward(dskip)
         else:
             da += dskip
         return da, dc
+
+    def backward_projected(
+        self, dy: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Backward of :meth:`forward_projected`: accumulates the gradients of ``context``,
+        ``fc2`` and the gate, NOT those of ``fc1`` and ``skip`` (the caller's projections).
+
+        Parameters
+        ----------
+        dy : ndarray (..., output_size)
+            Gradient w.r.t. the output of the last forward.
+
+        Returns
+        -------
+        dz : ndarray (..., hidden_size)
+            Gradient w.r.t. ``z`` (and w.r.t. the bias added to it, summed over rows).
+        dskip : ndarray (..., output_size)
+            Gradient w.r.t. ``skip``.
+        dc : ndarray (B, context_size) or None
+            Gradient w.r.t. the context (summed over time for a 3-D ``z``).
+
+        Raises
+        ------
+        RuntimeError
+            When called before a forward.
+        """
+        ndim, has_ctx, _ = self._require_forward()
+        deta1, dskip = self.gate.backward(dy)
+        dz = self.elu.backward(self.fc2.backward(deta1))
+        dc = None
+        if has_ctx:
+            dcp = dz.sum(axis=1) if ndim == 3 else dz  # (B, h): sum over broadcast time
+            dc = self.context.backward(dcp)
+        return dz, dskip, dc

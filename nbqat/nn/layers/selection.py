@@ -6,6 +6,7 @@ import numpy as np
 
 from nbqat.kernels import nn_cpu
 from nbqat.nn.layers.gating import GatedResidualNetwork
+from nbqat.nn.layers.linear import Linear, _ones
 from nbqat.nn.params import Module, ModuleList, uniform_init
 
 
@@ -109,18 +110,38 @@ class VariableSelectionNetwork(Module):
         d: embedding size, hidden size of every GRN and output size.
     context_size : int or None, default None
         Size of the static context fed to ``flat_grn`` (None for the static VSN).
+    fold_embedding : bool, default True
+        Compute the first projections of the embedded inputs without materialising them (see
+        Notes); False always runs every Linear on the embeddings (same function).
 
     Notes
     -----
     ``flat_grn`` is ``GRN(m*d -> d -> m)`` with a Linear skip (m*d != m); each ``var_grns[j]``
     is ``GRN(d -> d -> d)`` with an identity skip. After forward, ``weights`` holds the selection
     weights (..., m).
+
+    Folded embedding: the embedding of variable j is affine in one scalar, ``x_j w_j + b_j``, so
+    a Linear on it is too: ``fc1_j(xi_j) = x_j (W w_j) + (W b_j + bias)``, and ``flat_grn``'s
+    ``fc1`` and ``skip`` reduce to (N, m) x (m, d) products. Forward and backward then cost
+    O(N m d) instead of O(N m d^2) (gradients: ``dW = (dz^T x_j) w_j^T + (dz^T 1) b_j^T``, and
+    the embedding's from ``W^T dz^T x_j``). The result is the same function, rounded in another
+    order. It applies when none of those Linears has a quantization hook (a fake-quantized
+    input is no longer affine in ``x_j``) or a replaced ``forward`` (the int8 model's integer
+    matmul); otherwise, or with ``fold_embedding=False``, the embeddings are materialised and
+    every Linear runs as usual.
     """
 
-    def __init__(self, num_vars: int, hidden_size: int, context_size: int | None = None) -> None:
+    def __init__(
+        self,
+        num_vars: int,
+        hidden_size: int,
+        context_size: int | None = None,
+        fold_embedding: bool = True,
+    ) -> None:
         super().__init__()
         self.num_vars = int(num_vars)
         self.hidden_size = int(hidden_size)
+        self.fold_embedding = bool(fold_embedding)
         m, d = self.num_vars, self.hidden_size
         self.embedding = VariableEmbedding(m, d)
         self.flat_grn = GatedResidualNetwork(m * d, d, m, context_size)
@@ -154,19 +175,62 @@ class VariableSelectionNetwork(Module):
         """
         m, d = self.num_vars, self.hidden_size
         lead = x.shape[:-1]
-        flat, pervar = self.embedding.forward(x)  # (N, m*d), (m, N, d)
-        n = flat.shape[0]
-        logits = self.flat_grn.forward(flat.reshape(*lead, m * d), c)  # (..., m)
-        v = np.empty((n, m), dtype=flat.dtype)  # (N, m)
+        if self._foldable():
+            logits, xs, fold = self._folded_forward(x, c)
+        else:
+            flat, pervar = self.embedding.forward(x)  # (N, m*d), (m, N, d)
+            logits = self.flat_grn.forward(flat.reshape(*lead, m * d), c)  # (..., m)
+            xs = np.empty_like(pervar)  # (m, N, d)
+            for j in range(m):
+                self.var_grns[j].forward(pervar[j], out=xs[j])
+            fold = None
+        n = xs.shape[1]
+        v = np.empty((n, m), dtype=xs.dtype)  # (N, m)
         nn_cpu.softmax_forward(logits.reshape(n, m), v)
-        xs = np.empty((m, n, d), dtype=flat.dtype)  # (m, N, d)
-        for j in range(m):
-            self.var_grns[j].forward(pervar[j], out=xs[j])
-        out = np.empty((n, d), dtype=flat.dtype)  # (N, d)
+        out = np.empty((n, d), dtype=xs.dtype)  # (N, d)
         nn_cpu.vsn_combine_forward(v, xs, out)
-        self._cache = (v, xs, lead)
+        self._cache = (v, xs, lead, fold)
         self.weights = v.reshape(*lead, m)
         return out.reshape(*lead, d), self.weights
+
+    def _foldable(self) -> bool:
+        fc = [self.flat_grn.fc1, getattr(self.flat_grn, "skip", None)]
+        fc += [g.fc1 for g in self.var_grns]
+        # a Linear whose forward was replaced (the int8 model runs its integer matmul that way)
+        # or that has a quantizer must see its real input
+        return self.fold_embedding and all(
+            isinstance(f, Linear)
+            and "forward" not in vars(f)
+            and f.input_fake_quant is None
+            and f.weight_fake_quant is None
+            for f in fc
+        )
+
+    def _folded_forward(self, x: np.ndarray, c: np.ndarray | None) -> tuple:
+        """Forward with the embedding folded into the first projections (class Notes)."""
+        m, d = self.num_vars, self.hidden_size
+        lead = x.shape[:-1]
+        x2 = np.ascontiguousarray(x).reshape(-1, m)  # (N, m)
+        n = x2.shape[0]
+        w, b = self.embedding.weight, self.embedding.bias  # (m, d)
+        fg = self.flat_grn
+        w1 = fg.fc1.weight.reshape(d, m, d)  # (h, m, d): column block j acts on xi_j
+        ws = fg.skip.weight.reshape(m, m, d)  # (m_out, m, d)
+        a_flat = np.einsum("hjk,jk->jh", w1, w)  # (m, h)
+        s_flat = np.einsum("ojk,jk->jo", ws, w)  # (m, m_out)
+        z = (x2 @ a_flat).reshape(*lead, d)  # fc1(flat) without its constant part
+        skip = x2 @ s_flat  # (N, m)
+        skip += fg.skip.bias + np.einsum("ojk,jk->o", ws, b)
+        bias = fg.fc1.bias + np.einsum("hjk,jk->h", w1, b)
+        logits = fg.forward_projected(z, skip.reshape(*lead, m), c, bias=bias)  # (..., m)
+        a_var = np.stack([g.fc1.weight @ w[j] for j, g in enumerate(self.var_grns)])  # (m, h)
+        pervar = np.empty((m, n, d), dtype=x2.dtype)  # (m, N, d)
+        zs = np.empty((m, n, d), dtype=x2.dtype)  # (m, N, h)
+        nn_cpu.embed_var_forward(x2, w, b, a_var, pervar, zs)
+        xs = np.empty_like(pervar)  # (m, N, d)
+        for j, g in enumerate(self.var_grns):
+            g.forward_projected(zs[j], pervar[j], out=xs[j], bias=g.fc1.bias + g.fc1.weight @ b[j])
+        return logits, xs, (x2, x.shape, a_flat, s_flat, a_var)
 
     def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Accumulate every sub-layer's gradients; return the input gradients.
@@ -189,7 +253,7 @@ class VariableSelectionNetwork(Module):
         RuntimeError
             When called before :meth:`forward`.
         """
-        v, xs, lead = self._require_forward()
+        v, xs, lead, fold = self._require_forward()
         m, d = self.num_vars, self.hidden_size
         n = v.shape[0]
         dy2 = np.ascontiguousarray(dy, dtype=v.dtype).reshape(n, d)
@@ -198,9 +262,51 @@ class VariableSelectionNetwork(Module):
         nn_cpu.vsn_combine_backward(dy2, v, xs, dv, dxs)
         dlogits = np.empty_like(v)
         nn_cpu.softmax_backward(dv, v, dlogits)
+        if fold is not None:
+            return self._folded_backward(dlogits.reshape(*lead, m), dxs, fold)
         dflat, dc = self.flat_grn.backward(dlogits.reshape(*lead, m))
         dpervar = np.empty_like(xs)  # (m, N, d)
         for j in range(m):
             dpervar[j] = self.var_grns[j].backward(dxs[j])[0]
         dx = self.embedding.backward(dflat.reshape(n, m * d), dpervar)
         return dx, dc
+
+    def _folded_backward(
+        self, dlogits: np.ndarray, dxs: np.ndarray, fold: tuple
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Backward of :meth:`_folded_forward`: the folded Linears' and the embedding's
+        gradients from the GRNs' projection gradients (class Notes)."""
+        x2, shape, a_flat, s_flat, a_var = fold
+        m, d = self.num_vars, self.hidden_size
+        n = x2.shape[0]
+        w, b = self.embedding.weight, self.embedding.bias  # (m, d)
+        fg = self.flat_grn
+        w1 = fg.fc1.weight.reshape(d, m, d)
+        ws = fg.skip.weight.reshape(m, m, d)
+        dz, dskip, dc = fg.backward_projected(dlogits)
+        dz2, ds2 = dz.reshape(n, d), dskip.reshape(n, m)
+        ones = _ones(n, x2.dtype)
+        gz, gz0 = dz2.T @ x2, ones @ dz2  # (h, m), (h,)
+        gs, gs0 = ds2.T @ x2, ones @ ds2  # (m_out, m), (m_out,)
+        fc1_wg = fg.fc1.weight_grad.reshape(d, m, d)  # views of the flat gradient buffer
+        fc1_wg += gz[:, :, None] * w + gz0[:, None, None] * b
+        fg.fc1.bias_grad += gz0
+        skip_wg = fg.skip.weight_grad.reshape(m, m, d)
+        skip_wg += gs[:, :, None] * w + gs0[:, None, None] * b
+        fg.skip.bias_grad += gs0
+        dw = np.einsum("hjk,hj->jk", w1, gz) + np.einsum("ojk,oj->jk", ws, gs)  # (m, d)
+        db = np.einsum("hjk,h->jk", w1, gz0) + np.einsum("ojk,o->jk", ws, gs0)
+        dx = dz2 @ a_flat.T  # (N, m)
+        dx += ds2 @ s_flat.T
+        gzj, gz0j = np.empty(d, x2.dtype), np.empty(d, x2.dtype)
+        gsj, gs0j = np.empty(d, x2.dtype), np.empty(d, x2.dtype)
+        for j, g in enumerate(self.var_grns):
+            dzj, dsj, _ = g.backward_projected(dxs[j])  # (N, h), (N, d)
+            nn_cpu.embed_var_backward(x2, j, w[j], a_var[j], dzj, dsj, gzj, gz0j, gsj, gs0j, dx)
+            g.fc1.weight_grad += np.outer(gzj, w[j]) + np.outer(gz0j, b[j])
+            g.fc1.bias_grad += gz0j
+            dw[j] += g.fc1.weight.T @ gzj + gsj
+            db[j] += g.fc1.weight.T @ gz0j + gs0j
+        self.embedding.weight_grad += dw
+        self.embedding.bias_grad += db
+        return dx.reshape(shape), dc
