@@ -220,8 +220,9 @@ def test_gate_add_norm(rng):
     "in_size,out_size,ctx,lead",
     [(4, 4, None, (3,)), (6, 2, None, (2, 3)), (4, 4, 3, (2, 3)), (5, 3, 3, (2,))],
 )
-def test_grn(rng, in_size, out_size, ctx, lead):
-    grn = GatedResidualNetwork(in_size, 4, out_size, ctx)
+@pytest.mark.parametrize("fold", [True, False], ids=["fc2_folded", "fc2_separate"])
+def test_grn(rng, in_size, out_size, ctx, lead, fold):
+    grn = GatedResidualNetwork(in_size, 4, out_size, ctx, fold_fc2=fold)
     _build(grn)
     a = rng.normal(size=lead + (in_size,))
     c = None if ctx is None else rng.normal(size=(lead[0], ctx))

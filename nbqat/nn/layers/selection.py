@@ -196,15 +196,7 @@ class VariableSelectionNetwork(Module):
     def _foldable(self) -> bool:
         fc = [self.flat_grn.fc1, getattr(self.flat_grn, "skip", None)]
         fc += [g.fc1 for g in self.var_grns]
-        # a Linear whose forward was replaced (the int8 model runs its integer matmul that way)
-        # or that has a quantizer must see its real input
-        return self.fold_embedding and all(
-            isinstance(f, Linear)
-            and "forward" not in vars(f)
-            and f.input_fake_quant is None
-            and f.weight_fake_quant is None
-            for f in fc
-        )
+        return self.fold_embedding and all(isinstance(f, Linear) and f.is_plain() for f in fc)
 
     def _folded_forward(self, x: np.ndarray, c: np.ndarray | None) -> tuple:
         """Forward with the embedding folded into the first projections (class Notes)."""
