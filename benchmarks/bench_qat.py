@@ -1,6 +1,10 @@
 """QAT training step of the TFT-like forecaster, measured in the same run against
 
-* nbqat's float training step at the same config (target: QAT <= 1.3x the float step), and
+* nbqat's float training step at the same config (target: QAT <= 1.3x the float step), twice:
+  as a float model runs by default (``qat_over_float``, with the algebraic folds of
+  ``Module.set_folding``, which the QAT step cannot use: a fake-quantized activation sits
+  between the folded maps) and with folding off (``qat_over_unfolded_float``: the same graph
+  the QAT step runs, so the ratio is the cost of fake quantization itself), and
 * the same network in torch eager mode with ``torch.ao.quantization.FakeQuantize`` modules at
   the same places (tests/ref_qat_torch.py; target: nbqat >= 2x faster).
 
@@ -100,6 +104,9 @@ def test_qat_train_step(benchmark):
     qat.disable_calibration()
     opt = Adam(qat.params, lr=1e-3)
     float_step = _float_step(model, Adam(model.params, lr=1e-3), batch)
+    unfolded = TemporalFusionTransformer(CFG, seed=0)
+    unfolded.set_folding(False)
+    unfolded_step = _float_step(unfolded, Adam(unfolded.params, lr=1e-3), batch)
     torch_step = _torch_step(torch, qat, batch)
 
     def qat_step():
@@ -112,8 +119,10 @@ def test_qat_train_step(benchmark):
     with threadpool_limits(limits=1, user_api="blas"):
         qat_step()  # compile / warm up
         float_step()
+        unfolded_step()
         benchmark.pedantic(qat_step, rounds=REPEAT, iterations=1, warmup_rounds=1)
         ratio, q1, q3, t_qat, t_float = paired_ratio(qat_step, float_step, rounds=ROUNDS)
+        ratio_u, q1_u, q3_u, _, t_unfolded = paired_ratio(qat_step, unfolded_step, rounds=ROUNDS)
     t_torch = median_time(torch_step, repeat=REPEAT)
     report(
         benchmark,
@@ -123,6 +132,10 @@ def test_qat_train_step(benchmark):
         qat_over_float=ratio,
         qat_over_float_q1=q1,
         qat_over_float_q3=q3,
+        unfolded_float_ms=t_unfolded * 1e3,
+        qat_over_unfolded_float=ratio_u,
+        qat_over_unfolded_float_q1=q1_u,
+        qat_over_unfolded_float_q3=q3_u,
         torch_over_nbqat_qat=t_torch / t_qat,
         quantizers=float(len(qat.fake_quants)),
     )

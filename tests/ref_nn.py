@@ -103,20 +103,3 @@ class NumpyFakeQuant:
     def backward(self, grad, ctx=None):
         m = self.ctx if ctx is None else ctx
         return np.where(m, grad, 0).astype(grad.dtype)
-
-
-def set_folding(model, fold: bool) -> int:
-    """Switch every algebraic fold of ``model`` on (True, the default) or off (False): the
-    VariableSelectionNetworks' folded embedding and the GatedResidualNetworks' folded ``fc2``.
-    Returns how many modules were switched."""
-    from nbqat.nn import GatedResidualNetwork, VariableSelectionNetwork
-
-    n = 0
-    for _, mod in model.named_modules():
-        if isinstance(mod, VariableSelectionNetwork):
-            mod.fold_embedding = fold
-            n += 1
-        elif isinstance(mod, GatedResidualNetwork):
-            mod.fold_fc2 = fold
-            n += 1
-    return n

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 import pytest
-from ref_nn import fd_grad, set_folding
+from ref_nn import fd_grad
 
 from nbqat import SGD, Adam, FakeQuantize, LearnableFakeQuantize, QATConfig
 from nbqat.clip import clip_coef
@@ -115,7 +115,7 @@ def test_from_float_errors(float_model):
 # ------------------------------------------------------------------- float equivalence
 def test_fake_quant_disabled_equals_float_model_exactly(float_model, rng):
     ref = TemporalFusionTransformer(CFG, seed=7)
-    set_folding(ref, False)  # hooked Linears are never folded: compare the unfolded path
+    ref.set_folding(False)  # hooked Linears are never folded: compare the unfolded path
     qat = QATTemporalFusionTransformer.from_float(float_model)
     batch = make_batch(rng)
     g = rng.standard_normal((4, CFG.prediction_horizon, CFG.num_quantiles)).astype(np.float32)

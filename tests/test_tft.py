@@ -19,7 +19,6 @@ from ref_nn import (
     fd_directional,
     fd_grad,
     rel_err,
-    set_folding,
 )
 
 from nbqat.nn import (
@@ -87,7 +86,7 @@ def _fd_check_model(model, rng, b=2):
 @pytest.mark.parametrize("fold", [True, False])
 def test_tft_finite_differences(rng, fold):
     model = TemporalFusionTransformer(TFTConfig(**CFG), seed=1, dtype=np.float64)
-    assert set_folding(model, fold) > 3
+    assert model.set_folding(fold) > 3
     n = _fd_check_model(model, rng)
     assert n == len(list(model.named_parameters())) > 100
 
@@ -107,7 +106,7 @@ def test_identity_hooks_reproduce_float_path_exactly(rng):
         if hooked:  # hooked Linears are never folded ...
             _set_hooks(model, IdentityHook)
         else:  # ... so compare with the unfolded float path
-            set_folding(model, False)
+            model.set_folding(False)
         y = model.forward(s, h, f)
         dins = model.backward(np.ones_like(y))
         res.append((y, *dins, model.grads.copy()))
@@ -315,7 +314,7 @@ def test_folded_path_as_accurate_as_unfolded(rng):
     res = []
     for fold, dt in ((True, np.float32), (False, np.float32), (False, np.float64)):
         model = TemporalFusionTransformer(cfg, seed=5, dtype=dt)
-        set_folding(model, fold)
+        model.set_folding(fold)
         y = model.forward(s, h, f)
         dins = model.backward(np.cos(np.arange(y.size, dtype=dt)).reshape(y.shape))
         res.append([y, *dins] + [g for _, g in model.named_grads()])

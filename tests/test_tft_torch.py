@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ref_nn import rel_err, set_folding
+from ref_nn import rel_err
 from ref_tft_torch import make_torch_tft, torch_name
 
 from nbqat.nn import TemporalFusionTransformer, TFTConfig, quantile_loss, quantile_loss_grad
@@ -48,7 +48,7 @@ CONFIGS = [
 def test_tft_matches_torch(torch, rng, cfg_kw, dtype, tol, fold):
     cfg = TFTConfig(**cfg_kw)
     model = TemporalFusionTransformer(cfg, seed=7, dtype=dtype)
-    set_folding(model, fold)  # VSN embedding and GRN fc2 folds (their classes' Notes)
+    model.set_folding(fold)  # VSN embedding and GRN fc2 folds (their classes' Notes)
     tdt = torch.float64 if dtype == np.float64 else torch.float32
     ref = make_torch_tft(torch, cfg, model.state_dict(), tdt)
     b = 3

@@ -71,7 +71,16 @@ class Module:
     (registered in assignment order, like ``torch.nn.Module``). ``forward`` caches what
     ``backward`` needs on the module itself, so each module is called once per forward pass;
     ``backward`` accumulates into the gradient views and returns the input gradient(s).
+
+    Attributes
+    ----------
+    FOLDS : tuple of str
+        Names of this class's boolean switches for algebraic folds (two affine maps computed as
+        one; same function, float rounding in another order), all on by default;
+        :meth:`set_folding` sets them for a whole model.
     """
+
+    FOLDS: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         object.__setattr__(self, "_modules", {})
@@ -130,6 +139,30 @@ class Module:
         yield prefix, self
         for name, child in self._modules.items():
             yield from child.named_modules(prefix + "." + name if prefix else name)
+
+    def set_folding(self, enabled: bool) -> int:
+        """Switch every algebraic fold of this module and its descendants on or off.
+
+        Folds apply only where no quantization hook sits between the folded maps, so QAT and
+        the int8 model never use them; with folding off, the float model computes exactly what
+        a QAT model with fake quantization disabled computes (bit for bit).
+
+        Parameters
+        ----------
+        enabled : bool
+            True (the default state) folds where it is valid; False runs every layer as written.
+
+        Returns
+        -------
+        int
+            How many switches were set (the ``FOLDS`` of all modules).
+        """
+        n = 0
+        for _, mod in self.named_modules():
+            for name in mod.FOLDS:
+                setattr(mod, name, bool(enabled))
+                n += 1
+        return n
 
     def children(self) -> Iterator[Module]:
         """The direct child modules."""

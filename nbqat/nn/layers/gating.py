@@ -323,6 +323,8 @@ class GatedResidualNetwork(Module):
     (:meth:`Linear.is_plain`); QAT and the int8 model run both Linears.
     """
 
+    FOLDS = ("fold_fc2",)
+
     def __init__(
         self,
         input_size: int,

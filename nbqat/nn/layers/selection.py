@@ -131,6 +131,8 @@ class VariableSelectionNetwork(Module):
     every Linear runs as usual.
     """
 
+    FOLDS = ("fold_embedding",)
+
     def __init__(
         self,
         num_vars: int,
