@@ -576,18 +576,33 @@ def lstm_cell_backward(dh_out, dh_next, dc_next, gates, tc, c_prev, dg):
     T = gates.dtype.type
     one = T(1.0)
     nb, d = tc.shape
-    for b in range(nb):
+    for b in range(nb):  # row views: the j loop vectorises (module docstring)
+        dho = dh_out[b]
+        dhn = dh_next[b]
+        dcn = dc_next[b]
+        tcr = tc[b]
+        cpr = c_prev[b]
+        g = gates[b]
+        gi = g[:d]
+        gf = g[d : 2 * d]
+        gg = g[2 * d : 3 * d]
+        go = g[3 * d :]
+        o = dg[b]
+        oi = o[:d]
+        of = o[d : 2 * d]
+        og = o[2 * d : 3 * d]
+        oo = o[3 * d :]
         for j in range(d):
-            dh = dh_out[b, j] + dh_next[b, j]
-            gi = gates[b, j]
-            gf = gates[b, d + j]
-            gg = gates[b, 2 * d + j]
-            go = gates[b, 3 * d + j]
-            t = tc[b, j]
+            dh = dho[j] + dhn[j]
+            i = gi[j]
+            f = gf[j]
+            gv = gg[j]
+            ov = go[j]
+            t = tcr[j]
             do = dh * t
-            dc = dc_next[b, j] + dh * go * (one - t * t)
-            dc_next[b, j] = dc * gf
-            dg[b, j] = dc * gg * gi * (one - gi)
-            dg[b, d + j] = dc * c_prev[b, j] * gf * (one - gf)
-            dg[b, 2 * d + j] = dc * gi * (one - gg * gg)
-            dg[b, 3 * d + j] = do * go * (one - go)
+            dc = dcn[j] + dh * ov * (one - t * t)
+            dcn[j] = dc * f
+            oi[j] = dc * gv * i * (one - i)
+            of[j] = dc * cpr[j] * f * (one - f)
+            og[j] = dc * i * (one - gv * gv)
+            oo[j] = do * ov * (one - ov)

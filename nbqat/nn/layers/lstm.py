@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.kernels import nn_cpu
-from nbqat.nn.layers.linear import hook_backward
+from nbqat.nn.layers.linear import _ones, hook_backward
 from nbqat.nn.params import Module, uniform_init
 
 
@@ -246,7 +246,7 @@ class LSTM(Module):
             dw_hh = hook_backward(self.weight_hh_fake_quant, dw_hh, ctx_whh)
         self.weight_ih_grad += dw_ih
         self.weight_hh_grad += dw_hh
-        db = dg2.sum(axis=0)
+        db = _ones(nl * nb, dt) @ dg2  # column sum as a BLAS gemv
         self.bias_ih_grad += db
         self.bias_hh_grad += db
         dxt = (dg2 @ w_ih).reshape(nl, nb, -1)  # (L, B, in)
