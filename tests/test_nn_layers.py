@@ -187,6 +187,60 @@ def test_glu(rng, residual):
     np.testing.assert_allclose(glu.forward(x, r), ref, rtol=1e-13)
 
 
+def test_glu_projected_rejects_malformed_arrays_before_the_kernel(rng):
+    """The compiled GLU passes have no bounds checks: a wrong z, bias or dy must be refused in
+    Python (these shapes corrupted the heap before the checks)."""
+    glu = GatedLinearUnit(3, 3)
+    _build(glu)
+    b6 = np.zeros(6)
+    for z in (
+        np.zeros((3, 4)),
+        np.zeros((40, 3)),
+        np.zeros((4, 12))[:, ::2],
+        np.zeros((2, 6), int),
+    ):
+        with pytest.raises(ValueError, match="z must be"):
+            glu.forward_projected(z, None, b6)
+    with pytest.raises(ValueError, match="bias must have shape"):
+        glu.forward_projected(np.zeros((2, 6)), None, np.zeros(3))
+    with pytest.raises(ValueError, match="z must be"):
+        GateAddNorm(3, 3).forward_projected(np.zeros((4, 3)), np.zeros((4, 3)), b6)
+    y = glu.forward(rng.normal(size=(2, 3)))
+    for dy in (np.zeros((400, 3)), np.zeros((2, 4)), np.zeros((1, 3))):
+        with pytest.raises(ValueError, match="dy must have"):
+            glu.backward(dy)
+    assert glu.backward(np.ones_like(y)).shape == (2, 3)
+
+
+def test_grn_folds_fc2_only_with_enough_rows(rng):
+    """The fc2 fold costs 6 C h^2 per call: below FOLD_MIN_ROWS_PER_OUTPUT * C rows the GRN runs
+    fc2 and the GLU separately (bit-identical to fold_fc2=False), above it folds."""
+    from nbqat.nn.layers.gating import FOLD_MIN_ROWS_PER_OUTPUT
+
+    c = 3
+    limit = FOLD_MIN_ROWS_PER_OUTPUT * c
+    for rows, folded in ((limit - 1, False), (limit, True)):
+        outs = []
+        for fold in (True, False):
+            grn = GatedResidualNetwork(4, 5, c, fold_fc2=fold)
+            _build(grn)
+            a = np.random.default_rng(rows).normal(size=(rows, 4))
+            outs.append(grn.forward(a))
+            assert (grn._cache[3] is not None) == (fold and folded)
+        if not folded:
+            np.testing.assert_array_equal(outs[0], outs[1])
+        else:
+            np.testing.assert_allclose(outs[0], outs[1], rtol=1e-12, atol=1e-14)
+
+
+def test_vsn_rejects_bad_input(rng):
+    vsn = VariableSelectionNetwork(3, 4)
+    _build(vsn)
+    for x in (np.zeros((2, 4)), np.zeros((2, 3), int), [[0.0, 1.0, 2.0]]):
+        with pytest.raises(ValueError, match="x must be"):
+            vsn.forward(x)
+
+
 def test_layernorm(rng):
     ln = LayerNorm(5)
     buf = _build(ln)

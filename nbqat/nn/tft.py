@@ -180,6 +180,10 @@ class TemporalFusionTransformer(Module):
     Choices where references differ: no dropout (``dropout`` must be 0.0); GRN skip is a Linear
     when sizes differ; every Linear has a bias except the GRN context projections; LSTM keeps
     torch's two biases; LayerNorm eps 1e-5; the GLU is one Linear (d -> 2d) split value/gate.
+
+    Float path: the variable-selection embeddings are folded into the first projections and each
+    GRN's ``fc2`` into its GLU's projection (same function, float rounding in another order;
+    :meth:`~nbqat.nn.params.Module.set_folding` turns both off; QAT never folds).
     """
 
     def __init__(self, config: TFTConfig, seed: int = 0, dtype: Any = np.float32) -> None:

@@ -93,7 +93,8 @@ class GatedLinearUnit(Module):
         residual : ndarray (..., output_size) or None
             As in :meth:`forward`.
         bias : ndarray (2 * output_size,)
-            The bias of the projection (``fc.bias`` for :meth:`forward`).
+            The bias of the projection (``fc.bias`` for :meth:`forward`); cast to ``z``'s
+            dtype.
 
         Returns
         -------
@@ -103,9 +104,25 @@ class GatedLinearUnit(Module):
         Raises
         ------
         ValueError
-            When ``residual`` does not have the output's shape.
+            When ``z`` is not a C-contiguous float array with last dimension 2 * output_size,
+            ``bias`` is not (2 * output_size,), or ``residual`` does not have the output's
+            shape.
         """
         c = self.output_size
+        if (
+            not isinstance(z, np.ndarray)
+            or z.ndim < 1
+            or z.shape[-1] != 2 * c
+            or not z.flags.c_contiguous
+            or z.dtype.kind != "f"
+        ):
+            raise ValueError(
+                f"z must be a C-contiguous float array (..., {2 * c}), got "
+                f"{getattr(z, 'shape', type(z))}"
+            )
+        if np.shape(bias) != (2 * c,):
+            raise ValueError(f"bias must have shape ({2 * c},), got {np.shape(bias)}")
+        bias = np.asarray(bias, dtype=z.dtype)
         z2 = z.reshape(-1, 2 * c)  # (N, 2C)
         out = np.empty(z.shape[:-1] + (c,), dtype=z.dtype)
         if residual is None:
@@ -140,6 +157,8 @@ class GatedLinearUnit(Module):
         ------
         RuntimeError
             When called before :meth:`forward`.
+        ValueError
+            When ``dy`` does not have the last output's shape.
         """
         return self.fc.backward(self.backward_projected(dy))
 
@@ -161,9 +180,16 @@ class GatedLinearUnit(Module):
         ------
         RuntimeError
             When called before a forward.
+        ValueError
+            When ``dy`` does not have the last output's shape.
         """
         z2, sig = self._require_forward()
         c = self.output_size
+        if np.shape(dy)[-1:] != (c,) or np.size(dy) != sig.size:
+            raise ValueError(
+                f"dy must have the last output's shape (..., {c}) with {sig.shape[0]} rows, got "
+                f"{np.shape(dy)}"
+            )
         dy2 = np.ascontiguousarray(dy, dtype=z2.dtype).reshape(-1, c)
         dz = np.empty_like(z2)
         nn_cpu.glu_backward(dy2, z2, sig, dz)
@@ -236,7 +262,9 @@ class GateAddNorm(Module):
         Raises
         ------
         ValueError
-            When ``skip`` does not have the GLU output's shape.
+            When ``z`` or ``bias`` is malformed (see
+            :meth:`GatedLinearUnit.forward_projected`) or ``skip`` does not have the GLU
+            output's shape.
         """
         return self.norm.forward(self.glu.forward_projected(z, skip, bias), out=out)
 
@@ -288,6 +316,11 @@ class GateAddNorm(Module):
         return self.glu.backward_projected(ds), ds
 
 
+#: A GRN folds ``fc2`` into its GLU (see :class:`GatedResidualNetwork`) from this many rows per
+#: GLU output column on (the break-even is 2).
+FOLD_MIN_ROWS_PER_OUTPUT = 4
+
+
 class GatedResidualNetwork(Module):
     """Gated residual network with optional static context (Lim et al. eqs. 2-4).
 
@@ -317,10 +350,15 @@ class GatedResidualNetwork(Module):
     Folded ``fc2``: nothing lies between ``fc2`` and the GLU's Linear ``fc``, so the GLU's
     projection is ``eta2 (W_g W_2)^T + (W_g b_2 + b_g)``, one (N, h) x (h, 2C) product instead
     of two, and backward needs ``P = dz^T eta2`` and ``dz (W_g W_2)`` only: ``dW_g = P W_2^T +
-    (dz^T 1) b_2^T``, ``dW_2 = W_g^T P``, ``db_2 = W_g^T dz^T 1``. That is 6 instead of 9
-    multiply-adds per row per ``h * C`` (float rounding in another order, same function). It
-    applies when neither Linear has a quantization hook or a replaced forward
-    (:meth:`Linear.is_plain`); QAT and the int8 model run both Linears.
+    (dz^T 1) b_2^T``, ``dW_2 = W_g^T P``, ``db_2 = W_g^T dz^T 1`` (float rounding in another
+    order, same function). Forward and backward together then take ``6 C h`` multiply-adds per
+    row instead of ``3 h^2 + 6 C h``, plus ``6 C h^2`` per call for the three (2C, h) x (h, h)
+    products, so the fold pays from ``N = 2C`` rows on; it is used from
+    ``FOLD_MIN_ROWS_PER_OUTPUT * C`` rows (a margin for BLAS's poorer efficiency on small
+    products). It applies only when neither Linear has a quantization hook or a replaced
+    forward (:meth:`Linear.is_plain`): QAT and the int8 model run both Linears. The fold runs
+    :meth:`GatedLinearUnit.forward_projected`, not ``gate.glu.forward``: a replaced ``forward``
+    of the GLU itself needs ``fold_fc2=False``.
     """
 
     FOLDS = ("fold_fc2",)
@@ -444,7 +482,13 @@ class GatedResidualNetwork(Module):
         eta2 = self.elu.forward(z, bias=bias, context=cp)
         glu_fc = self.gate.glu.fc
         fold = None
-        if self.fold_fc2 and self.fc2.is_plain() and glu_fc.is_plain():
+        rows = eta2.size // max(self.hidden_size, 1)
+        if (
+            self.fold_fc2
+            and rows >= FOLD_MIN_ROWS_PER_OUTPUT * self.output_size
+            and self.fc2.is_plain()
+            and glu_fc.is_plain()
+        ):
             wf = glu_fc.weight @ self.fc2.weight  # (2C, h): fc2 folded into the GLU (Notes)
             bf = glu_fc.weight @ self.fc2.bias + glu_fc.bias  # (2C,)
             e2 = eta2.reshape(-1, self.hidden_size)  # (N, h)

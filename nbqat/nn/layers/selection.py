@@ -122,13 +122,16 @@ class VariableSelectionNetwork(Module):
 
     Folded embedding: the embedding of variable j is affine in one scalar, ``x_j w_j + b_j``, so
     a Linear on it is too: ``fc1_j(xi_j) = x_j (W w_j) + (W b_j + bias)``, and ``flat_grn``'s
-    ``fc1`` and ``skip`` reduce to (N, m) x (m, d) products. Forward and backward then cost
-    O(N m d) instead of O(N m d^2) (gradients: ``dW = (dz^T x_j) w_j^T + (dz^T 1) b_j^T``, and
-    the embedding's from ``W^T dz^T x_j``). The result is the same function, rounded in another
-    order. It applies when none of those Linears has a quantization hook (a fake-quantized
-    input is no longer affine in ``x_j``) or a replaced ``forward`` (the int8 model's integer
-    matmul); otherwise, or with ``fold_embedding=False``, the embeddings are materialised and
-    every Linear runs as usual.
+    ``fc1`` and ``skip`` reduce to (N, m) x (m, d) and (N, m) x (m, m) products. These first
+    projections then cost O(N m d) instead of O(N m d^2) forward and backward (gradients:
+    ``dW = (dz^T x_j) w_j^T + (dz^T 1) b_j^T``, and the embedding's from ``W^T dz^T x_j``); the
+    rest of each GRN is unchanged. The result is the same function, rounded in another order.
+    It applies when none of those Linears has a quantization hook (a fake-quantized input is no
+    longer affine in ``x_j``) or a replaced ``forward`` (the int8 model's integer matmul);
+    otherwise, or with ``fold_embedding=False``, the embeddings are materialised and every
+    Linear runs as usual. The folded path calls neither ``embedding.forward`` nor
+    ``var_grns[j].forward`` (it runs :meth:`GatedResidualNetwork.forward_projected`): code that
+    replaces those needs ``fold_embedding=False``.
     """
 
     FOLDS = ("fold_embedding",)
@@ -172,10 +175,21 @@ class VariableSelectionNetwork(Module):
         Raises
         ------
         ValueError
-            When ``c`` is given without ``context_size`` (or missing with it), or has the wrong
+            When ``x`` is not a float32/float64 array with last dimension ``num_vars``; when
+            ``c`` is given without ``context_size`` (or missing with it), or has the wrong
             shape.
         """
         m, d = self.num_vars, self.hidden_size
+        if (
+            not isinstance(x, np.ndarray)
+            or x.ndim < 1
+            or x.shape[-1] != m
+            or x.dtype not in (np.float32, np.float64)
+        ):
+            raise ValueError(
+                f"x must be a float32/float64 array (..., {m}), got "
+                f"{getattr(x, 'shape', type(x))} {getattr(x, 'dtype', '')}"
+            )
         lead = x.shape[:-1]
         if self._foldable():
             logits, xs, fold = self._folded_forward(x, c)
@@ -204,9 +218,9 @@ class VariableSelectionNetwork(Module):
         """Forward with the embedding folded into the first projections (class Notes)."""
         m, d = self.num_vars, self.hidden_size
         lead = x.shape[:-1]
-        x2 = np.ascontiguousarray(x).reshape(-1, m)  # (N, m)
-        n = x2.shape[0]
         w, b = self.embedding.weight, self.embedding.bias  # (m, d)
+        x2 = np.ascontiguousarray(x, dtype=w.dtype).reshape(-1, m)  # (N, m)
+        n = x2.shape[0]
         fg = self.flat_grn
         w1 = fg.fc1.weight.reshape(d, m, d)  # (h, m, d): column block j acts on xi_j
         ws = fg.skip.weight.reshape(m, m, d)  # (m_out, m, d)
@@ -224,7 +238,7 @@ class VariableSelectionNetwork(Module):
         xs = np.empty_like(pervar)  # (m, N, d)
         for j, g in enumerate(self.var_grns):
             g.forward_projected(zs[j], pervar[j], out=xs[j], bias=g.fc1.bias + g.fc1.weight @ b[j])
-        return logits, xs, (x2, x.shape, a_flat, s_flat, a_var)
+        return logits, xs, (x2, x.shape, x.dtype, a_flat, s_flat, a_var)
 
     def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Accumulate every sub-layer's gradients; return the input gradients.
@@ -270,7 +284,7 @@ class VariableSelectionNetwork(Module):
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Backward of :meth:`_folded_forward`: the folded Linears' and the embedding's
         gradients from the GRNs' projection gradients (class Notes)."""
-        x2, shape, a_flat, s_flat, a_var = fold
+        x2, shape, x_dtype, a_flat, s_flat, a_var = fold
         m, d = self.num_vars, self.hidden_size
         n = x2.shape[0]
         w, b = self.embedding.weight, self.embedding.bias  # (m, d)
@@ -303,4 +317,4 @@ class VariableSelectionNetwork(Module):
             db[j] += g.fc1.weight.T @ gz0j + gs0j
         self.embedding.weight_grad += dw
         self.embedding.bias_grad += db
-        return dx.reshape(shape), dc
+        return dx.reshape(shape).astype(x_dtype, copy=False), dc
