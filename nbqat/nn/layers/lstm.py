@@ -158,7 +158,9 @@ class LSTM(Module):
         xg2 = xt.reshape(nl * nb, -1) @ (w_ih.T * scale)  # (L*B, 4d)
         nn_cpu.bias_add(xg2, (self.bias_ih + self.bias_hh) * scale)
         xg = xg2.reshape(nl, nb, 4 * d)  # (L, B, 4d)
-        w_hh_t = w_hh.T * scale  # (d, 4d)
+        # (d, 4d) C-contiguous: OpenBLAS's small-matrix path runs a transposed (F-ordered) operand
+        # ~1.6x slower at (64, 32) x (32, 128)
+        w_hh_t = np.ascontiguousarray(w_hh.T * scale)
         gates = np.empty((nl, nb, 4 * d), dtype=dt)  # activated i, f, g, o
         cs = np.empty((nl, nb, d), dtype=dt)  # c_t
         tcs = np.empty((nl, nb, d), dtype=dt)  # tanh(c_t)
