@@ -9,6 +9,10 @@ second for one side only, so the two sides alternate ``PAIRS`` times (nbqat, tor
 torch, ...) and the figures are the median over the pairs of each side's median step and of the
 per-pair ratio, with the lowest and highest ratio beside it. Peak memory: see the worker's
 docstring (tracemalloc for nbqat's NumPy buffers, ``ru_maxrss`` growth for both).
+
+nbqat's model runs as it does by default, with its algebraic folds (``Module.set_folding``:
+the variable-selection embeddings and each GRN's ``fc2`` folded into the neighbouring affine
+map, same function); the torch network computes every Linear as written.
 """
 
 from __future__ import annotations
