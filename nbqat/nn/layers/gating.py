@@ -519,7 +519,8 @@ class GatedResidualNetwork(Module):
         Raises
         ------
         RuntimeError
-            When called before :meth:`forward`.
+            When called before :meth:`forward`, or when the last forward was
+            :meth:`forward_projected` (its pair is :meth:`backward_projected`).
         """
         if self._require_forward()[2]:  # (ndim, has_ctx, projected, fold)
             raise RuntimeError("the last forward was forward_projected: use backward_projected")
