@@ -124,6 +124,10 @@ def make_torch_tft(torch, cfg, state_dict=None, dtype=None):
             self.pos_wise_ff = GRN(d, d, d)
             self.pre_output_gate = GateAddNorm(d, d)
             self.output_layer = nn.Linear(d, cfg.num_quantiles)
+            self.tau, self.nq = cfg.prediction_horizon, cfg.num_quantiles
+            self.linear_skip = None
+            if getattr(cfg, "linear_skip", False):  # TiDE / DLinear-style skip of the window
+                self.linear_skip = nn.Linear(cfg.window_features, self.tau * self.nq)
 
         def forward(self, static, hist, fut):
             k = self.k
@@ -141,7 +145,12 @@ def make_torch_tft(torch, cfg, state_dict=None, dtype=None):
             attn = self.multihead_attn(theta[:, k:], theta, k)
             delta = self.post_attn_gate(attn, theta[:, k:])
             psi = self.pos_wise_ff(delta)
-            return self.output_layer(self.pre_output_gate(psi, phi[:, k:]))
+            out = self.output_layer(self.pre_output_gate(psi, phi[:, k:]))
+            if self.linear_skip is not None:
+                b = static.shape[0]
+                x = torch.cat([hist.reshape(b, -1), fut.reshape(b, -1), static], dim=1)
+                out = out + self.linear_skip(x).reshape(b, self.tau, self.nq)
+            return out
 
     model = TFT(cfg)
     if dtype is not None:

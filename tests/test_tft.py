@@ -91,6 +91,34 @@ def test_tft_finite_differences(rng, fold):
     assert n == len(list(model.named_parameters())) > 100
 
 
+@pytest.mark.parametrize("hooks", [False, True])
+def test_tft_linear_skip_finite_differences(rng, hooks):
+    model = TemporalFusionTransformer(TFTConfig(**CFG, linear_skip=True), seed=3, dtype=np.float64)
+    assert model.linear_skip is not None
+    if hooks:
+        _set_hooks(model, lambda: SquareHook(0.05))
+        assert model.linear_skip.input_fake_quant is not None
+    names = [n for n, _ in model.named_parameters()]
+    assert "linear_skip.weight" in names and "linear_skip.bias" in names
+    assert _fd_check_model(model, rng) == len(names)
+
+
+def test_tft_linear_skip_is_the_documented_affine_map(rng):
+    # oracle: the network without the skip (same weights) plus the plain affine map
+    cfg = TFTConfig(**CFG, linear_skip=True)
+    model = TemporalFusionTransformer(cfg, seed=4, dtype=np.float64)
+    base = TemporalFusionTransformer(TFTConfig(**CFG), seed=4, dtype=np.float64)
+    base.load_state_dict({k: v for k, v in model.state_dict().items() if "linear_skip" not in k})
+    s, h, f = _inputs(cfg, rng, b=3)
+    x = np.concatenate([h.reshape(3, -1), f.reshape(3, -1), s], axis=1)
+    assert x.shape[1] == cfg.window_features == 5 * 2 + 3 * 3 + 2
+    w, b = model.linear_skip.weight, model.linear_skip.bias
+    want = base.forward(s, h, f) + (x @ w.T + b).reshape(3, 3, 3)
+    np.testing.assert_allclose(model.forward(s, h, f), want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(TypeError, match="linear_skip"):
+        TFTConfig(**CFG, linear_skip="yes")
+
+
 def test_tft_finite_differences_with_hooks(rng):
     model = TemporalFusionTransformer(TFTConfig(**CFG), seed=2, dtype=np.float64)
     _set_hooks(model, lambda: SquareHook(0.05))

@@ -39,6 +39,16 @@ CONFIGS = [
         num_heads=3,
         quantiles=(0.1, 0.25, 0.5, 0.75, 0.9),
     ),
+    dict(
+        num_static_features=2,
+        num_known_features=3,
+        num_unknown_features=2,
+        hidden_dim=8,
+        sequence_length=5,
+        prediction_horizon=3,
+        num_heads=2,
+        linear_skip=True,
+    ),
 ]
 
 

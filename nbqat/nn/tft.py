@@ -44,6 +44,12 @@ class TFTConfig:
         H, attention heads of :class:`~nbqat.nn.InterpretableMultiHeadAttention`.
     dropout : float, default 0.0
         Only 0.0 is supported (nbqat's TFT has no dropout layers); any other value raises.
+    linear_skip : bool, default False
+        Add a linear skip from the whole flattened window to the output (TiDE / DLinear-style
+        hybrid): :attr:`TemporalFusionTransformer.linear_skip`, a :class:`~nbqat.nn.Linear`
+        ``(k m_z + tau m_x + m_s) -> tau Q`` on ``concat([historical.reshape(B, -1),
+        future.reshape(B, -1), static], axis=1)``, reshaped (B, tau, Q) and added to the
+        output layer's output.
 
     Attributes
     ----------
@@ -67,6 +73,7 @@ class TFTConfig:
     quantiles: tuple[float, ...] = field(default=(0.1, 0.5, 0.9))
     num_heads: int = 4
     dropout: float = 0.0
+    linear_skip: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -99,6 +106,9 @@ class TFTConfig:
                 "dropout layers, use dropout=0.0"
             )
         self.dropout = 0.0
+        if not isinstance(self.linear_skip, (bool, np.bool_)):
+            raise TypeError(f"TFTConfig.linear_skip must be a bool, got {self.linear_skip!r}")
+        self.linear_skip = bool(self.linear_skip)
 
     @property
     def num_quantiles(self) -> int:
@@ -107,6 +117,15 @@ class TFTConfig:
     @property
     def input_dim(self) -> int:
         return self.num_static_features + self.num_known_features + self.num_unknown_features
+
+    @property
+    def window_features(self) -> int:
+        """``k m_z + tau m_x + m_s``: the flattened window (the linear skip's input size)."""
+        return (
+            self.sequence_length * self.num_unknown_features
+            + self.prediction_horizon * self.num_known_features
+            + self.num_static_features
+        )
 
 
 def _check_input(x: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -176,6 +195,9 @@ class TemporalFusionTransformer(Module):
     9. ``delta = post_attn_gate(attn, theta_dec)``, ``psi = pos_wise_ff(delta)``,
        ``psi~ = pre_output_gate(psi, phi_dec)``.
     10. ``output_layer`` Linear(d -> Q) on the tau decoder steps.
+    11. With ``config.linear_skip``: ``out += linear_skip(concat([historical.reshape(B, -1),
+        future.reshape(B, -1), static], axis=1)).reshape(B, tau, Q)`` (a Linear
+        ``k m_z + tau m_x + m_s -> tau Q``; QAT quantizes it like every Linear).
 
     Choices where references differ: no dropout (``dropout`` must be 0.0); GRN skip is a Linear
     when sizes differ; every Linear has a bias except the GRN context projections; LSTM keeps
@@ -212,6 +234,11 @@ class TemporalFusionTransformer(Module):
         self.pos_wise_ff = GatedResidualNetwork(d, d, d)
         self.pre_output_gate = GateAddNorm(d, d)
         self.output_layer = Linear(d, cfg.num_quantiles)
+        self.linear_skip: Linear | None = None
+        if cfg.linear_skip:
+            self.linear_skip = Linear(
+                cfg.window_features, cfg.prediction_horizon * cfg.num_quantiles
+            )
         self.buffer = ParameterBuffer(self, dt, seed)
         self.dtype = dt
         self.attention_weights: np.ndarray | None = None
@@ -323,6 +350,11 @@ class TemporalFusionTransformer(Module):
         phi_dec = np.ascontiguousarray(phi[:, k:])  # (B, tau, d)
         psi_t = self.pre_output_gate.forward(psi, phi_dec)  # (B, tau, d)
         out = self.output_layer.forward(psi_t)  # (B, tau, Q)
+        if self.linear_skip is not None:
+            x = np.concatenate(
+                [historical.reshape(nb, -1), future.reshape(nb, -1), static], axis=1
+            )  # (B, k m_z + tau m_x + m_s)
+            out = out + self.linear_skip.forward(x).reshape(out.shape)
         self.attention_weights = self.multihead_attn.attention_weights  # (B, tau, T)
         self._cache = out.shape
         return out
@@ -391,4 +423,13 @@ class TemporalFusionTransformer(Module):
         dxi_s += self.static_context_initial_hidden.backward(dc_h)[0]
         dxi_s += self.static_context_initial_cell.backward(dc_c)[0]
         dstatic, _ = self.static_vsn.backward(dxi_s)
+        if self.linear_skip is not None:
+            nb = g.shape[0]
+            dx = self.linear_skip.backward(g.reshape(nb, -1))  # (B, F)
+            cfg = self.config
+            n_h = cfg.sequence_length * cfg.num_unknown_features
+            n_f = cfg.prediction_horizon * cfg.num_known_features
+            dhist += dx[:, :n_h].reshape(dhist.shape)
+            dfuture += dx[:, n_h : n_h + n_f].reshape(dfuture.shape)
+            dstatic += dx[:, n_h + n_f :]
         return dstatic, dhist, dfuture
