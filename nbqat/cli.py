@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 
@@ -36,6 +37,16 @@ def _positive_float(s: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
     if not (v > 0 and v < float("inf")):
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {s!r}")
+    return v
+
+
+def _nonneg_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}")
     return v
 
 
@@ -127,6 +138,32 @@ def build_parser() -> argparse.ArgumentParser:
         type=_nonneg_int,
         default=None,
         help="training windows drawn per epoch (0 = all) [default: 2048; --quick: 1024]",
+    )
+    g.add_argument(
+        "--linear-skip",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="linear skip from the flattened window to the output, started at the ridge "
+        "baseline (TFTConfig.linear_skip) [default: on]",
+    )
+    g.add_argument(
+        "--weight-decay",
+        type=_nonneg_float,
+        default=None,
+        help="AdamW decoupled weight decay of the network body [default: 0.01]",
+    )
+    g.add_argument(
+        "--warmup-steps",
+        type=_nonneg_int,
+        default=None,
+        help="linear learning-rate warm-up steps before the cosine decay [default: 100; "
+        "--quick: 10]",
+    )
+    g.add_argument(
+        "--skip-lr-scale",
+        type=_positive_float,
+        default=None,
+        help="learning rate of the linear skip relative to --lr [default: 1/300]",
     )
     g.add_argument(
         "--seed", type=int, default=0, help="seed of initialisation and shuffling [default: 0]"

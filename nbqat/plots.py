@@ -76,6 +76,7 @@ def plot_forecast_fan(
     *,
     titles: Sequence[str] | None = None,
     naive: np.ndarray | None = None,
+    ridge: np.ndarray | None = None,
     show_history: int = 72,
     ylabel: str = "target",
 ) -> Path:
@@ -96,6 +97,8 @@ def plot_forecast_fan(
         One title per window.
     naive : ndarray (n, tau), optional
         A baseline point forecast drawn dashed.
+    ridge : ndarray (n, tau), optional
+        The ridge baseline's median forecast, drawn dotted.
     show_history : int, default 72
     ylabel : str
 
@@ -131,6 +134,8 @@ def plot_forecast_fan(
         ax.plot(tf, actual[i], color="k", lw=1.2, label="actual")
         if naive is not None:
             ax.plot(tf, naive[i], color="C3", ls="--", lw=1.0, label="seasonal naive")
+        if ridge is not None:
+            ax.plot(tf, ridge[i], color="C2", ls=":", lw=1.4, label="ridge P50")
         ax.axvline(-0.5, color="0.6", lw=0.8)
         if titles is not None:
             ax.set_title(titles[i], fontsize=9)

@@ -39,12 +39,15 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
+from dataclasses import replace as dataclass_replace
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
+from nbqat.baselines import RidgeBaseline, seasonal_naive_forecast
 from nbqat.data import DataError, SplitWindows, Windows, load_csv, load_tmy3, make_windows
+from nbqat.recipe import lr_at
 
 __all__ = [
     "TrainConfig",
@@ -112,6 +115,10 @@ class TrainConfig:
     calendar: str = DEFAULT_CALENDAR
     threads: int | None = None
     stop_after_steps: int | None = None
+    linear_skip: bool | None = None
+    weight_decay: float | None = None
+    warmup_steps: int | None = None
+    skip_lr_scale: float | None = None
 
     FULL = {
         "epochs": 10,
@@ -126,6 +133,10 @@ class TrainConfig:
         "history": 168,
         "horizon": 24,
         "eval_stride": 6,
+        "linear_skip": True,
+        "weight_decay": 1e-2,
+        "warmup_steps": 100,
+        "skip_lr_scale": 1e-2 / 3,
     }
     QUICK = {
         "epochs": 4,
@@ -140,6 +151,10 @@ class TrainConfig:
         "history": 168,
         "horizon": 24,
         "eval_stride": 24,
+        "linear_skip": True,
+        "weight_decay": 1e-2,
+        "warmup_steps": 10,
+        "skip_lr_scale": 1e-2 / 3,
     }
 
     @classmethod
@@ -295,22 +310,31 @@ def _build_model(cfg: Any, w: Windows) -> Any:
         prediction_horizon=w.horizon,
         quantiles=w.quantiles,
         num_heads=cfg.heads,
+        linear_skip=bool(cfg.linear_skip),
     )
     return TemporalFusionTransformer(tcfg, seed=cfg.seed, dtype=np.float32)
 
 
-def _make_optimizer(params: np.ndarray, lr: float, device: str = "cpu"):
-    if device == "cuda":
-        return DeviceAdam(params, lr=lr)
-    from nbqat.optim import Adam
+def _make_optimizer(model: Any, lr: float, cfg: Any):
+    """AdamW in two groups (body, linear skip), see :class:`nbqat.recipe.GroupedAdamW`."""
+    from nbqat.recipe import GroupedAdamW, skip_offset
 
-    return Adam(params, lr=lr)
+    kw = dict(
+        lr=lr,
+        offset=skip_offset(model),
+        weight_decay=cfg.weight_decay,
+        skip_lr_scale=cfg.skip_lr_scale,
+    )
+    if cfg.device == "cuda":
+        return DeviceAdam(model.params, **kw)
+    return GroupedAdamW(model.params, **kw)
 
 
 class DeviceAdam:
     """Adam whose fused update runs on a CUDA device copy of a host parameter buffer.
 
-    ``--device cuda`` uses it: nbqat.nn's forward and backward passes run on the CPU (the
+    ``--device cuda`` uses it (the two AdamW groups of :class:`nbqat.recipe.GroupedAdamW`):
+    nbqat.nn's forward and backward passes run on the CPU (the
     layer graph keeps its activations in NumPy), so each step uploads the flat gradient buffer
     (and the parameters), runs :class:`nbqat.Adam`'s CUDA kernel there with the clipping
     coefficient folded in, and downloads the parameters. It presents the host optimizer
@@ -318,15 +342,23 @@ class DeviceAdam:
     and ``save``/``load`` accept it.
     """
 
-    def __init__(self, params: np.ndarray, lr: float) -> None:
+    def __init__(self, params: np.ndarray, lr: float, **group_kw: Any) -> None:
         from nbqat import _cuda
-        from nbqat.optim import Adam
+        from nbqat.recipe import GroupedAdamW
 
         _cuda.require_cuda("--device cuda")
         self.params = params
         self._d_params = _cuda.cuda.to_device(params)
         self._d_grads = _cuda.cuda.to_device(np.zeros_like(params))
-        self.inner = Adam(self._d_params, lr=lr)
+        self.inner = GroupedAdamW(self._d_params, lr=lr, **group_kw)
+
+    @property
+    def lr(self) -> float:
+        return self.inner.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.inner.lr = value
 
     def upload_grads(self, grads: np.ndarray) -> Any:
         """Copy ``grads`` to the device buffer and return it."""
@@ -425,6 +457,7 @@ class _Run:
         self.best_params: np.ndarray | None = None
         self.qat: Any = None
         self.qat_opt: Any = None
+        self.ridge: Any = None
         self.w = w
 
     # ------------------------------------------------------------------ helpers
@@ -450,11 +483,16 @@ class _Run:
             outs.append(_to_host(fwd(s, h, f)).astype(np.float64))
         return np.concatenate(outs)
 
-    def _val_loss(self, fwd) -> float:
-        pred = self._predict(fwd, self.w.val)
-        _, _, _, y = self.w.val.batch()
+    def _val_loss(self, fwd) -> tuple[float, float]:
+        """(mean pinball loss, P50 q-risk on the unscaled target) of the validation split."""
+        val = self.w.val
+        pred = self._predict(fwd, val)
+        _, _, _, y = val.batch()
         loss, _ = pinball_loss(pred, y.astype(np.float64), self.w.quantiles)
-        return loss
+        return loss, q_risk(val.unscale(pred), val.target_raw(), self.w.quantiles)["P50"]
+
+    def _steps_per_epoch(self) -> int:
+        return len(self._epoch_order(1, 0))
 
     # ------------------------------------------------------------------ checkpoint
     def save_checkpoint(self) -> Path:
@@ -506,7 +544,7 @@ class _Run:
                 shutil.copyfile(ck / side, self.out / side)
         if (ck / "qat.npz").exists():
             self._new_qat()
-            self.qat_opt = _make_optimizer(self.qat.params, self.cfg.qat_lr, self.cfg.device)
+            self.qat_opt = _make_optimizer(self.qat.model, self.cfg.qat_lr, self.cfg)
             self.qat.load(ck / "qat.npz", optimizer=self.qat_opt)
 
     def _interrupted(self) -> TrainingInterrupted:
@@ -533,6 +571,7 @@ class _Run:
         st.grad_norms.setdefault("float", [])
         st.step_losses.setdefault("float", [])
         model, opt = self.model, self.opt
+        total = cfg.epochs * self._steps_per_epoch()  # the schedule's length (early stop aside)
         while st.epoch < cfg.epochs and not st.stopped_early:
             order = self._epoch_order(1, st.epoch)
             bar = tqdm(
@@ -545,6 +584,7 @@ class _Run:
             )
             for b in range(st.batch_pos, len(order)):
                 s, h, f, y = w.train.batch(order[b])
+                opt.lr = lr_at(len(st.step_losses["float"]), total, cfg.lr, cfg.warmup_steps)
                 model.zero_grad()
                 pred = model.forward(s, h, f)
                 loss, grad = pinball_loss(pred, y, w.quantiles)
@@ -566,9 +606,10 @@ class _Run:
                     raise self._interrupted()
             bar.close()
             train_loss = st.epoch_loss_sum / max(1, len(order))
-            val = self._val_loss(model.forward)
+            val_loss, val = self._val_loss(model.forward)  # early stopping on the P50 q-risk
             st.curves["float"]["train"].append(train_loss)
-            st.curves["float"]["val"].append(val)
+            st.curves["float"]["val"].append(val_loss)
+            st.curves["float"].setdefault("val_q_risk_P50", []).append(val)
             if val < st.best_val:
                 st.best_val, st.best_epoch, st.bad_epochs = val, st.epoch, 0
                 self.best_params = _to_host(model.params).copy()
@@ -578,7 +619,8 @@ class _Run:
                     st.stopped_early = True
             if cfg.progress:
                 print(
-                    f"float epoch {st.epoch + 1}: train {train_loss:.4f}  val {val:.4f}",
+                    f"float epoch {st.epoch + 1}: train {train_loss:.4f}  val {val_loss:.4f}  "
+                    f"val q-risk P50 {val:.4f}",
                     file=sys.stderr,
                 )
             st.epoch += 1
@@ -587,24 +629,34 @@ class _Run:
         model.params[...] = self.best_params
         st.phase, st.epoch, st.batch_pos = "calibrate", 0, 0
 
-    def calibrate_phase(self) -> None:
-        cfg, w = self.cfg, self.w
-        self._new_qat()
-        self.qat.enable_calibration()
-        n = cfg.calibration_batches
+    def calibration_batches(self):
+        """The training batches of the calibration phase (the same for QAT and PTQ)."""
+        n = self.cfg.calibration_batches
         done = 0
         ep = 0
         while done < n:
             order = self._epoch_order(2, ep)
             for b in range(min(len(order), n - done)):
-                s, h, f, _ = w.train.batch(order[b])
-                self.qat.forward(s, h, f)
+                yield self.w.train.batch(order[b])
                 done += 1
             ep += 1
             if len(order) == 0:
                 break
+
+    def qat_batches(self):
+        """The training batches of the (clipped) QAT phase, in order."""
+        for ep in range(self.cfg.qat_epochs):
+            for idx in self._epoch_order(3, ep):
+                yield self.w.train.batch(idx)
+
+    def calibrate_phase(self) -> None:
+        cfg = self.cfg
+        self._new_qat()
+        self.qat.enable_calibration()
+        for s, h, f, _ in self.calibration_batches():
+            self.qat.forward(s, h, f)
         self.qat.disable_calibration()
-        self.qat_opt = _make_optimizer(self.qat.params, cfg.qat_lr, cfg.device)
+        self.qat_opt = _make_optimizer(self.qat.model, cfg.qat_lr, cfg)
         self.st.phase = "qat"
         if cfg.compare_clipping:
             self.qat.save(self.out / "qat_start.npz", optimizer=self.qat_opt)
@@ -616,6 +668,7 @@ class _Run:
         st.curves.setdefault(phase, {"train": [], "val": []})
         st.grad_norms.setdefault(phase, [])
         st.step_losses.setdefault(phase, [])
+        total = cfg.qat_epochs * self._steps_per_epoch()
         while st.epoch < cfg.qat_epochs:
             order = self._epoch_order(3, st.epoch)  # same order for clipped and unclipped runs
             bar = tqdm(
@@ -628,22 +681,24 @@ class _Run:
             )
             for b in range(st.batch_pos, len(order)):
                 batch = w.train.batch(order[b])
-                loss, total = self.qat.train_step(batch, self.qat_opt, max_norm=max_norm)
-                loss, total = float(loss), float(total)
-                st.grad_norms[phase].append(total)
+                self.qat_opt.lr = lr_at(len(st.step_losses[phase]), total, cfg.qat_lr)
+                loss, gnorm = self.qat.train_step(batch, self.qat_opt, max_norm=max_norm)
+                loss, gnorm = float(loss), float(gnorm)
+                st.grad_norms[phase].append(gnorm)
                 st.step_losses[phase].append(loss)
                 st.epoch_loss_sum += loss
                 st.batch_pos = b + 1
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", gnorm=f"{total:.3f}", refresh=False)
+                bar.set_postfix(loss=f"{loss:.4f}", gnorm=f"{gnorm:.3f}", refresh=False)
                 if intr.step_done():
                     bar.close()
                     raise self._interrupted()
             bar.close()
             train_loss = st.epoch_loss_sum / max(1, len(order))
-            val = self._val_loss(self.qat.predict)  # predict: no observer update
+            val, val_qr = self._val_loss(self.qat.predict)  # predict: no observer update
             st.curves[phase]["train"].append(train_loss)
             st.curves[phase]["val"].append(val)
+            st.curves[phase].setdefault("val_q_risk_P50", []).append(val_qr)
             if cfg.progress:
                 print(
                     f"{phase} epoch {st.epoch + 1}: train {train_loss:.4f}  val {val:.4f}",
@@ -657,7 +712,7 @@ class _Run:
     def reset_qat(self, path: Path) -> None:
         """Load a saved QAT state (model, observers, optimizer) into a fresh QAT model."""
         self._new_qat()
-        self.qat_opt = _make_optimizer(self.qat.params, self.cfg.qat_lr, self.cfg.device)
+        self.qat_opt = _make_optimizer(self.qat.model, self.cfg.qat_lr, self.cfg)
         self.qat.load(path, optimizer=self.qat_opt)
 
 
@@ -811,8 +866,13 @@ def _run(cfg: TrainConfig, resume: str | Path | None) -> dict:
     t0 = time.perf_counter()
     w = _load_data(cfg)
     r = _Run(cfg, out, w)
+    r.ridge = RidgeBaseline(lam=1.0, quantiles=w.quantiles).fit_split(w.train)
     r.model = _build_model(cfg, w)
-    r.opt = _make_optimizer(r.model.params, cast(float, cfg.lr), cfg.device)
+    r.opt = _make_optimizer(r.model, cast(float, cfg.lr), cfg)
+    if resume is None and cfg.linear_skip:
+        from nbqat.recipe import init_linear_skip_from_ridge
+
+        init_linear_skip_from_ridge(r.model, r.ridge)
     if resume is not None:
         r.load_checkpoint(ck)
     r._tick("data", t0)
@@ -875,8 +935,8 @@ def _evaluate(r: _Run) -> dict:
     t0 = time.perf_counter()
     test = w.test
     y = test.target_raw()
-    naive_point = test.seasonal_naive()
-    naive = naive_point[..., None] + w.naive_residual_quantiles[test.entity][:, None, :]
+    naive, naive_point = seasonal_naive_forecast(test)
+    pred_ridge = r.ridge.predict_split(test)
     # The QAT model may share or have changed the float model's buffer: evaluate a fresh float
     # model holding the best float weights.
     r.model = _build_model(cfg, w)
@@ -889,9 +949,13 @@ def _evaluate(r: _Run) -> dict:
     r._tick("int8", t0)
     t0 = time.perf_counter()
     pred_int8 = test.unscale(r._predict(int8.forward, test))
+    fair = _fair_rows(r)
     qr = {
         "seasonal_naive": q_risk(naive, y, w.quantiles),
+        "ridge": q_risk(pred_ridge, y, w.quantiles),
         "float": q_risk(pred_float, y, w.quantiles),
+        "float_finetuned": fair["float_finetuned"],
+        "ptq_int8": fair["ptq_int8"],
         "qat_fake_quant": q_risk(pred_qat, y, w.quantiles),
         "int8": q_risk(pred_int8, y, w.quantiles),
     }
@@ -913,6 +977,22 @@ def _evaluate(r: _Run) -> dict:
             "qat_vs_float_P50_relative_diff": p50["qat_fake_quant"] / p50["float"] - 1.0,
             "int8_vs_qat_P50_relative_diff": p50["int8"] / p50["qat_fake_quant"] - 1.0,
             "int8_vs_qat_max_abs_output_diff": float(np.max(np.abs(pred_int8 - pred_qat))),
+            **_baseline_comparisons(p50),
+        },
+        "quality_table": {
+            "note": (
+                "P10/P50/P90 q-risk on the test split. float: the early-stopped float model; "
+                "float_finetuned: it trained on for the QAT phase's steps (same batches, "
+                "optimizer, schedule and clipping, no quantization); ptq_int8: calibrated on "
+                "the calibration batches and converted, no QAT; qat_int8: the main job's int8 "
+                "model. Activation observer per row set."
+            ),
+            "minmax": {
+                "float": qr["float"],
+                "float_finetuned": qr["float_finetuned"],
+                "ptq_int8": qr["ptq_int8"],
+                "qat_int8": qr["int8"],
+            },
         },
         "targets": {
             "float_P50_at_least_20pct_better_than_naive": bool(
@@ -920,10 +1000,19 @@ def _evaluate(r: _Run) -> dict:
             ),
             # "within 2 %" read as "at most 2 % worse": QAT fine-tuning may also improve it
             "int8_P50_at_most_2pct_worse_than_float": bool(p50["int8"] <= 1.02 * p50["float"]),
+            "float_P50_at_least_5pct_better_than_ridge": bool(p50["float"] <= 0.95 * p50["ridge"]),
+            "qat_int8_P50_at_most_1pct_worse_than_float_finetuned": bool(
+                p50["int8"] <= 1.01 * p50["float_finetuned"]
+            ),
         },
         "baseline": (
             "seasonal naive: P_q = y[t - season] + r_q, r_q the empirical q-quantile of the "
             "residual y[t] - y[t - season] on each entity's training rows"
+        ),
+        "ridge": (
+            "ridge (lambda 1, unpenalised intercept, closed form) from the flattened window "
+            "[historical, future, static] to the tau standardised targets, fitted on every "
+            "training window; P_q = yhat_h + the q-quantile of its training residuals at step h"
         ),
         "float": {
             "epochs_run": len(st.curves.get("float", {}).get("val", [])),
@@ -957,12 +1046,63 @@ def _evaluate(r: _Run) -> dict:
             }
         metrics["compare_clipping"] = runs
     if cfg.plots:
-        metrics["plots"] = _plots(r, test, y, naive_point, pred_float, pred_int8)
+        ridge_p50 = pred_ridge[..., list(w.quantiles).index(0.5)] if 0.5 in w.quantiles else None
+        metrics["plots"] = _plots(r, test, y, naive_point, pred_float, pred_int8, ridge_p50)
     r._tick("evaluate", t0)
     return metrics
 
 
-def _plots(r: _Run, test: SplitWindows, y, naive_point, pred_float, pred_int8) -> list[str]:
+def _fair_rows(r: _Run) -> dict:
+    """q-risk of the float model fine-tuned like QAT and of post-training quantization."""
+    from nbqat.nn.qat import QATTemporalFusionTransformer
+    from nbqat.qconfig import QATConfig
+    from nbqat.recipe import finetune_float
+
+    cfg, w, test = r.cfg, r.w, r.w.test
+    y = test.target_raw()
+    out = {}
+    ft = _build_model(cfg, w)
+    ft.params[...] = r.best_params
+    opt = _make_optimizer(ft, cfg.qat_lr, dataclass_replace(cfg, device="cpu"))
+    total = cfg.qat_epochs * r._steps_per_epoch()
+    finetune_float(
+        ft, opt, r.qat_batches(), w.quantiles, cfg.max_norm, lambda i: lr_at(i, total, cfg.qat_lr)
+    )
+    out["float_finetuned"] = q_risk(test.unscale(r._predict(ft.forward, test)), y, w.quantiles)
+    base = _build_model(cfg, w)
+    base.params[...] = r.best_params
+    qcfg = QATConfig(calibration_batches=cfg.calibration_batches, max_norm=cfg.max_norm)
+    ptq = QATTemporalFusionTransformer.from_float(base, config=qcfg, inplace=True)
+    ptq.enable_calibration()
+    for s, h, f, _ in r.calibration_batches():
+        ptq.forward(s, h, f)
+    ptq.disable_calibration()
+    int8 = ptq.to_int8()
+    out["ptq_int8"] = q_risk(test.unscale(r._predict(int8.forward, test)), y, w.quantiles)
+    return out
+
+
+def _baseline_comparisons(p50: dict) -> dict:
+    """Relative P50 improvements of each model over both baselines, and the fair-table diffs."""
+    out = {}
+    for m in ("float", "float_finetuned", "qat_fake_quant", "int8", "ptq_int8"):
+        for b in ("seasonal_naive", "ridge"):
+            key = "naive" if b == "seasonal_naive" else b
+            if not (m == "float" and b == "seasonal_naive"):  # that one has its legacy name
+                out[f"{m}_vs_{key}_P50_improvement"] = 1.0 - p50[m] / p50[b]
+    out["qat_int8_vs_float_finetuned_P50_relative_diff"] = (
+        p50["int8"] / p50["float_finetuned"] - 1.0
+    )
+    out["ptq_int8_vs_float_finetuned_P50_relative_diff"] = (
+        p50["ptq_int8"] / p50["float_finetuned"] - 1.0
+    )
+    out["qat_recovers_over_ptq_P50"] = 1.0 - p50["int8"] / p50["ptq_int8"]
+    return out
+
+
+def _plots(
+    r: _Run, test: SplitWindows, y, naive_point, pred_float, pred_int8, ridge_p50=None
+) -> list[str]:
     from nbqat import plots
 
     w, st, out = r.w, r.st, r.out
@@ -985,6 +1125,7 @@ def _plots(r: _Run, test: SplitWindows, y, naive_point, pred_float, pred_int8) -
             out / "forecast_int8.png",
             titles=titles,
             naive=naive_point[pick],
+            ridge=None if ridge_p50 is None else ridge_p50[pick],
             ylabel=w.target_name,
         )
     )
@@ -997,6 +1138,7 @@ def _plots(r: _Run, test: SplitWindows, y, naive_point, pred_float, pred_int8) -
             out / "forecast_float.png",
             titles=titles,
             naive=naive_point[pick],
+            ridge=None if ridge_p50 is None else ridge_p50[pick],
             ylabel=w.target_name,
         )
     )
@@ -1047,9 +1189,12 @@ def _summary_table(metrics: dict, timings: dict) -> str:
     qr = metrics["q_risk_test"]
     rows = [
         ("seasonal naive", qr["seasonal_naive"]),
+        ("ridge (window)", qr["ridge"]),
         ("float", qr["float"]),
+        ("float fine-tuned", qr["float_finetuned"]),
+        ("PTQ int8", qr["ptq_int8"]),
         ("QAT (fake quant)", qr["qat_fake_quant"]),
-        ("int8", qr["int8"]),
+        ("QAT int8", qr["int8"]),
     ]
     lines = [
         "",
@@ -1059,10 +1204,19 @@ def _summary_table(metrics: dict, timings: dict) -> str:
     for name, v in rows:
         lines.append(f"{name:<18}{v['P10']:>9.4f}{v['P50']:>9.4f}{v['P90']:>9.4f}")
     c = metrics["comparisons"]
+    for what, key in (("float", "float"), ("QAT int8", "int8")):
+        naive_key = "float_vs_naive" if key == "float" else f"{key}_vs_naive"
+        lines.append(
+            _versus(f"{what} P50", c[f"{naive_key}_P50_improvement"], "the seasonal naive")
+            + ", "
+            + _versus("", c[f"{key}_vs_ridge_P50_improvement"], "the ridge baseline").strip()
+        )
     lines.append(
-        _versus("float P50", c["float_vs_naive_P50_improvement"], "the seasonal naive")
-        + "; "
-        + _versus("int8 P50", -c["int8_vs_float_P50_relative_diff"], "float")
+        _versus("QAT int8 P50", -c["qat_int8_vs_float_finetuned_P50_relative_diff"], "")
+        + "the equally fine-tuned float; "
+        + _versus("PTQ int8", -c["ptq_int8_vs_float_finetuned_P50_relative_diff"], "it")
+        + "; int8 vs float (early-stopped): "
+        + f"{100 * c['int8_vs_float_P50_relative_diff']:+.1f}%"
     )
     g = metrics["grad_norm"]
     for ph in ("float", "qat"):

@@ -1,0 +1,234 @@
+"""The main job's training recipe: learning-rate schedule, parameter groups, the linear skip's
+ridge initialisation, and the fair float / PTQ / QAT comparison rows.
+
+* :func:`lr_at` -- linear warm-up, then cosine decay (Loshchilov & Hutter, "SGDR", 2017;
+  Goyal et al. 2017 for the warm-up), a pure function of the global step, so a resumed run
+  continues the schedule exactly.
+* :class:`GroupedAdamW` -- ``torch.optim.AdamW`` with two parameter groups over one flat
+  buffer: the network body, and the linear skip (the last parameters of the buffer) at a
+  learning rate ``skip_lr_scale`` times smaller. Adam's step is invariant to the gradient's
+  scale, so a 1950-input skip moved at the body's rate would undo its ridge start within a few
+  steps; a group learning rate is torch's answer (``param_groups``).
+* :func:`init_linear_skip_from_ridge` -- the skip starts as the ridge baseline
+  (:class:`nbqat.baselines.RidgeBaseline`), the output layer at zero, so the TFT starts exactly
+  at the linear forecast and learns what it misses (a residual hybrid, as in TiDE / DLinear).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["GroupedAdamW", "init_linear_skip_from_ridge", "lr_at", "skip_offset"]
+
+
+def lr_at(step: int, total: int, base_lr: float, warmup: int = 0) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) of ``total``.
+
+    ``base_lr * (step + 1) / warmup`` for ``step < warmup``, then
+    ``base_lr * (1 + cos(pi * (step - warmup) / (total - warmup))) / 2`` (cosine decay to 0
+    at ``step = total``).
+
+    Parameters
+    ----------
+    step, total, warmup : int
+        ``0 <= warmup``; ``total >= 1``; a step past ``total`` gets the final (smallest) rate.
+    base_lr : float
+        The peak rate.
+
+    Returns
+    -------
+    float
+    """
+    if step < warmup:
+        return base_lr * (step + 1) / warmup
+    span = max(1, total - warmup)
+    frac = min(1.0, (step - warmup) / span)
+    return base_lr * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+def skip_offset(model: Any) -> int:
+    """Index in the flat buffer where the linear skip's parameters start (its size if none).
+
+    Raises
+    ------
+    ValueError
+        When the skip's parameters are not the contiguous tail of the buffer.
+    """
+    n = int(model.params.size)
+    skip = getattr(model, "linear_skip", None)
+    if skip is None:
+        return n
+    size = skip.weight.size + (skip.bias.size if skip.has_bias else 0)
+    off = n - size
+    params = np.asarray(model.params) if isinstance(model.params, np.ndarray) else None
+    if params is not None and not np.shares_memory(params[off:], skip.weight):
+        raise ValueError("the linear skip's parameters are not the tail of the flat buffer")
+    return off
+
+
+class GroupedAdamW:
+    """AdamW over a flat buffer in two groups: ``params[:offset]`` and ``params[offset:]``.
+
+    Parameters
+    ----------
+    params : (n,) float array (NumPy or CUDA)
+        The flat parameter buffer (updated in place).
+    lr : float
+        The body's learning rate; the second group's is ``lr * skip_lr_scale``. Assigning
+        :attr:`lr` sets both (the schedule).
+    offset : int
+        Start of the second group (``n`` for no second group).
+    weight_decay : float, default 0
+        Decoupled weight decay of the body (the skip group has none: it starts at the ridge
+        solution, which already carries its own penalty).
+    skip_lr_scale : float, default 1.0
+
+    Notes
+    -----
+    Each group is a :class:`nbqat.optim.AdamW` over a view of the buffer; ``step(grads,
+    grad_scale)`` passes the matching view of ``grads`` and the same clip coefficient to each,
+    which is exactly torch's AdamW with two ``param_groups`` after one ``clip_grad_norm_`` over
+    all parameters.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float,
+        offset: int,
+        weight_decay: float = 0.0,
+        skip_lr_scale: float = 1.0,
+    ) -> None:
+        from nbqat.optim import AdamW
+
+        n = int(params.shape[0])
+        if not 0 < offset <= n:
+            raise ValueError(f"offset must be in (0, {n}], got {offset}")
+        if not skip_lr_scale > 0:
+            raise ValueError(f"skip_lr_scale must be > 0, got {skip_lr_scale!r}")
+        self.params = params
+        self.offset = int(offset)
+        self.skip_lr_scale = float(skip_lr_scale)
+        self.body = AdamW(params[:offset], lr=lr, weight_decay=weight_decay)
+        self.skip = (
+            AdamW(params[offset:], lr=lr * skip_lr_scale, weight_decay=0.0) if offset < n else None
+        )
+        self._lr = float(lr)
+
+    @property
+    def lr(self) -> float:
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._lr = float(value)
+        self.body.lr = self._lr
+        if self.skip is not None:
+            self.skip.lr = self._lr * self.skip_lr_scale
+
+    @property
+    def step_count(self) -> int:
+        return self.body.step_count
+
+    def step(self, grads: Any, grad_scale: float = 1.0) -> None:
+        """One update of both groups with the gradient views of ``grads`` (n,)."""
+        self.body.step(grads[: self.offset], grad_scale=grad_scale)
+        if self.skip is not None:
+            self.skip.step(grads[self.offset :], grad_scale=grad_scale)
+
+    def state_dict(self) -> dict:
+        """``{"body": ..., "skip": ...}`` (each an AdamW state_dict) and the current lr."""
+        out: dict[str, Any] = {"body": self.body.state_dict(), "lr": self._lr}
+        if self.skip is not None:
+            out["skip"] = self.skip.state_dict()
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.body.load_state_dict(state["body"])
+        if self.skip is not None:
+            self.skip.load_state_dict(state["skip"])
+        self.lr = float(state["lr"])
+
+
+def init_linear_skip_from_ridge(model: Any, ridge: Any) -> None:
+    """Start ``model``'s linear skip as the ridge baseline and its output layer at zero.
+
+    ``linear_skip.weight[t * Q + j] = coef[:, t]`` and ``linear_skip.bias[t * Q + j] =
+    intercept[t] + residual_quantiles[t, j]``, so the skip alone outputs the ridge quantile
+    forecast (B, tau, Q); with ``output_layer`` zeroed the model's output is exactly that.
+
+    Parameters
+    ----------
+    model : TemporalFusionTransformer
+        With ``config.linear_skip``.
+    ridge : RidgeBaseline
+        Fitted on the same window layout.
+
+    Raises
+    ------
+    ValueError
+        When the model has no linear skip or the sizes differ.
+    """
+    skip = getattr(model, "linear_skip", None)
+    if skip is None:
+        raise ValueError("the model has no linear skip (TFTConfig.linear_skip=False)")
+    if ridge.coef is None or ridge.coef.shape[0] != skip.in_features:
+        raise ValueError("the ridge baseline is unfitted or was fitted on another window layout")
+    nq = model.config.num_quantiles
+    if ridge.residual_quantiles.shape[1] != nq:
+        raise ValueError("the ridge baseline has another number of quantiles than the model")
+    skip.weight[...] = np.repeat(ridge.coef.T, nq, axis=0)
+    skip.bias[...] = (ridge.intercept[:, None] + ridge.residual_quantiles).reshape(-1)
+    model.output_layer.weight[...] = 0
+    model.output_layer.bias[...] = 0
+
+
+def finetune_float(
+    model: Any,
+    optimizer: Any,
+    batches: Any,
+    quantiles: Any,
+    max_norm: float | None,
+    lr_fn: Any,
+) -> int:
+    """Train a float model over ``batches`` exactly as QAT trains (the ``float_finetuned`` row).
+
+    Each step: ``zero_grad``, forward, quantile loss, backward, ``clip_grad_norm_``'s
+    coefficient (``min(max_norm / (norm + 1e-6), 1)``, :func:`nbqat.clip.clip_coef`) folded into
+    the update, with ``optimizer.lr = lr_fn(step)`` -- the QAT phase's loop without the fake
+    quantization, so that QAT int8 is compared with a float model trained equally long.
+
+    Parameters
+    ----------
+    model : TemporalFusionTransformer
+    optimizer : GroupedAdamW or an nbqat optimizer over ``model.params``
+    batches : iterable of (static, historical, future, target)
+    quantiles : sequence of float
+    max_norm : float or None
+        None: no clipping.
+    lr_fn : callable int -> float
+
+    Returns
+    -------
+    int
+        The number of steps taken.
+    """
+    from nbqat.clip import clip_coef, get_total_norm
+    from nbqat.nn import quantile_loss_grad
+
+    steps = 0
+    for s, h, f, y in batches:
+        optimizer.lr = lr_fn(steps)
+        model.zero_grad()
+        out = model.forward(s, h, f)
+        model.backward(quantile_loss_grad(out, y.astype(out.dtype, copy=False), quantiles))
+        coef = 1.0
+        if max_norm is not None:
+            coef = float(clip_coef(get_total_norm(model.grads), max_norm, model.grads.dtype))
+        optimizer.step(model.grads, grad_scale=coef)
+        steps += 1
+    return steps
