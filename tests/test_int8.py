@@ -7,6 +7,8 @@ network (within one output quantization step).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -112,9 +114,9 @@ def test_int8_linear_and_lstm_match_their_fake_quant_layers(rng):
     np.testing.assert_allclose(c, c_fq, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("head", [False, True])
-def test_int8_model_matches_the_fake_quant_model_within_one_output_step(rng, head):
-    model = TemporalFusionTransformer(CFG, seed=11)
+@pytest.mark.parametrize("head,skip", [(False, False), (True, False), (False, True)])
+def test_int8_model_matches_the_fake_quant_model_within_one_output_step(rng, head, skip):
+    model = TemporalFusionTransformer(dataclasses.replace(CFG, linear_skip=skip), seed=11)
     qat = QATTemporalFusionTransformer.from_float(
         model, config=QATConfig(calibration_batches=3, quantize_output_head=head)
     )
@@ -129,6 +131,9 @@ def test_int8_model_matches_the_fake_quant_model_within_one_output_step(rng, hea
     n_weighted = sum(1 for n, fq in qat.fake_quants.items() if n.endswith("weight_fake_quant"))
     n_lstm = 2
     assert len(i8.layers) == n_weighted + n_lstm
+    # the linear skip is a Linear: QAT quantizes its weight and input, int8 converts it
+    assert ("linear_skip" in i8.layers) == skip
+    assert ("linear_skip.input_fake_quant" in qat.fake_quants) == skip
     for lay in i8.layers.values():
         for sub in (lay.ih, lay.hh) if isinstance(lay, Int8LSTM) else (lay,):
             assert sub.weight_q.dtype == np.int8

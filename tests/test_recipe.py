@@ -1,0 +1,154 @@
+"""The training recipe: schedule, grouped AdamW, the skip's ridge start, the fine-tune loop.
+
+Oracles: torch's LambdaLR-free closed forms written out by hand (warm-up line, cosine), torch's
+``AdamW`` with two ``param_groups`` after ``clip_grad_norm_`` (via the ``torch`` fixture), the
+ridge baseline's own prediction for the ridge-started model, and a hand-written float loop for
+:func:`finetune_float`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from nbqat.baselines import RidgeBaseline
+from nbqat.nn import TemporalFusionTransformer, TFTConfig, quantile_loss_grad
+from nbqat.optim import AdamW
+from nbqat.recipe import (
+    GroupedAdamW,
+    finetune_float,
+    init_linear_skip_from_ridge,
+    lr_at,
+    skip_offset,
+)
+
+CFG = TFTConfig(2, 3, 2, 4, 5, 3, num_heads=2, linear_skip=True)
+
+
+def test_lr_schedule_points():
+    base, warm, total = 0.01, 4, 20
+    for i in range(warm):
+        assert lr_at(i, total, base, warm) == pytest.approx(base * (i + 1) / 4)
+    assert lr_at(warm, total, base, warm) == pytest.approx(base)  # the peak
+    mid = warm + (total - warm) // 2
+    assert lr_at(mid, total, base, warm) == pytest.approx(base / 2)
+    assert lr_at(total, total, base, warm) == pytest.approx(0.0, abs=1e-15)
+    assert lr_at(total + 5, total, base, warm) == pytest.approx(0.0, abs=1e-15)
+    vals = [lr_at(i, total, base, warm) for i in range(warm, total)]
+    assert all(a >= b for a, b in zip(vals, vals[1:]))
+    assert lr_at(3, 10, 1.0) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.3)))
+
+
+def test_skip_offset_is_the_buffer_tail():
+    m = TemporalFusionTransformer(CFG, seed=0)
+    off = skip_offset(m)
+    assert np.shares_memory(m.params[off:], m.linear_skip.weight)
+    assert m.params.size - off == m.linear_skip.weight.size + m.linear_skip.bias.size
+    plain = TemporalFusionTransformer(TFTConfig(2, 3, 2, 4, 5, 3, num_heads=2), seed=0)
+    assert skip_offset(plain) == plain.params.size
+
+
+def test_grouped_adamw_matches_torch_param_groups(torch, rng):
+    n, off, wd, scale, max_norm = 40, 25, 0.05, 0.1, 1.0
+    p0 = rng.normal(size=n).astype(np.float32)
+    p = p0.copy()
+    opt = GroupedAdamW(p, lr=1e-2, offset=off, weight_decay=wd, skip_lr_scale=scale)
+    tp = torch.tensor(p0.copy())
+    a, b = torch.nn.Parameter(tp[:off].clone()), torch.nn.Parameter(tp[off:].clone())
+    topt = torch.optim.AdamW(
+        [
+            {"params": [a], "lr": 1e-2, "weight_decay": wd},
+            {"params": [b], "lr": 1e-2 * scale, "weight_decay": 0.0},
+        ],
+        foreach=False,
+    )
+    from nbqat.clip import clip_coef, get_total_norm
+
+    for step in range(4):
+        lr = 1e-2 * (0.5 + 0.5 * step)
+        opt.lr = lr
+        topt.param_groups[0]["lr"], topt.param_groups[1]["lr"] = lr, lr * scale
+        g = (rng.normal(size=n) * 3).astype(np.float32)
+        coef = clip_coef(get_total_norm(g), max_norm)
+        opt.step(g, grad_scale=coef)
+        a.grad, b.grad = torch.tensor(g[:off].copy()), torch.tensor(g[off:].copy())
+        torch.nn.utils.clip_grad_norm_([a, b], max_norm, foreach=False)
+        topt.step()
+    want = np.concatenate([a.detach().numpy(), b.detach().numpy()])
+    np.testing.assert_allclose(p, want, rtol=2e-6, atol=2e-7)
+
+
+def test_grouped_adamw_state_round_trip(rng):
+    def run(split):
+        p = np.linspace(-1, 1, 30, dtype=np.float32)
+        opt = GroupedAdamW(p, lr=1e-2, offset=20, weight_decay=0.1, skip_lr_scale=0.5)
+        gs = [np.sin(np.arange(30, dtype=np.float32) * (i + 1)) for i in range(5)]
+        for i, g in enumerate(gs):
+            if i == split:
+                st = opt.state_dict()
+                opt = GroupedAdamW(p, lr=1.0, offset=20, weight_decay=0.1, skip_lr_scale=0.5)
+                opt.load_state_dict(st)
+            opt.lr = 1e-2 / (i + 1)
+            opt.step(g)
+        return p
+
+    assert np.array_equal(run(None), run(3))
+    with pytest.raises(ValueError, match="offset"):
+        GroupedAdamW(np.zeros(4, np.float32), lr=1e-3, offset=0)
+    with pytest.raises(ValueError, match="skip_lr_scale"):
+        GroupedAdamW(np.zeros(4, np.float32), lr=1e-3, offset=2, skip_lr_scale=0.0)
+
+
+def test_ridge_started_model_outputs_the_ridge_forecast(rng):
+    class Split:
+        def __init__(self, arrays):
+            self.a = arrays
+
+        def __len__(self):
+            return len(self.a[0])
+
+        def batch(self, idx=None):
+            return tuple(x if idx is None else x[idx] for x in self.a)
+
+    nb = 40
+    s = rng.normal(size=(nb, 2)).astype(np.float32)
+    h = rng.normal(size=(nb, 5, 2)).astype(np.float32)
+    f = rng.normal(size=(nb, 3, 3)).astype(np.float32)
+    y = (h[:, -1, :1] + 0.1 * rng.normal(size=(nb, 3))).astype(np.float32)
+    ridge = RidgeBaseline(1.0, CFG.quantiles).fit_split(Split((s, h, f, y)))
+    m = TemporalFusionTransformer(CFG, seed=1)
+    init_linear_skip_from_ridge(m, ridge)
+    np.testing.assert_allclose(m.forward(s, h, f), ridge.predict(s, h, f), rtol=1e-4, atol=1e-5)
+    plain = TemporalFusionTransformer(TFTConfig(2, 3, 2, 4, 5, 3, num_heads=2), seed=1)
+    with pytest.raises(ValueError, match="no linear skip"):
+        init_linear_skip_from_ridge(plain, ridge)
+
+
+def test_finetune_float_is_the_plain_training_loop(rng):
+    from nbqat.clip import clip_coef, get_total_norm
+
+    batches = [
+        (
+            rng.normal(size=(4, 2)).astype(np.float32),
+            rng.normal(size=(4, 5, 2)).astype(np.float32),
+            rng.normal(size=(4, 3, 3)).astype(np.float32),
+            rng.normal(size=(4, 3)).astype(np.float32),
+        )
+        for _ in range(3)
+    ]
+    a = TemporalFusionTransformer(CFG, seed=2)
+    b = TemporalFusionTransformer(CFG, seed=2)
+    opt_a = AdamW(a.params, lr=1e-2)
+    lrs = [1e-2, 5e-3, 1e-3]
+    assert finetune_float(a, opt_a, batches, CFG.quantiles, 0.5, lambda i: lrs[i]) == 3
+    opt_b = AdamW(b.params, lr=1e-2)
+    for i, (s, h, f, y) in enumerate(batches):  # by hand
+        opt_b.lr = lrs[i]
+        b.zero_grad()
+        out = b.forward(s, h, f)
+        b.backward(quantile_loss_grad(out, y, CFG.quantiles))
+        opt_b.step(b.grads, grad_scale=clip_coef(get_total_norm(b.grads), 0.5))
+    assert np.array_equal(a.params, b.params)
+    assert not np.array_equal(a.params, TemporalFusionTransformer(CFG, seed=2).params)
