@@ -27,8 +27,11 @@ def make_torch_tft(torch, cfg, state_dict=None, dtype=None):
         def __init__(self, i, o):
             super().__init__()
             self.fc = nn.Linear(i, 2 * o)
+            self.mask = None  # a fixed dropout mask (already scaled by 1 / (1 - p))
 
         def forward(self, x):
+            if self.mask is not None:
+                x = x * self.mask.reshape(x.shape)  # nbqat may run rows (B * L, d)
             return F.glu(self.fc(x), dim=-1)  # first half * sigmoid(second half)
 
     class GateAddNorm(nn.Module):

@@ -119,6 +119,45 @@ def test_tft_linear_skip_is_the_documented_affine_map(rng):
         TFTConfig(**CFG, linear_skip="yes")
 
 
+def test_tft_dropout_finite_differences_with_a_fixed_mask(rng):
+    from nbqat.nn import Dropout, set_dropout
+
+    cfg = TFTConfig(**CFG, dropout=0.3, linear_skip=True)
+    model = TemporalFusionTransformer(cfg, seed=5, dtype=np.float64)
+    n = set_dropout(model, True, seed=(7, 1, 0))  # the same seed: the same mask every forward
+    assert n == sum(isinstance(m, Dropout) for _, m in model.named_modules()) > 10
+    _fd_check_model(model, rng)
+    s, h, f = _inputs(cfg, rng)
+    y1 = model.forward(s, h, f)
+    assert np.array_equal(y1, model.forward(s, h, f))
+    set_dropout(model, True, seed=(7, 1, 1))
+    assert not np.array_equal(y1, model.forward(s, h, f))
+    # evaluation mode: exactly the model without dropout layers
+    set_dropout(model, False)
+    plain = TemporalFusionTransformer(TFTConfig(**CFG, linear_skip=True), seed=5, dtype=np.float64)
+    plain.params[...] = model.params
+    assert np.array_equal(model.forward(s, h, f), plain.forward(s, h, f))
+
+
+def test_dropout_layer(rng):
+    from nbqat.nn import Dropout
+
+    d = Dropout(0.25)
+    x = rng.normal(size=(200, 50)).astype(np.float32)
+    assert d.forward(x) is x  # evaluation mode by default
+    d.training, d.seed, d.stream = True, (1, 2), 3
+    y = d.forward(x)
+    keep = np.random.default_rng([1, 2, 3]).random(x.shape, dtype=np.float32) >= np.float32(0.25)
+    np.testing.assert_array_equal(y, x * (keep.astype(np.float32) / np.float32(0.75)))
+    assert y.dtype == np.float32 and abs(keep.mean() - 0.75) < 0.02
+    dy = rng.normal(size=x.shape).astype(np.float32)
+    np.testing.assert_array_equal(d.backward(dy), dy * d.mask)
+    with pytest.raises(ValueError, match="dropout probability"):
+        Dropout(1.0)
+    with pytest.raises(RuntimeError, match="before forward"):
+        Dropout(0.1).backward(dy)
+
+
 def test_tft_finite_differences_with_hooks(rng):
     model = TemporalFusionTransformer(TFTConfig(**CFG), seed=2, dtype=np.float64)
     _set_hooks(model, lambda: SquareHook(0.05))
@@ -255,7 +294,8 @@ def test_config_validation():
     with pytest.raises(ValueError, match="divisible"):
         TFTConfig(**{**CFG, "hidden_dim": 5})
     with pytest.raises(ValueError, match="dropout"):
-        TFTConfig(**CFG, dropout=0.1)
+        TFTConfig(**CFG, dropout=1.0)
+    assert TFTConfig(**CFG, dropout=0.1).dropout == 0.1
     with pytest.raises(ValueError, match="quantiles"):
         TFTConfig(**CFG, quantiles=(0.5, 0.1))
     with pytest.raises(ValueError, match="sequence_length"):

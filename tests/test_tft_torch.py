@@ -111,3 +111,42 @@ def test_tft_matches_torch(torch, rng, cfg_kw, dtype, tol, fold):
         checked += 1
     assert checked == len(tparams) - 1
     assert ill <= 12, ill  # a few small-gradient selection-GRN tensors, not the bulk
+
+
+def test_tft_with_dropout_masks_matches_torch(torch, rng):
+    # training-mode dropout at every GLU input: nbqat's masks copied into the torch reference
+    from nbqat.nn import Dropout, set_dropout
+
+    cfg = TFTConfig(**{**CONFIGS[0], "dropout": 0.2, "linear_skip": True})
+    model = TemporalFusionTransformer(cfg, seed=9, dtype=np.float64)
+    set_dropout(model, True, seed=(3, 1, 5))
+    ref = make_torch_tft(torch, cfg, model.state_dict(), torch.float64)
+    b = 3
+    s = rng.normal(size=(b, cfg.num_static_features))
+    h = rng.normal(size=(b, cfg.sequence_length, cfg.num_unknown_features))
+    f = rng.normal(size=(b, cfg.prediction_horizon, cfg.num_known_features))
+    y = rng.normal(size=(b, cfg.prediction_horizon))
+    out = model.forward(s, h, f)
+    ds, dh, df = model.backward(quantile_loss_grad(out, y, cfg.quantiles))
+    tmods = dict(ref.named_modules())
+    n = 0
+    for name, mod in model.named_modules():
+        if isinstance(mod, Dropout):
+            assert mod.mask is not None and 0 < (mod.mask == 0).mean() < 0.5
+            tmods[name.removesuffix(".dropout")].mask = torch.tensor(mod.mask)
+            n += 1
+    assert n > 10
+    ts, th, tf = (torch.tensor(a, requires_grad=True) for a in (s, h, f))
+    tout = ref(ts, th, tf)
+    q = torch.tensor(cfg.quantiles, dtype=torch.float64)
+    e = torch.tensor(y).unsqueeze(-1) - tout
+    (q * torch.relu(e) + (1 - q) * torch.relu(-e)).mean().backward()
+    assert rel_err(out, tout.detach().numpy()) < 1e-9
+    for x, tx in ((ds, ts), (dh, th), (df, tf)):
+        assert rel_err(x, tx.grad.numpy()) < 1e-9
+    tparams = dict(ref.named_parameters())
+    for name, g in model.named_grads():
+        if name == "multihead_attn.k_proj.bias":
+            continue
+        tg = tparams[torch_name(name)].grad
+        assert rel_err(g, tg.numpy(), 1e-30) < 1e-9, name

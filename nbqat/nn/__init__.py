@@ -8,6 +8,7 @@ gradients). Parameters of a whole model live in one flat buffer (:class:`Paramet
 from nbqat.nn.layers import (
     ELU,
     LSTM,
+    Dropout,
     GateAddNorm,
     GatedLinearUnit,
     GatedResidualNetwork,
@@ -16,6 +17,7 @@ from nbqat.nn.layers import (
     Linear,
     VariableEmbedding,
     VariableSelectionNetwork,
+    set_dropout,
 )
 from nbqat.nn.loss import q_risk, quantile_loss, quantile_loss_grad
 from nbqat.nn.params import Module, ModuleList, ParameterBuffer
@@ -24,6 +26,7 @@ from nbqat.nn.tft import TemporalFusionTransformer, TFTConfig
 
 __all__ = [
     "ELU",
+    "Dropout",
     "GateAddNorm",
     "GatedLinearUnit",
     "GatedResidualNetwork",
@@ -42,4 +45,5 @@ __all__ = [
     "q_risk",
     "quantile_loss",
     "quantile_loss_grad",
+    "set_dropout",
 ]

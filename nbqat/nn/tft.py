@@ -11,7 +11,9 @@ import numpy as np
 
 from nbqat.nn.layers import (
     LSTM,
+    Dropout,
     GateAddNorm,
+    GatedLinearUnit,
     GatedResidualNetwork,
     InterpretableMultiHeadAttention,
     Linear,
@@ -43,7 +45,8 @@ class TFTConfig:
     num_heads : int, default 4
         H, attention heads of :class:`~nbqat.nn.InterpretableMultiHeadAttention`.
     dropout : float, default 0.0
-        Only 0.0 is supported (nbqat's TFT has no dropout layers); any other value raises.
+        Drop probability in [0, 1) of the :class:`~nbqat.nn.Dropout` at every GLU's input (the
+        TFT paper's placement); active only in training mode (:func:`nbqat.nn.set_dropout`).
     linear_skip : bool, default False
         Add a linear skip from the whole flattened window to the output (TiDE / DLinear-style
         hybrid): :attr:`TemporalFusionTransformer.linear_skip`, a :class:`~nbqat.nn.Linear`
@@ -61,7 +64,8 @@ class TFTConfig:
     Raises
     ------
     ValueError
-        On a non-positive size, ``hidden_dim % num_heads != 0``, bad quantiles or dropout != 0.
+        On a non-positive size, ``hidden_dim % num_heads != 0``, bad quantiles or a dropout
+        outside [0, 1).
     """
 
     num_static_features: int
@@ -100,12 +104,9 @@ class TFTConfig:
                 f"TFTConfig.quantiles must be strictly increasing values in (0, 1), got {q}"
             )
         self.quantiles = q
-        if float(self.dropout) != 0.0:
-            raise ValueError(
-                f"TFTConfig.dropout={self.dropout!r} is not supported: nbqat's TFT has no "
-                "dropout layers, use dropout=0.0"
-            )
-        self.dropout = 0.0
+        if not 0.0 <= float(self.dropout) < 1.0:
+            raise ValueError(f"TFTConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        self.dropout = float(self.dropout)
         if not isinstance(self.linear_skip, (bool, np.bool_)):
             raise TypeError(f"TFTConfig.linear_skip must be a bool, got {self.linear_skip!r}")
         self.linear_skip = bool(self.linear_skip)
@@ -199,7 +200,8 @@ class TemporalFusionTransformer(Module):
         future.reshape(B, -1), static], axis=1)).reshape(B, tau, Q)`` (a Linear
         ``k m_z + tau m_x + m_s -> tau Q``; QAT quantizes it like every Linear).
 
-    Choices where references differ: no dropout (``dropout`` must be 0.0); GRN skip is a Linear
+    Choices where references differ: dropout only at the GLU inputs (``config.dropout``, in
+    training mode, see :func:`~nbqat.nn.set_dropout`; none in the attention); GRN skip is a Linear
     when sizes differ; every Linear has a bias except the GRN context projections; LSTM keeps
     torch's two biases; LayerNorm eps 1e-5; the GLU is one Linear (d -> 2d) split value/gate.
 
@@ -239,6 +241,11 @@ class TemporalFusionTransformer(Module):
             self.linear_skip = Linear(
                 cfg.window_features, cfg.prediction_horizon * cfg.num_quantiles
             )
+        if cfg.dropout > 0:  # one Dropout at every GLU's input, numbered in module order
+            glus = [m for _, m in self.named_modules() if isinstance(m, GatedLinearUnit)]
+            for i, glu in enumerate(glus):
+                glu.dropout = Dropout(cfg.dropout)
+                glu.dropout.stream = i
         self.buffer = ParameterBuffer(self, dt, seed)
         self.dtype = dt
         self.attention_weights: np.ndarray | None = None

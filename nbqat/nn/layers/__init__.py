@@ -2,6 +2,7 @@
 
 from nbqat.nn.layers.activations import ELU
 from nbqat.nn.layers.attention import InterpretableMultiHeadAttention
+from nbqat.nn.layers.dropout import Dropout, set_dropout
 from nbqat.nn.layers.gating import GateAddNorm, GatedLinearUnit, GatedResidualNetwork
 from nbqat.nn.layers.linear import Linear
 from nbqat.nn.layers.lstm import LSTM
@@ -10,6 +11,7 @@ from nbqat.nn.layers.selection import VariableEmbedding, VariableSelectionNetwor
 
 __all__ = [
     "ELU",
+    "Dropout",
     "GateAddNorm",
     "GatedLinearUnit",
     "GatedResidualNetwork",
@@ -19,4 +21,5 @@ __all__ = [
     "Linear",
     "VariableEmbedding",
     "VariableSelectionNetwork",
+    "set_dropout",
 ]

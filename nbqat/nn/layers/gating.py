@@ -6,6 +6,7 @@ import numpy as np
 
 from nbqat.kernels import nn_cpu
 from nbqat.nn.layers.activations import ELU
+from nbqat.nn.layers.dropout import Dropout
 from nbqat.nn.layers.linear import Linear, _ones
 from nbqat.nn.layers.norm import LayerNorm
 from nbqat.nn.params import Module
@@ -48,6 +49,14 @@ class GatedLinearUnit(Module):
         Size of the last axis of the input.
     output_size : int
         C, size of the last axis of the output; ``fc`` maps input_size -> 2 * C.
+
+    Attributes
+    ----------
+    dropout : Dropout or None
+        Applied to the GLU's input, as in the TFT paper ("dropout before the gating layer")
+        and pytorch-forecasting's GatedLinearUnit; None (the default) or in evaluation mode it
+        is the identity. :class:`~nbqat.nn.TemporalFusionTransformer` attaches one per GLU when
+        ``TFTConfig.dropout > 0``.
     """
 
     def __init__(self, input_size: int, output_size: int) -> None:
@@ -55,6 +64,11 @@ class GatedLinearUnit(Module):
         self.input_size = int(input_size)
         self.output_size = int(output_size)
         self.fc = Linear(self.input_size, 2 * self.output_size)
+        self.dropout: Dropout | None = None
+
+    def dropout_active(self) -> bool:
+        """True when the next forward applies a dropout mask to the input."""
+        return self.dropout is not None and self.dropout.active()
 
     def forward(self, x: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
         """``GLU(x)`` [+ ``residual``]; the projection and the sigmoid gate are cached.
@@ -76,6 +90,8 @@ class GatedLinearUnit(Module):
         ValueError
             When ``residual`` does not have the output's shape.
         """
+        if self.dropout is not None:
+            x = self.dropout.forward(x)
         z = self.fc.forward(x, add_bias=False)  # (..., 2C); the kernel adds the bias
         return self.forward_projected(z, residual, self.fc.bias)
 
@@ -160,7 +176,8 @@ class GatedLinearUnit(Module):
         ValueError
             When ``dy`` does not have the last output's shape.
         """
-        return self.fc.backward(self.backward_projected(dy))
+        dx = self.fc.backward(self.backward_projected(dy))
+        return dx if self.dropout is None else self.dropout.backward(dx)
 
     def backward_projected(self, dy: np.ndarray) -> np.ndarray:
         """Gradient w.r.t. the projection ``z`` (and its bias, summed over rows); ``fc``'s
@@ -327,7 +344,8 @@ class GatedResidualNetwork(Module):
     ``eta2 = ELU(fc1(a) + context(c))`` (context: Linear without bias), ``eta1 = fc2(eta2)``,
     ``GRN(a, c) = LayerNorm(skip(a) + GLU(eta1))``; ``skip`` is the identity when
     ``input_size == output_size`` and a :class:`Linear` otherwise (no interpolation, unlike
-    pytorch-forecasting). No dropout.
+    pytorch-forecasting). Dropout, when the TFT attaches it, sits at the GLU's input
+    (``gate.glu.dropout``, on ``eta1``), as in the TFT paper.
 
     Parameters
     ----------
@@ -488,6 +506,7 @@ class GatedResidualNetwork(Module):
             and rows >= FOLD_MIN_ROWS_PER_OUTPUT * self.output_size
             and self.fc2.is_plain()
             and glu_fc.is_plain()
+            and not self.gate.glu.dropout_active()  # the mask sits between fc2 and the GLU
         ):
             wf = glu_fc.weight @ self.fc2.weight  # (2C, h): fc2 folded into the GLU (Notes)
             bf = glu_fc.weight @ self.fc2.bias + glu_fc.bias  # (2C,)

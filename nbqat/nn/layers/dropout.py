@@ -1,0 +1,127 @@
+"""Dropout with a reproducible mask and its backward pass (inverted dropout, as torch)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from nbqat.nn.params import Module
+
+__all__ = ["Dropout", "set_dropout"]
+
+
+class Dropout(Module):
+    """``y = x * m / (1 - p)``, ``m ~ Bernoulli(1 - p)`` element-wise, in training mode only.
+
+    Inverted dropout (Srivastava et al. 2014; ``torch.nn.Dropout``): in evaluation mode (the
+    default, ``training = False``) and for ``p = 0`` it is the identity, so inference,
+    calibration and the int8 model never see it.
+
+    The mask is a pure function of ``(seed, stream)``: ``numpy.random.default_rng([*seed,
+    stream]).random(x.shape, dtype) >= p``, where ``seed`` is set by :func:`set_dropout` (the
+    main job passes ``(run seed, phase, step)``) and ``stream`` numbers the dropout layers of a
+    model. A resumed run therefore draws the same masks without any saved RNG state, and
+    repeating a forward with the same seed repeats the mask (finite differences work).
+
+    Parameters
+    ----------
+    p : float
+        The drop probability, ``0 <= p < 1``.
+
+    Attributes
+    ----------
+    training : bool
+        Whether masks are applied.
+    seed : tuple of int
+        The mask seed (set by :func:`set_dropout`).
+    stream : int
+        This layer's index among the model's dropout layers.
+    mask : ndarray or None
+        After a training-mode forward: the scaled mask ``m / (1 - p)`` (x's shape and dtype).
+
+    Raises
+    ------
+    ValueError
+        When ``p`` is not in [0, 1).
+    """
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        p = float(p)
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
+        self.p = p
+        self.training = False
+        self.seed: tuple[int, ...] = (0,)
+        self.stream = 0
+        self.mask: np.ndarray | None = None
+        self._seen = False
+
+    def active(self) -> bool:
+        """True when a forward applies a mask (training mode and ``p > 0``)."""
+        return self.training and self.p > 0.0
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """``x * mask`` in training mode (a new array), ``x`` itself otherwise.
+
+        Parameters
+        ----------
+        x : ndarray float32 or float64
+            Any shape.
+
+        Returns
+        -------
+        ndarray
+            Shape and dtype of ``x``.
+        """
+        self._seen = True
+        if not self.active():
+            self._cache = None
+            return x
+        rng = np.random.default_rng([*self.seed, self.stream])
+        keep = rng.random(x.shape, dtype=x.dtype) >= x.dtype.type(self.p)
+        scale = x.dtype.type(1.0) / (x.dtype.type(1.0) - x.dtype.type(self.p))
+        self.mask = keep.astype(x.dtype) * scale
+        self._cache = self.mask
+        return x * self.mask
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        """``dy * mask`` (the mask of the last forward), ``dy`` in evaluation mode.
+
+        Raises
+        ------
+        RuntimeError
+            Before any forward.
+        """
+        if not self._seen:
+            raise RuntimeError("Dropout.backward called before forward")
+        m = self._cache
+        return dy if m is None else dy * m
+
+
+def set_dropout(model: Any, training: bool, seed: Sequence[int] | None = None) -> int:
+    """Switch every :class:`Dropout` of ``model`` to training or evaluation mode.
+
+    Parameters
+    ----------
+    model : Module
+    training : bool
+    seed : sequence of int, optional
+        The mask seed of the next forwards (e.g. ``(run_seed, phase, step)``); unchanged when
+        None.
+
+    Returns
+    -------
+    int
+        The number of dropout layers.
+    """
+    n = 0
+    for _, mod in model.named_modules():
+        if isinstance(mod, Dropout):
+            mod.training = bool(training)
+            if seed is not None:
+                mod.seed = tuple(int(s) for s in seed)
+            n += 1
+    return n
