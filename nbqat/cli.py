@@ -160,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--quick: 10]",
     )
     g.add_argument(
+        "--dropout",
+        type=_nonneg_float,
+        default=None,
+        help="dropout probability at every GLU input in training (TFTConfig.dropout) "
+        "[default: 0.1]",
+    )
+    g.add_argument(
         "--skip-lr-scale",
         type=_positive_float,
         default=None,

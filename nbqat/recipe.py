@@ -194,6 +194,7 @@ def finetune_float(
     quantiles: Any,
     max_norm: float | None,
     lr_fn: Any,
+    dropout_seed: Any = None,
 ) -> int:
     """Train a float model over ``batches`` exactly as QAT trains (the ``float_finetuned`` row).
 
@@ -211,6 +212,9 @@ def finetune_float(
     max_norm : float or None
         None: no clipping.
     lr_fn : callable int -> float
+    dropout_seed : callable int -> tuple of int, optional
+        The dropout mask seed of each step (training mode); None leaves the dropout mode as
+        it is.
 
     Returns
     -------
@@ -218,11 +222,13 @@ def finetune_float(
         The number of steps taken.
     """
     from nbqat.clip import clip_coef, get_total_norm
-    from nbqat.nn import quantile_loss_grad
+    from nbqat.nn import quantile_loss_grad, set_dropout
 
     steps = 0
     for s, h, f, y in batches:
         optimizer.lr = lr_fn(steps)
+        if dropout_seed is not None:
+            set_dropout(model, True, dropout_seed(steps))
         model.zero_grad()
         out = model.forward(s, h, f)
         model.backward(quantile_loss_grad(out, y.astype(out.dtype, copy=False), quantiles))

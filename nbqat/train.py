@@ -119,6 +119,7 @@ class TrainConfig:
     weight_decay: float | None = None
     warmup_steps: int | None = None
     skip_lr_scale: float | None = None
+    dropout: float | None = None
 
     FULL = {
         "epochs": 10,
@@ -137,6 +138,7 @@ class TrainConfig:
         "weight_decay": 1e-2,
         "warmup_steps": 100,
         "skip_lr_scale": 1e-2 / 3,
+        "dropout": 0.1,
     }
     QUICK = {
         "epochs": 4,
@@ -155,6 +157,7 @@ class TrainConfig:
         "weight_decay": 1e-2,
         "warmup_steps": 10,
         "skip_lr_scale": 1e-2 / 3,
+        "dropout": 0.1,
     }
 
     @classmethod
@@ -189,6 +192,8 @@ class TrainConfig:
                 f"--heads {self.heads} must divide --hidden-dim {self.hidden_dim} "
                 "(each head gets hidden_dim / heads features)"
             )
+        if not 0.0 <= self.dropout < 1.0:  # type: ignore[operator]
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout!r}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.max_norm is not None and not self.max_norm > 0:
@@ -311,6 +316,7 @@ def _build_model(cfg: Any, w: Windows) -> Any:
         quantiles=w.quantiles,
         num_heads=cfg.heads,
         linear_skip=bool(cfg.linear_skip),
+        dropout=cfg.dropout,
     )
     return TemporalFusionTransformer(tcfg, seed=cfg.seed, dtype=np.float32)
 
@@ -376,6 +382,12 @@ class DeviceAdam:
 
     def load_state_dict(self, state: dict) -> None:
         self.inner.load_state_dict(state)
+
+
+def _set_dropout_mode(model: Any, training: bool, seed: Any = None) -> None:
+    from nbqat.nn.layers.dropout import set_dropout as _set
+
+    _set(model, training, seed)
 
 
 def _clip_coef(total: float, max_norm: float | None) -> float:
@@ -584,7 +596,11 @@ class _Run:
             )
             for b in range(st.batch_pos, len(order)):
                 s, h, f, y = w.train.batch(order[b])
-                opt.lr = lr_at(len(st.step_losses["float"]), total, cfg.lr, cfg.warmup_steps)
+                step = len(st.step_losses["float"])
+                opt.lr = lr_at(step, total, cfg.lr, cfg.warmup_steps)
+                _set_dropout_mode(
+                    model, True, (cfg.seed, 1, step)
+                )  # masks from (seed, phase, step)
                 model.zero_grad()
                 pred = model.forward(s, h, f)
                 loss, grad = pinball_loss(pred, y, w.quantiles)
@@ -606,6 +622,7 @@ class _Run:
                     raise self._interrupted()
             bar.close()
             train_loss = st.epoch_loss_sum / max(1, len(order))
+            _set_dropout_mode(model, False)
             val_loss, val = self._val_loss(model.forward)  # early stopping on the P50 q-risk
             st.curves["float"]["train"].append(train_loss)
             st.curves["float"]["val"].append(val_loss)
@@ -627,6 +644,7 @@ class _Run:
             st.batch_pos = 0
             st.epoch_loss_sum = 0.0
         model.params[...] = self.best_params
+        _set_dropout_mode(model, False)  # calibration and everything after: evaluation mode
         st.phase, st.epoch, st.batch_pos = "calibrate", 0, 0
 
     def calibration_batches(self):
@@ -656,6 +674,7 @@ class _Run:
         for s, h, f, _ in self.calibration_batches():
             self.qat.forward(s, h, f)
         self.qat.disable_calibration()
+        _set_dropout_mode(self.qat.model, False)
         self.qat_opt = _make_optimizer(self.qat.model, cfg.qat_lr, cfg)
         self.st.phase = "qat"
         if cfg.compare_clipping:
@@ -681,7 +700,9 @@ class _Run:
             )
             for b in range(st.batch_pos, len(order)):
                 batch = w.train.batch(order[b])
-                self.qat_opt.lr = lr_at(len(st.step_losses[phase]), total, cfg.qat_lr)
+                step = len(st.step_losses[phase])
+                self.qat_opt.lr = lr_at(step, total, cfg.qat_lr)
+                _set_dropout_mode(self.qat.model, True, (cfg.seed, 3, step))
                 loss, gnorm = self.qat.train_step(batch, self.qat_opt, max_norm=max_norm)
                 loss, gnorm = float(loss), float(gnorm)
                 st.grad_norms[phase].append(gnorm)
@@ -695,6 +716,7 @@ class _Run:
                     raise self._interrupted()
             bar.close()
             train_loss = st.epoch_loss_sum / max(1, len(order))
+            _set_dropout_mode(self.qat.model, False)
             val, val_qr = self._val_loss(self.qat.predict)  # predict: no observer update
             st.curves[phase]["train"].append(train_loss)
             st.curves[phase]["val"].append(val)
@@ -1066,8 +1088,15 @@ def _fair_rows(r: _Run) -> dict:
     opt = _make_optimizer(ft, cfg.qat_lr, dataclass_replace(cfg, device="cpu"))
     total = cfg.qat_epochs * r._steps_per_epoch()
     finetune_float(
-        ft, opt, r.qat_batches(), w.quantiles, cfg.max_norm, lambda i: lr_at(i, total, cfg.qat_lr)
+        ft,
+        opt,
+        r.qat_batches(),
+        w.quantiles,
+        cfg.max_norm,
+        lambda i: lr_at(i, total, cfg.qat_lr),
+        dropout_seed=lambda i: (cfg.seed, 3, i),  # the QAT phase's masks
     )
+    _set_dropout_mode(ft, False)
     out["float_finetuned"] = q_risk(test.unscale(r._predict(ft.forward, test)), y, w.quantiles)
     base = _build_model(cfg, w)
     base.params[...] = r.best_params
