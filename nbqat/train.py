@@ -119,6 +119,7 @@ class TrainConfig:
     weight_decay: float | None = None
     warmup_steps: int | None = None
     skip_lr_scale: float | None = None
+    qat_skip_lr_scale: float | None = None
     dropout: float | None = None
 
     FULL = {
@@ -130,14 +131,15 @@ class TrainConfig:
         "lr": 3e-3,
         "patience": 3,
         "calibration_batches": 100,
-        "windows_per_epoch": 2048,
-        "history": 168,
+        "windows_per_epoch": 4096,
+        "history": 24,
         "horizon": 24,
         "eval_stride": 6,
         "linear_skip": True,
-        "weight_decay": 1e-2,
+        "weight_decay": 0.1,
         "warmup_steps": 100,
         "skip_lr_scale": 1e-2 / 3,
+        "qat_skip_lr_scale": 0.1,
         "dropout": 0.1,
     }
     QUICK = {
@@ -150,13 +152,14 @@ class TrainConfig:
         "patience": 2,
         "calibration_batches": 10,
         "windows_per_epoch": 1024,
-        "history": 168,
+        "history": 24,
         "horizon": 24,
         "eval_stride": 24,
         "linear_skip": True,
-        "weight_decay": 1e-2,
+        "weight_decay": 0.1,
         "warmup_steps": 10,
         "skip_lr_scale": 1e-2 / 3,
+        "qat_skip_lr_scale": 0.1,
         "dropout": 0.1,
     }
 
@@ -321,15 +324,19 @@ def _build_model(cfg: Any, w: Windows) -> Any:
     return TemporalFusionTransformer(tcfg, seed=cfg.seed, dtype=np.float32)
 
 
-def _make_optimizer(model: Any, lr: float, cfg: Any):
-    """AdamW in two groups (body, linear skip), see :class:`nbqat.recipe.GroupedAdamW`."""
+def _make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
+    """AdamW in two groups (body, linear skip), see :class:`nbqat.recipe.GroupedAdamW`.
+
+    ``qat=True``: the QAT phase's (and the equally fine-tuned float model's) optimizer, whose
+    skip group moves faster (``qat_skip_lr_scale``) so that the skip's int8 weights can adapt.
+    """
     from nbqat.recipe import GroupedAdamW, skip_offset
 
     kw = dict(
         lr=lr,
         offset=skip_offset(model),
         weight_decay=cfg.weight_decay,
-        skip_lr_scale=cfg.skip_lr_scale,
+        skip_lr_scale=cfg.qat_skip_lr_scale if qat else cfg.skip_lr_scale,
     )
     if cfg.device == "cuda":
         return DeviceAdam(model.params, **kw)
@@ -556,7 +563,7 @@ class _Run:
                 shutil.copyfile(ck / side, self.out / side)
         if (ck / "qat.npz").exists():
             self._new_qat()
-            self.qat_opt = _make_optimizer(self.qat.model, self.cfg.qat_lr, self.cfg)
+            self.qat_opt = _make_optimizer(self.qat.model, self.cfg.qat_lr, self.cfg, qat=True)
             self.qat.load(ck / "qat.npz", optimizer=self.qat_opt)
 
     def _interrupted(self) -> TrainingInterrupted:
@@ -583,7 +590,7 @@ class _Run:
         st.grad_norms.setdefault("float", [])
         st.step_losses.setdefault("float", [])
         model, opt = self.model, self.opt
-        total = cfg.epochs * self._steps_per_epoch()  # the schedule's length (early stop aside)
+        n_steps = cfg.epochs * self._steps_per_epoch()  # the schedule's length (early stop aside)
         while st.epoch < cfg.epochs and not st.stopped_early:
             order = self._epoch_order(1, st.epoch)
             bar = tqdm(
@@ -597,7 +604,7 @@ class _Run:
             for b in range(st.batch_pos, len(order)):
                 s, h, f, y = w.train.batch(order[b])
                 step = len(st.step_losses["float"])
-                opt.lr = lr_at(step, total, cfg.lr, cfg.warmup_steps)
+                opt.lr = lr_at(step, n_steps, cfg.lr, cfg.warmup_steps)
                 _set_dropout_mode(
                     model, True, (cfg.seed, 1, step)
                 )  # masks from (seed, phase, step)
@@ -675,7 +682,7 @@ class _Run:
             self.qat.forward(s, h, f)
         self.qat.disable_calibration()
         _set_dropout_mode(self.qat.model, False)
-        self.qat_opt = _make_optimizer(self.qat.model, cfg.qat_lr, cfg)
+        self.qat_opt = _make_optimizer(self.qat.model, cfg.qat_lr, cfg, qat=True)
         self.st.phase = "qat"
         if cfg.compare_clipping:
             self.qat.save(self.out / "qat_start.npz", optimizer=self.qat_opt)
@@ -687,7 +694,7 @@ class _Run:
         st.curves.setdefault(phase, {"train": [], "val": []})
         st.grad_norms.setdefault(phase, [])
         st.step_losses.setdefault(phase, [])
-        total = cfg.qat_epochs * self._steps_per_epoch()
+        n_steps = cfg.qat_epochs * self._steps_per_epoch()
         while st.epoch < cfg.qat_epochs:
             order = self._epoch_order(3, st.epoch)  # same order for clipped and unclipped runs
             bar = tqdm(
@@ -701,7 +708,7 @@ class _Run:
             for b in range(st.batch_pos, len(order)):
                 batch = w.train.batch(order[b])
                 step = len(st.step_losses[phase])
-                self.qat_opt.lr = lr_at(step, total, cfg.qat_lr)
+                self.qat_opt.lr = lr_at(step, n_steps, cfg.qat_lr)
                 _set_dropout_mode(self.qat.model, True, (cfg.seed, 3, step))
                 loss, gnorm = self.qat.train_step(batch, self.qat_opt, max_norm=max_norm)
                 loss, gnorm = float(loss), float(gnorm)
@@ -734,7 +741,7 @@ class _Run:
     def reset_qat(self, path: Path) -> None:
         """Load a saved QAT state (model, observers, optimizer) into a fresh QAT model."""
         self._new_qat()
-        self.qat_opt = _make_optimizer(self.qat.model, self.cfg.qat_lr, self.cfg)
+        self.qat_opt = _make_optimizer(self.qat.model, self.cfg.qat_lr, self.cfg, qat=True)
         self.qat.load(path, optimizer=self.qat_opt)
 
 
@@ -1085,7 +1092,7 @@ def _fair_rows(r: _Run) -> dict:
     out = {}
     ft = _build_model(cfg, w)
     ft.params[...] = r.best_params
-    opt = _make_optimizer(ft, cfg.qat_lr, dataclass_replace(cfg, device="cpu"))
+    opt = _make_optimizer(ft, cfg.qat_lr, dataclass_replace(cfg, device="cpu"), qat=True)
     total = cfg.qat_epochs * r._steps_per_epoch()
     finetune_float(
         ft,

@@ -42,7 +42,7 @@ def test_parser_defaults_and_values():
     cfg = TrainConfig.from_args(a).resolved()
     assert (cfg.epochs, cfg.history, cfg.horizon, cfg.max_norm, cfg.device) == (
         TrainConfig.FULL["epochs"],
-        168,
+        TrainConfig.FULL["history"],
         24,
         1.0,
         "cpu",
