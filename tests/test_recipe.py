@@ -152,3 +152,28 @@ def test_finetune_float_is_the_plain_training_loop(rng):
         opt_b.step(b.grads, grad_scale=clip_coef(get_total_norm(b.grads), 0.5))
     assert np.array_equal(a.params, b.params)
     assert not np.array_equal(a.params, TemporalFusionTransformer(CFG, seed=2).params)
+
+
+def test_main_job_follows_the_schedule(tmp_path, monkeypatch):
+    # every optimizer step of a tiny run uses lr_at(step, planned steps, peak, warm-up)
+    from nbqat.cli import main
+
+    seen = []
+    orig = GroupedAdamW.step
+
+    def step(self, grads, grad_scale=1.0):
+        seen.append((self.body.lr, None if self.skip is None else self.skip.lr))
+        orig(self, grads, grad_scale)
+
+    monkeypatch.setattr(GroupedAdamW, "step", step)
+    argv = ["train", "--epochs", "2", "--qat-epochs", "1", "--batch-size", "16", "--hidden-dim",
+            "4", "--heads", "1", "--history", "24", "--horizon", "6", "--windows-per-epoch", "48",
+            "--calibration-batches", "2", "--eval-stride", "96", "--no-progress", "--no-plots",
+            "--warmup-steps", "2", "--lr", "0.01", "--qat-lr", "0.002", "--skip-lr-scale", "0.5",
+            "--qat-skip-lr-scale", "0.25", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    float_lrs = [lr_at(i, 6, 0.01, 2) for i in range(6)]
+    qat_lrs = [lr_at(i, 3, 0.002) for i in range(3)]
+    want = [(x, 0.5 * x) for x in float_lrs] + [(x, 0.25 * x) for x in qat_lrs] * 2
+    assert len(seen) == 6 + 3 + 3  # float, QAT, then the float_finetuned row
+    np.testing.assert_allclose(np.array(seen), np.array(want), rtol=1e-12)
