@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         help="maximum float training epochs (early stopping may end sooner) "
-        "[default: 10; --quick: 4]",
+        "[default: 20; --quick: 4]",
     )
     g.add_argument(
         "--qat-epochs",
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--patience",
         type=_positive_int,
         default=None,
-        help="early stopping: epochs without a better validation P50 q-risk [default: 3]",
+        help="early stopping: epochs without a better validation P50 q-risk [default: 5]",
     )
     g.add_argument(
         "--calibration-batches",

@@ -123,13 +123,13 @@ class TrainConfig:
     dropout: float | None = None
 
     FULL = {
-        "epochs": 10,
+        "epochs": 20,
         "qat_epochs": 2,
         "batch_size": 64,
         "hidden_dim": 16,
         "heads": 4,
         "lr": 3e-3,
-        "patience": 3,
+        "patience": 5,
         "calibration_batches": 100,
         "windows_per_epoch": 4096,
         "history": 24,

@@ -90,6 +90,16 @@ class Dropout(Module):
     def backward(self, dy: np.ndarray) -> np.ndarray:
         """``dy * mask`` (the mask of the last forward), ``dy`` in evaluation mode.
 
+        Parameters
+        ----------
+        dy : ndarray
+            Gradient w.r.t. the last forward's output (its shape).
+
+        Returns
+        -------
+        ndarray
+            Gradient w.r.t. the input.
+
         Raises
         ------
         RuntimeError
