@@ -60,7 +60,8 @@ __all__ = [
 QUANTILES = (0.1, 0.5, 0.9)
 #: Derived known inputs used by default (see ``--calendar``).
 DEFAULT_CALENDAR = "hour,dow"
-CHECKPOINT_VERSION = 1
+#: 2: two AdamW groups, the linear skip, dropout and the schedule (version-1 runs cannot resume).
+CHECKPOINT_VERSION = 2
 #: QAT states kept beside the checkpoint by --compare-clipping (copied into checkpoint/).
 SIDE_FILES = ("qat_start.npz", "qat_clipped.npz")
 #: Options that do not change any result, left out of metrics.json so that two runs with the
@@ -872,7 +873,10 @@ def _run(cfg: TrainConfig, resume: str | Path | None) -> dict:
             )
         meta = json.loads((ck / "state.json").read_text())
         if meta.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"--resume {str(resume)!r}: unsupported checkpoint version")
+            raise ValueError(
+                f"--resume {str(resume)!r}: unsupported checkpoint version "
+                f"{meta.get('version')!r} (this nbqat writes {CHECKPOINT_VERSION}); start a new run"
+            )
         saved = meta["config"]
         saved["progress"] = cfg.progress
         saved["stop_after_steps"] = cfg.stop_after_steps
