@@ -11,9 +11,10 @@ The data are nbqat's own windows of the shipped dataset (``make_windows`` with t
 defaults): the same standardised inputs (observed, known and static reals), the same history
 and horizon, training windows whose forecast starts in the training split, early stopping on
 the validation windows, and the q-risk of exactly nbqat's test windows (eval stride), unscaled
-with nbqat's per-station level and scale. Budget: the main job's default (10 epochs of 64
-batches of 64 windows, Adam at 3e-3, gradient clipping at 1.0, patience 3, hidden 16, 4 heads,
-dropout 0.1). Prints a JSON line.
+with nbqat's per-station level and scale. Budget: 10 epochs of 64 batches of 64 windows
+(``--epochs``, ``--batches-per-epoch``), Adam at 3e-3, gradient clipping at 1.0, patience 3
+(``--patience``), hidden 16, 4 heads, dropout 0.1 -- the budget of ``nbqat train --epochs 10
+--patience 3`` (the main job's default is 20 epochs, patience 5). Prints a JSON line.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--batches-per-epoch", type=int, default=64)
+    ap.add_argument("--patience", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     import lightning.pytorch as pl
@@ -105,7 +107,7 @@ def main() -> int:
     )  # fmt: skip
     trainer = pl.Trainer(
         max_epochs=a.epochs, limit_train_batches=a.batches_per_epoch, gradient_clip_val=1.0,
-        callbacks=[EarlyStopping(monitor="val_loss", patience=3, mode="min")],
+        callbacks=[EarlyStopping(monitor="val_loss", patience=a.patience, mode="min")],
         enable_checkpointing=True, logger=False, enable_progress_bar=False,
         accelerator="cpu", deterministic=True, default_root_dir="/tmp/ptf-peer",
     )  # fmt: skip
