@@ -13,7 +13,15 @@
   ``onnx_parity`` block of metrics.json.
 """
 
+from nbqat.export.job import export_run, run_metadata, summary_lines
 from nbqat.export.onnx_export import to_onnx
-from nbqat.export.parity import check_parity, division_study, export_run
+from nbqat.export.parity import check_parity, division_study
 
-__all__ = ["check_parity", "division_study", "export_run", "to_onnx"]
+__all__ = [
+    "check_parity",
+    "division_study",
+    "export_run",
+    "run_metadata",
+    "summary_lines",
+    "to_onnx",
+]

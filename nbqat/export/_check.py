@@ -20,7 +20,7 @@ def _observed(fq: Any) -> bool:
 def check_qat(qat: Any) -> None:
     """Raise ValueError unless every quantizer of ``qat`` has observed data, fake-quantizes
     (QAT phase) and is frozen; the message names the first offending quantizer."""
-    observe_only = getattr(qat, "_observe_only", set())
+    observe_only: set[str] = getattr(qat, "_observe_only", set())
     never = [n for n, fq in qat.fake_quants.items() if not _observed(fq)]
     if never:
         raise ValueError(
@@ -83,7 +83,9 @@ def check_int8(int8: Any) -> None:
                 lin.input_quant_min,
                 lin.input_quant_max,
             )
-            check_qparams(lname + ".weight", lin.weight_scale, lin.weight_zero_point, -(2**31), 2**31 - 1)
+            check_qparams(
+                lname + ".weight", lin.weight_scale, lin.weight_zero_point, -(2**31), 2**31 - 1
+            )
     for name, mod in int8.model.named_modules():
         afq = getattr(mod, "attention_fake_quant", None)
         if afq is not None:

@@ -118,7 +118,9 @@ class GraphBuilder:
 
     def node(self, op: str, inputs: list[str], hint: str, n_out: int = 1, **attrs: Any) -> Any:
         """Append one node; returns its output name (or the list of ``n_out`` names)."""
-        outs = [self.fresh(f"{hint}.{op}" if n_out == 1 else f"{hint}.{op}{i}") for i in range(n_out)]
+        outs = [
+            self.fresh(f"{hint}.{op}" if n_out == 1 else f"{hint}.{op}{i}") for i in range(n_out)
+        ]
         self.nodes.append(
             self._helper.make_node(op, inputs, outs, name=self.fresh("n." + outs[0]), **attrs)
         )

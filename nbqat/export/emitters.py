@@ -102,7 +102,11 @@ def emit_layernorm(g: GraphBuilder, name: str, mod: LayerNorm, x: str) -> str:
     mean = g.node("ReduceMean", [x], name, axes=[-1], keepdims=1)
     d = g.node("Sub", [x, mean], name)
     var = g.node("ReduceMean", [g.node("Mul", [d, d], name)], name, axes=[-1], keepdims=1)
-    rstd = g.node("Reciprocal", [g.node("Sqrt", [g.node("Add", [var, g.const(np.float32(mod.eps))], name)], name)], name)
+    rstd = g.node(
+        "Reciprocal",
+        [g.node("Sqrt", [g.node("Add", [var, g.const(np.float32(mod.eps))], name)], name)],
+        name,
+    )
     y = g.node("Mul", [g.node("Mul", [d, rstd], name), w], name)
     return g.node("Add", [y, b], name)
 

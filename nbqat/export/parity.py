@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,9 +44,7 @@ def ort_session(proto: Any, optimize: bool) -> Any:
     so.log_severity_level = 3
     if not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(
-        proto.SerializeToString(), so, providers=["CPUExecutionProvider"]
-    )
+    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _batched(fn: Callable, inputs: Sequence[np.ndarray], bs: int) -> np.ndarray:
@@ -128,8 +126,10 @@ def check_parity(
     inputs = [np.ascontiguousarray(x, dtype=np.float32) for x in (static, historical, future)]
     n = inputs[0].shape[0]
     if any(x.shape[0] != n for x in inputs):
-        raise ValueError(f"static, historical and future must share the batch size, got "
-                         f"{[x.shape[0] for x in inputs]}")
+        raise ValueError(
+            f"static, historical and future must share the batch size, got "
+            f"{[x.shape[0] for x in inputs]}"
+        )
     if int8 is None:
         int8 = model if isinstance(model, Int8TemporalFusionTransformer) else model.to_int8()
     props = {p.key: p.value for p in proto.metadata_props}
@@ -141,7 +141,9 @@ def check_parity(
     for name, opt in (("ort_disable_all", False), ("ort_default", True)):
         sess = ort_session(proto, opt)
         preds[name] = _batched(
-            lambda s, h, f, sess=sess: sess.run(None, {"static": s, "historical": h, "future": f})[0],
+            lambda s, h, f, sess=sess: sess.run(None, {"static": s, "historical": h, "future": f})[
+                0
+            ],
             inputs,
             batch_size,
         )
@@ -150,15 +152,22 @@ def check_parity(
         from onnx.reference import ReferenceEvaluator
 
         ev = ReferenceEvaluator(proto)
+
+        def _ref(s: np.ndarray, h: np.ndarray, f: np.ndarray) -> np.ndarray:
+            res: Any = ev.run(None, {"static": s, "historical": h, "future": f})
+            return res[0]
+
         preds["reference"] = _batched(
-            lambda s, h, f: ev.run(None, {"static": s, "historical": h, "future": f})[0],
+            _ref,
             [x[:nref] for x in inputs],
             batch_size,
         )
     step = float(int8.output_scale)
     out: dict[str, Any] = {"output_scale": step, "rows": n, "engines": {}, "pairs": {}}
     if target is not None and np.shape(target) != preds["int8"].shape[:2]:
-        raise ValueError(f"target must have shape {preds['int8'].shape[:2]}, got {np.shape(target)}")
+        raise ValueError(
+            f"target must have shape {preds['int8'].shape[:2]}, got {np.shape(target)}"
+        )
     for name in ENGINES:
         if name not in preds:
             continue
@@ -205,7 +214,10 @@ def _quantize_points(proto: Any) -> list[tuple[str, str, float, int, np.dtype, i
 
 
 def division_study(
-    onnx_model: Any, static: np.ndarray, historical: np.ndarray, future: np.ndarray,
+    onnx_model: Any,
+    static: np.ndarray,
+    historical: np.ndarray,
+    future: np.ndarray,
     batch_size: int = 256,
 ) -> dict:
     """How often ONNX's ``round(x / scale)`` and PyTorch's ``round(x * float32(1 / scale))``
@@ -248,7 +260,9 @@ def division_study(
     affected: set[str] = set()
     inputs = [np.ascontiguousarray(v, dtype=np.float32) for v in (static, historical, future)]
     for i in range(0, inputs[0].shape[0], batch_size):
-        feed = dict(zip(("static", "historical", "future"), (v[i : i + batch_size] for v in inputs)))
+        feed = dict(
+            zip(("static", "historical", "future"), (v[i : i + batch_size] for v in inputs))
+        )
         vals = dict(zip(names, sess.run(names, feed)))
         for x, qo, s, zp, _, lo, hi in pts:
             xv = vals[x].astype(np.float32)
@@ -272,77 +286,3 @@ def division_study(
         "max_code_diff": maxd,
         "quantizers_affected": len(affected),
     }
-
-
-def export_run(
-    qat: Any,
-    int8: Any,
-    split: Any,
-    out_dir: str | pathlib.Path,
-    *,
-    metadata: Mapping[str, Any] | None = None,
-    reference_rows: int = 16,
-) -> dict:
-    """The main job's export step: write ``out_dir/model.onnx`` and measure parity on ``split``.
-
-    Parameters
-    ----------
-    qat : QATTemporalFusionTransformer
-        The trained QAT model (engine ``fake_quant``).
-    int8 : Int8TemporalFusionTransformer
-        ``qat.to_int8()``: the model exported (its qparams are the QAT model's current ones).
-    split : nbqat.data.SplitWindows
-        The windows to compare on (the test split): ``batch()``, ``target_raw()``,
-        ``unscale()``.
-    out_dir : str or pathlib.Path
-        Existing run folder.
-    metadata : Mapping, optional
-        Extra ONNX metadata props (feature names, target scaling, q-risk).
-    reference_rows : int, default 16
-        Windows run by the pure-Python reference evaluator.
-
-    Returns
-    -------
-    dict
-        The ``onnx_parity`` block of metrics.json: the file name and size, the opset, the
-        parity report of :func:`check_parity` (without predictions) and the
-        :func:`division_study`.
-    """
-    from nbqat.export.onnx_export import DEFAULT_OPSET, to_onnx
-
-    path = to_onnx(int8, pathlib.Path(out_dir) / "model.onnx", metadata=metadata)
-    s, h, f, _ = split.batch()
-    rows = np.arange(len(split))
-    rep = check_parity(
-        qat,
-        path,
-        s,
-        h,
-        f,
-        int8=int8,
-        target=split.target_raw(),
-        unscale=lambda p: split.unscale(p, rows[: len(p)]),
-        reference_rows=reference_rows,
-    )
-    rep.pop("_predictions")
-    rep["division_vs_reciprocal"] = division_study(path, s, h, f)
-    return {"file": path.name, "bytes": path.stat().st_size, "opset": DEFAULT_OPSET, **rep}
-
-
-def summary_lines(parity: Mapping[str, Any]) -> list[str]:
-    """The summary.txt lines of an :func:`export_run` block."""
-    pr = parity["pairs"]
-    lines = []
-    for key, label in (("int8_vs_ort_disable_all", "ORT no-opt"), ("int8_vs_ort_default", "ORT default")):
-        if key in pr:
-            v = pr[key]
-            lines.append(
-                f"ONNX ({label}) vs int8 on {v['rows']} windows: max {v['max_diff_output_steps']:.3f} "
-                f"output steps, {100 * v['bit_identical_fraction']:.1f}% bit-identical"
-            )
-    d = parity.get("division_vs_reciprocal")
-    if d:
-        lines.append(
-            f"x/scale vs x*(1/scale): {d['runtime_vs_reciprocal']} of {d['codes']} codes differ"
-        )
-    return lines
