@@ -69,12 +69,11 @@ def _windows(cfg: dict, csv_path: str | None) -> tuple[Any, list[int]]:
         data = load_tmy3()
     else:
         path = csv_path if csv_path is not None else cfg["csv"]
-        cols = dict(TMY3_COLUMNS) if cfg.get("csv") is None else {}
-        for k in ("time_col", "target_col", "entity_col", "known_cols", "static_cols"):
-            if cfg.get("csv") is not None:
-                cols[k] = cfg.get(k)
+        # a run on the shipped data reads a CSV with the shipped file's columns
+        cols: dict[str, Any] = dict(TMY3_COLUMNS)
         if cfg.get("csv") is not None:
-            cols["observed_cols"] = cfg.get("observed_cols")
+            names = ("time_col", "target_col", "entity_col", "known_cols", "static_cols")
+            cols = {k: cfg.get(k) for k in (*names, "observed_cols")}
         data = load_csv(path, fill_gaps=bool(cfg.get("fill_gaps")), **cols)
     short = [
         (n, ln)
