@@ -97,7 +97,18 @@ def export_run(
 
 
 def summary_lines(parity: Mapping[str, Any]) -> list[str]:
-    """The summary.txt lines of an :func:`export_run` block."""
+    """The summary.txt lines of an :func:`export_run` block.
+
+    Parameters
+    ----------
+    parity : Mapping
+        ``metrics["onnx_parity"]``.
+
+    Returns
+    -------
+    list of str
+        One line per ONNX runtime against the int8 reference, and the division study.
+    """
     pr = parity["pairs"]
     lines = []
     for key, label in (
