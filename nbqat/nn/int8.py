@@ -237,15 +237,15 @@ def qlinear(
         raise ValueError(f"bias must have shape ({n},), got {b.shape}")
     mult = np.float64(np.float32(x_scale)) * w_scale.astype(np.float64)  # exact products
     wc = np.asarray(w_q, dtype=np.int64) - wz[:, None]
-    xc = np.asarray(x_q, dtype=np.int64)
-    x_span = int(np.abs(xc - int(x_zero_point)).max(initial=0))
+    zx = int(x_zero_point)
+    x_span = max(abs(int(x_q.max()) - zx), abs(int(x_q.min()) - zx)) if x_q.size else 0
     w_span = int(np.abs(wc).max(initial=0))
-    if max(x_span, w_span, abs(int(x_zero_point))) > _INT32_MAX:
+    if max(x_span, w_span, abs(zx)) > _INT32_MAX:
         raise ValueError("x_q, w_q and their zero points must be codes that fit in int32")
     wide = accumulator_dtype(k, x_span, w_span) == np.int64
     out = np.empty((m, n), np.float32)
     qlinear_kernel(
-        np.ascontiguousarray(xc, dtype=np.int32),
+        np.ascontiguousarray(x_q, dtype=np.int32),
         int(x_zero_point),
         np.ascontiguousarray(wc, dtype=np.int32),
         mult,
