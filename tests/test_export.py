@@ -338,3 +338,56 @@ def test_atomic_overwrite_keeps_old_file_on_error(tmp_path, qat_float_head):
         to_onnx(q, path)
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["m.onnx"]
+
+
+def test_check_parity_bad_inputs(qat_float_head, tmp_path, rng):
+    path = to_onnx(qat_float_head, tmp_path / "m.onnx")
+    s, h, f = _batch(rng, 4)
+    with pytest.raises(ValueError, match="batch size"):
+        check_parity(qat_float_head, path, s[:3], h, f)
+    with pytest.raises(ValueError, match="target must have shape"):
+        check_parity(qat_float_head, path, s, h, f, target=np.zeros((4, TAU + 1)))
+    with pytest.raises(TypeError, match="onnx_model"):
+        check_parity(qat_float_head, 3, s, h, f)
+
+
+@pytest.mark.skipif(
+    "linear_skip" not in {f.name for f in __import__("dataclasses").fields(TFTConfig)},
+    reason="TFTConfig.linear_skip (issue 19's optional linear skip) is not on this branch yet",
+)
+def test_linear_skip_parity(tmp_path, rng):  # pragma: no cover - runs once the skip exists
+    m = TemporalFusionTransformer(_cfg(linear_skip=True), seed=8)
+    q = QATTemporalFusionTransformer.from_float(m, config=QATConfig(calibration_batches=2))
+    q.calibrate([_batch(rng, 16) for _ in range(2)])
+    q.freeze_observers()
+    path = to_onnx(q, tmp_path / "m.onnx")
+    s, h, f = _batch(rng, 16)
+    rep = check_parity(q, path, s, h, f, reference_rows=2)
+    for key in ("int8_vs_ort_disable_all", "int8_vs_ort_default", "int8_vs_reference"):
+        assert rep["pairs"][key]["max_diff_output_steps"] <= 1.0, key
+    assert any("linear_skip" in n.name for n in onnx.load(str(path)).graph.node)
+
+
+def test_linear_skip_emitter_against_numpy(tmp_path, rng):
+    """The skip emitter on a stand-in: a float Linear attached to the int8 model's network as
+    issue 19 specifies (``config.linear_skip``, ``tft.linear_skip``); oracle: the int8 forward
+    plus the skip computed in NumPy."""
+    from nbqat.nn.layers import Linear
+    from nbqat.nn.params import ParameterBuffer
+
+    int8 = _qat(seed=9).to_int8()
+    n_in, n_out = K * MZ + TAU * MX + MS, TAU * 3
+    lin = Linear(n_in, n_out)
+    ParameterBuffer(lin, np.dtype(np.float32), 0)
+    int8.model.config.linear_skip = True
+    int8.model.linear_skip = lin
+    path = to_onnx(int8, tmp_path / "m.onnx")
+    s, h, f = _batch(rng, 5)
+    got = ort_session(onnx.load(str(path)), optimize=False).run(
+        None, {"static": s, "historical": h, "future": f}
+    )[0]
+    flat = np.concatenate([h.reshape(5, -1), f.reshape(5, -1), s], axis=1)
+    skip = (flat.astype(np.float64) @ lin.weight.T + lin.bias).reshape(5, TAU, 3)
+    ref = int8.forward(s, h, f) + skip
+    np.testing.assert_allclose(got, ref, atol=float(int8.output_scale))
+    assert np.max(np.abs(got - ref)) < 1e-4

@@ -140,3 +140,20 @@ def test_error_out_folder_missing(run, tmp_path, capsys):
     assert main(["predict", str(run), "--out", str(out)]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not out.parent.exists()
+
+
+def test_train_writes_onnx_and_parity(run):
+    import onnx
+
+    m = json.loads((run / "metrics.json").read_text())
+    par = m["onnx_parity"]
+    assert par["file"] == "model.onnx" and par["bytes"] == (run / "model.onnx").stat().st_size
+    onnx.checker.check_model(onnx.load(str(run / "model.onnx")), full_check=True)
+    for key in ("int8_vs_ort_disable_all", "int8_vs_ort_default", "int8_vs_reference"):
+        assert par["pairs"][key]["max_diff_output_steps"] <= 1.0, key
+    qr = m["q_risk_test"]["int8"]
+    for q, v in par["engines"]["ort_default"]["q_risk"].items():
+        assert float(f"{v:.4g}") == float(f"{qr[q]:.4g}"), q
+    assert par["engines"]["int8"]["q_risk"] == qr  # the harness's int8 is the job's int8
+    assert par["division_vs_reciprocal"]["runtime_vs_division"] == 0
+    assert "output steps" in (run / "summary.txt").read_text()
