@@ -127,6 +127,30 @@ def _check_columns(w: Any, run: Path, qat: Any) -> None:
             )
 
 
+def _check_scaling(w: Any, run: Path) -> None:
+    """Warn when the data's per-entity target level/scale (fitted on its first 70 % of time, as
+    training does) differ from the run's (``model.onnx``'s ``target_scaling``): the inputs are
+    then not standardised as in training (the input statistics are not stored in a run)."""
+    import warnings
+
+    path = run / "model.onnx"
+    if not path.is_file():
+        return
+    import onnx
+
+    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    saved = json.loads(props.get("target_scaling", "{}"))
+    for e, lv, sc in zip(w.entity_names, w.level, w.scale):
+        ref = saved.get(str(e))
+        if ref is not None and not np.allclose([lv, sc], [ref["level"], ref["scale"]], rtol=1e-9):
+            warnings.warn(
+                f"entity {e!r}: the data's target level/scale ({lv:.6g}, {sc:.6g}) differ from "
+                f"the training run's ({ref['level']:.6g}, {ref['scale']:.6g}); the windows are "
+                "standardised with the data's own statistics",
+                stacklevel=3,
+            )
+
+
 def _engine(engine: str, run: Path, qat: Any) -> Any:
     """``forward(static, historical, future) -> (B, tau, Q)`` of the chosen engine."""
     if engine == "onnx":
@@ -205,6 +229,7 @@ def predict(
     qat = QATTemporalFusionTransformer.from_checkpoint(run / "checkpoint" / "qat.npz")
     w, lengths = _windows(cfg, csv_path)
     _check_columns(w, run, qat)
+    _check_scaling(w, run)
     ends = np.cumsum(lengths)
     rows = (ends - w.horizon).astype(np.int64)
     split = SplitWindows(

@@ -157,3 +157,15 @@ def test_train_writes_onnx_and_parity(run):
     assert par["engines"]["int8"]["q_risk"] == qr  # the harness's int8 is the job's int8
     assert par["division_vs_reciprocal"]["runtime_vs_division"] == 0
     assert "output steps" in (run / "summary.txt").read_text()
+
+
+def test_other_data_warns_about_standardisation(run, tmp_path):
+    from nbqat.predict import predict
+
+    raw = _raw_rows()
+    for r in raw:
+        r["temp_air"] = str(float(r["temp_air"]) + 1.0)
+    shifted = _write_csv(tmp_path / "shifted.csv", raw)
+    with pytest.warns(UserWarning, match="standardised with the data's own statistics"):
+        out = predict(run, csv_path=str(shifted), engine="int8", out=tmp_path / "f.csv")
+    assert len(_read(out)) == 2 * 6
