@@ -391,3 +391,44 @@ def test_linear_skip_emitter_against_numpy(tmp_path, rng):
     ref = int8.forward(s, h, f) + skip
     np.testing.assert_allclose(got, ref, atol=float(int8.output_scale))
     assert np.max(np.abs(got - ref)) < 1e-4
+
+
+def test_division_study_counts_against_exact_rounding():
+    """A one-quantizer graph on ``static``: the study's counts against codes computed from the
+    exact quotient (float64 of two float32 values, then round half to even), on values chosen
+    so that ``x * float32(1 / s)`` and ``x / s`` round differently."""
+    from onnx import TensorProto, helper
+
+    from nbqat.export._graph import GraphBuilder, QParams
+
+    s = np.float32(0.1)
+    inv = np.float32(1) / s
+    base = ((np.arange(127) + 0.5) * s).astype(np.float32)  # near the ties k + 1/2
+    x = np.concatenate([base + np.float32(j) * np.spacing(base) for j in range(-3, 4)])
+    keep = np.rint(x / s) == np.rint(x.astype(np.float64) / np.float64(s))
+    x = x[keep]  # drop quotients that float32 rounds onto a tie
+    exact = np.rint(x.astype(np.float64) / np.float64(s))
+    recip = np.rint(x * inv)
+    assert np.count_nonzero(recip != exact) > 0  # the set holds differing values
+    g = GraphBuilder(21, {})
+    for n in ("static", "historical", "future"):
+        g.fresh(n)
+    y = g.qdq("static", QParams("t", s, 0, 0, 255), "t")
+    g.nodes.append(helper.make_node("Identity", [y], ["quantiles"]))
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        g.nodes,
+        "t",
+        [vi(n, TensorProto.FLOAT, [None, 1]) for n in ("static",)]
+        + [vi(n, TensorProto.FLOAT, [None, 1, 1]) for n in ("historical", "future")],
+        [vi("quantiles", TensorProto.FLOAT, [None, 1])],
+        initializer=g.initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    z = np.zeros((x.size, 1, 1), np.float32)
+    d = division_study(model, x[:, None], z, z, batch_size=256)
+    assert d["codes"] == x.size and d["quantizers"] == 1
+    assert d["runtime_vs_division"] == 0
+    assert d["runtime_vs_reciprocal"] == np.count_nonzero(recip != exact)
+    assert d["max_code_diff"] == 1
