@@ -74,7 +74,7 @@ def check_parity(
     *,
     int8: Any = None,
     target: np.ndarray | None = None,
-    unscale: Callable[[np.ndarray], np.ndarray] | None = None,
+    unscale: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
     quantiles: Sequence[float] | None = None,
     reference_rows: int | None = 64,
     batch_size: int = 256,
@@ -98,8 +98,9 @@ def check_parity(
     target : ndarray (B, tau), optional
         Targets in the units of ``unscale``'s output, for each engine's q-risk.
     unscale : callable, optional
-        ``pred (rows, tau, Q) -> target units``, called with the rows' predictions; default
-        identity. For the reference subset it receives the first rows only.
+        ``unscale(pred, idx) -> target units`` for the predictions ``pred`` (n, tau, Q) of the
+        rows ``idx`` (``np.arange(n)``: the reference evaluator runs the first rows only), e.g.
+        :meth:`nbqat.data.SplitWindows.unscale`; default identity.
     quantiles : sequence of float, optional
         Default: the ONNX model's ``quantiles`` metadata.
     reference_rows : int or None, default 64
@@ -176,7 +177,7 @@ def check_parity(
         if target is not None:
             from nbqat.train import q_risk
 
-            un = unscale(p) if unscale is not None else p
+            un = unscale(p, np.arange(len(p))) if unscale is not None else p
             info["q_risk"] = q_risk(np.asarray(un, np.float64), np.asarray(target)[: len(p)], q)
         out["engines"][name] = info
     for a, b in PAIRS:
