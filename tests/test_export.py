@@ -268,7 +268,7 @@ def test_opset_13_decomposed_layernorm(qat_float_head, tmp_path, rng):
     assert not any(n.op_type == "LayerNormalization" for n in m.graph.node)
     s, h, f = _batch(rng, 8)
     # onnx.reference implements DequantizeLinear from opset 19 on: onnxruntime only here
-    rep = check_parity(qat_float_head, path, s, h, f, reference_rows=3)
+    rep = check_parity(qat_float_head, path, s, h, f, reference_rows=0)
     assert rep["pairs"]["int8_vs_ort_disable_all"]["max_diff_output_steps"] <= 1.0
 
 
