@@ -112,7 +112,8 @@ def check_parity(
     dict
         ``output_scale`` (the output quantization step), ``rows``, ``engines`` (per engine:
         rows run and, with ``target``, the q-risk), ``pairs`` (per pair: max abs difference,
-        in output steps, bit-identical and within-one-step fractions, over the rows both ran).
+        in output steps, bit-identical and within-one-step fractions, over the rows both ran),
+        and ``_predictions`` (engine -> float32 (rows, tau, Q) array; not JSON).
 
     Raises
     ------
@@ -133,42 +134,16 @@ def check_parity(
         )
     if int8 is None:
         int8 = model if isinstance(model, Int8TemporalFusionTransformer) else model.to_int8()
+    tau = int8.model.config.prediction_horizon
+    if target is not None and np.shape(target) != (n, tau):
+        raise ValueError(f"target must have shape {(n, tau)}, got {np.shape(target)}")
     props = {p.key: p.value for p in proto.metadata_props}
     q = tuple(quantiles) if quantiles is not None else tuple(json.loads(props["quantiles"]))
-    preds: dict[str, np.ndarray] = {}
-    if not isinstance(model, Int8TemporalFusionTransformer):
-        preds["fake_quant"] = _batched(model.predict, inputs, batch_size)
-    preds["int8"] = _batched(int8.forward, inputs, batch_size)
-    for name, opt in (("ort_disable_all", False), ("ort_default", True)):
-        sess = ort_session(proto, opt)
-        preds[name] = _batched(
-            lambda s, h, f, sess=sess: sess.run(None, {"static": s, "historical": h, "future": f})[
-                0
-            ],
-            inputs,
-            batch_size,
-        )
+    fake = None if isinstance(model, Int8TemporalFusionTransformer) else model
     nref = n if reference_rows is None else min(int(reference_rows), n)
-    if nref > 0:
-        from onnx.reference import ReferenceEvaluator
-
-        ev = ReferenceEvaluator(proto)
-
-        def _ref(s: np.ndarray, h: np.ndarray, f: np.ndarray) -> np.ndarray:
-            res: Any = ev.run(None, {"static": s, "historical": h, "future": f})
-            return res[0]
-
-        preds["reference"] = _batched(
-            _ref,
-            [x[:nref] for x in inputs],
-            batch_size,
-        )
+    preds = _run_engines(fake, int8, proto, inputs, nref, batch_size)
     step = float(int8.output_scale)
     out: dict[str, Any] = {"output_scale": step, "rows": n, "engines": {}, "pairs": {}}
-    if target is not None and np.shape(target) != preds["int8"].shape[:2]:
-        raise ValueError(
-            f"target must have shape {preds['int8'].shape[:2]}, got {np.shape(target)}"
-        )
     for name in ENGINES:
         if name not in preds:
             continue
@@ -186,6 +161,35 @@ def check_parity(
             out["pairs"][f"{a}_vs_{b}"] = _pair_stats(preds[a][:m], preds[b][:m], step)
     out["_predictions"] = preds
     return out
+
+
+def _run_engines(
+    fake: Any, int8: Any, proto: Any, inputs: list[np.ndarray], nref: int, batch_size: int
+) -> dict[str, np.ndarray]:
+    """float32 predictions of every engine (the reference evaluator on the first ``nref``)."""
+    preds: dict[str, np.ndarray] = {}
+    if fake is not None:
+        preds["fake_quant"] = _batched(fake.predict, inputs, batch_size)
+    preds["int8"] = _batched(int8.forward, inputs, batch_size)
+    names = ("static", "historical", "future")
+    for name, opt in (("ort_disable_all", False), ("ort_default", True)):
+        sess = ort_session(proto, opt)
+
+        def _ort(*xs: np.ndarray, sess: Any = sess) -> np.ndarray:
+            return sess.run(None, dict(zip(names, xs)))[0]
+
+        preds[name] = _batched(_ort, inputs, batch_size)
+    if nref > 0:
+        from onnx.reference import ReferenceEvaluator
+
+        ev = ReferenceEvaluator(proto)
+
+        def _ref(*xs: np.ndarray) -> np.ndarray:
+            res: Any = ev.run(None, dict(zip(names, xs)))
+            return res[0]
+
+        preds["reference"] = _batched(_ref, [x[:nref] for x in inputs], batch_size)
+    return preds
 
 
 def _quantize_points(proto: Any) -> list[tuple[str, str, float, int, np.dtype, int, int]]:
