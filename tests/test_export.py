@@ -432,3 +432,18 @@ def test_division_study_counts_against_exact_rounding():
     assert d["runtime_vs_division"] == 0
     assert d["runtime_vs_reciprocal"] == np.count_nonzero(recip != exact)
     assert d["max_code_diff"] == 1
+
+
+def test_error_bad_scale_or_zero_point(tmp_path):
+    int8 = _qat(seed=10).to_int8()
+    name, lin = next(iter(int8.layers.items()))
+    lin = getattr(lin, "ih", lin)
+    good = lin.input_scale
+    lin.input_scale = np.float32(0.0)
+    with pytest.raises(ValueError, match="non-positive or non-finite scale"):
+        to_onnx(int8, tmp_path / "m.onnx")
+    lin.input_scale = good
+    lin.input_zero_point = 300
+    with pytest.raises(ValueError, match=r"zero point \[300\] outside \[0, 255\]"):
+        to_onnx(int8, tmp_path / "m.onnx")
+    _nothing_written(tmp_path)
