@@ -232,7 +232,13 @@ def _add_predict(sub: Any) -> None:
     )
     pr.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of nbqat train")
     pr.add_argument("--csv", default=None, help="a CSV with the training run's columns")
-    pr.add_argument("--engine", choices=("onnx", "int8", "float"), default="onnx")
+    pr.add_argument(
+        "--engine",
+        choices=("onnx", "int8", "float"),
+        default="onnx",
+        help="onnxruntime on RUN_DIR/model.onnx, the nbqat int8 reference, or the best float "
+        "weights [default: onnx]",
+    )
     pr.add_argument("--out", default="forecasts.csv", help="output CSV [default: forecasts.csv]")
 
 
