@@ -140,14 +140,25 @@ class GraphBuilder:
 
     def qdq(self, x: str, qp: QParams, hint: str) -> str:
         """A fake-quant point: QuantizeLinear -> (Clip when ``[quant_min, quant_max]`` is
-        narrower than the storage type) -> DequantizeLinear with the frozen qparams."""
+        narrower than the storage type) -> DequantizeLinear with the frozen qparams; for a
+        16-bit storage type the Clip is a float clamp before the QuantizeLinear (same codes;
+        onnxruntime implements Clip on 8-bit integers only)."""
         dt = storage_dtype(qp.quant_min, qp.quant_max, qp.zero_point, self.opset, qp.name)
         scale = self.const(np.float32(qp.scale))
         zp = self.const(qp.zero_point, dt)
+        info = np.iinfo(dt)
+        narrow = qp.quant_min > info.min or qp.quant_max < info.max
+        if narrow and dt.itemsize > 1:
+            # onnxruntime has no 16-bit integer Clip: clamp in float before quantizing, to
+            # (q - zp) * s of the two end codes (rint(lo / s) + zp == quant_min since the
+            # relative error of lo / s is ~1e-7 and |quant_min - zp| <= 65535)
+            s32 = np.float32(qp.scale)
+            lo = self.const(np.float32(qp.quant_min - qp.zero_point) * s32)
+            hi = self.const(np.float32(qp.quant_max - qp.zero_point) * s32)
+            x = self.node("Clip", [x, lo, hi], hint)
         self.quantize_inputs.append((x, qp))
         q = self.node("QuantizeLinear", [x, scale, zp], hint)
-        info = np.iinfo(dt)
-        if qp.quant_min > info.min or qp.quant_max < info.max:
+        if narrow and dt.itemsize == 1:  # QCDQ: Clip on the int8 / uint8 codes
             lo, hi = self.const(qp.quant_min, dt), self.const(qp.quant_max, dt)
             q = self.node("Clip", [q, lo, hi], hint)
         return self.node("DequantizeLinear", [q, scale, zp], hint)
