@@ -169,3 +169,22 @@ def test_other_data_warns_about_standardisation(run, tmp_path):
     with pytest.warns(UserWarning, match="standardised with the data's own statistics"):
         out = predict(run, csv_path=str(shifted), engine="int8", out=tmp_path / "f.csv")
     assert len(_read(out)) == 2 * 6
+
+
+def test_onnx_metadata_of_the_run(run):
+    """Feature names and per-entity target scaling in model.onnx against the windows rebuilt
+    from the shipped data with the run's options."""
+    import onnx
+
+    from nbqat.data import load_tmy3, make_windows
+
+    w = make_windows(load_tmy3(), history=24, horizon=6, eval_stride=96, calendar=["hour", "dow"])
+    props = {p.key: p.value for p in onnx.load(str(run / "model.onnx")).metadata_props}
+    assert json.loads(props["historical_features"]) == w.historical_names
+    assert json.loads(props["future_features"]) == w.future_names
+    assert json.loads(props["static_features"]) == w.static_names
+    sc = json.loads(props["target_scaling"])
+    for e, lv, s in zip(w.entity_names, w.level, w.scale):
+        assert sc[e] == {"level": lv, "scale": s}
+    m = json.loads((run / "metrics.json").read_text())
+    assert json.loads(props["q_risk_test"]) == m["q_risk_test"]
