@@ -455,3 +455,18 @@ def test_error_bad_scale_or_zero_point(tmp_path):
     with pytest.raises(ValueError, match=r"zero point \[300\] outside \[0, 255\]"):
         to_onnx(int8, tmp_path / "m.onnx")
     _nothing_written(tmp_path)
+
+
+def test_parity_learnable_scales_after_a_step(tmp_path, rng):
+    """LSQ quantizers (LearnableFakeQuantize): the learned scale and the rounded zero point of
+    ``calculate_qparams`` are exported; one QAT step moves them off the observed values."""
+    from nbqat import Adam
+
+    q = _qat(seed=11, freeze=False, learnable_scales=True)
+    s, h, f = _batch(rng, 8)
+    q.train_step((s, h, f, rng.standard_normal((8, TAU)).astype(np.float32)), Adam(q.params, 1e-2))
+    q.freeze_observers()
+    path = to_onnx(q, tmp_path / "m.onnx")
+    rep = check_parity(q, path, s, h, f, reference_rows=2)
+    for key in ("int8_vs_ort_disable_all", "int8_vs_ort_default", "fake_quant_vs_ort_disable_all"):
+        assert rep["pairs"][key]["max_diff_output_steps"] <= 1.0, key
