@@ -227,7 +227,8 @@ class FakeQuantize(_QuantizerPhases):
             Bad input (from the observer or the fake-quantize function); the observer state is
             unchanged when the observer rejects the batch.
         """
-        if type(x) is np.ndarray and x.dtype is _DT32 and x.flags.c_contiguous:
+        synced = getattr(self.activation_post_process, "process_group", None) is not None
+        if type(x) is np.ndarray and x.dtype is _DT32 and x.flags.c_contiguous and not synced:
             n = x.size
             if 0 < n < _jit.PARALLEL_MIN:
                 if self.is_per_channel:
