@@ -242,3 +242,127 @@ def test_convert_is_within_one_output_step_of_the_frozen_fake_quant_model(rng):
     # float32 summation order only, except where a code of a later quantizer flips
     close = np.abs(y8 - y_fq) <= 1e-5 * np.abs(y_fq).max()
     assert np.mean(close) > 0.9
+
+
+# ------------------------------------------------------------------ the second forecaster
+def _lf_batch(rng, cfg, nb=4, dtype=np.float32):
+    return (
+        rng.standard_normal((nb, cfg.num_static_features)).astype(dtype),
+        rng.standard_normal((nb, cfg.sequence_length, cfg.num_unknown_features)).astype(dtype),
+        rng.standard_normal((nb, cfg.prediction_horizon, cfg.num_known_features)).astype(dtype),
+        rng.standard_normal((nb, cfg.prediction_horizon)).astype(dtype),
+    )
+
+
+def _lf_cfg():
+    from nbqat.nn import LSTMForecasterConfig
+
+    return LSTMForecasterConfig(2, 3, 4, 6, 5, 3)  # m_s, m_x, m_z, d, k, tau
+
+
+def test_lstm_forecaster_gradients_match_finite_differences(rng):
+    from nbqat.nn import LSTMForecaster
+
+    cfg = _lf_cfg()
+    m = LSTMForecaster(cfg, seed=2, dtype=np.float64)
+    s, h, f, _ = _lf_batch(rng, cfg, dtype=np.float64)
+    w = rng.standard_normal((4, cfg.prediction_horizon, 3))
+
+    def loss(s=s, h=h, f=f):
+        return float(np.sum(m.forward(s, h, f) * w))
+
+    m.zero_grad()
+    m.forward(s, h, f)
+    ds, dh, df = m.backward(w.copy())
+    eps = 1e-6
+    for i in rng.choice(m.params.size, 40, replace=False):
+        old = m.params[i]
+        m.params[i] = old + eps
+        up = loss()
+        m.params[i] = old - eps
+        down = loss()
+        m.params[i] = old
+        assert m.grads[i] == pytest.approx((up - down) / (2 * eps), rel=1e-6, abs=1e-8)
+    for arr, grad, idx in ((s, ds, (1, 0)), (h, dh, (2, 3, 1)), (f, df, (0, 2, 2))):
+        old = arr[idx]
+        arr[idx] = old + eps
+        up = loss()
+        arr[idx] = old - eps
+        down = loss()
+        arr[idx] = old
+        assert grad[idx] == pytest.approx((up - down) / (2 * eps), rel=1e-6, abs=1e-8)
+
+
+def test_qat_lstm_forecaster_matches_torch_fake_quantize(torch, rng):
+    from ref_qat_torch import torch_qlstm
+
+    from nbqat.nn import LSTMForecaster, train_step
+
+    cfg = _lf_cfg()
+    qat = prepare_qat(LSTMForecaster(cfg, seed=3), config=nbqat.QATConfig(calibration_batches=2))
+    m = qat.model
+    assert sorted(qat.fake_quants) == sorted(
+        ["encoder.weight_ih_fake_quant", "encoder.weight_hh_fake_quant",
+         "encoder.input_fake_quant", "encoder.hidden_fake_quant",
+         "fc.weight_fake_quant", "fc.input_fake_quant",
+         "head.weight_fake_quant", "head.input_fake_quant"]
+    )  # fmt: skip
+    T = lambda a, g=False: torch.tensor(np.array(a), requires_grad=g)  # noqa: E731
+    P = {n: T(p, True) for n, p in m.named_parameters()}
+    fq = {k: (t_weight(torch) if "weight" in k else t_act(torch)) for k in qat.fake_quants}
+    lfq = {k.split(".")[1].replace("_fake_quant", ""): v for k, v in fq.items() if "encoder" in k}
+    F = torch.nn.functional
+
+    def torch_forward(s, h, f):
+        z0 = torch.zeros(s.shape[0], cfg.hidden_dim)
+        _, hk, _, _, _ = torch_qlstm(
+            torch, h, z0, z0, P["encoder.weight_ih"], P["encoder.weight_hh"],
+            P["encoder.bias_ih"], P["encoder.bias_hh"], lfq,
+        )  # fmt: skip
+        tau = cfg.prediction_horizon
+        z = torch.cat([hk[:, None].expand(-1, tau, -1), f, s[:, None].expand(-1, tau, -1)], 2)
+        a = F.linear(fq["fc.input_fake_quant"](z), fq["fc.weight_fake_quant"](P["fc.weight"]))
+        a = F.elu(a + P["fc.bias"])
+        x = fq["head.input_fake_quant"](a)
+        return F.linear(x, fq["head.weight_fake_quant"](P["head.weight"]), P["head.bias"])
+
+    for f_ in fq.values():
+        f_.disable_fake_quant()
+    opt = nbqat.SGD(qat.params, lr=0.05)
+    for step in range(4):
+        if step == 2:
+            for f_ in fq.values():
+                f_.enable_fake_quant()
+        s, h, f, y = _lf_batch(rng, cfg)
+        before = {n: p.copy() for n, p in m.named_parameters()}
+        loss, _ = train_step(qat, (s, h, f, y), opt)  # the generic step on a prepared model
+        grads, params = dict(m.named_grads()), dict(m.named_parameters())
+        for p in P.values():
+            p.grad = None
+        out = torch_forward(T(s), T(h), T(f))
+        e = T(y)[..., None] - out
+        qq = torch.tensor(cfg.quantiles)
+        tl = torch.maximum(qq * e, (qq - 1) * e).mean()
+        tl.backward()
+        assert loss == pytest.approx(float(tl.detach()), rel=1e-5)
+        for n, p in P.items():
+            np.testing.assert_allclose(grads[n], p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=n)
+            assert not np.array_equal(params[n], before[n]) or not np.any(grads[n]), n
+            with torch.no_grad():  # the next step starts from nbqat's updated weights
+                p.copy_(T(params[n]))
+        for k, f_ in qat.fake_quants.items():
+            ts, tz = fq[k].scale.numpy().reshape(-1), fq[k].zero_point.numpy().reshape(-1)
+            if k == "encoder.hidden_fake_quant":  # torch's sigmoid/tanh differ by an ulp
+                np.testing.assert_allclose(f_.scale, ts, rtol=1e-5, err_msg=k)
+                assert np.all(np.abs(f_.zero_point - tz) <= 1), k
+            else:
+                assert np.array_equal(f_.scale, ts) and np.array_equal(f_.zero_point, tz), k
+    int8 = convert(qat)
+    assert sorted(int8.layers) == ["encoder", "fc", "head"]
+    s, h, f, _ = _lf_batch(rng, cfg, nb=16)
+    qat.freeze_observers()
+    qat.eval()
+    y_fq, y8 = qat(s, h, f), int8(s, h, f)
+    scale = float(qat.fake_quants["head.input_fake_quant"].scale[0])
+    bound = scale * float(np.abs(m.head.weight).sum(axis=1).max())
+    assert np.max(np.abs(y8 - y_fq)) <= bound

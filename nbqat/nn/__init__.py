@@ -18,6 +18,7 @@ from nbqat.nn.layers import (
     VariableSelectionNetwork,
 )
 from nbqat.nn.loss import q_risk, quantile_loss, quantile_loss_grad
+from nbqat.nn.lstm_forecaster import LSTMForecaster, LSTMForecasterConfig
 from nbqat.nn.params import Module, ModuleList, ParameterBuffer
 from nbqat.nn.qat import QATTemporalFusionTransformer
 from nbqat.nn.quantize import (
@@ -46,6 +47,8 @@ __all__ = [
     "GatedResidualNetwork",
     "InterpretableMultiHeadAttention",
     "LSTM",
+    "LSTMForecaster",
+    "LSTMForecasterConfig",
     "LayerNorm",
     "Linear",
     "Module",

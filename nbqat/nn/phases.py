@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CALIBRATION", "QAT", "QATPhases", "is_learnable"]
+import numpy as np
+
+__all__ = ["CALIBRATION", "QAT", "QATPhases", "is_learnable", "lsq_step"]
 
 #: Phase names.
 CALIBRATION = "calibration"
@@ -48,8 +50,11 @@ class QATPhases:
         self._calibration_ended = False
         self.training = True
 
-    def _learnable(self) -> list[Any]:
+    def learnable_quantizers(self) -> list[Any]:
+        """The quantizers that learn their scale / zero point (LSQ), in ``fake_quants`` order."""
         return [fq for fq in self.fake_quants.values() if is_learnable(fq)]
+
+    _learnable = learnable_quantizers
 
     def _apply_flags(self) -> None:
         observe = (self.phase == CALIBRATION or not self.observers_frozen) and self.training
@@ -132,3 +137,26 @@ class QATPhases:
         current qparams in the QAT phase; :meth:`train` restores the phase's behaviour.
         Returns self."""
         return self.train(False)
+
+
+def lsq_step(learn: list, optimizer: Any, coef: float) -> None:
+    """Plain SGD on the LSQ scales / zero points: ``p -= lr * coef * grad`` (float32), scales
+    kept ``>= eps`` (torch's LSQ clamps the same way in forward).
+
+    Parameters
+    ----------
+    learn : list of LearnableFakeQuantize
+        Those with ``learning_enabled`` are updated.
+    optimizer : nbqat optimizer
+        Its ``lr`` is used.
+    coef : float
+        The clipping coefficient of the step.
+    """
+    lr = np.float32(getattr(optimizer, "lr", 0.0))
+    c = np.float32(coef)
+    for fq in learn:
+        if not getattr(fq, "learning_enabled", True):
+            continue
+        fq.scale -= lr * (fq.grad_scale * c)
+        fq.zero_point -= lr * (fq.grad_zero_point * c)
+        np.maximum(fq.scale, fq.eps, out=fq.scale)

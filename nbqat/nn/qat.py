@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.clip import get_total_norm
-from nbqat.nn.phases import CALIBRATION, QAT, QATPhases, is_learnable
+from nbqat.nn.phases import CALIBRATION, QAT, QATPhases, is_learnable, lsq_step
 
 __all__ = ["CheckpointError", "QATTemporalFusionTransformer"]
 
@@ -635,7 +635,7 @@ class QATTemporalFusionTransformer(QATPhases):
             coef = _clip_coef(total, max_norm, self.grads.dtype)
         optimizer.step(self.grads, grad_scale=coef)
         if learn:
-            _lsq_step(learn, optimizer, coef)
+            lsq_step(learn, optimizer, coef)
         self.step += 1
         self.optimizer = optimizer
         return float(loss), total
@@ -901,16 +901,3 @@ def _to_learnable(factory: Any, kind: str) -> Any:
             "FakeQuantize.with_args(...) (or to build LearnableFakeQuantize modules)"
         )
     return LearnableFakeQuantize(**dict(kw))
-
-
-def _lsq_step(learn: list, optimizer: Any, coef: float) -> None:
-    """Plain SGD on the LSQ scales / zero points: ``p -= lr * coef * grad`` (float32), scales
-    kept ``>= eps`` (torch's LSQ clamps the same way in forward)."""
-    lr = np.float32(getattr(optimizer, "lr", 0.0))
-    c = np.float32(coef)
-    for fq in learn:
-        if not getattr(fq, "learning_enabled", True):
-            continue
-        fq.scale -= lr * (fq.grad_scale * c)
-        fq.zero_point -= lr * (fq.grad_zero_point * c)
-        np.maximum(fq.scale, fq.eps, out=fq.scale)

@@ -139,6 +139,8 @@ def _copy_model(model: Module) -> tuple[Module, ParameterBuffer]:
     buf = ParameterBuffer(new, dtype=dtype)
     for n, p in new.named_parameters():
         p[...] = params[n]
+    if isinstance(getattr(new, "buffer", None), ParameterBuffer):  # a model owning its buffer
+        object.__setattr__(new, "buffer", buf)
     return new, buf
 
 
