@@ -168,6 +168,9 @@ class FakeQuantize(_QuantizerPhases):
     ``torch/ao/quantization/fake_quantize.py`` (torch 2.13).
     """
 
+    #: The quantizer protocol's flag: FakeQuantize follows its observer, learns nothing.
+    learnable = False
+
     def __init__(
         self,
         observer: Any = MovingAverageMinMaxObserver,
@@ -227,7 +230,8 @@ class FakeQuantize(_QuantizerPhases):
             Bad input (from the observer or the fake-quantize function); the observer state is
             unchanged when the observer rejects the batch.
         """
-        if type(x) is np.ndarray and x.dtype is _DT32 and x.flags.c_contiguous:
+        synced = getattr(self.activation_post_process, "process_group", None) is not None
+        if type(x) is np.ndarray and x.dtype is _DT32 and x.flags.c_contiguous and not synced:
             n = x.size
             if 0 < n < _jit.PARALLEL_MIN:
                 if self.is_per_channel:
@@ -576,6 +580,9 @@ class LearnableFakeQuantize(_QuantizerPhases):
     S. K. Esser et al., "Learned Step Size Quantization", ICLR 2020.
     ``torch/ao/quantization/_learnable_fake_quantize.py`` (torch 2.13).
     """
+
+    #: The quantizer protocol's flag: scale and zero point are learned (LSQ).
+    learnable = True
 
     def __init__(
         self,
