@@ -470,3 +470,35 @@ def test_parity_learnable_scales_after_a_step(tmp_path, rng):
     rep = check_parity(q, path, s, h, f, reference_rows=2)
     for key in ("int8_vs_ort_disable_all", "int8_vs_ort_default", "fake_quant_vs_ort_disable_all"):
         assert rep["pairs"][key]["max_diff_output_steps"] <= 1.0, key
+
+
+# ----------------------------------------------------------------------------- generic QAT API
+@pytest.mark.parametrize("head_float", [False, True])
+def test_prepare_qat_lstm_forecaster_parity(tmp_path, rng, head_float):
+    """A model of the generic API (prepare_qat -> calibrate -> freeze) exports through its
+    emitter; every ONNX runtime is within float rounding of nbqat's convert() model."""
+    from nbqat.nn import LSTMForecaster, LSTMForecasterConfig, convert, prepare_qat
+
+    cfg = LSTMForecasterConfig(MS, MX, MZ, 8, K, TAU)
+    mapping = {"head": None} if head_float else None
+    q = prepare_qat(LSTMForecaster(cfg, seed=12), qconfig_mapping=mapping)
+    for _ in range(2):
+        q(*_batch(rng, 16))
+    q.disable_calibration()
+    with pytest.raises(ValueError, match="not frozen"):
+        to_onnx(q, tmp_path / "m.onnx")
+    q.freeze_observers()
+    path = to_onnx(q, tmp_path / "m.onnx")
+    m = onnx.load(str(path))
+    props = {p.key: p.value for p in m.metadata_props}
+    assert props["source"] == "prepare_qat" and "output_scale" not in props
+    hidden_q = [n for n in m.graph.node if n.op_type == "QuantizeLinear" and ".hidden." in n.name]
+    assert len(hidden_q) == K
+    s, h, f = _batch(rng, 20)
+    rep = check_parity(q, path, s, h, f, reference_rows=4)
+    int8 = convert(q)
+    np.testing.assert_array_equal(rep["_predictions"]["int8"], int8(s, h, f))
+    for key in ("int8_vs_ort_disable_all", "int8_vs_ort_default", "int8_vs_reference"):
+        p = rep["pairs"][key]
+        assert p["max_abs_diff"] < 1e-4 and p["max_diff_output_steps"] is None, key
+    assert to_onnx(int8, tmp_path / "b.onnx").read_bytes() != b""

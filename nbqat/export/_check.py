@@ -33,6 +33,12 @@ def check_qat(qat: Any) -> None:
             "cannot export: the QAT model is in its calibration phase (fake quantization off): "
             "call qat.disable_calibration() and qat.freeze_observers() first"
         )
+    if not getattr(qat, "observers_frozen", True):
+        raise ValueError(
+            f"cannot export: the observer of quantizer {next(iter(qat.fake_quants))!r} is not "
+            f"frozen (nor are the other {len(qat.fake_quants) - 1}; their qparams would still "
+            "change in training mode): call qat.freeze_observers() first"
+        )
     for n, fq in qat.fake_quants.items():
         learning = bool(getattr(fq, "learning_enabled", False))
         if bool(fq.observer_enabled) or learning:
@@ -96,6 +102,8 @@ def check_int8(int8: Any) -> None:
                 afq.quant_min,
                 afq.quant_max,
             )
+    if int8.output_scale is None:  # a converted generic model: no output quantizer
+        return
     check_qparams(
         "output_fake_quant",
         int8.output_scale,

@@ -75,20 +75,27 @@ def _input_qparams(lin: Any, name: str) -> QParams:
     )
 
 
+def qlinear(g: GraphBuilder, name: str, lin: Any, x: str, bias: Any = None) -> str:
+    """The quantized matmul of an ``Int8Linear``: ``DQ(Q(x)) @ DQ(W_q)`` [+ ``bias``]."""
+    xq = g.qdq(x, _input_qparams(lin, name + ".input_fake_quant"), name + ".input")
+    y = g.node("MatMul", [xq, g.weight_dq(lin, name)], name)
+    if bias is not None:
+        y = g.node("Add", [y, g.init(name + ".bias", np.asarray(bias, np.float32))], name)
+    return y
+
+
 @register(Linear)
 def emit_linear(g: GraphBuilder, name: str, mod: Linear, x: str, add_bias: bool = True) -> str:
     """``x @ W.T + b`` over the last axis; quantized: ``DQ(Q(x)) @ DQ(W_q)`` (+ b)."""
     lin = g.layers.get(name)
-    if lin is None:  # float layer (the quantile head by default)
-        w = g.init(name + ".weight", np.asarray(mod.weight, np.float32).T)
-        xq = x
-    else:
-        xq = g.qdq(x, _input_qparams(lin, name + ".input_fake_quant"), name + ".input")
-        w = g.weight_dq(lin, name)
-    y = g.node("MatMul", [xq, w], name)
-    if mod.has_bias and add_bias:
-        b = np.asarray(mod.bias if lin is None else lin.bias, np.float32)
-        y = g.node("Add", [y, g.init(name + ".bias", b)], name)
+    with_bias = mod.has_bias and add_bias
+    if lin is not None:
+        return qlinear(g, name, lin, x, lin.bias if with_bias else None)
+    # float layer (the quantile head by default)
+    w = g.init(name + ".weight", np.asarray(mod.weight, np.float32).T)
+    y = g.node("MatMul", [x, w], name)
+    if with_bias:
+        y = g.node("Add", [y, g.init(name + ".bias", np.asarray(mod.bias, np.float32))], name)
     return y
 
 

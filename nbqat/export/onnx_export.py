@@ -26,20 +26,28 @@ OUTPUT = "quantiles"
 
 
 def _as_int8(model: Any) -> tuple[Any, str]:
-    """The integer model to export and what it came from ("qat" or "int8")."""
+    """The integer model to export and what it came from ("qat", "int8", "prepare_qat" or
+    "convert")."""
+    from nbqat.export import emitters_generic
     from nbqat.nn.int8 import Int8TemporalFusionTransformer
     from nbqat.nn.qat import QATTemporalFusionTransformer
+    from nbqat.nn.quantize import Int8Model, QATModel, convert
 
     if isinstance(model, QATTemporalFusionTransformer):
         check_qat(model)
-        int8 = model.to_int8()
-        source = "qat"
+        int8, source = model.to_int8(), "qat"
     elif isinstance(model, Int8TemporalFusionTransformer):
         int8, source = model, "int8"
+    elif isinstance(model, QATModel):
+        check_qat(model)
+        int8, source = emitters_generic.as_int8(convert(model)), "prepare_qat"
+    elif isinstance(model, Int8Model):
+        int8, source = emitters_generic.as_int8(model), "convert"
     else:
         raise TypeError(
-            "model must be a calibrated, frozen nbqat.nn.QATTemporalFusionTransformer or its "
-            f"to_int8() model, got {type(model).__name__}"
+            "model must be a calibrated, frozen nbqat.nn.QATTemporalFusionTransformer or a "
+            "model prepared by nbqat.nn.prepare_qat, or their integer model (to_int8() / "
+            f"convert()), got {type(model).__name__}"
         )
     check_int8(int8)
     return int8, source
@@ -145,16 +153,17 @@ def build_model(model: Any, *, opset: int | None = None, metadata: Mapping[str, 
         opset_imports=[helper.make_opsetid("", opset)],
     )
     proto.ir_version = min(proto.ir_version, _max_ir(opset))
-    props = {
+    props: dict[str, Any] = {
         "nbqat_version": __version__,
         "source": source,
         "quantiles": list(cfg.quantiles),
-        "output_scale": float(int8.output_scale),
-        "output_zero_point": int(int8.output_zero_point),
         "quantized_output": bool(int8.quantized_output),
         "lstm": "unrolled",
         "inputs": {n: dims[n][1:] for n in INPUTS},
     }
+    if int8.output_scale is not None:
+        props["output_scale"] = float(int8.output_scale)
+        props["output_zero_point"] = int(int8.output_zero_point)
     props.update(dict(metadata or {}))
     helper.set_model_props(
         proto, {k: v if isinstance(v, str) else json.dumps(v) for k, v in props.items()}
@@ -199,10 +208,12 @@ def to_onnx(
 
     Parameters
     ----------
-    model : QATTemporalFusionTransformer or Int8TemporalFusionTransformer
-        The QAT model must be past calibration (``phase == "qat"``) with every observer frozen
-        (:meth:`~nbqat.nn.qat.QATTemporalFusionTransformer.freeze_observers`); its frozen
-        qparams are exported (through ``to_int8()``, so both give the same file).
+    model : QATTemporalFusionTransformer, Int8TemporalFusionTransformer, QATModel or Int8Model
+        The QAT model (the forecaster's, or one :func:`nbqat.nn.prepare_qat` made) must be past
+        calibration (``phase == "qat"``) with every observer frozen (``freeze_observers()``);
+        its frozen qparams are exported (through ``to_int8()`` / :func:`nbqat.nn.convert`, so
+        the QAT model and its integer model give the same file). The network's type needs an
+        emitter (:mod:`nbqat.export.emitters`: the TFT and :class:`~nbqat.nn.LSTMForecaster`).
     path : str or os.PathLike
         The ``.onnx`` file to write; its folder must exist. Written atomically (a temporary
         file in the same folder, fsynced, then renamed).

@@ -53,15 +53,25 @@ def _batched(fn: Callable, inputs: Sequence[np.ndarray], bs: int) -> np.ndarray:
     return np.concatenate(outs).astype(np.float32)
 
 
+def _is_int8(model: Any) -> bool:
+    from nbqat.nn.int8 import Int8TemporalFusionTransformer
+    from nbqat.nn.quantize import Int8Model
+
+    return isinstance(model, Int8TemporalFusionTransformer | Int8Model)
+
+
 def _pair_stats(a: np.ndarray, b: np.ndarray, step: float) -> dict:
+    """Differences of two engines' outputs; the step figures are None without an output
+    quantizer (``step`` NaN: a converted generic model)."""
     d = np.abs(a.astype(np.float64) - b.astype(np.float64))
     mx = float(d.max()) if d.size else 0.0
+    has_step = bool(np.isfinite(step))
     return {
         "rows": int(a.shape[0]),
         "max_abs_diff": mx,
-        "max_diff_output_steps": mx / step,
+        "max_diff_output_steps": mx / step if has_step else None,
         "bit_identical_fraction": float(np.mean(a.view(np.uint32) == b.view(np.uint32))),
-        "within_1_step_fraction": float(np.mean(d <= step * (1 + 1e-6))),
+        "within_1_step_fraction": float(np.mean(d <= step * (1 + 1e-6))) if has_step else None,
     }
 
 
@@ -88,13 +98,16 @@ def check_parity(
 
     Parameters
     ----------
-    model : QATTemporalFusionTransformer or Int8TemporalFusionTransformer
+    model : QATTemporalFusionTransformer, Int8TemporalFusionTransformer, QATModel or Int8Model
+        The QAT model (engine ``fake_quant``) or only its integer model.
     onnx_model : str, pathlib.Path or onnx.ModelProto
         The exported model (:func:`~nbqat.export.to_onnx`).
     static, historical, future : ndarray float32
         Inputs (B, m_s), (B, k, m_z), (B, tau, m_x).
-    int8 : Int8TemporalFusionTransformer, optional
-        Default ``model.to_int8()`` (or ``model`` itself when it is one).
+    int8 : Int8TemporalFusionTransformer or Int8Model, optional
+        Default :func:`nbqat.nn.convert` of ``model`` (``to_int8()`` for the forecaster), or
+        ``model`` itself when it is an integer model. Without an output quantizer (a generic
+        model) the ``*_output_steps`` figures are None.
     target : ndarray (B, tau), optional
         Targets in the units of ``unscale``'s output, for each engine's q-risk.
     unscale : callable, optional
@@ -122,8 +135,6 @@ def check_parity(
     """
     import json
 
-    from nbqat.nn.int8 import Int8TemporalFusionTransformer
-
     proto = _load(onnx_model)
     inputs = [np.ascontiguousarray(x, dtype=np.float32) for x in (static, historical, future)]
     n = inputs[0].shape[0]
@@ -133,16 +144,19 @@ def check_parity(
             f"{[x.shape[0] for x in inputs]}"
         )
     if int8 is None:
-        int8 = model if isinstance(model, Int8TemporalFusionTransformer) else model.to_int8()
+        from nbqat.nn.quantize import convert
+
+        int8 = model if _is_int8(model) else convert(model)
     tau = int8.model.config.prediction_horizon
     if target is not None and np.shape(target) != (n, tau):
         raise ValueError(f"target must have shape {(n, tau)}, got {np.shape(target)}")
     props = {p.key: p.value for p in proto.metadata_props}
     q = tuple(quantiles) if quantiles is not None else tuple(json.loads(props["quantiles"]))
-    fake = None if isinstance(model, Int8TemporalFusionTransformer) else model
+    fake = None if _is_int8(model) else model
     nref = n if reference_rows is None else min(int(reference_rows), n)
     preds = _run_engines(fake, int8, proto, inputs, nref, batch_size)
-    step = float(int8.output_scale)
+    scale = getattr(int8, "output_scale", None)
+    step = float("nan") if scale is None else float(scale)
     out: dict[str, Any] = {"output_scale": step, "rows": n, "engines": {}, "pairs": {}}
     for name in ENGINES:
         if name not in preds:
@@ -168,8 +182,8 @@ def _run_engines(
 ) -> dict[str, np.ndarray]:
     """float32 predictions of every engine (the reference evaluator on the first ``nref``)."""
     preds: dict[str, np.ndarray] = {}
-    if fake is not None:
-        preds["fake_quant"] = _batched(fake.predict, inputs, batch_size)
+    if fake is not None:  # predict: no observer update (a generic QATModel: frozen forward)
+        preds["fake_quant"] = _batched(getattr(fake, "predict", fake.forward), inputs, batch_size)
     preds["int8"] = _batched(int8.forward, inputs, batch_size)
     names = ("static", "historical", "future")
     for name, opt in (("ort_disable_all", False), ("ort_default", True)):
