@@ -384,19 +384,20 @@ def test_linear_skip_emitter_against_numpy(tmp_path, rng):
     from nbqat.nn.params import ParameterBuffer
 
     int8 = _qat(seed=9).to_int8()
+    s, h, f = _batch(rng, 5)
+    base = int8.forward(s, h, f)  # before the skip is attached
     n_in, n_out = K * MZ + TAU * MX + MS, TAU * 3
     lin = Linear(n_in, n_out)
     ParameterBuffer(lin, np.dtype(np.float32), 0)
     int8.model.config.linear_skip = True
     int8.model.linear_skip = lin
     path = to_onnx(int8, tmp_path / "m.onnx")
-    s, h, f = _batch(rng, 5)
     got = ort_session(onnx.load(str(path)), optimize=False).run(
         None, {"static": s, "historical": h, "future": f}
     )[0]
     flat = np.concatenate([h.reshape(5, -1), f.reshape(5, -1), s], axis=1)
     skip = (flat.astype(np.float64) @ lin.weight.T + lin.bias).reshape(5, TAU, 3)
-    ref = int8.forward(s, h, f) + skip
+    ref = base + skip
     np.testing.assert_allclose(got, ref, atol=float(int8.output_scale))
     assert np.max(np.abs(got - ref)) < 1e-4
 
