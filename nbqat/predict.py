@@ -173,6 +173,8 @@ def _engine(engine: str, run: Path, qat: Any) -> Any:
     z = np.load(run / "checkpoint" / "float.npz")
     model = TemporalFusionTransformer(qat.model.config, dtype=np.float32)
     model.params[...] = z["best_params"] if "best_params" in z.files else z["params"]
+    if callable(getattr(model, "eval", None)):
+        model.eval()  # inference mode (dropout, where a model has it, is the identity)
     return model.forward
 
 
