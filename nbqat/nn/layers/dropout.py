@@ -15,9 +15,11 @@ __all__ = ["Dropout", "set_dropout"]
 class Dropout(Module):
     """``y = x * m / (1 - p)``, ``m ~ Bernoulli(1 - p)`` element-wise, in training mode only.
 
-    Inverted dropout (Srivastava et al. 2014; ``torch.nn.Dropout``): in evaluation mode (the
-    default, ``training = False``) and for ``p = 0`` it is the identity, so inference,
-    calibration and the int8 model never see it.
+    Inverted dropout (Srivastava et al. 2014; ``torch.nn.Dropout``): in evaluation mode and for
+    ``p = 0`` it is the identity. Unlike torch, a new Dropout starts in evaluation mode
+    (``training = False``) even inside a model in training mode, so a freshly built model,
+    calibration and the int8 model never drop anything unless asked: :func:`set_dropout` (or
+    ``model.train()`` / ``model.eval()``, which set ``training`` on every module) switches it.
 
     The mask is a pure function of ``(seed, stream)``: ``numpy.random.default_rng([*seed,
     stream]).random(x.shape, dtype) >= p``, where ``seed`` is set by :func:`set_dropout` (the
