@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--history",
         type=_positive_int,
         default=None,
-        help="encoder length k in steps [default: 24]",
+        help="encoder length k in steps [default: 24, or the seasonal-naive period if longer]",
     )
     d.add_argument(
         "--horizon",

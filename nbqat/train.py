@@ -58,6 +58,8 @@ __all__ = [
 ]
 
 QUANTILES = (0.1, 0.5, 0.9)
+#: The default history (steps) when the seasonal-naive period is shorter (``--history``).
+MIN_HISTORY = 24
 #: Derived known inputs used by default (see ``--calendar``).
 DEFAULT_CALENDAR = "hour,dow"
 #: 2: two AdamW groups, the linear skip, dropout and the schedule (version-1 runs cannot resume).
@@ -133,7 +135,7 @@ class TrainConfig:
         "patience": 5,
         "calibration_batches": 100,
         "windows_per_epoch": 4096,
-        "history": 24,
+        "history": None,  # auto: max(24, the seasonal-naive period), see _load_data
         "horizon": 24,
         "eval_stride": 6,
         "linear_skip": True,
@@ -153,7 +155,7 @@ class TrainConfig:
         "patience": 2,
         "calibration_batches": 10,
         "windows_per_epoch": 1024,
-        "history": 24,
+        "history": None,  # auto: max(24, the seasonal-naive period), see _load_data
         "horizon": 24,
         "eval_stride": 24,
         "linear_skip": True,
@@ -811,6 +813,10 @@ def _load_data(cfg: Any) -> Windows:
         )
     else:
         data = load_tmy3()
+    if cfg.history is None:  # one day of hours, and at least one season (the naive reads it)
+        from nbqat.data import _default_season
+
+        cfg.history = max(MIN_HISTORY, _default_season(data, cfg.horizon))
     w = make_windows(
         data,
         history=cfg.history,

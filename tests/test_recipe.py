@@ -177,3 +177,20 @@ def test_main_job_follows_the_schedule(tmp_path, monkeypatch):
     want = [(x, 0.5 * x) for x in float_lrs] + [(x, 0.25 * x) for x in qat_lrs] * 2
     assert len(seen) == 6 + 3 + 3  # float, QAT, then the float_finetuned row
     np.testing.assert_allclose(np.array(seen), np.array(want), rtol=1e-12)
+
+
+def test_default_history_covers_the_season(tmp_path):
+    # 15-minute data: the seasonal naive reads one day (96 steps) back, so the history grows
+    from nbqat.train import TrainConfig, _load_data
+
+    t = np.datetime64("2021-01-01T00:00") + np.arange(3000) * np.timedelta64(15, "m")
+    y = np.sin(np.arange(3000) * 2 * np.pi / 96) + 0.01 * np.arange(3000) % 1
+    lines = ["time,load"] + [f"{a},{b:.4f}" for a, b in zip(t.astype(str), y)]
+    (tmp_path / "q.csv").write_text("\n".join(lines) + "\n")
+    kw = dict(out=str(tmp_path / "o"), csv=str(tmp_path / "q.csv"), time_col="time")
+    cfg = TrainConfig(target_col="load", batch_size=8, **kw).resolved()
+    assert cfg.history is None
+    w = _load_data(cfg)
+    assert w.season == 96 and w.history == cfg.history == 96
+    cfg = TrainConfig(out=str(tmp_path / "o"), batch_size=8).resolved()
+    assert _load_data(cfg).history == cfg.history == 24  # hourly: one day
