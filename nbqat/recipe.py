@@ -21,7 +21,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GroupedAdamW", "init_linear_skip_from_ridge", "lr_at", "skip_offset"]
+__all__ = [
+    "GroupedAdamW",
+    "baseline_comparisons",
+    "fair_rows",
+    "finetune_float",
+    "init_linear_skip_from_ridge",
+    "lr_at",
+    "skip_offset",
+]
 
 
 def lr_at(step: int, total: int, base_lr: float, warmup: int = 0) -> float:
@@ -238,3 +246,93 @@ def finetune_float(
         optimizer.step(model.grads, grad_scale=coef)
         steps += 1
     return steps
+
+
+def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
+    """The ``float_finetuned`` and ``ptq_int8`` rows of the main job's fair quality table.
+
+    * ``float_finetuned``: the best float weights trained on for exactly the QAT phase's steps
+      (its batches ``run.qat_batches()``, its cosine schedule from ``qat_lr``, its dropout
+      masks ``(seed, 3, step)``, its clipping) by :func:`finetune_float`, with no quantization;
+    * ``ptq_int8``: the best float weights calibrated on the calibration phase's batches and
+      converted (``to_int8()``) without any QAT step.
+
+    Parameters
+    ----------
+    run : nbqat.train._Run
+        The finished run (``cfg``, ``w``, ``best_params``, the batch generators, ``_predict``).
+    build_model : callable () -> TemporalFusionTransformer
+        A fresh model of the run's configuration.
+    make_optimizer : callable model -> optimizer
+        The QAT phase's optimizer over a model.
+
+    Returns
+    -------
+    dict
+        ``{"float_finetuned": q-risks, "ptq_int8": q-risks}`` (P10/P50/P90 on the test split).
+    """
+    from nbqat.nn import set_dropout
+    from nbqat.nn.qat import QATTemporalFusionTransformer
+    from nbqat.qconfig import QATConfig
+    from nbqat.train import q_risk
+
+    cfg, w, test = run.cfg, run.w, run.w.test
+    y = test.target_raw()
+    out = {}
+    ft = build_model()
+    ft.params[...] = run.best_params
+    total = cfg.qat_epochs * run._steps_per_epoch()
+    finetune_float(
+        ft,
+        make_optimizer(ft),
+        run.qat_batches(),
+        w.quantiles,
+        cfg.max_norm,
+        lambda i: lr_at(i, total, cfg.qat_lr),
+        dropout_seed=lambda i: (cfg.seed, 3, i),  # the QAT phase's masks
+    )
+    set_dropout(ft, False)
+    out["float_finetuned"] = q_risk(test.unscale(run._predict(ft.forward, test)), y, w.quantiles)
+    base = build_model()
+    base.params[...] = run.best_params
+    qcfg = QATConfig(calibration_batches=cfg.calibration_batches, max_norm=cfg.max_norm)
+    ptq = QATTemporalFusionTransformer.from_float(base, config=qcfg, inplace=True)
+    ptq.enable_calibration()
+    for s, h, f, _ in run.calibration_batches():
+        ptq.forward(s, h, f)
+    ptq.disable_calibration()
+    int8 = ptq.to_int8()
+    out["ptq_int8"] = q_risk(test.unscale(run._predict(int8.forward, test)), y, w.quantiles)
+    return out
+
+
+def baseline_comparisons(p50: dict) -> dict:
+    """Relative P50 improvements of each model over both baselines, and the fair-table diffs.
+
+    Parameters
+    ----------
+    p50 : dict
+        P50 q-risk by row name (``seasonal_naive``, ``ridge``, ``float``, ``float_finetuned``,
+        ``qat_fake_quant``, ``int8``, ``ptq_int8``).
+
+    Returns
+    -------
+    dict
+        ``<model>_vs_<naive|ridge>_P50_improvement`` = ``1 - model / baseline`` (positive:
+        better; ``float_vs_naive`` is left to the caller's legacy key),
+        ``qat_int8_vs_float_finetuned_P50_relative_diff``,
+        ``ptq_int8_vs_float_finetuned_P50_relative_diff`` (``model / float_finetuned - 1``) and
+        ``qat_recovers_over_ptq_P50`` (``1 - qat_int8 / ptq_int8``).
+    """
+    out = {}
+    for m in ("float", "float_finetuned", "qat_fake_quant", "int8", "ptq_int8"):
+        for b in ("seasonal_naive", "ridge"):
+            key = "naive" if b == "seasonal_naive" else b
+            if not (m == "float" and b == "seasonal_naive"):  # that one has its legacy name
+                out[f"{m}_vs_{key}_P50_improvement"] = 1.0 - p50[m] / p50[b]
+    out["qat_int8_vs_float_finetuned_P50_relative_diff"] = p50["int8"] / p50["float_finetuned"] - 1
+    out["ptq_int8_vs_float_finetuned_P50_relative_diff"] = (
+        p50["ptq_int8"] / p50["float_finetuned"] - 1
+    )
+    out["qat_recovers_over_ptq_P50"] = 1.0 - p50["int8"] / p50["ptq_int8"]
+    return out

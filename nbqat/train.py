@@ -969,6 +969,7 @@ def _run(cfg: TrainConfig, resume: str | Path | None) -> dict:
 
 def _evaluate(r: _Run) -> dict:
     from nbqat import __version__
+    from nbqat.recipe import baseline_comparisons
 
     cfg, st, w = r.cfg, r.st, r.w
     t0 = time.perf_counter()
@@ -1016,7 +1017,7 @@ def _evaluate(r: _Run) -> dict:
             "qat_vs_float_P50_relative_diff": p50["qat_fake_quant"] / p50["float"] - 1.0,
             "int8_vs_qat_P50_relative_diff": p50["int8"] / p50["qat_fake_quant"] - 1.0,
             "int8_vs_qat_max_abs_output_diff": float(np.max(np.abs(pred_int8 - pred_qat))),
-            **_baseline_comparisons(p50),
+            **baseline_comparisons(p50),
         },
         "quality_table": {
             "note": (
@@ -1098,57 +1099,14 @@ def _evaluate(r: _Run) -> dict:
 
 def _fair_rows(r: _Run) -> dict:
     """q-risk of the float model fine-tuned like QAT and of post-training quantization."""
-    from nbqat.nn.qat import QATTemporalFusionTransformer
-    from nbqat.qconfig import QATConfig
-    from nbqat.recipe import finetune_float
+    from nbqat.recipe import fair_rows
 
-    cfg, w, test = r.cfg, r.w, r.w.test
-    y = test.target_raw()
-    out = {}
-    ft = _build_model(cfg, w)
-    ft.params[...] = r.best_params
-    opt = _make_optimizer(ft, cfg.qat_lr, dataclass_replace(cfg, device="cpu"), qat=True)
-    total = cfg.qat_epochs * r._steps_per_epoch()
-    finetune_float(
-        ft,
-        opt,
-        r.qat_batches(),
-        w.quantiles,
-        cfg.max_norm,
-        lambda i: lr_at(i, total, cfg.qat_lr),
-        dropout_seed=lambda i: (cfg.seed, 3, i),  # the QAT phase's masks
+    cpu_cfg = dataclass_replace(r.cfg, device="cpu")
+    return fair_rows(
+        r,
+        lambda: _build_model(r.cfg, r.w),
+        lambda model: _make_optimizer(model, r.cfg.qat_lr, cpu_cfg, qat=True),
     )
-    _set_dropout_mode(ft, False)
-    out["float_finetuned"] = q_risk(test.unscale(r._predict(ft.forward, test)), y, w.quantiles)
-    base = _build_model(cfg, w)
-    base.params[...] = r.best_params
-    qcfg = QATConfig(calibration_batches=cfg.calibration_batches, max_norm=cfg.max_norm)
-    ptq = QATTemporalFusionTransformer.from_float(base, config=qcfg, inplace=True)
-    ptq.enable_calibration()
-    for s, h, f, _ in r.calibration_batches():
-        ptq.forward(s, h, f)
-    ptq.disable_calibration()
-    int8 = ptq.to_int8()
-    out["ptq_int8"] = q_risk(test.unscale(r._predict(int8.forward, test)), y, w.quantiles)
-    return out
-
-
-def _baseline_comparisons(p50: dict) -> dict:
-    """Relative P50 improvements of each model over both baselines, and the fair-table diffs."""
-    out = {}
-    for m in ("float", "float_finetuned", "qat_fake_quant", "int8", "ptq_int8"):
-        for b in ("seasonal_naive", "ridge"):
-            key = "naive" if b == "seasonal_naive" else b
-            if not (m == "float" and b == "seasonal_naive"):  # that one has its legacy name
-                out[f"{m}_vs_{key}_P50_improvement"] = 1.0 - p50[m] / p50[b]
-    out["qat_int8_vs_float_finetuned_P50_relative_diff"] = (
-        p50["int8"] / p50["float_finetuned"] - 1.0
-    )
-    out["ptq_int8_vs_float_finetuned_P50_relative_diff"] = (
-        p50["ptq_int8"] / p50["float_finetuned"] - 1.0
-    )
-    out["qat_recovers_over_ptq_P50"] = 1.0 - p50["int8"] / p50["ptq_int8"]
-    return out
 
 
 def _plots(
