@@ -1,0 +1,454 @@
+"""CPU kernels of the histogram observers (compiled code only; validation in the observers).
+
+Two families:
+
+* torch's ``HistogramObserver`` arithmetic, reproduced operation by operation in float32:
+  :func:`histc_counts` (``torch.histc``'s bin of each element), :func:`upscale_histogram`
+  (``_upscale_histogram``), :func:`torch_sum_f32` (the summation order of ``torch.sum`` on a
+  contiguous float32 vector, 8 lanes) and :func:`l2_search` (``_non_linear_param_search``
+  with ``_compute_quantization_error``).
+* fixed-grid ("order key") histograms for the percentile and MSE observers:
+  :func:`key_counts` / :func:`key_counts_channel` bin float32 values by the top bits of their
+  order key (a logarithmic grid fixed in advance), so two histograms merge by adding counts.
+
+Counting is deterministic and thread-count independent: the data is cut into chunks fixed by
+index, each chunk owns a row of integer counts, and the rows are added serially; integer
+addition is exact, so the result never depends on the number of threads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from nbqat._jit import cpu_kernel
+
+#: Elements per counting chunk (fixed; results do not depend on it).
+CHUNK = 1 << 18
+#: Most chunk rows (bins x MAX_ROWS int64 counts of scratch).
+MAX_ROWS = 16
+#: float32 lanes of torch's vectorized sum (8: torch 2.13's CPU build, measured on AVX-512 and
+#: matched bit for bit by tests/test_histogram_observers.py).
+LANES = 8
+
+_F32 = np.float32
+_M = np.int32(0x7FFFFFFF)
+_S = np.int32(31)
+
+
+@cpu_kernel(parallel=False)
+def bin_f32(v, lo, hi, bins, wide):  # pragma: no cover
+    """``torch.histc``'s bin of ``v`` in ``[lo, hi]`` (-1 outside, NaN included).
+
+    ``pos = int((v - lo) * bins / (hi - lo))`` in float32 (torch's CPU kernel); ``wide`` does it
+    in float64 (ranges whose float32 arithmetic overflows, where torch's bins are garbage).
+    """
+    if not (v >= lo and v <= hi):
+        return -1
+    if hi == lo:
+        return bins // 2
+    if wide:
+        p = (np.float64(v) - np.float64(lo)) * np.float64(bins)
+        p = p / (np.float64(hi) - np.float64(lo))
+    else:
+        p = np.float64((v - lo) * _F32(bins) / (hi - lo))
+    pos = np.int64(p)
+    if pos >= bins:
+        pos = bins - 1
+    if pos < 0:
+        pos = 0
+    return pos
+
+
+@cpu_kernel(parallel=True)
+def histc_counts(x, lo, hi, bins, wide):  # pragma: no cover
+    """Counts of float32 ``x`` in ``bins`` equal bins over ``[lo, hi]`` (torch.histc's bins).
+
+    Parameters
+    ----------
+    x : (n,) float32, C-contiguous
+    lo, hi : float32, the outer bin edges (``lo <= hi``); values outside (and NaN) are skipped
+    bins : int
+    wide : bool, float64 bin arithmetic (see :func:`bin_f32`)
+
+    Returns
+    -------
+    (bins,) int64
+    """
+    n = x.size
+    nch = (n + CHUNK - 1) // CHUNK
+    rows = min(nch, MAX_ROWS)
+    acc = np.zeros((rows, bins), np.int64)
+    per = (nch + rows - 1) // rows
+    for r in prange(rows):
+        s = r * per * CHUNK
+        e = min(n, s + per * CHUNK)
+        for i in range(s, e):
+            p = bin_f32(x[i], lo, hi, bins, wide)
+            if p >= 0:
+                acc[r, p] += 1
+    out = np.zeros(bins, np.int64)
+    for r in range(rows):
+        for b in range(bins):
+            out[b] += acc[r, b]
+    return out
+
+
+@cpu_kernel(parallel=False)
+def _multi_row_sum(v, base, size, w):  # pragma: no cover
+    """torch's ``multi_row_sum`` (4 rows, 4 levels) over ``size`` rows of 4 elements of ``w``
+    lanes starting at ``v[base]``; returns (4, w) partials."""
+    nlev = 4
+    clog = 1
+    if size > 2:
+        clog = 0
+        t = size - 1
+        while t > 0:
+            clog += 1
+            t >>= 1
+    lp = max(4, clog // nlev)
+    step = 1 << lp
+    mask0 = step - 1
+    acc = np.zeros((nlev, 4, w), np.float32)
+    i = 0
+    while i + step <= size:
+        for _ in range(step):
+            for k in range(4):
+                o = base + (i * 4 + k) * w
+                for q in range(w):
+                    acc[0, k, q] += v[o + q]
+            i += 1
+        for j in range(1, nlev):
+            for k in range(4):
+                for q in range(w):
+                    acc[j, k, q] += acc[j - 1, k, q]
+                    acc[j - 1, k, q] = _F32(0)
+            if (i & (mask0 << (j * lp))) != 0:
+                break
+    while i < size:
+        for k in range(4):
+            o = base + (i * 4 + k) * w
+            for q in range(w):
+                acc[0, k, q] += v[o + q]
+        i += 1
+    for j in range(1, nlev):
+        for k in range(4):
+            for q in range(w):
+                acc[0, k, q] += acc[j, k, q]
+    return acc[0]
+
+
+@cpu_kernel(parallel=False)
+def _row_sum(v, size, w):  # pragma: no cover
+    """torch's ``row_sum`` (ilp factor 4) over ``size`` elements of ``w`` lanes; (w,) lanes."""
+    size_ilp = size // 4
+    part = _multi_row_sum(v, 0, size_ilp, w)
+    for i in range(size_ilp * 4, size):
+        for q in range(w):
+            part[0, q] += v[i * w + q]
+    for k in range(1, 4):
+        for q in range(w):
+            part[0, q] += part[k, q]
+    return part[0]
+
+
+@cpu_kernel(parallel=False)
+def torch_sum_f32(v):  # pragma: no cover
+    """``torch.sum`` of a contiguous float32 vector with torch's CPU summation order.
+
+    The vectorized inner sum (``LANES`` lanes, cascade over groups of 4 vectors), the scalar
+    tail, then the lanes in order; vectors shorter than ``LANES`` take the scalar cascade.
+
+    Parameters
+    ----------
+    v : (n,) float32
+
+    Returns
+    -------
+    float32
+    """
+    n = v.size
+    if n < LANES:
+        return _row_sum(v, n, 1)[0]
+    nvec = n // LANES
+    lanes = _row_sum(v, nvec, LANES)
+    acc = _F32(0)
+    for k in range(nvec * LANES, n):
+        acc += v[k]
+    for q in range(LANES):
+        acc += lanes[q]
+    return acc
+
+
+@cpu_kernel(parallel=False)
+def _div_floor(a, b):  # pragma: no cover
+    """``torch.div(a, b, rounding_mode="floor")`` in float32 (``c10::div_floor_floating``)."""
+    if b == 0:
+        return a / b
+    mod = _F32(np.fmod(a, b))
+    div = _F32(a - mod) / b
+    if mod != 0 and (b < 0) != (mod < 0):
+        div = div - _F32(1)
+    if div != 0:
+        fl = _F32(math.floor(div))
+        if div - fl > _F32(0.5):
+            fl = fl + _F32(1)
+        return fl
+    return _F32(math.copysign(0.0, a / b))
+
+
+@cpu_kernel(parallel=False)
+def quant_error(hist, bin_width, s, e, dst_nbins, norm):  # pragma: no cover
+    """torch's ``_compute_quantization_error(s, e)``: float32 elementwise, torch's sum.
+
+    ``bin_width`` is torch's Python float ``(max - min) / bins``; ``norm`` is (bins,) scratch.
+    """
+    bins = hist.size
+    dbw = bin_width * (e - s + 1) / dst_nbins
+    if dbw == 0.0:
+        return 0.0
+    bw = _F32(bin_width)
+    d = _F32(dbw)
+    half = _F32(dbw / 2)
+    nhalf = _F32(-dbw / 2)
+    three = _F32(3)
+    hi = _F32(dst_nbins - 1)
+    mid = (half * half * half - nhalf * nhalf * nhalf) / three
+    for i in range(bins):
+        sb = _F32(i - s) * bw
+        se = sb + bw
+        dob = min(max(_div_floor(sb, d), _F32(0)), hi)
+        doe = min(max(_div_floor(se, d), _F32(0)), hi)
+        dens = hist[i] / bw
+        db = sb - (dob + _F32(0.5)) * d
+        n1 = dens * ((half * half * half - db * db * db) / three)
+        n2 = (doe - dob - _F32(1)) * (dens * mid)
+        de = se - (doe * d + half)
+        n3 = dens * ((de * de * de - nhalf * nhalf * nhalf) / three)
+        norm[i] = (n1 + n2) + n3
+    return np.float64(torch_sum_f32(norm))
+
+
+@cpu_kernel(parallel=False)
+def l2_search(hist, min_val, max_val, dst_nbins):  # pragma: no cover
+    """torch's ``_non_linear_param_search``: the (start_bin, end_bin) minimising the L2 error.
+
+    Parameters
+    ----------
+    hist : (bins,) float32, the histogram over ``[min_val, max_val]``
+    min_val, max_val : float32
+    dst_nbins : int, ``2 ** bits`` of the quantized dtype
+
+    Returns
+    -------
+    (int64, int64)
+        ``new_min = min_val + (max_val - min_val) / bins * start`` and
+        ``new_max = min_val + ... * (end + 1)`` in float32 (done by the caller).
+    """
+    bins = hist.size
+    bin_width = (np.float64(max_val) - np.float64(min_val)) / bins
+    total = np.float64(torch_sum_f32(hist))
+    csum = np.empty(bins, np.float32)
+    run = 0.0
+    for i in range(bins):
+        run += np.float64(hist[i])
+        csum[i] = _F32(run)
+    norm = np.empty(bins, np.float32)
+    step = 1e-5
+    alpha = 0.0
+    beta = 1.0
+    start = 0
+    end = bins - 1
+    norm_min = np.inf
+    while alpha < beta:
+        na = alpha + step
+        nb = beta - step
+        ta = _F32(na * total)
+        tb = _F32(nb * total)
+        l = start  # noqa: E741 - torch's name
+        r = end
+        while l < end and csum[l] < ta:
+            l += 1  # noqa: E741
+        while r > start and csum[r] > tb:
+            r -= 1
+        ns = start
+        ne = end
+        if (l - start) > (end - r):
+            ns = l
+            alpha = na
+        else:
+            ne = r
+            beta = nb
+        if ns == start and ne == end:
+            continue
+        nrm = quant_error(hist, bin_width, ns, ne, dst_nbins, norm)
+        if nrm > norm_min:
+            break
+        norm_min = nrm
+        start = ns
+        end = ne
+    return start, end
+
+
+@cpu_kernel(parallel=False)
+def l2_search_wide(hist, dst_nbins):  # pragma: no cover
+    """:func:`l2_search` in float64 on the unit range (the error is scale invariant): for
+    ranges whose float32 norms overflow or underflow (where torch's search is garbage)."""
+    bins = hist.size
+    h = hist.astype(np.float64)
+    total = h.sum()
+    csum = np.cumsum(h)
+    bw = 1.0 / bins
+    src = np.arange(bins).astype(np.float64)
+    alpha, beta, start, end, norm_min = 0.0, 1.0, 0, bins - 1, np.inf
+    while alpha < beta:
+        na, nb = alpha + 1e-5, beta - 1e-5
+        l, r = start, end  # noqa: E741
+        while l < end and csum[l] < na * total:
+            l += 1  # noqa: E741
+        while r > start and csum[r] > nb * total:
+            r -= 1
+        ns, ne = start, end
+        if (l - start) > (end - r):
+            ns, alpha = l, na
+        else:
+            ne, beta = r, nb
+        if ns == start and ne == end:
+            continue
+        d = bw * (ne - ns + 1) / dst_nbins
+        sb = (src - ns) * bw
+        se = sb + bw
+        dob = np.minimum(np.maximum(np.floor(sb / d), 0.0), dst_nbins - 1.0)
+        doe = np.minimum(np.maximum(np.floor(se / d), 0.0), dst_nbins - 1.0)
+        dens = h / bw
+        db = sb - (dob + 0.5) * d
+        de = se - (doe * d + d / 2)
+        nrm = dens * ((d / 2) ** 3 - db**3) / 3 + (doe - dob - 1) * dens * (d**3 / 12)
+        nrm = (nrm + dens * (de**3 + (d / 2) ** 3) / 3).sum()
+        if nrm > norm_min:
+            break
+        norm_min, start, end = nrm, ns, ne
+    return start, end
+
+
+@cpu_kernel(parallel=False)
+def linspace_f32(start, end, steps):  # pragma: no cover
+    """``torch.linspace(start, end, steps)`` in float32: ``start + step * i`` for the first half,
+    ``end - step * (steps - 1 - i)`` for the second, each a fused multiply-add (one rounding:
+    torch's CPU kernel is compiled with FMA contraction; the float64 product is exact)."""
+    out = np.empty(steps, np.float32)
+    step = np.float64((end - start) / _F32(steps - 1))
+    half = steps // 2
+    for i in range(steps):
+        if i < half:
+            out[i] = _F32(np.float64(start) + step * i)
+        else:
+            out[i] = _F32(np.float64(end) - step * (steps - i - 1))
+    return out
+
+
+@cpu_kernel(parallel=False)
+def upscale_histogram(hist, omin, omax, nmin, nmax, rate, wide):  # pragma: no cover
+    """torch's ``_upscale_histogram``: ``hist`` over ``[omin, omax]`` re-binned onto
+    ``[nmin, nmax]`` (each bin split in ``rate`` parts placed by their mid points).
+
+    Parameters
+    ----------
+    hist : (bins,) float32
+    omin, omax, nmin, nmax : float32 (``nmin <= omin <= omax <= nmax``)
+    rate : int, torch's ``upsample_rate``
+    wide : bool, float64 arithmetic (ranges whose float32 arithmetic overflows)
+
+    Returns
+    -------
+    (bins,) float32 (float32 accumulation in source order, as ``torch.bincount``)
+    """
+    bins = hist.size
+    m = bins * rate
+    out = np.zeros(bins, np.float32)
+    frate = _F32(rate)
+    if wide:
+        w = (np.float64(omax) - np.float64(omin)) / m
+        nw = (np.float64(nmax) - np.float64(nmin)) / bins
+        for i in range(m):
+            mid = np.float64(omin) + w * (i + 0.5)
+            b = np.int64(math.floor((mid - np.float64(nmin)) / nw))
+            b = min(max(b, 0), bins - 1)
+            out[b] += hist[i // rate] / frate
+        return out
+    lin = linspace_f32(omin, omax, m + 1)
+    bounds = linspace_f32(nmin, nmax, bins + 1)
+    half_bin = _F32(0.5) * ((omax - omin) / _F32(m))
+    for i in range(m):
+        mid = lin[i] + half_bin
+        b = np.searchsorted(bounds, mid, side="right") - 1
+        b = min(max(b, 0), bins - 1)
+        out[b] += hist[i // rate] / frate
+    return out
+
+
+# -- fixed-grid order-key histograms (percentile / MSE observers) -----------------------------
+
+
+@cpu_kernel(parallel=False)
+def _key_bin(w, shift):  # pragma: no cover
+    """Bin of float32 bits ``w``: ``(order_key >> shift) + offset``, or -1 for NaN/Inf."""
+    if (w & np.int32(0x7F800000)) == np.int32(0x7F800000):
+        return -1
+    k = np.int32(w ^ ((w >> _S) & _M))
+    return np.int64(k >> np.int32(shift)) + (np.int64(1) << np.int64(31 - shift))
+
+
+@cpu_kernel(parallel=True)
+def key_counts(b, shift):  # pragma: no cover
+    """Fixed-grid counts of float32 data by order key: bin ``(key >> shift) + 2**(31-shift)``.
+
+    Parameters
+    ----------
+    b : (n,) int32, the bits of float32 data (``x.view(np.int32)``), C-contiguous
+    shift : int, 16 keeps sign, exponent and 7 mantissa bits (65536 bins)
+
+    Returns
+    -------
+    (2 ** (32 - shift),) int64; NaN and +-Inf are not counted
+    """
+    n = b.size
+    nb = 1 << (32 - shift)
+    nch = (n + CHUNK - 1) // CHUNK
+    rows = min(nch, MAX_ROWS)
+    per = (nch + rows - 1) // rows
+    acc = np.zeros((rows, nb), np.int64)
+    for r in prange(rows):
+        s = r * per * CHUNK
+        e = min(n, s + per * CHUNK)
+        for i in range(s, e):
+            p = _key_bin(b[i], shift)
+            if p >= 0:
+                acc[r, p] += 1
+    out = np.zeros(nb, np.int64)
+    for r in range(rows):
+        for j in range(nb):
+            out[j] += acc[r, j]
+    return out
+
+
+@cpu_kernel(parallel=True)
+def key_counts_channel(b, outer, nchan, inner, shift):  # pragma: no cover
+    """Per-channel :func:`key_counts` of a C-contiguous (outer, nchan, inner) float32 view.
+
+    Returns
+    -------
+    (nchan, 2 ** (32 - shift)) int64
+    """
+    nb = 1 << (32 - shift)
+    out = np.zeros((nchan, nb), np.int64)
+    for c in prange(nchan):
+        for o in range(outer):
+            base = (o * nchan + c) * inner
+            for i in range(inner):
+                p = _key_bin(b[base + i], shift)
+                if p >= 0:
+                    out[c, p] += 1
+    return out
