@@ -28,12 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from nbqat import _cuda
+from nbqat import _cuda, _jit
 from nbqat.kernels import histogram_cpu as _hk
+from nbqat.kernels import observe_cpu as _ok
 from nbqat.observers import (
     _DTYPES,
     EPS,
     _check_input,
+    _decode,
     _MinMaxBase,
     _stats_cpu_tensor,
     _stats_cuda,
@@ -90,7 +92,7 @@ def _edges(lo: np.float32, hi: np.float32, bins: int) -> tuple[np.float32, np.fl
     return lo, hi, wide
 
 
-def histc(data: Any, bins: int, lo: np.float32, hi: np.float32) -> np.ndarray:
+def histc(data: Any, bins: int, lo: Any, hi: Any) -> np.ndarray:
     """float32 counts of ``torch.histc(data, bins, min=lo, max=hi)`` (host or CUDA data)."""
     elo, ehi, wide = _edges(lo, hi, bins)
     if hasattr(data, "copy_to_host"):
@@ -98,7 +100,8 @@ def histc(data: Any, bins: int, lo: np.float32, hi: np.float32) -> np.ndarray:
 
         counts = _hc.histc_counts(data, elo, ehi, bins, wide)
     else:
-        counts = _hk.histc_counts(data, elo, ehi, bins, wide)
+        with _jit.threads_for(data.size):
+            counts = _hk.histc_counts(data, elo, ehi, bins, wide)
     return counts.astype(_F32)
 
 
@@ -211,24 +214,56 @@ class HistogramObserver(_MinMaxBase):
         ValueError
             NaN/Inf under ``nonfinite="raise"`` (NaN under ``"propagate"``); state unchanged.
         """
-        got = _batch_stats(self, x, f"{type(self).__name__}.forward")
+        who = f"{type(self).__name__}.forward"
+        cur_min, cur_max = self._min[()], self._max[()]
+        if self._fused(x, cur_min, cur_max):
+            return x
+        got = _batch_stats(self, x, who)
         if got is None:
             return x
         data, x_min, x_max = got
-        cur_min, cur_max = self._min[()], self._max[()]
         if cur_min == np.inf or cur_max == -np.inf:
             hist = histc(data, self.bins, x_min, x_max)
             self._min, self._max = np.array(x_min, _F32), np.array(x_max, _F32)
             self.histogram = hist
             return x
         new_min, new_max = min(cur_min, x_min), max(cur_max, x_max)
-        update = histc(data, self.bins, new_min, new_max)
+        self._grow(histc(data, self.bins, new_min, new_max), new_min, new_max)
+        return x
+
+    def _grow(self, update: np.ndarray, new_min: Any, new_max: Any) -> None:
+        """Add ``update`` (counts over ``[new_min, new_max]``), re-binning the old histogram."""
+        cur_min, cur_max = self._min[()], self._max[()]
         old = _transform(self, self.histogram, cur_min, cur_max, new_min, new_max)
         self.histogram = (update + old).astype(_F32)
         self._min, self._max = np.array(new_min, _F32), np.array(new_max, _F32)
-        return x
 
-    def _search(self) -> tuple[np.float32, np.float32]:
+    def _fused(self, x: Any, cur_min: Any, cur_max: Any) -> bool:
+        """Steady-state fast path (float32 NumPy input, a running range already set): ONE pass
+        finds the batch min/max and counts it over the current range; when the batch is
+        finite, the counts are torch's update histogram. Returns False (nothing changed) when
+        the general path must run; the second pass then runs only if the range grows."""
+        if not (type(x) is np.ndarray and x.dtype == _F32 and x.size and cur_min < cur_max):
+            return False
+        if _edges(cur_min, cur_max, self.bins)[2]:
+            return False
+        flat = np.ravel(x, order="K")
+        with _jit.threads_for(flat.size):
+            kmin, kmax, counts = _hk.minmax_histc(
+                flat, flat.view(np.int32), cur_min, cur_max, self.bins
+            )
+        if not (kmin > _ok.KEY_NEG_INF and kmax < _ok.KEY_POS_INF):
+            return False  # NaN/Inf: the policy path decides
+        x_min, x_max = _decode([kmin])[0], _decode([kmax])[0]
+        if x_min >= cur_min and x_max <= cur_max:
+            self.histogram = (self.histogram + counts.astype(_F32)).astype(_F32)
+            return True
+        new_min, new_max = min(cur_min, x_min), max(cur_max, x_max)
+        with _jit.threads_for(flat.size):
+            self._grow(histc(flat, self.bins, new_min, new_max), new_min, new_max)
+        return True
+
+    def _search(self) -> tuple[Any, Any]:
         """torch's ``_non_linear_param_search``: the clipped range ``(new_min, new_max)``."""
         mn, mx = self._min[()], self._max[()]
         if mn == mx:
@@ -285,11 +320,15 @@ class HistogramObserver(_MinMaxBase):
             Different dtype, qscheme, range, bins or upsample_rate.
         """
         if type(other) is not type(self):
-            raise TypeError(f"merge needs another {type(self).__name__}, got {type(other).__name__}")
+            raise TypeError(
+                f"merge needs another {type(self).__name__}, got {type(other).__name__}"
+            )
         mine = (self.dtype, self.qscheme, self.quant_min, self.quant_max, self.bins)
         theirs = (other.dtype, other.qscheme, other.quant_min, other.quant_max, other.bins)
         if mine + (self.upsample_rate,) != theirs + (other.upsample_rate,):
-            raise ValueError(f"cannot merge observers with different configurations: {mine} vs {theirs}")
+            raise ValueError(
+                f"cannot merge observers with different configurations: {mine} vs {theirs}"
+            )
         if other._min[()] == np.inf:
             return self
         if self._min[()] == np.inf:

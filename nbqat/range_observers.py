@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from numba import prange
 
-from nbqat import _cuda
+from nbqat import _cuda, _jit
 from nbqat._jit import cpu_kernel
 from nbqat.kernels import histogram_cpu as _hk
 from nbqat.observers import EPS, _decode, _device, _MinMaxBase, _outer_inner
@@ -139,18 +139,18 @@ class _KeyHistBase(_MinMaxBase):
             return _hc.key_counts(d.reshape(d.size).view(np.int32), self._shift)
         h = _device(x).copy_to_host() if is_dev else x
         x32 = np.ascontiguousarray(h, dtype=_F32)
-        if not self._per_channel:
-            return _hk.key_counts(x32.reshape(-1).view(np.int32), self._shift)
-        outer, c, inner = _outer_inner(x32.shape, self.ch_axis % x32.ndim)
         b = x32.reshape(-1).view(np.int32)
-        return _hk.key_counts_channel(b, outer, c, inner, self._shift)
+        with _jit.threads_for(b.size):
+            if not self._per_channel:
+                return _hk.key_counts(b, self._shift)
+            outer, c, inner = _outer_inner(x32.shape, self.ch_axis % x32.ndim)
+            return _hk.key_counts_channel(b, outer, c, inner, self._shift)
 
     def _range(self) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def calculate_qparams(self) -> tuple[np.ndarray, np.ndarray]:
-        """Scale and zero point of the calibrated range (:meth:`nbqat.MinMaxObserver.calculate_qparams`'s
-        formula on it).
+        """Scale and zero point of the calibrated range (the min/max observers' formula on it).
 
         Returns
         -------
@@ -355,6 +355,8 @@ class MSEObserver(_KeyHistBase):
     def __init__(
         self,
         num_candidates: int = 100,
+        ch_axis: int = 0,
+        mantissa_bits: int | None = None,
         dtype: str = "quint8",
         qscheme: str = "per_tensor_affine",
         reduce_range: bool = False,
@@ -362,8 +364,6 @@ class MSEObserver(_KeyHistBase):
         quant_max: int | None = None,
         eps: float = EPS,
         nonfinite: str = "raise",
-        ch_axis: int = 0,
-        mantissa_bits: int | None = None,
     ) -> None:
         if isinstance(num_candidates, bool) or not isinstance(num_candidates, (int, np.integer)):
             raise TypeError(f"num_candidates must be a positive int, got {num_candidates!r}")

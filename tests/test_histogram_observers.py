@@ -82,7 +82,9 @@ def test_torch_sum_order(torch, rng, n):
         assert hk.torch_sum_f32(v) == np.float32(torch.from_numpy(v).sum().item())
 
 
-@pytest.mark.parametrize(("a", "b", "n"), [(-3.3, 7.1, 32769), (0.1, 5.3, 2049), (-1e-3, 2.0, 4097)])
+@pytest.mark.parametrize(
+    ("a", "b", "n"), [(-3.3, 7.1, 32769), (0.1, 5.3, 2049), (-1e-3, 2.0, 4097)]
+)
 def test_linspace_equals_torch(torch, a, b, n):
     a32, b32 = np.float32(a), np.float32(b)
     got = hk.linspace_f32(a32, b32, n)

@@ -103,7 +103,9 @@ def _direct_mse(x, obs, lo, hi):
     return float(np.sum((_fq(x, s.astype(np.float64), z, obs.quant_min, obs.quant_max) - x) ** 2))
 
 
-@pytest.mark.parametrize(("dtype", "qscheme"), [("quint8", "per_tensor_affine"), ("qint8", "per_tensor_symmetric")])
+@pytest.mark.parametrize(
+    ("dtype", "qscheme"), [("quint8", "per_tensor_affine"), ("qint8", "per_tensor_symmetric")]
+)
 def test_mse_per_tensor_picks_the_direct_minimum(rng, dtype, qscheme):
     x = np.concatenate([rng.standard_normal(20_000), [40.0, -35.0]]).astype(np.float32)
     o = nbqat.MSEObserver(dtype=dtype, qscheme=qscheme, num_candidates=50)
@@ -143,7 +145,9 @@ def test_mse_error_estimate_matches_data(rng):
     h, mins, maxs = o._bins_2d()
     vlo, vhi = R._grid_edges(o._shift)
     s, z = o._qparams(np.array([-2.0], np.float32), np.array([2.0], np.float32))
-    est = R._mse_errors(h, vlo, vhi, mins, maxs, s.reshape(1, 1), z.reshape(1, 1) * 1.0, 0.0, 255.0, 4)
+    est = R._mse_errors(
+        h, vlo, vhi, mins, maxs, s.reshape(1, 1), z.reshape(1, 1) * 1.0, 0.0, 255.0, 4
+    )
     ref = _direct_mse(x.astype(np.float64), o, -2.0, 2.0)
     assert est[0, 0] == pytest.approx(ref, rel=0.05)
 

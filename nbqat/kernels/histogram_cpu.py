@@ -62,6 +62,33 @@ def bin_f32(v, lo, hi, bins, wide):  # pragma: no cover
     return pos
 
 
+@cpu_kernel(parallel=False)
+def _count_span(x, s, e, lo, hi, bins, wide, acc):  # pragma: no cover
+    """Add the :func:`bin_f32` bins of ``x[s:e]`` into ``acc`` (4, bins): 4 interleaved
+    sub-histograms, so that runs of equal bins do not serialise on one counter."""
+    if wide or hi == lo:
+        for i in range(s, e):
+            p = bin_f32(x[i], lo, hi, bins, wide)
+            if p >= 0:
+                acc[i & 3, p] += 1
+        return
+    d = hi - lo
+    fb = _F32(bins)
+    top = bins - 1
+    e4 = s + (e - s) // 4 * 4
+    for i in range(s, e4, 4):
+        for j in range(4):
+            v = x[i + j]
+            if v >= lo and v <= hi:
+                p = np.int64((v - lo) * fb / d)  # torch's float32 expression, truncated
+                acc[j, min(p, top)] += 1
+    for i in range(e4, e):
+        v = x[i]
+        if v >= lo and v <= hi:
+            p = np.int64((v - lo) * fb / d)
+            acc[0, min(p, top)] += 1
+
+
 @cpu_kernel(parallel=True)
 def histc_counts(x, lo, hi, bins, wide):  # pragma: no cover
     """Counts of float32 ``x`` in ``bins`` equal bins over ``[lo, hi]`` (torch.histc's bins).
@@ -69,7 +96,7 @@ def histc_counts(x, lo, hi, bins, wide):  # pragma: no cover
     Parameters
     ----------
     x : (n,) float32, C-contiguous
-    lo, hi : float32, the outer bin edges (``lo <= hi``); values outside (and NaN) are skipped
+    lo, hi : float32, the outer bin edges (``lo < hi``); values outside (and NaN) are skipped
     bins : int
     wide : bool, float64 bin arithmetic (see :func:`bin_f32`)
 
@@ -79,21 +106,63 @@ def histc_counts(x, lo, hi, bins, wide):  # pragma: no cover
     """
     n = x.size
     nch = (n + CHUNK - 1) // CHUNK
-    rows = min(nch, MAX_ROWS)
-    acc = np.zeros((rows, bins), np.int64)
+    rows = max(1, min(nch, MAX_ROWS))
+    acc = np.zeros((rows, 4, bins), np.int64)
     per = (nch + rows - 1) // rows
     for r in prange(rows):
         s = r * per * CHUNK
         e = min(n, s + per * CHUNK)
-        for i in range(s, e):
-            p = bin_f32(x[i], lo, hi, bins, wide)
-            if p >= 0:
-                acc[r, p] += 1
+        _count_span(x, s, e, lo, hi, bins, wide, acc[r])
     out = np.zeros(bins, np.int64)
     for r in range(rows):
-        for b in range(bins):
-            out[b] += acc[r, b]
+        for j in range(4):
+            for b in range(bins):
+                out[b] += acc[r, j, b]
     return out
+
+
+@cpu_kernel(parallel=True)
+def minmax_histc(x, b, lo, hi, bins):  # pragma: no cover
+    """One pass: order keys of the min and max of ``x`` and its float32 :func:`histc_counts`
+    over the *current* range ``[lo, hi]`` (values outside skipped). When the batch lies inside
+    that range (steady-state calibration) the counts are the update histogram and no second
+    pass is needed.
+
+    Parameters
+    ----------
+    x : (n,) float32, C-contiguous; b : its int32 view
+    lo, hi : float32 (``lo < hi``, float32 arithmetic safe); bins : int
+
+    Returns
+    -------
+    (int32 kmin, int32 kmax, (bins,) int64 counts)
+    """
+    n = x.size
+    nch = (n + CHUNK - 1) // CHUNK
+    rows = max(1, min(nch, MAX_ROWS))
+    acc = np.zeros((rows, 4, bins), np.int64)
+    kmins = np.empty(rows, np.int32)
+    kmaxs = np.empty(rows, np.int32)
+    per = (nch + rows - 1) // rows
+    for r in prange(rows):
+        s = r * per * CHUNK
+        e = min(n, s + per * CHUNK)
+        mn = np.int32(0x7FFFFFFF)
+        mx = np.int32(-0x80000000)
+        for i in range(s, e):
+            w = b[i]
+            k = np.int32(w ^ ((w >> _S) & _M))
+            mn = min(k, mn)
+            mx = max(k, mx)
+        kmins[r] = mn
+        kmaxs[r] = mx
+        _count_span(x, s, e, lo, hi, bins, False, acc[r])
+    out = np.zeros(bins, np.int64)
+    for r in range(rows):
+        for j in range(4):
+            for q in range(bins):
+                out[q] += acc[r, j, q]
+    return kmins.min(), kmaxs.max(), out
 
 
 @cpu_kernel(parallel=False)
