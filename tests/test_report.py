@@ -1,0 +1,105 @@
+"""The quantization report: per-quantizer statistics against a NumPy re-computation from the
+captured float inputs, sensitivity bookkeeping against direct evaluations, strict JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import nbqat
+from nbqat import report
+from nbqat.nn import TemporalFusionTransformer, TFTConfig
+from nbqat.nn.qat import QATTemporalFusionTransformer
+
+CFG = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)
+
+
+def _batch(rng, nb=4):
+    return (
+        rng.standard_normal((nb, CFG.num_static_features)).astype(np.float32),
+        rng.standard_normal((nb, CFG.sequence_length, CFG.num_unknown_features)).astype(np.float32),
+        rng.standard_normal((nb, CFG.prediction_horizon, CFG.num_known_features)).astype(np.float32),
+    )
+
+
+@pytest.fixture(scope="module")
+def setup():
+    rng = np.random.default_rng(3)
+    batches = [_batch(rng) for _ in range(3)]
+    model = TemporalFusionTransformer(CFG, seed=7)
+    qcfg = nbqat.QATConfig(calibration_batches=3, qconfig=report.activation_qconfig("histogram"))
+    qat = QATTemporalFusionTransformer.from_float(model, config=qcfg)
+    qat.calibrate(batches)
+    return qat, batches
+
+
+def test_rows_match_numpy_recomputation(setup):
+    qat, batches = setup
+    name = next(n for n in qat.fake_quants if n.endswith("input_fake_quant"))
+    fq = qat.fake_quants[name]
+    seen = []
+    orig = fq.forward
+    fq.forward = lambda x: (seen.append(np.array(x, np.float64)), orig(x))[1]
+    try:
+        for b in batches:
+            qat.predict(*b)
+    finally:
+        del fq.forward
+    rows = {r["name"]: r for r in report.quantizer_report(qat, batches)}
+    assert set(rows) == set(qat.fake_quants)
+    row = rows[name]
+    x = np.concatenate([v.ravel() for v in seen])
+    s, z = float(fq.scale[0]), int(fq.zero_point[0])
+    q = np.rint(x / s) + z
+    y = (np.clip(q, fq.quant_min, fq.quant_max) - z) * s
+    assert row["values"] == x.size
+    assert row["saturated_fraction"] == pytest.approx(np.mean((q < 0) | (q > 255)))
+    assert row["sqnr_db"] == pytest.approx(10 * np.log10(np.sum(x**2) / np.sum((y - x) ** 2)))
+    assert row["range"] == pytest.approx([(0 - z) * s, (255 - z) * s])
+    assert row["observer"] == "HistogramObserver" and row["kind"] == "activation"
+    weights = [r for r in rows.values() if r["kind"] == "weight"]
+    assert weights and all(r["per_channel"] for r in weights)
+
+
+def test_sensitivity_and_fallback_bookkeeping(setup):
+    qat, batches = setup
+    probe = batches[0]
+    ref_float = TemporalFusionTransformer(CFG, seed=7)  # the same (untrained) float weights
+
+    def evaluate(predict):
+        return float(np.mean(np.abs(predict(*probe))))
+
+    flags = {n: fq.fake_quant_enabled for n, fq in qat.fake_quants.items()}
+    sens = report.sensitivity(qat, evaluate)
+    assert {n: fq.fake_quant_enabled for n, fq in qat.fake_quants.items()} == flags
+    assert sens["float"] == pytest.approx(evaluate(ref_float.forward))
+    assert sens["all"] == pytest.approx(evaluate(qat.predict))
+    gaps = [m["only"] - sens["float"] for m in sens["modules"]]
+    assert gaps == sorted(gaps, reverse=True)
+    fb = report.float_fallback(qat, sens, 0, evaluate)
+    assert fb["metric"] == pytest.approx(sens["all"]) and fb["modules"] == []
+    everything = report.float_fallback(qat, sens, len(sens["modules"]), evaluate)
+    assert everything["metric"] == pytest.approx(sens["float"])
+
+
+def test_write_report_is_strict_json(setup, tmp_path):
+    qat, batches = setup
+    rows = report.quantizer_report(qat, batches[:1])
+    rows.append({**rows[0], "name": "x", "sqnr_db": math.inf})
+    files = report.write_report({"quantizers": rows, "nan": float("nan")}, tmp_path)
+    data = json.loads(files[0].read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert data["nan"] is None and data["quantizers"][-1]["sqnr_db"] is None
+    assert files[1].suffix == ".png" and files[1].stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", report.OBSERVERS)
+def test_activation_qconfig(name):
+    fq = report.activation_qconfig(name).activation()
+    assert fq.quant_min == 0 and fq.quant_max == 255
+    if name != "minmax":
+        assert type(fq.activation_post_process).__name__.lower().startswith(name[:4])
+    with pytest.raises(ValueError, match="unknown observer"):
+        report.activation_qconfig("entropy")
