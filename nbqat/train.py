@@ -526,7 +526,6 @@ class _Run:
     def _new_qat(self) -> None:
         from nbqat.nn.qat import QATTemporalFusionTransformer
         from nbqat.qconfig import QATConfig
-
         from nbqat.report import activation_qconfig
 
         obs = self.cfg.observer if self.cfg.observer != "all" else "minmax"

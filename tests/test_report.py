@@ -18,11 +18,12 @@ CFG = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)
 
 
 def _batch(rng, nb=4):
-    return (
-        rng.standard_normal((nb, CFG.num_static_features)).astype(np.float32),
-        rng.standard_normal((nb, CFG.sequence_length, CFG.num_unknown_features)).astype(np.float32),
-        rng.standard_normal((nb, CFG.prediction_horizon, CFG.num_known_features)).astype(np.float32),
-    )
+    shapes = [
+        (nb, CFG.num_static_features),
+        (nb, CFG.sequence_length, CFG.num_unknown_features),
+        (nb, CFG.prediction_horizon, CFG.num_known_features),
+    ]
+    return tuple(rng.standard_normal(s).astype(np.float32) for s in shapes)
 
 
 @pytest.fixture(scope="module")
