@@ -99,8 +99,8 @@ def _module(name: str) -> str:
 
 def _fq_numpy(fq: Any, x: np.ndarray) -> tuple[np.ndarray, int]:
     """float64 fake quantization of ``x`` with ``fq``'s qparams, and the saturated count."""
-    s = np.asarray(fq.scale, np.float64).reshape(-1)
-    z = np.asarray(fq.zero_point, np.float64).reshape(-1)
+    s: Any = np.asarray(fq.scale, np.float64).reshape(-1)
+    z: Any = np.asarray(fq.zero_point, np.float64).reshape(-1)
     x = np.asarray(x, np.float64)
     if s.size > 1:
         shape = [1] * x.ndim
@@ -218,7 +218,7 @@ def sensitivity(qat: Any, evaluate: Callable[[Callable], float]) -> dict:
         base_float = float(evaluate(qat.predict))
         _set_modules(qat, set(modules), saved)
         base_all = float(evaluate(qat.predict))
-        rows = []
+        rows: list[dict[str, Any]] = []
         for m in modules:
             _set_modules(qat, {m}, saved)
             only = float(evaluate(qat.predict))
