@@ -62,31 +62,48 @@ def bin_f32(v, lo, hi, bins, wide):  # pragma: no cover
     return pos
 
 
+#: Elements per block of the counting loops (bins computed into a buffer, then scattered).
+BLOCK = 2048
+
+
+@cpu_kernel(parallel=False, error_model="numpy")
+def _count_block(x, s, m, lo, hi, bins, buf, acc):  # pragma: no cover
+    """Add the float32 bins of ``x[s:s+m]`` (``m <= BLOCK``) into ``acc`` (4, bins + 1).
+
+    The bins are computed first, branch-free (SIMD), into ``buf``: torch's float32
+    ``(v - lo) * bins / (hi - lo)`` capped at ``bins - 1`` and truncated, or the dummy bin
+    ``bins`` for values outside ``[lo, hi]`` and NaN; then scattered into 4 interleaved
+    sub-histograms (runs of equal bins do not serialise on one counter).
+    """
+    d = hi - lo
+    fb = _F32(bins)
+    top = _F32(bins - 1)
+    for j in range(m):
+        v = x[s + j]
+        t = min((v - lo) * fb / d, top)
+        buf[j] = np.int32(t if (v >= lo) & (v <= hi) else fb)
+    m4 = m // 4 * 4
+    for j in range(0, m4, 4):
+        acc[0, buf[j]] += 1
+        acc[1, buf[j + 1]] += 1
+        acc[2, buf[j + 2]] += 1
+        acc[3, buf[j + 3]] += 1
+    for j in range(m4, m):
+        acc[0, buf[j]] += 1
+
+
 @cpu_kernel(parallel=False)
 def _count_span(x, s, e, lo, hi, bins, wide, acc):  # pragma: no cover
-    """Add the :func:`bin_f32` bins of ``x[s:e]`` into ``acc`` (4, bins): 4 interleaved
-    sub-histograms, so that runs of equal bins do not serialise on one counter."""
+    """Add the :func:`bin_f32` bins of ``x[s:e]`` into ``acc`` (4, bins + 1)."""
     if wide or hi == lo:
         for i in range(s, e):
             p = bin_f32(x[i], lo, hi, bins, wide)
             if p >= 0:
                 acc[i & 3, p] += 1
         return
-    d = hi - lo
-    fb = _F32(bins)
-    top = bins - 1
-    e4 = s + (e - s) // 4 * 4
-    for i in range(s, e4, 4):
-        for j in range(4):
-            v = x[i + j]
-            if v >= lo and v <= hi:
-                p = np.int64((v - lo) * fb / d)  # torch's float32 expression, truncated
-                acc[j, min(p, top)] += 1
-    for i in range(e4, e):
-        v = x[i]
-        if v >= lo and v <= hi:
-            p = np.int64((v - lo) * fb / d)
-            acc[0, min(p, top)] += 1
+    buf = np.empty(BLOCK, np.int32)
+    for b in range(s, e, BLOCK):
+        _count_block(x, b, min(BLOCK, e - b), lo, hi, bins, buf, acc)
 
 
 @cpu_kernel(parallel=True)
@@ -107,7 +124,7 @@ def histc_counts(x, lo, hi, bins, wide):  # pragma: no cover
     n = x.size
     nch = (n + CHUNK - 1) // CHUNK
     rows = max(1, min(nch, MAX_ROWS))
-    acc = np.zeros((rows, 4, bins), np.int64)
+    acc = np.zeros((rows, 4, bins + 1), np.int64)
     per = (nch + rows - 1) // rows
     for r in prange(rows):
         s = r * per * CHUNK
@@ -140,23 +157,26 @@ def minmax_histc(x, b, lo, hi, bins):  # pragma: no cover
     n = x.size
     nch = (n + CHUNK - 1) // CHUNK
     rows = max(1, min(nch, MAX_ROWS))
-    acc = np.zeros((rows, 4, bins), np.int64)
+    acc = np.zeros((rows, 4, bins + 1), np.int64)
     kmins = np.empty(rows, np.int32)
     kmaxs = np.empty(rows, np.int32)
     per = (nch + rows - 1) // rows
     for r in prange(rows):
         s = r * per * CHUNK
         e = min(n, s + per * CHUNK)
+        buf = np.empty(BLOCK, np.int32)
         mn = np.int32(0x7FFFFFFF)
         mx = np.int32(-0x80000000)
-        for i in range(s, e):
-            w = b[i]
-            k = np.int32(w ^ ((w >> _S) & _M))
-            mn = min(k, mn)
-            mx = max(k, mx)
+        for blk in range(s, e, BLOCK):  # keys and counts of one block while it is in L1
+            m = min(BLOCK, e - blk)
+            for i in range(blk, blk + m):
+                w = b[i]
+                k = np.int32(w ^ ((w >> _S) & _M))
+                mn = min(k, mn)
+                mx = max(k, mx)
+            _count_block(x, blk, m, lo, hi, bins, buf, acc[r])
         kmins[r] = mn
         kmaxs[r] = mx
-        _count_span(x, s, e, lo, hi, bins, False, acc[r])
     out = np.zeros(bins, np.int64)
     for r in range(rows):
         for j in range(4):
