@@ -364,8 +364,7 @@ def from_run(r: Any, test: Any) -> dict:
     files = write_report(report, r.out, figure=cfg.plots)
     sq = [q["sqnr_db"] for q in report["quantizers"] if q["sqnr_db"] is not None]
     summary = {
-        "file": files[0].name,
-        "figure": files[1].name if len(files) > 1 else None,
+        "file": files[0].name,  # (and quant_report.png unless --no-plots)
         "quantizers": len(report["quantizers"]),
         "median_sqnr_db": float(np.median(sq)) if sq else None,
         "worst": min(report["quantizers"], key=lambda q: q["sqnr_db"] or math.inf)["name"],

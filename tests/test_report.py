@@ -104,3 +104,25 @@ def test_activation_qconfig(name):
         assert type(fq.activation_post_process).__name__.lower().startswith(name[:4])
     with pytest.raises(ValueError, match="unknown observer"):
         report.activation_qconfig("entropy")
+
+
+def test_main_job_report_options(tmp_path, capsys):
+    from test_cli import TINY
+
+    from nbqat.cli import main
+
+    argv = ["train", *TINY, "--no-plots", "--out", str(tmp_path)]
+    assert main([*argv, "--observer", "all", "--float-fallback", "1"]) == 0
+    rep = json.loads((tmp_path / "quant_report.json").read_text())
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["quant_report"]["quantizers"] == len(rep["quantizers"]) > 0
+    assert set(rep["observers_ptq"]) == set(report.OBSERVERS)
+    sens = rep["sensitivity"]
+    assert len(sens["modules"]) > 0 and rep["float_fallback"]["modules"] == [
+        sens["modules"][0]["module"]
+    ]
+    # q-risk with every quantizer on is the fake-quant model's test P50 in metrics.json
+    assert sens["all"] == pytest.approx(m["q_risk_test"]["qat_fake_quant"]["P50"], rel=1e-12)
+    with pytest.raises(SystemExit):
+        main([*argv, "--observer", "entropy"])
+    assert "invalid choice" in capsys.readouterr().err
