@@ -180,7 +180,7 @@ def calibration_observers(out_dir: Path) -> Path:
         lo, hi = (0 - z) * s, (255 - z) * s
         ax.axvline(hi, color=f"C{i}", lw=1.4, label=f"{name}: [{lo:.2f}, {hi:.2f}]")
         ax.axvline(lo, color=f"C{i}", lw=1.4)
-        print(f"{name}: range [{lo:.4f}, {hi:.4f}] scale {s:.5g} zp {int(z)} SQNR {sqnr[name]:.2f} dB")
+        print(f"{name}: [{lo:.4f}, {hi:.4f}] scale {s:.5g} zp {int(z)} SQNR {sqnr[name]:.2f} dB")
     ax.set_xlabel("activation value")
     ax.set_ylabel("count (log)")
     ax.set_title("quint8 range chosen by each observer (40 batches)")

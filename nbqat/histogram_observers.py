@@ -50,7 +50,33 @@ _WIDE_ABOVE = 1e36
 _NARROW_BELOW = 1e-7
 
 
-def _batch_stats(obs: Any, x: Any, who: str) -> tuple[np.ndarray, np.float32, np.float32] | None:
+def _apply_policy(obs: Any, fmin, fmax, nnan, npinf, nninf, who: str) -> None:
+    """Raise or warn for a batch's NaN/Inf under ``obs.nonfinite`` (before any state change)."""
+    n_nan, n_inf = int(nnan.sum()), int(npinf.sum() + nninf.sum())
+    if n_nan + n_inf == 0:
+        return
+    if obs.nonfinite == "raise" or (obs.nonfinite == "propagate" and n_nan):
+        raise ValueError(
+            f"{who}: the batch holds {n_nan} NaN, {int(npinf.sum())} +Inf and "
+            f"{int(nninf.sum())} -Inf values; the observer state is unchanged. Fix the "
+            "input, or construct the observer with nonfinite='ignore' (skip them)"
+            + ("" if n_nan == 0 else "; torch's HistogramObserver fails on NaN too")
+        )
+    if obs.nonfinite == "propagate":
+        warnings.warn(
+            "torch.inf detected in input tensor, ignoring input", UserWarning, stacklevel=4
+        )
+
+
+def _flat_data(x: Any, is_cuda: bool) -> Any:
+    """The batch as flat float32 host data, or a flat device array (converted per element)."""
+    if is_cuda:
+        data = x if hasattr(x, "copy_to_host") else _cuda.as_device_array(x)
+        return data.reshape(data.size)
+    return np.ravel(x if x.dtype == _F32 else x.astype(_F32), order="K")
+
+
+def _batch_stats(obs: Any, x: Any, who: str) -> tuple[Any, np.float32, np.float32] | None:
     """Flat float32 host data (or device array) and its finite-policy min/max; None to skip."""
     is_cuda = _check_input(x, who)
     if int(np.prod(x.shape, dtype=np.int64)) == 0:
@@ -59,27 +85,10 @@ def _batch_stats(obs: Any, x: Any, who: str) -> tuple[np.ndarray, np.float32, np
         fmin, fmax, nnan, npinf, nninf = _stats_cuda(x, None)
     else:
         fmin, fmax, nnan, npinf, nninf = _stats_cpu_tensor(x)
-    n_nan, n_inf = int(nnan.sum()), int(npinf.sum() + nninf.sum())
-    if n_nan + n_inf:
-        if obs.nonfinite == "raise" or (obs.nonfinite == "propagate" and n_nan):
-            raise ValueError(
-                f"{who}: the batch holds {n_nan} NaN, {int(npinf.sum())} +Inf and "
-                f"{int(nninf.sum())} -Inf values; the observer state is unchanged. Fix the "
-                "input, or construct the observer with nonfinite='ignore' (skip them)"
-                + ("" if n_nan == 0 else "; torch's HistogramObserver fails on NaN too")
-            )
-        if obs.nonfinite == "propagate":
-            warnings.warn(
-                "torch.inf detected in input tensor, ignoring input", UserWarning, stacklevel=3
-            )
-        if fmin[0] > fmax[0]:  # no finite value at all
-            return None
-    if is_cuda:
-        data = x if hasattr(x, "copy_to_host") else _cuda.as_device_array(x)
-        data = data.reshape(data.size)
-    else:
-        data = np.ravel(x if x.dtype == _F32 else x.astype(_F32), order="K")
-    return data, _F32(fmin[0]), _F32(fmax[0])
+    _apply_policy(obs, fmin, fmax, nnan, npinf, nninf, who)
+    if fmin[0] > fmax[0]:  # no finite value at all
+        return None
+    return _flat_data(x, is_cuda), _F32(fmin[0]), _F32(fmax[0])
 
 
 def _edges(lo: np.float32, hi: np.float32, bins: int) -> tuple[np.float32, np.float32, bool]:
@@ -216,6 +225,10 @@ class HistogramObserver(_MinMaxBase):
         """
         who = f"{type(self).__name__}.forward"
         cur_min, cur_max = self._min[()], self._max[()]
+        pg = self.process_group
+        if pg is not None and pg.distributed:
+            self._forward_synced(x, pg, who)
+            return x
         if self._fused(x, cur_min, cur_max):
             return x
         got = _batch_stats(self, x, who)
@@ -230,6 +243,39 @@ class HistogramObserver(_MinMaxBase):
         new_min, new_max = min(cur_min, x_min), max(cur_max, x_max)
         self._grow(histc(data, self.bins, new_min, new_max), new_min, new_max)
         return x
+
+    def _forward_synced(self, x: Any, pg: Any, who: str) -> None:
+        """Data-parallel update (:func:`nbqat.distributed.sync_observers`): the ranks' batch
+        min/max are combined first, every rank counts its shard over the same global range and
+        the integer counts are summed, so every rank holds the histogram of one observer fed
+        the global batch (exact), the empty shard included."""
+        is_cuda = _check_input(x, who)
+        n = int(np.prod(x.shape, dtype=np.int64))
+        stats: tuple[np.ndarray, ...]
+        if n == 0:
+            z = np.zeros(1, np.int64)
+            stats = (np.full(1, np.inf, _F32), np.full(1, -np.inf, _F32), z, z, z)
+        else:
+            stats = _stats_cuda(x, None) if is_cuda else _stats_cpu_tensor(x)
+        fmin, fmax, nnan, npinf, nninf = pg.combine_minmax_stats(stats, who)
+        _apply_policy(self, fmin, fmax, nnan, npinf, nninf, who)
+        cur_min, cur_max = self._min[()], self._max[()]
+        if fmin[0] > fmax[0]:
+            return  # nothing finite on any rank
+        x_min, x_max = _F32(fmin[0]), _F32(fmax[0])
+        unset = cur_min == np.inf or cur_max == -np.inf
+        lo, hi = (x_min, x_max) if unset else (min(cur_min, x_min), max(cur_max, x_max))
+        if n:
+            data = _flat_data(x, is_cuda)
+            counts = histc(data, self.bins, lo, hi).astype(np.float64)
+        else:
+            counts = np.zeros(self.bins, np.float64)
+        update = pg.allreduce_sum(counts).astype(_F32)
+        if unset:
+            self._min, self._max = np.array(lo, _F32), np.array(hi, _F32)
+            self.histogram = update
+        else:
+            self._grow(update, lo, hi)
 
     def _grow(self, update: np.ndarray, new_min: Any, new_max: Any) -> None:
         """Add ``update`` (counts over ``[new_min, new_max]``), re-binning the old histogram."""

@@ -121,9 +121,18 @@ class _KeyHistBase(_MinMaxBase):
             As :meth:`nbqat.MinMaxObserver.forward`; the state is unchanged on any error.
         """
         super().forward(x)  # validates, applies the policy and updates min/max (or raises)
-        if int(np.prod(x.shape, dtype=np.int64)) == 0:
+        pg = self.process_group
+        synced = pg is not None and pg.distributed
+        empty = int(np.prod(x.shape, dtype=np.int64)) == 0
+        if empty and not synced:
             return x
-        counts = self._count(x)
+        if empty:  # take part in the ranks' sum with nothing observed
+            c = x.shape[self.ch_axis % len(x.shape)] if self._per_channel else 0
+            counts = np.zeros((c, self.nbins) if self._per_channel else self.nbins, np.int64)
+        else:
+            counts = self._count(x)
+        if synced:  # every rank adds every rank's counts: exact below 2**53 per bin
+            counts = pg.allreduce_sum(counts.astype(np.float64)).astype(np.int64)
         if self._per_channel and self.histogram.shape[0] == 0:
             self.histogram = counts
         else:
