@@ -101,7 +101,7 @@ def _edges(lo: np.float32, hi: np.float32, bins: int) -> tuple[np.float32, np.fl
     return lo, hi, wide
 
 
-def histc(data: Any, bins: int, lo: Any, hi: Any) -> np.ndarray:
+def _histc(data: Any, bins: int, lo: Any, hi: Any) -> np.ndarray:
     """float32 counts of ``torch.histc(data, bins, min=lo, max=hi)`` (host or CUDA data)."""
     elo, ehi, wide = _edges(lo, hi, bins)
     if hasattr(data, "copy_to_host"):
@@ -236,12 +236,12 @@ class HistogramObserver(_MinMaxBase):
             return x
         data, x_min, x_max = got
         if cur_min == np.inf or cur_max == -np.inf:
-            hist = histc(data, self.bins, x_min, x_max)
+            hist = _histc(data, self.bins, x_min, x_max)
             self._min, self._max = np.array(x_min, _F32), np.array(x_max, _F32)
             self.histogram = hist
             return x
         new_min, new_max = min(cur_min, x_min), max(cur_max, x_max)
-        self._grow(histc(data, self.bins, new_min, new_max), new_min, new_max)
+        self._grow(_histc(data, self.bins, new_min, new_max), new_min, new_max)
         return x
 
     def _forward_synced(self, x: Any, pg: Any, who: str) -> None:
@@ -267,7 +267,7 @@ class HistogramObserver(_MinMaxBase):
         lo, hi = (x_min, x_max) if unset else (min(cur_min, x_min), max(cur_max, x_max))
         if n:
             data = _flat_data(x, is_cuda)
-            counts = histc(data, self.bins, lo, hi).astype(np.float64)
+            counts = _histc(data, self.bins, lo, hi).astype(np.float64)
         else:
             counts = np.zeros(self.bins, np.float64)
         update = pg.allreduce_sum(counts).astype(_F32)
@@ -306,7 +306,7 @@ class HistogramObserver(_MinMaxBase):
             return True
         new_min, new_max = min(cur_min, x_min), max(cur_max, x_max)
         with _jit.threads_for(flat.size):
-            self._grow(histc(flat, self.bins, new_min, new_max), new_min, new_max)
+            self._grow(_histc(flat, self.bins, new_min, new_max), new_min, new_max)
         return True
 
     def _search(self) -> tuple[Any, Any]:

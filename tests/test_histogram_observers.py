@@ -110,13 +110,21 @@ def test_counts_independent_of_thread_count(rng):
         numba.set_num_threads(1)
         one = hk.histc_counts(x, np.float32(-4), np.float32(4), 2048, False)
         k1 = hk.key_counts(x.view(np.int32), 16)
+        f1 = hk.minmax_histc(x, x.view(np.int32), np.float32(-4), np.float32(4), 2048)
         numba.set_num_threads(old)
         many = hk.histc_counts(x, np.float32(-4), np.float32(4), 2048, False)
         kn = hk.key_counts(x.view(np.int32), 16)
+        fn = hk.minmax_histc(x, x.view(np.int32), np.float32(-4), np.float32(4), 2048)
     finally:
         numba.set_num_threads(old)
     np.testing.assert_array_equal(one, many)
     np.testing.assert_array_equal(k1, kn)
+    # the fused pass: the same counts, and the keys of the true min / max
+    np.testing.assert_array_equal(f1[2], one)
+    np.testing.assert_array_equal(fn[2], one)
+    assert f1[:2] == fn[:2]
+    assert nbqat.observers._decode([f1[0]])[0] == x.min()
+    assert nbqat.observers._decode([f1[1]])[0] == x.max()
     assert one.sum() == np.count_nonzero(np.abs(x) <= 4)
 
 
