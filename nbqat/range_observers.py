@@ -210,10 +210,14 @@ class _KeyHistBase(_MinMaxBase):
         return self
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """``eps``, ``min_val``, ``max_val`` (as the min/max observers) and ``histogram``, the
-        int64 grid counts ((nbins,) or (C, nbins))."""
+        """``eps``, ``min_val``, ``max_val`` (as the min/max observers) and the grid counts,
+        sparse: ``histogram_index`` (int64 flat indices of the non-empty bins of the
+        ``(nbins,)`` or ``(C, nbins)`` counts, ascending) and ``histogram_count`` (int64)."""
         d = super().state_dict()
-        d["histogram"] = self.histogram.copy()
+        flat = self.histogram.reshape(-1)
+        idx = np.flatnonzero(flat)
+        d["histogram_index"] = idx.astype(np.int64)
+        d["histogram_count"] = flat[idx].copy()
         return d
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
@@ -221,7 +225,8 @@ class _KeyHistBase(_MinMaxBase):
 
         Parameters
         ----------
-        state : mapping with ``min_val``, ``max_val``, ``histogram`` (``eps`` optional)
+        state : mapping with ``min_val``, ``max_val``, ``histogram_index``,
+            ``histogram_count`` (``eps`` optional)
         strict : bool, default True
             Reject other keys.
 
@@ -230,19 +235,27 @@ class _KeyHistBase(_MinMaxBase):
         KeyError
             A required key is missing.
         ValueError
-            Bad shapes or negative counts; nothing is changed on error.
+            Indices not ascending or out of range, non-positive counts, bad shapes; nothing is
+            changed on error.
         """
-        if not hasattr(state, "keys") or "histogram" not in state:
-            raise KeyError("load_state_dict: missing key 'histogram'")
-        h = np.array(state["histogram"], dtype=np.int64)
+        keys = ("histogram_index", "histogram_count")
+        if not hasattr(state, "keys") or any(k not in state for k in keys):
+            raise KeyError(f"load_state_dict: missing key(s) {list(keys)}")
+        idx = np.array(state["histogram_index"], dtype=np.int64).reshape(-1)
+        cnt = np.array(state["histogram_count"], dtype=np.int64).reshape(-1)
         mn = np.asarray(state.get("min_val", np.empty(0)))
-        want = (mn.size, self.nbins) if self._per_channel else (self.nbins,)
-        if h.shape != want or (h < 0).any():
+        shape = (mn.size, self.nbins) if self._per_channel else (self.nbins,)
+        size = int(np.prod(shape))
+        ok = idx.shape == cnt.shape and (cnt > 0).all() and (np.diff(idx) > 0).all()
+        if not ok or (idx.size and (idx[0] < 0 or idx[-1] >= size)):
             raise ValueError(
-                f"load_state_dict: histogram must be {want} non-negative counts, got {h.shape}"
+                "load_state_dict: histogram_index must be ascending flat indices into "
+                f"{shape} counts, with as many positive histogram_count values"
             )
-        super().load_state_dict({k: v for k, v in state.items() if k != "histogram"}, strict)
-        self.histogram = h
+        h = np.zeros(size, np.int64)
+        h[idx] = cnt
+        super().load_state_dict({k: v for k, v in state.items() if k not in keys}, strict)
+        self.histogram = h.reshape(shape)
 
 
 class PercentileObserver(_KeyHistBase):

@@ -76,8 +76,14 @@ def test_state_dict_round_trip_and_errors(rng):
     p = nbqat.PercentileObserver()
     p.load_state_dict(o.state_dict())
     assert p.calculate_qparams() == o.calculate_qparams()
-    with pytest.raises(ValueError, match="histogram must be"):
-        p.load_state_dict({**o.state_dict(), "histogram": -np.ones(o.nbins, np.int64)})
+    np.testing.assert_array_equal(p.histogram, o.histogram)
+    st = o.state_dict()
+    assert st["histogram_count"].sum() == 100 and st["histogram_index"].size <= 100
+    with pytest.raises(ValueError, match="histogram_index must be"):
+        p.load_state_dict({**st, "histogram_count": -st["histogram_count"]})
+    with pytest.raises(ValueError, match="histogram_index must be"):
+        p.load_state_dict({**st, "histogram_index": st["histogram_index"][::-1].copy()})
+    np.testing.assert_array_equal(p.histogram, o.histogram)
     with pytest.raises(ValueError, match="propagate"):
         nbqat.MSEObserver(nonfinite="propagate")
     with pytest.raises(ValueError, match="percentile"):
