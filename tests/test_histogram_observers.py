@@ -254,3 +254,29 @@ def test_fake_quantize_with_histogram_observer(rng):
     s, z = fq.activation_post_process.calculate_qparams()
     q = np.clip(np.rint(x / s[0]) + z[0], 0, 255)
     np.testing.assert_allclose(y, (q - z[0]) * s[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_streams_equal_torch(torch, seed):
+    """Random batch counts, sizes, scales and shapes of distribution (fixed seeds)."""
+    rng = np.random.default_rng(100 + seed)
+    dtype, qscheme, rr = CONFIGS[seed % 4]
+    ours = nbqat.HistogramObserver(dtype=dtype, qscheme=qscheme, reduce_range=rr)
+    ref = _torch_obs(torch, dtype, qscheme, rr)
+    for _ in range(int(rng.integers(1, 6))):
+        n = int(rng.integers(1, 20_000))
+        kind = rng.integers(3)
+        if kind == 0:
+            x = rng.standard_normal(n) * rng.uniform(0.01, 100) + rng.normal() * rng.uniform(0, 10)
+        elif kind == 1:
+            x = rng.exponential(size=n) * rng.uniform(0.1, 10)
+        else:
+            x = rng.standard_t(2, size=n)
+        x = x.astype(np.float32)
+        ours(x)
+        ref(torch.from_numpy(x))
+    np.testing.assert_array_equal(ours.histogram, ref.histogram.numpy())
+    s, z = ours.calculate_qparams()
+    ts, tz = ref.calculate_qparams()
+    assert z[0] == tz.item()
+    np.testing.assert_allclose(s[0], ts.item(), rtol=1e-6)
