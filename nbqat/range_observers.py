@@ -26,11 +26,9 @@ import functools
 from typing import Any
 
 import numpy as np
-from numba import prange
 
 from nbqat import _cuda, _jit
-from nbqat._jit import cpu_kernel
-from nbqat.kernels import histogram_cpu as _hk
+from nbqat.kernels import keygrid_cpu as _kg
 from nbqat.observers import EPS, _decode, _device, _MinMaxBase, _outer_inner
 
 __all__ = ["MSEObserver", "PercentileObserver"]
@@ -51,32 +49,6 @@ def _grid_edges(shift: int) -> tuple[np.ndarray, np.ndarray]:
     lo, hi = np.where(ok, lo, 0.0), np.where(ok, hi, 0.0)
     lo.flags.writeable = hi.flags.writeable = False
     return lo, hi
-
-
-@cpu_kernel(parallel=True)
-def _mse_errors(counts, vlo, vhi, mins, maxs, scales, zps, qmin, qmax, sub):  # pragma: no cover
-    """(K, C) weighted squared fake-quant errors of ``counts`` (C, nb) for K candidate qparams
-    (``scales``/``zps`` (K, C)); each bin's values spread uniformly over ``sub`` points."""
-    nch, nb = counts.shape
-    nk = scales.shape[0]
-    err = np.zeros((nk, nch), np.float64)
-    for c in prange(nch):
-        for b in range(nb):
-            n = counts[c, b]
-            if n == 0:
-                continue
-            lo = max(vlo[b], mins[c])
-            hi = min(vhi[b], maxs[c])
-            w = n / sub
-            for s in range(sub):
-                v = lo + (hi - lo) * (s + 0.5) / sub
-                for k in range(nk):
-                    sc = np.float64(scales[k, c])
-                    z = np.float64(zps[k, c])
-                    q = min(max(np.rint(v / sc) + z, qmin), qmax)
-                    d = (q - z) * sc - v
-                    err[k, c] += w * d * d
-    return err
 
 
 class _KeyHistBase(_MinMaxBase):
@@ -151,9 +123,9 @@ class _KeyHistBase(_MinMaxBase):
         b = x32.reshape(-1).view(np.int32)
         with _jit.threads_for(b.size):
             if not self._per_channel:
-                return _hk.key_counts(b, self._shift)
+                return _kg.key_counts(b, self._shift)
             outer, c, inner = _outer_inner(x32.shape, self.ch_axis % x32.ndim)
-            return _hk.key_counts_channel(b, outer, c, inner, self._shift)
+            return _kg.key_counts_channel(b, outer, c, inner, self._shift)
 
     def _range(self) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -417,7 +389,7 @@ class MSEObserver(_KeyHistBase):
         s, z = self._qparams(cand_lo.reshape(-1), cand_hi.reshape(-1))
         k, c = cand_lo.shape
         vlo, vhi = _grid_edges(self._shift)
-        err = _mse_errors(
+        err = _kg.mse_errors(
             h, vlo, vhi, m0, m1, s.reshape(k, c), z.reshape(k, c).astype(np.float64),
             float(self.quant_min), float(self.quant_max), 4,
         )  # fmt: skip

@@ -11,6 +11,7 @@ import pytest
 
 import nbqat
 from nbqat.kernels import histogram_cpu as hk
+from nbqat.kernels import keygrid_cpu as kg
 
 CONFIGS = [
     ("quint8", "per_tensor_affine", False),
@@ -109,11 +110,11 @@ def test_counts_independent_of_thread_count(rng):
     try:
         numba.set_num_threads(1)
         one = hk.histc_counts(x, np.float32(-4), np.float32(4), 2048, False)
-        k1 = hk.key_counts(x.view(np.int32), 16)
+        k1 = kg.key_counts(x.view(np.int32), 16)
         f1 = hk.minmax_histc(x, x.view(np.int32), np.float32(-4), np.float32(4), 2048)
         numba.set_num_threads(old)
         many = hk.histc_counts(x, np.float32(-4), np.float32(4), 2048, False)
-        kn = hk.key_counts(x.view(np.int32), 16)
+        kn = kg.key_counts(x.view(np.int32), 16)
         fn = hk.minmax_histc(x, x.view(np.int32), np.float32(-4), np.float32(4), 2048)
     finally:
         numba.set_num_threads(old)

@@ -151,7 +151,7 @@ def test_mse_error_estimate_matches_data(rng):
     h, mins, maxs = o._bins_2d()
     vlo, vhi = R._grid_edges(o._shift)
     s, z = o._qparams(np.array([-2.0], np.float32), np.array([2.0], np.float32))
-    est = R._mse_errors(
+    est = R._kg.mse_errors(
         h, vlo, vhi, mins, maxs, s.reshape(1, 1), z.reshape(1, 1) * 1.0, 0.0, 255.0, 4
     )
     ref = _direct_mse(x.astype(np.float64), o, -2.0, 2.0)
@@ -161,7 +161,7 @@ def test_mse_error_estimate_matches_data(rng):
 def test_key_grid_counts_match_numpy(rng):
     x = (rng.standard_normal(4000) * 10.0 ** rng.integers(-20, 20, 4000)).astype(np.float32)
     x[:3] = [np.nan, np.inf, -0.0]
-    got = R._hk.key_counts(x.view(np.int32), 16)
+    got = R._kg.key_counts(x.view(np.int32), 16)
     w = x.view(np.int32).astype(np.int64)
     fin = np.isfinite(x)
     k = np.where(w >= 0, w, w ^ 0x7FFFFFFF)[fin]

@@ -7,9 +7,8 @@ Two families:
   (``_upscale_histogram``), :func:`torch_sum_f32` (the summation order of ``torch.sum`` on a
   contiguous float32 vector, 8 lanes) and :func:`l2_search` (``_non_linear_param_search``
   with ``_compute_quantization_error``).
-* fixed-grid ("order key") histograms for the percentile and MSE observers:
-  :func:`key_counts` / :func:`key_counts_channel` bin float32 values by the top bits of their
-  order key (a logarithmic grid fixed in advance), so two histograms merge by adding counts.
+* (the fixed-grid histograms of the percentile and MSE observers are in
+  :mod:`nbqat.kernels.keygrid_cpu`).
 
 Counting is deterministic and thread-count independent: the data is cut into chunks fixed by
 index, each chunk owns a row of integer counts, and the rows are added serially; integer
@@ -475,69 +474,4 @@ def upscale_histogram(hist, omin, omax, nmin, nmax, rate, wide):  # pragma: no c
         b = np.searchsorted(bounds, mid, side="right") - 1
         b = min(max(b, 0), bins - 1)
         out[b] += hist[i // rate] / frate
-    return out
-
-
-# -- fixed-grid order-key histograms (percentile / MSE observers) -----------------------------
-
-
-@cpu_kernel(parallel=False)
-def _key_bin(w, shift):  # pragma: no cover
-    """Bin of float32 bits ``w``: ``(order_key >> shift) + offset``, or -1 for NaN/Inf."""
-    if (w & np.int32(0x7F800000)) == np.int32(0x7F800000):
-        return -1
-    k = np.int32(w ^ ((w >> _S) & _M))
-    return np.int64(k >> np.int32(shift)) + (np.int64(1) << np.int64(31 - shift))
-
-
-@cpu_kernel(parallel=True)
-def key_counts(b, shift):  # pragma: no cover
-    """Fixed-grid counts of float32 data by order key: bin ``(key >> shift) + 2**(31-shift)``.
-
-    Parameters
-    ----------
-    b : (n,) int32, the bits of float32 data (``x.view(np.int32)``), C-contiguous
-    shift : int, 16 keeps sign, exponent and 7 mantissa bits (65536 bins)
-
-    Returns
-    -------
-    (2 ** (32 - shift),) int64; NaN and +-Inf are not counted
-    """
-    n = b.size
-    nb = 1 << (32 - shift)
-    nch = (n + CHUNK - 1) // CHUNK
-    rows = min(nch, MAX_ROWS)
-    per = (nch + rows - 1) // rows
-    acc = np.zeros((rows, nb), np.int64)
-    for r in prange(rows):
-        s = r * per * CHUNK
-        e = min(n, s + per * CHUNK)
-        for i in range(s, e):
-            p = _key_bin(b[i], shift)
-            if p >= 0:
-                acc[r, p] += 1
-    out = np.zeros(nb, np.int64)
-    for r in range(rows):
-        for j in range(nb):
-            out[j] += acc[r, j]
-    return out
-
-
-@cpu_kernel(parallel=True)
-def key_counts_channel(b, outer, nchan, inner, shift):  # pragma: no cover
-    """Per-channel :func:`key_counts` of a C-contiguous (outer, nchan, inner) float32 view.
-
-    Returns
-    -------
-    (nchan, 2 ** (32 - shift)) int64
-    """
-    nb = 1 << (32 - shift)
-    out = np.zeros((nchan, nb), np.int64)
-    for c in prange(nchan):
-        for o in range(outer):
-            base = (o * nchan + c) * inner
-            for i in range(inner):
-                p = _key_bin(b[base + i], shift)
-                if p >= 0:
-                    out[c, p] += 1
     return out
