@@ -116,15 +116,36 @@ def _finite(v: float) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
-def quantizer_report(qat: Any, batches: Iterable[tuple]) -> list[dict]:
+def _predictor(qat: Any) -> Callable:
+    """``qat.predict`` (the TFT), or a forward with every observer off (any QAT model with
+    ``fake_quants``, e.g. :func:`nbqat.nn.prepare_qat`'s, in the QAT phase)."""
+    if hasattr(qat, "predict"):
+        return qat.predict
+
+    def predict(*inputs: Any) -> Any:
+        saved = [(fq, bool(fq.observer_enabled)) for fq in qat.fake_quants.values()]
+        try:
+            for fq, _ in saved:
+                fq.enable_observer(False)
+            return qat.forward(*inputs)
+        finally:
+            for fq, flag in saved:
+                fq.enable_observer(flag)
+
+    return predict
+
+
+def quantizer_report(qat: Any, batches: Iterable[tuple], n_inputs: int = 3) -> list[dict]:
     """Per-quantizer statistics of ``qat`` over ``batches`` (no observer is updated).
 
     Parameters
     ----------
-    qat : QATTemporalFusionTransformer
+    qat : QATTemporalFusionTransformer, or any QAT model with ``fake_quants`` and ``forward``
         Calibrated (its quantizers hold scales and zero points).
-    batches : iterable of ``(static, historical, future, ...)`` tuples
-        Typically a few calibration batches.
+    batches : iterable of tuples
+        Typically a few calibration batches; the first ``n_inputs`` items of each are the
+        model's inputs (the TFT's ``(static, historical, future, ...)``), the rest is ignored.
+    n_inputs : int, default 3
 
     Returns
     -------
@@ -156,9 +177,10 @@ def quantizer_report(qat: Any, batches: Iterable[tuple]) -> list[dict]:
             return _f(x)
 
         fq.forward = wrapped
+    predict = _predictor(qat)
     try:
         for b in batches:
-            qat.predict(b[0], b[1], b[2])
+            predict(*b[:n_inputs])
     finally:
         for fq in qat.fake_quants.values():
             del fq.forward
@@ -198,7 +220,7 @@ def sensitivity(qat: Any, evaluate: Callable[[Callable], float]) -> dict:
 
     Parameters
     ----------
-    qat : QATTemporalFusionTransformer
+    qat : QATTemporalFusionTransformer, or any QAT model with ``fake_quants``
         In the QAT phase (fake quantization on); its flags are restored on return.
     evaluate : callable
         ``evaluate(predict) -> float``, e.g. the test P50 q-risk of ``predict`` (lower is
@@ -213,17 +235,18 @@ def sensitivity(qat: Any, evaluate: Callable[[Callable], float]) -> dict:
     """
     saved = {name: bool(fq.fake_quant_enabled) for name, fq in qat.fake_quants.items()}
     modules = list(dict.fromkeys(_module(n) for n, on in saved.items() if on))
+    predict = _predictor(qat)
     try:
         _set_modules(qat, set(), saved)
-        base_float = float(evaluate(qat.predict))
+        base_float = float(evaluate(predict))
         _set_modules(qat, set(modules), saved)
-        base_all = float(evaluate(qat.predict))
+        base_all = float(evaluate(predict))
         rows: list[dict[str, Any]] = []
         for m in modules:
             _set_modules(qat, {m}, saved)
-            only = float(evaluate(qat.predict))
+            only = float(evaluate(predict))
             _set_modules(qat, set(modules) - {m}, saved)
-            rows.append({"module": m, "only": only, "all_but": float(evaluate(qat.predict))})
+            rows.append({"module": m, "only": only, "all_but": float(evaluate(predict))})
     finally:
         for name, fq in qat.fake_quants.items():
             fq.enable_fake_quant(saved[name])
@@ -253,7 +276,7 @@ def float_fallback(qat: Any, sens: dict, n: int, evaluate: Callable[[Callable], 
     enabled = {_module(nm) for nm, on in saved.items() if on} - set(keep)
     try:
         _set_modules(qat, enabled, saved)
-        metric = float(evaluate(qat.predict))
+        metric = float(evaluate(_predictor(qat)))
     finally:
         for name, fq in qat.fake_quants.items():
             fq.enable_fake_quant(saved[name])

@@ -126,3 +126,25 @@ def test_main_job_report_options(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*argv, "--observer", "entropy"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_report_of_a_prepare_qat_model(rng):
+    from nbqat.nn import ELU, Linear, ParameterBuffer, Sequential, prepare_qat
+
+    model = Sequential(Linear(4, 8), ELU(), Linear(8, 2))
+    ParameterBuffer(model, np.float32, seed=2)
+    qcfg = nbqat.QATConfig(calibration_batches=2, qconfig=report.activation_qconfig("mse"))
+    qat = prepare_qat(model, config=qcfg)
+    xs = [(rng.standard_normal((16, 4)).astype(np.float32),) for _ in range(2)]
+    for (x,) in xs:
+        qat(x)
+    qat.disable_calibration()
+    before = {k: f.activation_post_process.state_dict() for k, f in qat.fake_quants.items()}
+    rows = report.quantizer_report(qat, xs, n_inputs=1)
+    assert [r["name"] for r in rows] == list(qat.fake_quants)
+    assert all(r["values"] > 0 and r["sqnr_db"] is not None for r in rows)
+    for k, f in qat.fake_quants.items():  # no observer moved
+        for key, v in f.activation_post_process.state_dict().items():
+            np.testing.assert_array_equal(v, before[k][key])
+    sens = report.sensitivity(qat, lambda predict: float(np.abs(predict(xs[0][0])).sum()))
+    assert {m["module"] for m in sens["modules"]} == {"0", "2"}
