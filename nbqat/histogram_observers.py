@@ -15,7 +15,8 @@ Where torch is wrong, nbqat is not:
 * constant (all-zero included) input: torch loops 50 000 times through its search; nbqat returns
   the same qparams at once;
 * huge values: torch's float32 bin arithmetic and its L2 norms overflow (bins and ranges become
-  garbage); nbqat switches to float64 arithmetic there (bins and the unit-range search);
+  garbage); nbqat switches to float64 arithmetic there (bins and the unit-range search), and
+  for ranges below 1e-7, where torch's norms underflow;
 * NaN / Inf follow ``nonfinite=`` (see :mod:`nbqat.observers`): ``"raise"`` (default) rejects the
   batch, ``"ignore"`` skips those values, ``"propagate"`` is torch's behaviour (+-Inf skipped with
   a warning; a NaN makes torch's ``histc`` raise, so it raises ValueError here).
