@@ -142,20 +142,27 @@ def test_constant_input_equals_torch(torch, c):
     np.testing.assert_allclose(s[0], ts.item(), rtol=1e-6)
 
 
-def test_huge_values_are_scale_invariant(torch, rng):
-    """torch's float32 norms overflow at 1e30; nbqat's result is torch's on the data scaled
-    down, scaled up again (powers of two: the float32 data is exactly scaled)."""
+@pytest.mark.parametrize("power", [100, -40])
+def test_huge_and_tiny_values_are_scale_invariant(torch, rng, power):
+    """torch's float32 norms overflow at 1e30 (underflow at 1e-11); nbqat's result is torch's
+    on the data scaled to normal size, scaled back (powers of two: the float32 data is exactly
+    scaled)."""
     x = [rng.standard_normal(2000).astype(np.float32) * s for s in (1, 3)]
     ref = _torch_obs(torch, "qint8", "per_tensor_symmetric", False)
     ours = nbqat.HistogramObserver(dtype="qint8", qscheme="per_tensor_symmetric")
-    big = np.float32(2.0**100)
+    big = np.float32(2.0**power)
     for b in x:
         ref(torch.from_numpy(b))
         ours(b * big)
-    s, z = ours.calculate_qparams()
-    ts, tz = ref.calculate_qparams()
-    assert z[0] == tz.item()
-    np.testing.assert_allclose(s[0] / big, ts.item(), rtol=1e-5)
+    np.testing.assert_array_equal(ours.histogram, ref.histogram.numpy())
+    lo, hi = ours._search()  # the searched range (the scale itself is floored at eps)
+    tlo, thi = (v.item() for v in ref._non_linear_param_search())
+    np.testing.assert_allclose([lo / big, hi / big], [tlo, thi], rtol=1e-5)
+    if power > 0:
+        s, z = ours.calculate_qparams()
+        ts, tz = ref.calculate_qparams()
+        assert z[0] == tz.item()
+        np.testing.assert_allclose(s[0] / big, ts.item(), rtol=1e-5)
 
 
 def test_range_overflowing_float32_histogram():
