@@ -7,8 +7,10 @@ by mid point, torch's ``_upscale_histogram``) and the L2 range search of ``calcu
 operation by operation in float32, so that on float32 streams the qparams equal
 ``torch.ao.quantization.HistogramObserver``'s (tested: identical zero point and scale). The
 compiled kernels live in :mod:`nbqat.kernels.histogram_cpu` (``@cuda.jit`` twin of the counting
-pass in :mod:`nbqat.kernels.histogram_cuda`). An update is two passes over the data (the batch
-min/max, then the counts over the new range), as torch's.
+pass in :mod:`nbqat.kernels.histogram_cuda`). In steady state (the batch
+inside the running range) an update is ONE pass over the data (min/max and the counts over the
+running range together); a widening range takes torch's two (min/max, then counts over the new
+range).
 
 Where torch is wrong, nbqat is not:
 
@@ -204,6 +206,9 @@ class HistogramObserver(_MinMaxBase):
         """Forget the statistics (empty histogram, ``min_val = +Inf``, ``max_val = -Inf``)."""
         super().reset_min_max_vals()
         self.histogram = np.zeros(self.bins, _F32)
+        #: Whether the last batch widened the range: then the next one skips the fused pass
+        #: (whose counts a growing range throws away) and makes torch's two passes directly.
+        self._grew = False
 
     def forward(self, x: Any) -> Any:
         """Observe a batch (update the histogram, growing its range) and return it unchanged.
@@ -230,7 +235,7 @@ class HistogramObserver(_MinMaxBase):
         if pg is not None and pg.distributed:
             self._forward_synced(x, pg, who)
             return x
-        if self._fused(x, cur_min, cur_max):
+        if not self._grew and self._fused(x, cur_min, cur_max):
             return x
         got = _batch_stats(self, x, who)
         if got is None:
@@ -242,6 +247,7 @@ class HistogramObserver(_MinMaxBase):
             self.histogram = hist
             return x
         new_min, new_max = min(cur_min, x_min), max(cur_max, x_max)
+        self._grew = bool(new_min < cur_min or new_max > cur_max)
         self._grow(_histc(data, self.bins, new_min, new_max), new_min, new_max)
         return x
 
@@ -306,6 +312,7 @@ class HistogramObserver(_MinMaxBase):
             self.histogram = (self.histogram + counts.astype(_F32)).astype(_F32)
             return True
         new_min, new_max = min(cur_min, x_min), max(cur_max, x_max)
+        self._grew = True
         with _jit.threads_for(flat.size):
             self._grow(_histc(flat, self.bins, new_min, new_max), new_min, new_max)
         return True
