@@ -288,3 +288,26 @@ def test_random_streams_equal_torch(torch, seed):
     ts, tz = ref.calculate_qparams()
     assert z[0] == tz.item()
     np.testing.assert_allclose(s[0], ts.item(), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "qscheme", "qmin", "qmax"),
+    [
+        ("quint8", "per_tensor_affine", 0, 127),
+        ("qint8", "per_tensor_symmetric", -127, 127),
+        ("quint8", "per_tensor_symmetric", 0, 255),
+    ],
+)
+def test_custom_ranges_equal_torch(torch, rng, dtype, qscheme, qmin, qmax):
+    ours = nbqat.HistogramObserver(dtype=dtype, qscheme=qscheme, quant_min=qmin, quant_max=qmax)
+    ref = torch.ao.quantization.HistogramObserver(
+        dtype=getattr(torch, dtype), qscheme=getattr(torch, qscheme), quant_min=qmin, quant_max=qmax
+    )
+    for s in (1, 2, 5):
+        x = (rng.standard_normal(3000) * s + 0.5).astype(np.float32)
+        ours(x)
+        ref(torch.from_numpy(x))
+    s, z = ours.calculate_qparams()
+    ts, tz = ref.calculate_qparams()
+    assert z[0] == tz.item()
+    np.testing.assert_allclose(s[0], ts.item(), rtol=1e-6)
