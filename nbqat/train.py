@@ -973,6 +973,11 @@ def _evaluate(r: _Run) -> dict:
     if cfg.plots:
         metrics["plots"] = _plots(r, test, y, naive_point, pred_float, pred_int8)
     r._tick("evaluate", t0)
+    t0 = time.perf_counter()
+    from nbqat.export import export_run, run_metadata  # OUT/model.onnx + parity (docs/export.md)
+
+    metrics["onnx_parity"] = export_run(r.qat, int8, test, r.out, metadata=run_metadata(w, qr))
+    r._tick("onnx", t0)
     return metrics
 
 
@@ -1091,6 +1096,10 @@ def _summary_table(metrics: dict, timings: dict) -> str:
                 f"QAT {label:<9}: loss mean {v['loss']['mean']:.4f} std {v['loss']['std']:.4f} "
                 f"final {v['loss']['final']:.4f}; largest grad norm {v['largest_grad_norm']:.3f}"
             )
+    if "onnx_parity" in metrics:
+        from nbqat.export import summary_lines
+
+        lines += summary_lines(metrics["onnx_parity"])
     ph = timings["phases_s"]
     lines.append("time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in ph.items()))
     return "\n".join(lines)
