@@ -392,10 +392,11 @@ class MSEObserver(_KeyHistBase):
         s, z = self._qparams(cand_lo.reshape(-1), cand_hi.reshape(-1))
         k, c = cand_lo.shape
         vlo, vhi = _grid_edges(self._shift)
-        err = _kg.mse_errors(
-            h, vlo, vhi, m0, m1, s.reshape(k, c), z.reshape(k, c).astype(np.float64),
-            float(self.quant_min), float(self.quant_max), 4,
-        )  # fmt: skip
+        with _jit.threads_for(_jit.PARALLEL_MIN if c > 1 else 0):  # per tensor: no wake-up
+            err = _kg.mse_errors(
+                h, vlo, vhi, m0, m1, s.reshape(k, c), z.reshape(k, c).astype(np.float64),
+                float(self.quant_min), float(self.quant_max), 4,
+            )  # fmt: skip
         best = (k - 1) - np.argmin(err[::-1], axis=0)  # ties: the largest alpha
         idx = np.arange(c)
         lo = np.where(unset, self._min.reshape(-1), cand_lo[best, idx]).astype(_F32)
