@@ -254,8 +254,9 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
     * ``float_finetuned``: the best float weights trained on for exactly the QAT phase's steps
       (its batches ``run.qat_batches()``, its cosine schedule from ``qat_lr``, its dropout
       masks ``(seed, 3, step)``, its clipping) by :func:`finetune_float`, with no quantization;
-    * ``ptq_int8``: the best float weights calibrated on the calibration phase's batches and
-      converted (``to_int8()``) without any QAT step.
+    * ``ptq_int8``: the best float weights calibrated on the calibration phase's batches with
+      the run's QAT configuration (``run.qat_config()``: its observer) and converted
+      (``to_int8()``) without any QAT step.
 
     Parameters
     ----------
@@ -273,7 +274,6 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
     """
     from nbqat.nn import set_dropout
     from nbqat.nn.qat import QATTemporalFusionTransformer
-    from nbqat.qconfig import QATConfig
     from nbqat.train import q_risk
 
     cfg, w, test = run.cfg, run.w, run.w.test
@@ -295,8 +295,7 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
     out["float_finetuned"] = q_risk(test.unscale(run._predict(ft.forward, test)), y, w.quantiles)
     base = build_model()
     base.params[...] = run.best_params
-    qcfg = QATConfig(calibration_batches=cfg.calibration_batches, max_norm=cfg.max_norm)
-    ptq = QATTemporalFusionTransformer.from_float(base, config=qcfg, inplace=True)
+    ptq = QATTemporalFusionTransformer.from_float(base, config=run.qat_config(), inplace=True)
     ptq.enable_calibration()
     for s, h, f, _ in run.calibration_batches():
         ptq.forward(s, h, f)

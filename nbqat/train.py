@@ -124,6 +124,9 @@ class TrainConfig:
     skip_lr_scale: float | None = None
     qat_skip_lr_scale: float | None = None
     dropout: float | None = None
+    observer: str = "minmax"  # activation observer (nbqat.report.OBSERVERS, or "all")
+    sensitivity: bool = False
+    float_fallback: int = 0
 
     FULL = {
         "epochs": 20,
@@ -206,6 +209,10 @@ class TrainConfig:
             raise ValueError(f"--max-norm must be positive or 'none', got {self.max_norm!r}")
         if self.compare_clipping and self.max_norm is None:
             raise ValueError("--compare-clipping needs a --max-norm (the clipped run)")
+        if self.observer not in ("minmax", "histogram", "percentile", "mse", "all"):
+            raise ValueError(
+                f"--observer must be minmax|histogram|percentile|mse|all, got {self.observer!r}"
+            )
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -576,14 +583,25 @@ class _Run:
         )
 
     # ------------------------------------------------------------------ phases
+    def qat_config(self) -> Any:
+        """The QATConfig of the QAT phase (and of the PTQ row): ``--observer``'s qconfig."""
+        from nbqat.qconfig import QATConfig
+        from nbqat.report import activation_qconfig
+
+        obs = self.observer_name()
+        return QATConfig(
+            calibration_batches=self.cfg.calibration_batches, max_norm=self.cfg.max_norm,
+            qconfig=activation_qconfig(obs), freeze_observers_after_calibration=obs != "minmax",
+        )  # fmt: skip
+
+    def observer_name(self) -> str:
+        """The activation observer of the main QAT run (``all`` runs min/max there)."""
+        return self.cfg.observer if self.cfg.observer != "all" else "minmax"
+
     def _new_qat(self) -> None:
         from nbqat.nn.qat import QATTemporalFusionTransformer
-        from nbqat.qconfig import QATConfig
 
-        qcfg = QATConfig(
-            calibration_batches=self.cfg.calibration_batches, max_norm=self.cfg.max_norm
-        )
-        self.qat = QATTemporalFusionTransformer.from_float(self.model, config=qcfg)
+        self.qat = QATTemporalFusionTransformer.from_float(self.model, config=self.qat_config())
 
     def float_phase(self, intr: _Interrupt) -> None:
         from tqdm import tqdm
@@ -983,6 +1001,9 @@ def _evaluate(r: _Run) -> dict:
     r.model.params[...] = r.best_params
     pred_float = test.unscale(r._predict(r.model.forward, test))
     pred_qat = test.unscale(r._predict(r.qat.predict, test))
+    from nbqat.report import from_run
+
+    quant_report = from_run(r, test)
     r._tick("evaluate", t0)
     t0 = time.perf_counter()
     int8 = r.qat.to_int8()
@@ -1025,9 +1046,9 @@ def _evaluate(r: _Run) -> dict:
                 "float_finetuned: it trained on for the QAT phase's steps (same batches, "
                 "optimizer, schedule and clipping, no quantization); ptq_int8: calibrated on "
                 "the calibration batches and converted, no QAT; qat_int8: the main job's int8 "
-                "model. Activation observer per row set."
+                "model. Keyed by the activation observer of the run (--observer)."
             ),
-            "minmax": {
+            r.observer_name(): {
                 "float": qr["float"],
                 "float_finetuned": qr["float_finetuned"],
                 "ptq_int8": qr["ptq_int8"],
@@ -1072,6 +1093,7 @@ def _evaluate(r: _Run) -> dict:
             for ph in ("float", "qat")
         },
         "timings_file": "timings.json",
+        "quant_report": quant_report,
     }
     if cfg.compare_clipping:
         runs = {}
