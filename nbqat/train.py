@@ -44,7 +44,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from nbqat.data import DataError, SplitWindows, Windows, load_csv, load_tmy3, make_windows
+from nbqat import checkpoint as ckpt
+from nbqat import preflight
+from nbqat.data import SplitWindows, Windows, load_csv, load_tmy3, make_windows, tmy3_path
 
 __all__ = [
     "TrainConfig",
@@ -57,12 +59,12 @@ __all__ = [
 QUANTILES = (0.1, 0.5, 0.9)
 #: Derived known inputs used by default (see ``--calendar``).
 DEFAULT_CALENDAR = "hour,dow"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = ckpt.CHECKPOINT_VERSION
 #: QAT states kept beside the checkpoint by --compare-clipping (copied into checkpoint/).
 SIDE_FILES = ("qat_start.npz", "qat_clipped.npz")
 #: Options that do not change any result, left out of metrics.json so that two runs with the
 #: same seed in different folders give the same file.
-NOT_IN_METRICS = ("out", "progress", "stop_after_steps")
+NOT_IN_METRICS = ("out", "progress", "stop_after_steps", "overwrite")
 
 
 class TrainingInterrupted(Exception):
@@ -112,6 +114,7 @@ class TrainConfig:
     calendar: str = DEFAULT_CALENDAR
     threads: int | None = None
     stop_after_steps: int | None = None
+    overwrite: bool = False
 
     FULL = {
         "epochs": 10,
@@ -426,6 +429,7 @@ class _Run:
         self.qat: Any = None
         self.qat_opt: Any = None
         self.w = w
+        self.data_fp: dict = {}
 
     # ------------------------------------------------------------------ helpers
     def _tick(self, phase: str, t0: float) -> None:
@@ -452,7 +456,7 @@ class _Run:
 
     def _val_loss(self, fwd) -> float:
         pred = self._predict(fwd, self.w.val)
-        _, _, _, y = self.w.val.batch()
+        y = self.w.val.target()  # the target only: no (N, k, m) input arrays gathered
         loss, _ = pinball_loss(pred, y.astype(np.float64), self.w.quantiles)
         return loss
 
@@ -475,12 +479,8 @@ class _Run:
         for side in SIDE_FILES:
             if (self.out / side).exists():
                 shutil.copyfile(self.out / side, tmp / side)
-        meta = {
-            "version": CHECKPOINT_VERSION,
-            "config": self.cfg.to_json(),
-            "state": asdict(self.st),
-        }
-        (tmp / "state.json").write_text(json.dumps(meta, indent=1))
+        text = ckpt.state_json(self.cfg.to_json(), asdict(self.st), self.data_fp)
+        (tmp / "state.json").write_text(text)
         old = self.out / "checkpoint.old"
         if ck.exists():
             if old.exists():
@@ -491,26 +491,38 @@ class _Run:
             shutil.rmtree(old)
         return ck
 
-    def load_checkpoint(self, ck: Path) -> None:
-        meta = json.loads((ck / "state.json").read_text())
-        self.st = _State(**meta["state"])
-        z = np.load(ck / "float.npz")
-        self.model.params[...] = z["params"]
-        if "best_params" in z:
-            self.best_params = z["best_params"].copy()
-        opt_state = _unflatten({k[4:]: z[k] for k in z.files if k.startswith("opt.")})
-        if opt_state:
-            self.opt.load_state_dict(opt_state)
-        for side in SIDE_FILES:
-            if (ck / side).exists():
-                shutil.copyfile(ck / side, self.out / side)
+    def load_checkpoint(self, ck: Path, meta: dict) -> None:
+        """Restore from a validated checkpoint (:mod:`nbqat.checkpoint`); never writes to it."""
+        st = _State(**meta["state"])
+        nb = len(self._epoch_order(1, 0))
+        if st.batch_pos > nb:
+            raise ckpt.CheckpointError(
+                f"{ck / 'state.json'}: field 'state.batch_pos': {st.batch_pos} exceeds the "
+                f"{nb} batches of an epoch of this data and configuration"
+            )
+        z = ckpt.read_float_arrays(ck, int(_to_host(self.model.params).size), meta["state"])
+        opt_state = _unflatten({k[4:]: v for k, v in z.items() if k.startswith("opt.")})
+        try:
+            if opt_state:
+                self.opt.load_state_dict(opt_state)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise ckpt.CheckpointError(f"{ck / 'float.npz'}: field 'opt': {e}") from None
         if (ck / "qat.npz").exists():
             self._new_qat()
             self.qat_opt = _make_optimizer(self.qat.params, self.cfg.qat_lr, self.cfg.device)
             self.qat.load(ck / "qat.npz", optimizer=self.qat_opt)
+        elif st.phase in ("qat", "qat_noclip", "evaluate", "done"):
+            raise ckpt.CheckpointError(f"{ck / 'qat.npz'}: missing for phase {st.phase!r}")
+        self.model.params[...] = z["params"]
+        if "best_params" in z:
+            self.best_params = z["best_params"].copy()
+        self.st = st
+        for side in SIDE_FILES:
+            if (ck / side).exists() and (ck / side).resolve() != (self.out / side).resolve():
+                shutil.copyfile(ck / side, self.out / side)
 
     def _interrupted(self) -> TrainingInterrupted:
-        ck = self.save_checkpoint()
+        ck = self.out / "checkpoint"  # written by _run once the phase's time is counted
         return TrainingInterrupted(
             f"interrupted: checkpoint saved to {ck}; continue with `nbqat train --resume {ck}`"
         )
@@ -734,15 +746,11 @@ def _load_data(cfg: Any) -> Windows:
         quantiles=QUANTILES,
         calendar=[c.strip() for c in cfg.calendar.split(",") if c.strip()],
     )
-    if len(w.train) < cfg.batch_size:  # type: ignore[operator]
-        raise DataError(
-            f"the training split has {len(w.train)} windows, fewer than --batch-size "
-            f"{cfg.batch_size}; use a longer series or a smaller --batch-size"
-        )
+    preflight.check_windows(cfg, w)
     return w
 
 
-def run(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
+def run(cfg: TrainConfig, resume: str | Path | None = None, *, check_only: bool = False) -> dict:
     """Run ``nbqat train`` with ``cfg`` (or continue the checkpoint ``resume``).
 
     The BLAS library (OpenBLAS under NumPy's wheels) is limited to one thread for the run
@@ -755,7 +763,10 @@ def run(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
     cfg : TrainConfig
         The run's configuration.
     resume : str or Path, optional
-        A previous run's ``checkpoint/`` folder to continue.
+        A previous run's ``checkpoint/`` folder to continue (the run folder is its parent).
+    check_only : bool, default False
+        Only the validation pass (output folder, data, options, checkpoint): nothing is
+        written; returns ``{"data": ..., "config": ...}``.
 
     Returns
     -------
@@ -767,32 +778,29 @@ def run(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
     TrainingInterrupted
         After Ctrl-C (or ``stop_after_steps``), once the checkpoint is written.
     DataError, ValueError
-        For bad data or options (before any training).
+        For bad data or options (before any training; nothing is written).
+    CheckpointError
+        For an invalid or inconsistent checkpoint, or data changed since it was written
+        (a ValueError naming the file and field; the checkpoint is not modified).
     """
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1, user_api="blas"):
-        return _run(cfg, resume)
+        return _run(cfg, resume, check_only)
 
 
-def _run(cfg: TrainConfig, resume: str | Path | None) -> dict:
+def _run(cfg: TrainConfig, resume: str | Path | None, check_only: bool = False) -> dict:
     t_start = time.perf_counter()
+    meta: dict | None = None
     if resume is not None:
-        ck = Path(resume)
-        if ck.is_file():
-            ck = ck.parent
-        if not (ck / "state.json").is_file():
-            raise FileNotFoundError(
-                f"--resume {str(resume)!r}: not a checkpoint folder (no state.json); pass the "
-                "checkpoint/ folder inside a previous run's --out"
-            )
-        meta = json.loads((ck / "state.json").read_text())
-        if meta.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"--resume {str(resume)!r}: unsupported checkpoint version")
-        saved = meta["config"]
+        defaults = {f.name: f.default for f in fields(TrainConfig)}
+        meta = ckpt.read_state(resume, defaults)
+        saved = dict(meta["config"])
         saved["progress"] = cfg.progress
         saved["stop_after_steps"] = cfg.stop_after_steps
         cfg = TrainConfig(**saved)
+    elif cfg.csv is not None:
+        cfg.csv = str(Path(cfg.csv).resolve())
     cfg = cfg.resolved()
     _check_device(cfg.device)
     if cfg.threads is not None:
@@ -805,19 +813,36 @@ def _run(cfg: TrainConfig, resume: str | Path | None) -> dict:
                 "Numba started with (set NUMBA_NUM_THREADS to raise it)"
             )
         numba.set_num_threads(cfg.threads)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-
+    # The validation pass: the output folder, the data and the options, before anything is
+    # written (a failure leaves no folder behind).
+    out = preflight.check_out(cfg.out, cfg.overwrite, resume=meta is not None)
     t0 = time.perf_counter()
     w = _load_data(cfg)
+    data_fp = ckpt.data_fingerprint(cfg.csv if cfg.csv is not None else tmy3_path())
+    if meta is not None:
+        ckpt.check_data(meta, data_fp)
     r = _Run(cfg, out, w)
+    r.data_fp = data_fp
     r.model = _build_model(cfg, w)
     r.opt = _make_optimizer(r.model.params, cast(float, cfg.lr), cfg.device)
-    if resume is not None:
-        r.load_checkpoint(ck)
+    if meta is not None:
+        r.load_checkpoint(Path(meta["folder"]), meta)
+    if check_only:
+        return {"data": w.summary(), "config": cfg.to_json()}
+    if cfg.overwrite and meta is None:
+        preflight.clear_outputs(out)
+    out.mkdir(parents=True, exist_ok=True)
     r._tick("data", t0)
-    st = r.st
+    try:
+        _phases(r)
+    except TrainingInterrupted:
+        r.save_checkpoint()  # after the interrupted phase's time was counted
+        raise
+    return _finish(r, t_start)
 
+
+def _phases(r: _Run) -> None:
+    cfg, st, out = r.cfg, r.st, r.out
     with _Interrupt(cfg.stop_after_steps) as intr:
         if st.phase == "float":
             t0 = time.perf_counter()
@@ -851,7 +876,11 @@ def _run(cfg: TrainConfig, resume: str | Path | None) -> dict:
             r.reset_qat(out / "qat_clipped.npz")  # the clipped model is the one evaluated
             st.phase = "evaluate"
 
+
+def _finish(r: _Run, t_start: float) -> dict:
+    st, out = r.st, r.out
     metrics = _evaluate(r)
+    preflight.finite_metrics(metrics)  # strict JSON: a NaN or inf is an error with its cause
     st.phase = "done"
     r.save_checkpoint()
     st.timings["total"] = sum(v for k, v in st.timings.items() if k != "total")
@@ -860,11 +889,16 @@ def _run(cfg: TrainConfig, resume: str | Path | None) -> dict:
         "phases_s": {k: round(v, 3) for k, v in st.timings.items()},
         "this_session_s": round(time.perf_counter() - t_start, 3),
     }
-    (out / "timings.json").write_text(json.dumps(timings, indent=1) + "\n")
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=False) + "\n")
+    (out / "timings.json").write_text(json.dumps(timings, indent=1, allow_nan=False) + "\n")
+    text = json.dumps(metrics, indent=1, sort_keys=False, allow_nan=False)
+    (out / "metrics.json").write_text(text + "\n")
     table = _summary_table(metrics, timings)
     (out / "summary.txt").write_text(table + "\n")
     print(table)
+    print(
+        f"outputs in {out.resolve()}: metrics.json, summary.txt, timings.json, checkpoint/"
+        + (", *.png" if r.cfg.plots else "")
+    )
     return metrics
 
 
@@ -1077,6 +1111,12 @@ def _summary_table(metrics: dict, timings: dict) -> str:
                 f"QAT {label:<9}: loss mean {v['loss']['mean']:.4f} std {v['loss']['std']:.4f} "
                 f"final {v['loss']['final']:.4f}; largest grad norm {v['largest_grad_norm']:.3f}"
             )
+    filled = metrics["data"].get("filled") or {}
+    if filled:
+        parts = [
+            f"{e}: " + ", ".join(f"{c} {n}" for c, n in cols.items()) for e, cols in filled.items()
+        ]
+        lines.append("filled by --fill-gaps (cells): " + "; ".join(parts))
     ph = timings["phases_s"]
     lines.append("time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in ph.items()))
     return "\n".join(lines)

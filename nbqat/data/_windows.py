@@ -69,6 +69,11 @@ class SplitWindows:
             p.target_std[fut_idx],
         )
 
+    def target(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
+        """float32 (B, tau): the standardised target only (no input arrays gathered)."""
+        rows = self.rows if idx is None else self.rows[idx]
+        return self.parent.target_std[rows[:, None] + np.arange(self.parent.horizon)]
+
     def target_raw(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
         """float64 (B, tau): the unscaled target over the forecast steps."""
         rows = self.rows if idx is None else self.rows[idx]
@@ -153,6 +158,8 @@ class Windows:
     cutoffs: tuple
     target_name: str
     source: str
+    filled: dict = field(default_factory=dict)
+    step: object = None
     train_stride: int = 1
     eval_stride: int = 1
     train: SplitWindows = field(init=False, repr=False)
@@ -176,6 +183,8 @@ class Windows:
             "windows": {"train": len(self.train), "val": len(self.val), "test": len(self.test)},
             "val_start": str(self.cutoffs[0]),
             "test_start": str(self.cutoffs[1]),
+            "step": str(self.step),
+            "filled": self.filled,
         }
 
 
@@ -293,6 +302,13 @@ def make_windows(
         raise ValueError(f"split must be two fractions 0 < a < b < 1, got {split!r}")
     if season is None:
         season = default_season(data, horizon)
+        if season > history:
+            raise ValueError(
+                f"--history {history} is shorter than the seasonal-naive period of {season} "
+                f"steps (one {'day' if season != horizon else 'horizon'} of the data's step "
+                f"{data.step}) that the baseline reads from the history; use --history "
+                f">= {season}"
+            )
     if not isinstance(season, (int, np.integer)) or not (1 <= season <= history):
         raise ValueError(
             f"season must be an integer in [1, history={history}] (the seasonal-naive forecast "
@@ -304,6 +320,20 @@ def make_windows(
     if bad:
         raise ValueError(f"calendar features {bad} unknown; choose from {CALENDAR_FEATURES}")
 
+    if (
+        not data.known_names
+        and "time_index" not in calendar
+        and not (data.is_datetime and set(calendar) - {"time_index"})
+    ):
+        raise DataError(
+            "the decoder has no known input: "
+            + (
+                "the time axis is numeric, so the calendar features (hour, dow, doy) do not "
+                "apply; add time_index to --calendar or pass --known-cols"
+                if not data.is_datetime
+                else "keep a calendar feature (--calendar) or pass --known-cols"
+            )
+        )
     t0 = min(t[0] for t in data.times)
     t1 = max(t[-1] for t in data.times)
     # Cut points on the step grid: t0 + round(fraction * span / step) * step.
@@ -360,6 +390,12 @@ def make_windows(
         if data.known[e].shape[1]:
             mu_k, sd_k = _zscore_fit(data.known[e][:i_val])
             known_parts.append((data.known[e] - mu_k) / sd_k)
+        if not known_parts:
+            raise DataError(
+                f"the decoder has no known input: --calendar {','.join(calendar)!r} gives no "
+                f"feature for a time step of {data.step}; add doy, dow or time_index to "
+                "--calendar or pass --known-cols"
+            )
         known = np.concatenate(known_parts, axis=1)
         hist_blocks.append(np.concatenate([obs_std, known], axis=1))
         fut_blocks.append(known)
@@ -417,6 +453,8 @@ def make_windows(
         cutoffs=(cut_val, cut_test),
         target_name=data.target_name,
         source=data.source,
+        filled={e: dict(c) for e, c in data.filled.items()},
+        step=data.step,
         train_stride=int(train_stride),
         eval_stride=int(eval_stride),
     )
