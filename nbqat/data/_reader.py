@@ -166,7 +166,14 @@ def load_csv(
             df = pd.read_parquet(path, columns=cols)
         else:
             dtype = {entity_col: str} if entity_col else None
-            df = pd.read_csv(path, engine=_engine(), usecols=cols, dtype=dtype, encoding="utf-8")
+            df = pd.read_csv(
+                path,
+                engine=_engine(),
+                usecols=cols,
+                dtype=dtype,
+                encoding="utf-8",
+                dtype_backend="numpy_nullable",  # integer columns with missing cells stay Int64
+            )
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: the file has a header but no data rows") from None
     except (*_READ_ERRORS, ValueError, pd.errors.ParserError) as e:
@@ -295,7 +302,7 @@ def _numeric(s: Any, col: str, where: Callable[[int], str], allow_missing: bool)
         i = int(np.argmax(big))
         what = "a non-finite" if not np.isfinite(x[i]) else "a huge"
         raise DataError(
-            f"{where(i)}: column {col!r} has {what} value {x[i]!r}; values must be finite with "
+            f"{where(i)}: column {col!r} has {what} value {float(x[i])!r}; values must be finite with "
             f"magnitude at most {MAX_ABS_VALUE:g} (the network computes in float32): rescale "
             "the column (other units) or fix the value"
         )
