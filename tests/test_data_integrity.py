@@ -102,7 +102,7 @@ def test_fill_gaps_counts_per_entity_and_column(tmp_path):
     d = load_csv(p, **ARGS, fill_gaps=True)
     assert d.filled == {"a": {"y": 3, "x": 4}, "b": {"y": 1}}
     assert d.n_filled == 8
-    w = make_windows(d, history=12, horizon=6)
+    w = make_windows(d, history=24, horizon=6)
     assert w.summary()["filled"] == d.filled
 
 
