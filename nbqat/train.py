@@ -1010,6 +1010,8 @@ def _plots(r: _Run, test: SplitWindows, y, naive_point, pred_float, pred_int8) -
         f"{w.entity_names[test.entity[i]]} from {str(test.times(np.array([i]))[0, 0])[:16]}"
         for i in pick
     ]
+    unit, ylabel = plots.step_unit(w.step), plots.target_label(w.target_name, w.source)
+    xlabel = f"{unit} relative to forecast start"
     files.append(
         plots.plot_forecast_fan(
             test.history_raw(pick),
@@ -1019,7 +1021,9 @@ def _plots(r: _Run, test: SplitWindows, y, naive_point, pred_float, pred_int8) -
             out / "forecast_int8.png",
             titles=titles,
             naive=naive_point[pick],
-            ylabel=w.target_name,
+            ylabel=ylabel,
+            xlabel=xlabel,
+            model="int8 model",
         )
     )
     files.append(
@@ -1031,12 +1035,14 @@ def _plots(r: _Run, test: SplitWindows, y, naive_point, pred_float, pred_int8) -
             out / "forecast_float.png",
             titles=titles,
             naive=naive_point[pick],
-            ylabel=w.target_name,
+            ylabel=ylabel,
+            xlabel=xlabel,
+            model="float model",
         )
     )
     groups, attn = _interpretation(r, test)
     files.append(plots.plot_variable_importance(groups, out / "variable_importance.png"))
-    files.append(plots.plot_attention(attn, out / "attention.png", history=w.history))
+    files.append(plots.plot_attention(attn, out / "attention.png", history=w.history, unit=unit))
     if "qat_noclip" in st.grad_norms:
         runs = {
             f"clipped (max_norm={r.cfg.max_norm})": {
@@ -1048,7 +1054,11 @@ def _plots(r: _Run, test: SplitWindows, y, naive_point, pred_float, pred_int8) -
                 "grad_norm": st.grad_norms["qat_noclip"],
             },
         }
-        files.append(plots.plot_clipping_comparison(runs, out / "clipping_comparison.png"))
+        files.append(
+            plots.plot_clipping_comparison(
+                runs, out / "clipping_comparison.png", max_norm=r.cfg.max_norm
+            )
+        )
     return [Path(f).name for f in files]
 
 

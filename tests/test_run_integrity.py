@@ -250,3 +250,39 @@ def test_corrupt_checkpoints_are_clear_errors_and_left_alone(run_copy, capsys, c
     assert needle in err, err
     assert snapshot(ck) == before
     assert not (run_copy / "run" / "metrics.json").exists()
+
+
+# ------------------------------------------------------------------------------------- plots
+
+
+def test_plots_take_dollar_names_and_label_units(tmp_path):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+
+    from nbqat import plots
+
+    rng = np.random.default_rng(0)
+    names = ["$x", "a$b$c", "price $", r"y$\nope$", "$a_b_c$"]  # the last two: bad mathtext
+    f = plots.plot_forecast_fan(
+        rng.normal(size=(2, 30)),
+        rng.normal(size=(2, 6)),
+        np.sort(rng.normal(size=(2, 6, 3)), axis=2),
+        (0.1, 0.5, 0.9),
+        tmp_path / "f.png",
+        titles=["$a_b_c$ from 2020", r"$\nope$"],
+        ylabel="cost $ ($)",
+        model="int8 $model$",
+    )
+    w = [0.2, 0.3, 0.1, 0.1, 0.3]
+    v = plots.plot_variable_importance({"en$coder": (names, w)}, tmp_path / "v.png")
+    c = plots.plot_clipping_comparison(
+        {"$clipped$": {"loss": [1, 0.5], "grad_norm": [3, 0.2]}}, tmp_path / "c.png", max_norm=1.0
+    )
+    for p in (f, v, c):
+        assert p.read_bytes()[:4] == b"\x89PNG"
+    assert plots.step_unit(np.timedelta64(3600, "s")) == "hours"
+    assert plots.step_unit(np.timedelta64(86400, "s")) == "days"
+    assert plots.step_unit(0.5) == "steps"
+    assert plots.target_label("temp_air", "nbqat/data/tmy3_two_stations.csv.gz") == (
+        "temp_air (deg C)"
+    )
+    assert plots._esc("a$b") == "a\\$b"
