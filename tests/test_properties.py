@@ -21,7 +21,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
