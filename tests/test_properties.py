@@ -159,8 +159,6 @@ def _accepted_target_matches(data: bytes, gz: bool, opts: list[str]) -> None:
     from nbqat.data import load_csv
 
     tcol = opts[opts.index("--target-col") + 1]
-    p = Path("/dev/null")  # unused: read again from the bytes through pandas' route
-    del p
     ref = {}
     for r in rows:
         ref.setdefault(r["id"].strip(), []).append(float(r[tcol]))
