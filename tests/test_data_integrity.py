@@ -181,3 +181,38 @@ def test_dataframe_and_parquet_match_csv(tmp_path):
     bad = pd.DataFrame(body, columns=HEADER)
     with pytest.raises(DataError, match="DataFrame, row 4: column 'y' has a non-numeric value"):
         from_dataframe(bad, **ARGS)
+
+
+def test_late_bad_value_in_a_big_file_names_its_line(tmp_path, monkeypatch):
+    # more than one read block: the column types come from the first block, and a later row
+    # that does not fit is still reported with its line
+    from nbqat.data import _reader
+
+    monkeypatch.setattr(_reader, "_BLOCK_BYTES", 1 << 12)
+    n = 3000
+    body = rows(n)
+    body[-5][2] = "abc"
+    p = write(tmp_path / "big.csv", body)
+    assert p.stat().st_size > 20 * _reader._BLOCK_BYTES
+    d = load_csv(write(tmp_path / "ok.csv", rows(n)), **ARGS)  # many blocks, no error
+    assert d.lengths == [n]
+    with pytest.raises(DataError, match=f"line {n - 5 + 2}: column 'y' has a non-numeric value"):
+        load_csv(p, **ARGS)
+    body[-5][2] = "1.0"
+    body[-3][1] += "+01:00"
+    with pytest.raises(DataError, match=f"line {n - 3 + 2}: column 'ts' mixes time zones"):
+        load_csv(write(tmp_path / "big2.csv", body), **ARGS)
+
+
+def test_interleaved_entities_keep_file_order(tmp_path):
+    a, b = rows(50, "a"), rows(50, "b", seed=1)
+    mixed = [r for pair in zip(a, b) for r in pair]
+    d = load_csv(write(tmp_path / "m.csv", mixed), **ARGS)
+    ref = load_csv(write(tmp_path / "g.csv", a + b), **ARGS)
+    assert d.entity_names == ["a", "b"]
+    for e in range(2):
+        np.testing.assert_array_equal(d.target[e], ref.target[e])
+        np.testing.assert_array_equal(d.times[e], ref.times[e])
+    mixed[7], mixed[9] = mixed[9], mixed[7]  # two rows of entity b swapped
+    with pytest.raises(DataError, match=r"line 11: unsorted .* entity 'b' \(line 9 has"):
+        load_csv(write(tmp_path / "u.csv", mixed), **ARGS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -14,6 +15,11 @@ __all__ = ["regularise"]
 _STEP_RTOL = 1e-6
 
 
+def _row(rows: Any, i: int) -> int:
+    """The file row of an entity's i-th row (``rows``: a slice or an index array)."""
+    return rows.start + i if isinstance(rows, slice) else int(rows[i])
+
+
 def _step(diffs: list[np.ndarray], is_dt: bool, src: str):
     nonempty = [d for d in diffs if len(d)]
     if not nonempty:
@@ -21,8 +27,11 @@ def _step(diffs: list[np.ndarray], is_dt: bool, src: str):
     alld = np.concatenate(nonempty)
     if not is_dt:  # float steps: group differences equal up to rounding
         alld = np.round(alld, 9 - int(np.floor(np.log10(np.max(np.abs(alld))))))
-    uniq, counts = np.unique(alld, return_counts=True)
-    return uniq[np.argmax(counts)]  # the most common difference (ties: the smallest)
+    import pandas as pd
+
+    counts = pd.Series(alld).value_counts(sort=False)  # hashing: O(n), no sort of all rows
+    best = counts[counts == counts.max()].index.to_numpy()
+    return best.min()  # the most common difference (ties: the smallest)
 
 
 def _n_steps(d: np.ndarray, step, is_dt: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -39,10 +48,15 @@ def regularise(
     static, fill_gaps,
 ) -> SeriesData:  # fmt: skip
     """Group rows by entity (file order kept), check the order and the step, fill gaps."""
-    order = np.argsort(codes, kind="stable")
-    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
     is_dt = t.dtype.kind == "M"
-    per: list[np.ndarray] = [order[bounds[e] : bounds[e + 1]] for e in range(len(names))]
+    per: list[Any]
+    if len(codes) < 2 or bool(np.all(codes[1:] >= codes[:-1])):  # grouped already: slices
+        bounds = np.searchsorted(codes, np.arange(len(names) + 1))
+        per = [slice(int(bounds[e]), int(bounds[e + 1])) for e in range(len(names))]
+    else:
+        order = np.argsort(codes, kind="stable")
+        bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+        per = [order[bounds[e] : bounds[e + 1]] for e in range(len(names))]
     statics = np.zeros((len(names), len(static)))
     diffs = []
     for e, rows in enumerate(per):
@@ -55,8 +69,8 @@ def regularise(
                 "duplicate" if d[i] == d.dtype.type(0) else "unsorted (earlier than the row before)"
             )
             raise DataError(
-                f"{where(int(rows[i + 1]))}: {what} timestamp {ta[i + 1]} for entity "
-                f"{names[e]!r} ({where(int(rows[i])).rsplit(', ', 1)[-1]} has {ta[i]}); each "
+                f"{where(_row(rows, i + 1))}: {what} timestamp {ta[i + 1]} for entity "
+                f"{names[e]!r} ({where(_row(rows, i)).rsplit(', ', 1)[-1]} has {ta[i]}); each "
                 "entity's rows must be in strictly increasing time order: sort the file by "
                 "entity and time and drop duplicate rows"
             )
@@ -67,7 +81,7 @@ def regularise(
             if len(ch):
                 k = int(ch[0])
                 raise DataError(
-                    f"{where(int(rows[k]))}: static column {c!r} changes within entity "
+                    f"{where(_row(rows, k))}: static column {c!r} changes within entity "
                     f"{names[e]!r} ({v[0]!r} then {v[k]!r}); a static input must be constant "
                     "per entity"
                 )
@@ -83,7 +97,7 @@ def regularise(
         if irregular.any():
             i = int(np.argmax(irregular))
             raise DataError(
-                f"{where(int(rows[i + 1]))}: timestamp {ta[i + 1]} of entity {names[e]!r} is "
+                f"{where(_row(rows, i + 1))}: timestamp {ta[i + 1]} of entity {names[e]!r} is "
                 f"not a whole number of steps ({step}) after the previous one ({ta[i]}); the "
                 "series must be regular"
             )
@@ -91,7 +105,7 @@ def regularise(
         if len(gaps) and not fill_gaps:
             i = int(gaps[0])
             raise DataError(
-                f"{where(int(rows[i + 1]))}: gap in entity {names[e]!r}: {int(nsteps[i]) - 1} "
+                f"{where(_row(rows, i + 1))}: gap in entity {names[e]!r}: {int(nsteps[i]) - 1} "
                 f"missing step(s) of {step} between {ta[i]} and {ta[i + 1]} "
                 f"({len(gaps)} gap(s) in this entity); fill them in the file, or pass "
                 "--fill-gaps (fill_gaps=True) to insert the missing steps by linear interpolation"

@@ -38,6 +38,19 @@ def parse_time_column(s: Any, col: str, where: Callable[[int], str]) -> np.ndarr
     if pd.api.types.is_datetime64_dtype(s.dtype):
         return s.to_numpy().astype("datetime64[s]")
     st = s.astype(str).str.strip()
+    try:  # the common case: one ISO 8601 column, naive or all with the same offset
+        dt = pd.to_datetime(st, format="ISO8601")
+    except (ValueError, TypeError, OverflowError):
+        return _diagnose(st, col, where)
+    if isinstance(dt.dtype, pd.DatetimeTZDtype):
+        return _naive_utc(dt)
+    return dt.to_numpy().astype("datetime64[s]")
+
+
+def _diagnose(st: Any, col: str, where: Callable[[int], str]) -> np.ndarray:
+    """The slow path: mixed time zones, numbers among dates, unparsable values."""
+    import pandas as pd
+
     num = pd.to_numeric(st, errors="coerce")
     if num.notna().all():
         return num.to_numpy(dtype=np.float64)
