@@ -447,8 +447,20 @@ class _Run:
         return perm[: nb * self.cfg.batch_size].reshape(nb, self.cfg.batch_size)
 
     def _predict(self, fwd, split: SplitWindows, bs: int = 256) -> np.ndarray:
+        """Forecasts of every window of ``split``, streamed in batches of ``bs`` windows."""
+        from tqdm import tqdm
+
         outs = []
-        for i in range(0, len(split), bs):
+        n_batches = -(-len(split) // bs)
+        quiet = not self.cfg.progress or n_batches < 8
+        for i in tqdm(
+            range(0, len(split), bs),
+            total=n_batches,
+            desc=f"predict {split.name}",
+            disable=quiet,
+            leave=False,
+            file=sys.stderr,
+        ):
             idx = np.arange(i, min(i + bs, len(split)))
             s, h, f, _ = split.batch(idx)
             outs.append(_to_host(fwd(s, h, f)).astype(np.float64))
@@ -606,15 +618,22 @@ class _Run:
         n = cfg.calibration_batches
         done = 0
         ep = 0
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=n, desc="calibration", disable=not cfg.progress, leave=False, file=sys.stderr
+        )
         while done < n:
             order = self._epoch_order(2, ep)
             for b in range(min(len(order), n - done)):
                 s, h, f, _ = w.train.batch(order[b])
                 self.qat.forward(s, h, f)
                 done += 1
+                bar.update(1)
             ep += 1
             if len(order) == 0:
                 break
+        bar.close()
         self.qat.disable_calibration()
         self.qat_opt = _make_optimizer(self.qat.params, cfg.qat_lr, cfg.device)
         self.st.phase = "qat"

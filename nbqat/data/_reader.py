@@ -341,8 +341,8 @@ def _numeric(s: Any, col: str, where: Callable[[int], str], allow_missing: bool)
         what = "a non-finite" if not np.isfinite(x[i]) else "a huge"
         raise DataError(
             f"{where(i)}: column {col!r} has {what} value {float(x[i])!r}; values must be "
-            f"finite with magnitude at most {MAX_ABS_VALUE:g} (the network computes in float32): rescale "
-            "the column (other units) or fix the value"
+            f"finite with magnitude at most {MAX_ABS_VALUE:g} (the network computes in "
+            "float32): rescale the column (other units) or fix the value"
         )
     return x
 
