@@ -36,6 +36,7 @@ __all__ = [
     "CheckpointError",
     "data_fingerprint",
     "read_float_arrays",
+    "read_run_config",
     "read_state",
     "state_json",
 ]
@@ -244,6 +245,34 @@ def read_state(ck: str | Path, config_fields: dict[str, Any]) -> dict:
     meta["config"]["out"] = str(folder.parent)
     meta["folder"] = str(folder)
     return meta
+
+
+def read_run_config(ck: str | Path) -> Any:
+    """The validated options of the run whose checkpoint folder is ``ck``.
+
+    Parameters
+    ----------
+    ck : str or Path
+        A run's ``checkpoint/`` folder (``OUT/checkpoint``).
+
+    Returns
+    -------
+    nbqat.train.TrainConfig
+        Resolved options; ``out`` is the checkpoint's parent folder and ``csv`` the absolute
+        data path (``None``: the shipped dataset). ``nbqat.train._load_data(cfg)`` rebuilds
+        the run's windows (scaling, column names) from it.
+
+    Raises
+    ------
+    FileNotFoundError, CheckpointError
+        As :func:`read_state`.
+    """
+    from dataclasses import fields
+
+    from nbqat.train import TrainConfig
+
+    meta = read_state(ck, {f.name: f.default for f in fields(TrainConfig)})
+    return TrainConfig(**meta["config"])
 
 
 def check_data(meta: dict, fingerprint: dict) -> None:

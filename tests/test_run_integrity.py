@@ -286,3 +286,26 @@ def test_plots_take_dollar_names_and_label_units(tmp_path):
         "temp_air (deg C)"
     )
     assert plots._esc("a$b") == "a\\$b"
+
+
+def test_qat_phase_checkpoint_corruption_and_config(interrupted, tmp_path, capsys):
+    from nbqat.checkpoint import read_run_config
+
+    shutil.copytree(interrupted, tmp_path / "c")
+    ck = tmp_path / "c" / "run" / "checkpoint"
+    assert resume(ck, "--stop-after-steps", "3") == 130  # 2 float steps, 1 QAT step
+    cfg = read_run_config(ck)
+    assert cfg.out == str((tmp_path / "c" / "run").resolve()) and Path(cfg.csv).is_absolute()
+    assert (cfg.hidden_dim, cfg.epochs, cfg.batch_size) == (4, 2, 16)
+    meta = strict_json(ck / "state.json")
+    assert meta["state"]["phase"] == "qat" and (ck / "qat.npz").is_file()
+    capsys.readouterr()
+    (ck / "qat.npz").write_bytes((ck / "qat.npz").read_bytes()[:500])
+    before = snapshot(ck)
+    assert resume(ck) == 2
+    err = capsys.readouterr().err
+    assert "qat.npz" in err and "truncated" in err and "Traceback" not in err
+    assert snapshot(ck) == before
+    (ck / "qat.npz").unlink()
+    assert resume(ck) == 2
+    assert "qat.npz: missing for phase 'qat'" in capsys.readouterr().err
