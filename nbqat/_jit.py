@@ -12,12 +12,19 @@ no fastmath at all.
 
 from __future__ import annotations
 
+import ast
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numba
 from numba import njit
+from numba.core import caching as _caching
 
 #: The fastmath flags nbqat allows (STUMPY's set): never ``nnan``/``ninf``.
 FASTMATH = frozenset({"nsz", "arcp", "contract", "afn", "reassoc"})
@@ -42,13 +49,128 @@ def cpu_kernel(
     callable
         A decorator that compiles the function lazily on its first call.
     """
-    return njit(
+    jit = njit(
         parallel=parallel,
         cache=True,
         nogil=True,
         fastmath=set(FASTMATH) if fastmath else False,
         **options,
     )
+
+    def decorate(func: Callable[..., Any]) -> Any:
+        disp = jit(func)
+        disp._cache = SourceClosureCache(disp.py_func)  # see SourceClosureCache
+        return disp
+
+    return decorate
+
+
+# ---------------------------------------------------------------------------- on-disk cache keys
+def _module_files() -> dict[str, str]:
+    """Absolute source path -> module name, for every imported module."""
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        file = getattr(mod, "__file__", None)
+        if file and file.endswith(".py"):
+            out[os.path.abspath(file)] = name
+    return out
+
+
+def _imports(path: str, module: str) -> set[str]:
+    """Names of the modules (and of the names imported from them) that ``path`` imports."""
+    with open(path, "rb") as fh:
+        tree = ast.parse(fh.read(), path)
+    is_pkg = os.path.basename(path) == "__init__.py"
+    parent = module if is_pkg else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = importlib.util.resolve_name("." * node.level + base, parent)
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)  # submodules imported by name
+    return names
+
+
+def source_closure(path: str) -> list[str]:
+    """The source files a kernel file's machine code can depend on.
+
+    Parameters
+    ----------
+    path : str
+        A Python source file of an imported package module (e.g. ``nbqat/kernels/qat_cpu.py``).
+
+    Returns
+    -------
+    list of str
+        Sorted absolute paths: ``path`` and, transitively, every module of the same top-level
+        package that it imports (constants such as ``nbqat._validate.QUANT_BOUND`` and
+        ``@njit`` helpers of other kernel files are compiled into the caller's machine code).
+    """
+    path = os.path.abspath(path)
+    by_path = _module_files()
+    if path not in by_path:
+        return [path]
+    package = by_path[path].split(".")[0]
+    by_name = {name: file for file, name in by_path.items()}
+    seen, todo = {path}, [path]
+    while todo:
+        file = todo.pop()
+        for name in _imports(file, by_path[file]):
+            dep = by_name.get(name)
+            if dep and dep not in seen and (name == package or name.startswith(package + ".")):
+                seen.add(dep)
+                todo.append(dep)
+    return sorted(seen)
+
+
+@functools.cache
+def _closure_stamp(stamps: tuple[tuple[str, int, int], ...]) -> str:
+    h = hashlib.sha256()
+    for file, _, _ in stamps:
+        h.update(file.encode())
+        with open(file, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()
+
+
+class _ClosureStampMixin:
+    """Numba cache locator whose freshness stamp hashes the kernel's whole source closure.
+
+    Numba keys a cached function on its own file only, so an edit of a constant or a jitted
+    helper in another module would leave a stale kernel in ``__pycache__``; this stamp changes
+    whenever any file of :func:`source_closure` changes (content hash).
+    """
+
+    _py_file: str
+
+    def get_source_stamp(self) -> Any:
+        path = getattr(self, "_py_file", None)
+        if not path or not os.path.isfile(path):  # zipped or interactive code: numba's own
+            return super().get_source_stamp()  # type: ignore[misc]
+        files = source_closure(path)
+        stamps = []
+        for f in files:
+            st = os.stat(f)
+            stamps.append((f, st.st_mtime_ns, st.st_size))
+        return _closure_stamp(tuple(stamps))
+
+
+class _SourceClosureCacheImpl(_caching.CompileResultCacheImpl):
+    _locator_classes: list[Any] = [
+        type("Closure" + c.__name__, (_ClosureStampMixin, c), {})
+        for c in _caching.CompileResultCacheImpl._locator_classes
+    ]
+
+
+class SourceClosureCache(_caching.FunctionCache):
+    """Numba's per-function on-disk cache, invalidated when any file the kernel imports from
+    its own package changes (see :func:`source_closure`); used by every :func:`cpu_kernel`."""
+
+    _impl_class = _SourceClosureCacheImpl
 
 
 #: Below this many elements (4 MiB of float32) the CPU kernels run on one thread: one pass over

@@ -227,7 +227,8 @@ class FakeQuantize(_QuantizerPhases):
             Bad input (from the observer or the fake-quantize function); the observer state is
             unchanged when the observer rejects the batch.
         """
-        if type(x) is np.ndarray and x.dtype is _DT32 and x.flags.c_contiguous:
+        synced = getattr(self.activation_post_process, "process_group", None) is not None
+        if type(x) is np.ndarray and x.dtype is _DT32 and x.flags.c_contiguous and not synced:
             n = x.size
             if 0 < n < _jit.PARALLEL_MIN:
                 if self.is_per_channel:
@@ -681,7 +682,9 @@ class LearnableFakeQuantize(_QuantizerPhases):
         if self.qscheme.endswith("symmetric"):
             self.zero_point[...] = 0
         numel = int(np.prod(x.shape, dtype=np.int64))
-        gf = 1.0 / math.sqrt(numel * self.quant_max) if self.use_grad_scaling else 1.0
+        # LSQ's gradient factor 1/sqrt(numel * quant_max); torch divides by zero on an
+        # empty batch, nbqat passes it through (no element, no gradient: any factor is exact)
+        gf = 1.0 / math.sqrt(numel * self.quant_max) if self.use_grad_scaling and numel else 1.0
         s, z = self.scale.copy(), self.zero_point.copy()
         if self.is_per_channel:
             y = _fq.fake_quantize_learnable_per_channel_affine(

@@ -322,6 +322,9 @@ class _MinMaxBase:
             if isinstance(ch_axis, bool) or not isinstance(ch_axis, (int, np.integer)):
                 raise TypeError(f"ch_axis must be an int, got {ch_axis!r}")
             self.ch_axis = int(ch_axis)
+        #: A :class:`nbqat.distributed.ProcessGroup` (or None): batch statistics are combined
+        #: over its ranks before every update (:func:`nbqat.distributed.sync_observers`).
+        self.process_group: Any = None
         self.reset_min_max_vals()
 
     # -- factories ---------------------------------------------------------------------------
@@ -411,14 +414,27 @@ class _MinMaxBase:
                     f"{who}: x has {c} channels along ch_axis={self.ch_axis} but the observer "
                     f"has seen {self._min.size}; call reset_min_max_vals() to start over"
                 )
-        if size == 0:
+        pg = self.process_group
+        synced = pg is not None and pg.distributed
+        if size == 0 and not synced:
             return x
-        if is_cuda:
-            fmin, fmax, nnan, npinf, nninf = _stats_cuda(x, axis)
+        stats: tuple[np.ndarray, ...]
+        if size == 0:  # still take part in the ranks' collective, with nothing observed
+            c = 1 if axis is None else shape[axis]
+            z = np.zeros(c, np.int64)
+            stats = (np.full(c, np.inf, _F32), np.full(c, -np.inf, _F32), z, z, z)
+        elif is_cuda:
+            stats = _stats_cuda(x, axis)
         elif axis is None:
-            fmin, fmax, nnan, npinf, nninf = _stats_cpu_tensor(x)
+            stats = _stats_cpu_tensor(x)
         else:
-            fmin, fmax, nnan, npinf, nninf = _stats_cpu_channel(x, axis)
+            stats = _stats_cpu_channel(x, axis)
+        if synced:  # the global batch's statistics, identical on every rank
+            stats = pg.combine_minmax_stats(stats, who)
+            seen_any = np.any(np.isfinite(stats[0])) or any(np.any(n) for n in stats[2:])
+            if not seen_any:  # every rank's batch was empty: as one process, observe nothing
+                return x
+        fmin, fmax, nnan, npinf, nninf = stats
         cur_min, cur_max = self._apply_policy(who, fmin, fmax, nnan, npinf, nninf)
         self._update(cur_min, cur_max)
         return x

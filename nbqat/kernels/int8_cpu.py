@@ -9,7 +9,8 @@ step on small arrays, where waking Numba's OpenMP pool costs more than the work 
   arithmetic (``inv = 1/scale`` in float32, ``rint(x * inv) + zero_point``, clamp), so the codes
   are exactly those the fake-quant model used.
 * :func:`qlinear_kernel` -- ``acc[m, n] = sum_k (x_q[m, k] - zp_x) * w_q[n, k]`` accumulated in
-  int32, then requantized ``y = float32(acc * (s_x * s_w[n])) + b[n]`` (the multiplier is the
+  int32 (int64 where the codes' ranges could overflow int32), then requantized
+  ``y = float32(acc * (s_x * s_w[n])) + b[n]`` (the multiplier is the
   exact float64 product of two float32 scales; one rounding to float32).
 """
 
@@ -50,34 +51,42 @@ def quantize_per_tensor_kernel(
 
 
 @cpu_kernel(parallel=False)
-def qlinear_kernel(xq, zp_x, wq, multiplier, bias, out):  # pragma: no cover
-    """Integer matmul with int32 accumulation and float requantization.
+def qlinear_kernel(xq, zp_x, wq, multiplier, bias, wide, out):  # pragma: no cover
+    """Integer matmul with exact integer accumulation and float requantization.
 
     Parameters
     ----------
     xq : (M, K) int32
-        Activation codes (quint8 values 0..255 stored as int32).
+        Activation codes (e.g. quint8 values 0..255 stored as int32).
     zp_x : int
         Activation zero point.
     wq : (N, K) int32
-        Weight codes (qint8 values -128..127 stored as int32), symmetric (zero point 0).
+        Weight codes minus their zero points (``w_q - zp_w``).
     multiplier : (N,) float64
         ``float64(s_x) * float64(s_w[n])`` (exact: the product of two float32 values).
     bias : (N,) float32
         Bias (all zeros when the layer has none).
+    wide : bool
+        Accumulate in int64 instead of int32. The caller chooses it from the codes' ranges
+        (:func:`nbqat.nn.int8.accumulator_dtype`) so that the sum can never wrap.
     out : (M, N) float32
         ``float32(acc[m, n] * multiplier[n]) + bias[n]`` with
-        ``acc[m, n] = sum_k (xq[m, k] - zp_x) * wq[n, k]`` in int32 (no overflow for
-        ``K <= 65793`` since ``|xq - zp_x| <= 255`` and ``|wq| <= 128``).
+        ``acc[m, n] = sum_k (xq[m, k] - zp_x) * wq[n, k]``.
     """
     M, K = xq.shape
     N = wq.shape[0]
     for m in prange(M):
         for n in range(N):
-            acc = np.int32(0)
-            for k in range(K):
-                acc = np.int32(acc + np.int32((xq[m, k] - zp_x) * wq[n, k]))
-            out[m, n] = np.float32(np.float64(acc) * multiplier[n]) + bias[n]
+            if wide:
+                acc64 = np.int64(0)
+                for k in range(K):
+                    acc64 += np.int64(xq[m, k] - zp_x) * np.int64(wq[n, k])
+                out[m, n] = np.float32(np.float64(acc64) * multiplier[n]) + bias[n]
+            else:
+                acc = np.int32(0)
+                for k in range(K):
+                    acc = np.int32(acc + np.int32((xq[m, k] - zp_x) * wq[n, k]))
+                out[m, n] = np.float32(np.float64(acc) * multiplier[n]) + bias[n]
 
 
 @cpu_kernel(parallel=False)

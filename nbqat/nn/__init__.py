@@ -20,6 +20,7 @@ from nbqat.nn.layers import (
 from nbqat.nn.loss import q_risk, quantile_loss, quantile_loss_grad
 from nbqat.nn.params import Module, ModuleList, ParameterBuffer
 from nbqat.nn.qat import QATTemporalFusionTransformer
+from nbqat.nn.step import train_step
 from nbqat.nn.tft import TemporalFusionTransformer, TFTConfig
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "q_risk",
     "quantile_loss",
     "quantile_loss_grad",
+    "train_step",
 ]

@@ -42,6 +42,7 @@ __all__ = [
     "Int8LSTM",
     "Int8Linear",
     "Int8TemporalFusionTransformer",
+    "accumulator_dtype",
     "qlinear",
     "quantize_per_channel",
     "quantize_per_tensor",
@@ -54,6 +55,45 @@ def _code_dtype(qmin: int, qmax: int) -> np.dtype:
         if info.min <= qmin and qmax <= info.max:
             return np.dtype(dt)
     return np.dtype(np.int32)
+
+
+_INT32_MAX = int(np.iinfo(np.int32).max)
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def accumulator_dtype(in_features: int, x_span: int, w_span: int) -> np.dtype:
+    """The integer type in which ``sum_k (x_q - zp_x) * (w_q - zp_w)`` is exact.
+
+    Parameters
+    ----------
+    in_features : int
+        K, the number of products summed.
+    x_span : int
+        Largest ``|x_q - zp_x|`` an activation code can have (from its quant range).
+    w_span : int
+        Largest ``|w_q - zp_w|`` over the weight codes.
+
+    Returns
+    -------
+    numpy.dtype
+        ``int32`` when ``K * x_span * w_span <= 2**31 - 1`` (every partial sum fits), else
+        ``int64``.
+
+    Raises
+    ------
+    ValueError
+        When even an int64 sum could overflow (``K * x_span * w_span >= 2**63``).
+    """
+    bound = int(in_features) * int(x_span) * int(w_span)
+    if bound <= _INT32_MAX:
+        return np.dtype(np.int32)
+    if bound <= _INT64_MAX:
+        return np.dtype(np.int64)
+    raise ValueError(
+        f"in_features={in_features} with activation codes up to {x_span} and weight codes up "
+        f"to {w_span} from their zero points could overflow even an int64 accumulator "
+        f"(bound {bound}); use narrower quant ranges or split the layer"
+    )
 
 
 def quantize_per_tensor(
@@ -177,7 +217,8 @@ def qlinear(
     Raises
     ------
     ValueError
-        On mismatched shapes or ``K > 65793`` (the int32 accumulator could overflow).
+        On mismatched shapes, or when even an int64 accumulator could overflow
+        (:func:`accumulator_dtype`; int64 is used where int32 could wrap).
     """
     x_q = np.asarray(x_q)
     w_q = np.asarray(w_q)
@@ -185,8 +226,6 @@ def qlinear(
         raise ValueError(f"x_q (M, K) and w_q (N, K) do not fit: {x_q.shape}, {w_q.shape}")
     m, k = x_q.shape
     n = w_q.shape[0]
-    if k > 65793:
-        raise ValueError(f"in_features {k} > 65793 could overflow the int32 accumulator")
     w_scale = np.asarray(w_scale, dtype=np.float32).reshape(-1)
     if w_scale.shape != (n,):
         raise ValueError(f"w_scale must have shape ({n},), got {w_scale.shape}")
@@ -197,7 +236,13 @@ def qlinear(
     if b.shape != (n,):
         raise ValueError(f"bias must have shape ({n},), got {b.shape}")
     mult = np.float64(np.float32(x_scale)) * w_scale.astype(np.float64)  # exact products
-    wc = np.ascontiguousarray(w_q, dtype=np.int32) - wz[:, None]
+    wc = np.asarray(w_q, dtype=np.int64) - wz[:, None]
+    zx = int(x_zero_point)
+    x_span = max(abs(int(x_q.max()) - zx), abs(int(x_q.min()) - zx)) if x_q.size else 0
+    w_span = int(np.abs(wc).max(initial=0))
+    if max(x_span, w_span, abs(zx)) > _INT32_MAX:
+        raise ValueError("x_q, w_q and their zero points must be codes that fit in int32")
+    wide = accumulator_dtype(k, x_span, w_span) == np.int64
     out = np.empty((m, n), np.float32)
     qlinear_kernel(
         np.ascontiguousarray(x_q, dtype=np.int32),
@@ -205,6 +250,7 @@ def qlinear(
         np.ascontiguousarray(wc, dtype=np.int32),
         mult,
         np.ascontiguousarray(b),
+        wide,
         out,
     )
     return out
@@ -249,7 +295,7 @@ class Int8Linear:
     RuntimeError
         When a quantizer has never observed data.
     ValueError
-        When ``input_fq`` is not per tensor.
+        When ``input_fq`` is not per tensor, or even an int64 accumulator could overflow.
 
     Attributes
     ----------
@@ -261,6 +307,8 @@ class Int8Linear:
     input_scale : float32
     input_zero_point : int
     input_quant_min, input_quant_max : int
+    accumulator_dtype : numpy.dtype
+        int32, or int64 where the codes' ranges could overflow int32 (:func:`accumulator_dtype`).
     """
 
     def __init__(
@@ -293,6 +341,10 @@ class Int8Linear:
         self.input_quant_min, self.input_quant_max = xmin, xmax
         self._wc = np.ascontiguousarray(codes.astype(np.int32) - wz[:, None])
         self._mult = np.float64(self.input_scale) * ws.astype(np.float64)
+        x_span = max(abs(xmax - self.input_zero_point), abs(xmin - self.input_zero_point))
+        w_span = int(np.abs(self._wc.astype(np.int64)).max(initial=0))
+        #: int32 or int64: the accumulator in which this layer's integer sums are exact
+        self.accumulator_dtype = accumulator_dtype(self.in_features, x_span, w_span)
 
     def quantize_input(self, x: np.ndarray) -> np.ndarray:
         """Activation codes with this layer's input qparams (:func:`quantize_per_tensor`).
@@ -325,11 +377,13 @@ class Int8Linear:
         -------
         ndarray (M, N) float32
             ``float32(acc * (input_scale * weight_scale[n])) + bias[n]`` with
-            ``acc = sum_k (x_q - input_zero_point) * (weight_q - weight_zero_point)`` in int32.
+            ``acc = sum_k (x_q - input_zero_point) * (weight_q - weight_zero_point)`` in
+            :attr:`accumulator_dtype` (exact).
         """
         out = np.empty((x_q.shape[0], self.out_features), np.float32)
         b = self.bias if bias is None else bias
-        qlinear_kernel(x_q, self.input_zero_point, self._wc, self._mult, b, out)
+        wide = self.accumulator_dtype == np.int64
+        qlinear_kernel(x_q, self.input_zero_point, self._wc, self._mult, b, wide, out)
         return out
 
     def forward(self, x: np.ndarray, add_bias: bool = True) -> np.ndarray:

@@ -226,6 +226,52 @@ def _check_batch(batch: Any) -> tuple[Any, Any, Any, np.ndarray]:
     return static, historical, future, target
 
 
+def check_step_args(model: Any, batch: Any, optimizer: Any, max_norm: Any) -> tuple:
+    """Validate a forecaster training step's batch, optimizer and ``max_norm``.
+
+    Parameters
+    ----------
+    model : TemporalFusionTransformer or QATTemporalFusionTransformer
+    batch : (static (B, m_s), historical, future, target (B, prediction_horizon))
+    optimizer : nbqat optimizer
+        Must update ``model.params``.
+    max_norm : float or None
+
+    Returns
+    -------
+    (static, historical, future, target, max_norm)
+        ``max_norm`` as a float (or None).
+
+    Raises
+    ------
+    ValueError
+        A malformed batch or target, a negative or NaN ``max_norm``, an optimizer over other
+        parameters.
+    """
+    static, historical, future, target = _check_batch(batch)
+    cfg = getattr(model, "model", model).config
+    nb = np.shape(static)[0] if np.ndim(static) >= 1 else -1
+    if target.shape != (nb, cfg.prediction_horizon):
+        raise ValueError(
+            f"batch target must have shape (B, prediction_horizon) = "
+            f"({nb}, {cfg.prediction_horizon}), got {target.shape}"
+        )
+    if max_norm is not None:
+        max_norm = float(max_norm)
+        if not max_norm >= 0:
+            raise ValueError(f"max_norm must be >= 0 (or None), got {max_norm}")
+    if not callable(getattr(optimizer, "step", None)):
+        raise ValueError(f"optimizer must be an nbqat optimizer, got {type(optimizer)}")
+    p = getattr(optimizer, "params", None)
+    if isinstance(p, np.ndarray) and not np.shares_memory(p, model.params):
+        name = "qat" if hasattr(model, "fake_quants") else "model"
+        raise ValueError(
+            f"optimizer does not update this model's parameters: build it over {name}.params "
+            f"(e.g. nbqat.Adam({name}.params, lr=1e-3))"
+        )
+    return static, historical, future, target, max_norm
+
+
 # ---------------------------------------------------------------------------------------------
 # the QAT model
 # ---------------------------------------------------------------------------------------------
@@ -590,7 +636,12 @@ class QATTemporalFusionTransformer:
 
     # ------------------------------------------------------------------ training
     def train_step(
-        self, batch: Any, optimizer: Any, max_norm: float | None = None
+        self,
+        batch: Any,
+        optimizer: Any,
+        max_norm: float | None = None,
+        *,
+        grad_hook: Any = None,
     ) -> tuple[float, float]:
         """One QAT step: forward, pinball loss, backward (STE), clipping, fused update.
 
@@ -604,6 +655,10 @@ class QATTemporalFusionTransformer:
             Clip the total 2-norm of the gradients to ``max_norm`` (pass ``qat.config.max_norm``
             for the configured value); None (or ``math.inf``) does not clip. The norm is
             computed and returned either way.
+        grad_hook : callable, optional
+            ``grad_hook(grads)`` with ``[qat.grads, *LSQ scale/zero-point gradients]``, called
+            after backward and before the norm (a data-parallel run's allreduce,
+            :func:`nbqat.distributed.allreduce_gradients`); it may change them in place.
 
         Returns
         -------
@@ -629,26 +684,10 @@ class QATTemporalFusionTransformer:
         """
         from nbqat.nn.loss import quantile_loss, quantile_loss_grad
 
-        static, historical, future, target = _check_batch(batch)
         cfg = self.model.config
-        nb = np.shape(static)[0] if np.ndim(static) >= 1 else -1
-        if target.shape != (nb, cfg.prediction_horizon):
-            raise ValueError(
-                f"batch target must have shape (B, prediction_horizon) = "
-                f"({nb}, {cfg.prediction_horizon}), got {target.shape}"
-            )
-        if max_norm is not None:
-            max_norm = float(max_norm)
-            if not max_norm >= 0:
-                raise ValueError(f"max_norm must be >= 0 (or None), got {max_norm}")
-        if not callable(getattr(optimizer, "step", None)):
-            raise ValueError(f"optimizer must be an nbqat optimizer, got {type(optimizer)}")
-        p = getattr(optimizer, "params", None)
-        if isinstance(p, np.ndarray) and not np.shares_memory(p, self.params):
-            raise ValueError(
-                "optimizer does not update this model's parameters: build it over qat.params "
-                "(e.g. nbqat.Adam(qat.params, lr=1e-3))"
-            )
+        static, historical, future, target, max_norm = check_step_args(
+            self, batch, optimizer, max_norm
+        )
         self.zero_grad()
         out = self.forward(static, historical, future)  # (B, tau, Q)
         q = cfg.quantiles
@@ -656,6 +695,8 @@ class QATTemporalFusionTransformer:
         self.backward(quantile_loss_grad(out, target, q))
         learn = self._learnable()
         grads = [self.grads] + [g for fq in learn for g in (fq.grad_scale, fq.grad_zero_point)]
+        if grad_hook is not None:
+            grad_hook(grads)
         total = float(get_total_norm(grads if learn else self.grads))
         if max_norm is None or math.isinf(max_norm):
             coef = 1.0

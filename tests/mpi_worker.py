@@ -1,0 +1,94 @@
+"""Run by tests/test_distributed.py as ``mpiexec -n N python tests/mpi_worker.py MODE OUT``.
+
+MODE ``observers``: each rank feeds its own shards to several quantizers; rank 0 saves states.
+MODE ``train``: data-parallel calibration + QAT steps of a tiny TFT; rank 0 saves the losses,
+norms, parameters, qparams and the int8 model's output.
+MODE ``fail``: rank 1 raises; the others wait in a collective (they must not hang).
+Every rank writes ``OUT/rank<r>.npz``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+import nbqat
+from nbqat import distributed as dist
+
+
+def global_batches(seed, n, shape):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(np.float32) * (1 + i) for i in range(n)]
+
+
+def quantizers():
+    return {
+        "ma": nbqat.MovingAverageMinMaxObserver(),
+        "mm": nbqat.MinMaxObserver(dtype="qint8", qscheme="per_tensor_symmetric"),
+        "pc": nbqat.MovingAveragePerChannelMinMaxObserver(ch_axis=1),
+        "fq": nbqat.FakeQuantize(quant_min=0, quant_max=255),
+        "lsq": nbqat.LearnableFakeQuantize(quant_min=0, quant_max=255),
+        "nan": nbqat.MinMaxObserver(nonfinite="ignore"),
+    }
+
+
+def observer_batches():
+    """Global batches (7, 4); row 0 holds a NaN (only the "ignore" observer sees it)."""
+    out = []
+    for b in global_batches(3, 5, (7, 4)):
+        b[0, 0] = np.nan
+        out.append(b)
+    return out
+
+
+def local_input(name, b, group):
+    """What quantizer ``name`` sees on this rank: its shard (rank 0's without the NaN row, so
+    that the shards differ in size), or nothing at all on step 2 for rank 1 (an empty batch)."""
+    local = b[dist.shard(len(b), group)]
+    if name != "nan" and group.rank == 0:
+        local = local[1:]
+    return local
+
+
+def run_observers(group):
+    qs = quantizers()
+    dist.sync_observers(qs, group)
+    out = {}
+    for i, b in enumerate(observer_batches()):
+        for name, q in qs.items():
+            x = local_input(name, b, group)
+            q(x[:0] if (i == 2 and group.rank == group.size - 1) else x)
+    for name, q in qs.items():
+        for k, v in q.state_dict().items():
+            out[f"{name}.{k}"] = np.asarray(v)
+    return out
+
+
+def run_train(group, steps=4):
+    from worker_common import tiny_run  # tests/worker_common.py
+
+    return tiny_run(group, steps)
+
+
+def main():
+    mode, out = sys.argv[1], sys.argv[2]
+    group = dist.init_process_group()
+    dist.install_abort_handler(group)
+    if mode == "observers":
+        res = run_observers(group)
+    elif mode == "train":
+        res = run_train(group)
+    elif mode == "fail":
+        if group.rank == 1:
+            raise RuntimeError("deliberate failure")
+        group.barrier()  # rank 1 never arrives
+        res = {}
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    res["size"] = np.array(group.size)
+    np.savez(f"{out}/rank{group.rank}.npz", **res)
+
+
+if __name__ == "__main__":
+    main()

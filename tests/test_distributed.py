@@ -1,0 +1,193 @@
+"""nbqat.distributed: the single-process group, and real 2-process runs under ``mpiexec -n 2``.
+
+Oracles: a 1-process run of the same global batches (the data-parallel run must equal it to
+reduction-order rounding, with identical qparams), one observer fed every rank's data, two
+N-process runs (identical bits), and NumPy references of the step's arithmetic.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nbqat
+from nbqat import distributed as dist
+
+HERE = Path(__file__).parent
+MPIEXEC = shutil.which("mpiexec") or "mpiexec"  # missing: the tests fail, never skip
+
+
+# ------------------------------------------------------------------------- single process
+def test_single_process_group_is_the_identity():
+    g = dist.ProcessGroup()
+    a = np.arange(4.0)
+    assert g.allreduce_sum(a) is a and np.array_equal(a, np.arange(4.0))
+    assert g.allgather({"x": 1}) == [{"x": 1}]
+    assert not g.distributed and g.rank == 0 and g.size == 1
+    assert dist.init_process_group("single").backend == "single"
+    with pytest.raises(ValueError, match="backend"):
+        dist.init_process_group("nccl")
+
+
+@pytest.mark.parametrize("rows, size", [(7, 2), (6, 3), (2, 4), (0, 2)])
+def test_shard_is_numpy_array_split(rows, size):
+    ref = np.array_split(np.arange(rows), size)
+    for r in range(size):
+        g = dist.ProcessGroup()
+        g.rank, g.size = r, size
+        np.testing.assert_array_equal(np.arange(rows)[dist.shard(rows, g)], ref[r])
+
+
+def test_train_step_float_matches_numpy_reference():
+    from worker_common import CFG, batch
+
+    from nbqat.nn import TemporalFusionTransformer
+    from nbqat.nn.loss import quantile_loss, quantile_loss_grad
+    from nbqat.nn.step import train_step
+
+    rng = np.random.default_rng(0)
+    b = batch(rng)
+    model = TemporalFusionTransformer(CFG, seed=1)
+    ref = TemporalFusionTransformer(CFG, seed=1)
+    before = model.params.copy()
+    seen = []
+    lr, max_norm = np.float32(0.1), 1e-3
+    loss, total = train_step(
+        model,
+        b,
+        nbqat.SGD(model.params, lr=float(lr)),
+        max_norm=max_norm,
+        grad_hook=lambda g: seen.append(g[0].copy()),
+    )
+    out = ref.forward(*b[:3])
+    assert loss == pytest.approx(quantile_loss(out, b[3], CFG.quantiles), rel=1e-12)
+    ref.zero_grad()
+    ref.backward(quantile_loss_grad(out, b[3], CFG.quantiles))
+    np.testing.assert_array_equal(seen[0], ref.grads)
+    g64 = ref.grads.astype(np.float64)
+    assert total == pytest.approx(np.sqrt(np.sum(g64 * g64)), rel=1e-5)
+    coef = np.float32(min(max_norm / (np.float32(total) + np.float32(1e-6)), 1.0))
+    expect = before - lr * (coef * ref.grads)
+    np.testing.assert_allclose(model.params, expect, rtol=1e-6, atol=1e-9)
+
+
+def test_data_parallel_step_single_process_equals_train_step():
+    from worker_common import CFG, batch
+
+    from nbqat.nn import TemporalFusionTransformer
+    from nbqat.nn.step import train_step
+
+    b = batch(np.random.default_rng(0))
+    m1, m2 = TemporalFusionTransformer(CFG, seed=1), TemporalFusionTransformer(CFG, seed=1)
+    r1 = dist.data_parallel_step(m1, b, nbqat.Adam(m1.params), dist.ProcessGroup())
+    r2 = train_step(m2, b, nbqat.Adam(m2.params))
+    assert r1 == r2 and np.array_equal(m1.params, m2.params)
+
+
+def test_allreduce_gradients_weights_by_rows():
+    class Fake(dist.ProcessGroup):  # rank 0 of 2 whose peer holds `other`
+        def __init__(self, other):
+            super().__init__()
+            self.size, self.other = 2, other
+
+        def allreduce_sum(self, buf):
+            buf += self.other
+            return buf
+
+    g = np.array([1.0, 2.0], np.float32)
+    extra = np.array([4.0], np.float32)
+    peer = np.array([10.0, 20.0, 40.0], np.float32) * np.float32(4 / 6)
+    dist.allreduce_gradients([g, extra], 2, 6, Fake(peer))
+    np.testing.assert_allclose(g, np.array([1.0, 2.0]) * 2 / 6 + np.array([10.0, 20.0]) * 4 / 6)
+    np.testing.assert_allclose(extra, [4.0 * 2 / 6 + 40.0 * 4 / 6], rtol=1e-6)
+
+
+def test_sync_observers_rejects_what_cannot_merge():
+    with pytest.raises(TypeError, match="mergeable observer"):
+        dist.sync_observers([object()], dist.ProcessGroup())
+    obs = nbqat.MinMaxObserver()
+    assert dist.sync_observers([obs], dist.ProcessGroup()) == 1
+    assert obs.process_group is None  # a single process needs no sync
+
+
+# ----------------------------------------------------------------------------- 2 processes
+def _mpirun(mode, out, n=2, timeout=600):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), *sys.path]))
+    env.pop("NBQAT_FORCE_SINGLE", None)
+    return subprocess.run(
+        [MPIEXEC, "-n", str(n), sys.executable, str(HERE / "mpi_worker.py"), mode, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _load(out, rank=0):
+    with np.load(Path(out) / f"rank{rank}.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def test_observers_in_sync_equal_one_observer_fed_everything(tmp_path):
+    import mpi_worker as w
+
+    r = _mpirun("observers", tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r0, r1 = _load(tmp_path, 0), _load(tmp_path, 1)
+    assert int(r0["size"]) == 2
+    ref = w.quantizers()
+    for i, b in enumerate(w.observer_batches()):
+        for name, q in ref.items():
+            parts = []
+            for rank in range(2):
+                g = dist.ProcessGroup()
+                g.rank, g.size = rank, 2
+                x = w.local_input(name, b, g)
+                parts.append(x[:0] if (i == 2 and rank == 1) else x)
+            q(np.concatenate(parts))
+    for name, q in ref.items():
+        for k, v in q.state_dict().items():
+            key = f"{name}.{k}"
+            np.testing.assert_array_equal(r0[key], np.asarray(v), err_msg=key)
+            np.testing.assert_array_equal(r1[key], np.asarray(v), err_msg=key)
+
+
+def test_two_process_training_equals_one_process_and_repeats_bit_for_bit(tmp_path):
+    from worker_common import tiny_run
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    for out in (a, b):
+        r = _mpirun("train", out)
+        assert r.returncode == 0, r.stderr[-3000:]
+    ra0, ra1, rb0 = _load(a, 0), _load(a, 1), _load(b, 0)
+    for k in ra0:  # every rank holds the same model; a second run gives the same bits
+        np.testing.assert_array_equal(ra0[k], ra1[k], err_msg=k)
+        np.testing.assert_array_equal(ra0[k], rb0[k], err_msg=k)
+    one = tiny_run(dist.ProcessGroup(), 4)
+    # reduction order only: every step's loss and global gradient norm (float, then QAT)
+    np.testing.assert_allclose(ra0["loss"], one["loss"], rtol=1e-5)
+    np.testing.assert_allclose(ra0["norm"], one["norm"], rtol=1e-5)
+    np.testing.assert_allclose(ra0["params"], one["params"], rtol=1e-4, atol=1e-7)
+    # calibration of the same weights over sharded batches: identical qparams and int8 model
+    cal = [k for k in one if k.startswith("cal.")]
+    assert len(cal) > 100
+    for k in cal:
+        np.testing.assert_array_equal(ra0[k], one[k], err_msg=k)
+    np.testing.assert_array_equal(ra0["int8"], one["int8"])
+
+
+def test_a_failing_rank_stops_every_rank(tmp_path):
+    t0 = time.perf_counter()
+    r = _mpirun("fail", tmp_path, timeout=120)
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert "rank 1 of 2 failed: deliberate failure" in r.stderr, r.stderr[-3000:]
+    assert time.perf_counter() - t0 < 60
+    assert not (tmp_path / "rank0.npz").exists()

@@ -1,0 +1,61 @@
+"""The tiny data-parallel QAT run shared by tests/mpi_worker.py and tests/test_distributed.py
+(the 1-process reference runs the same function with the single-process group)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import nbqat
+from nbqat import distributed as dist
+from nbqat.nn import TemporalFusionTransformer, TFTConfig
+from nbqat.nn.qat import QATTemporalFusionTransformer
+
+CFG = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)  # m_s, m_x, m_z, d, k, tau
+GLOBAL_BATCH = 6
+
+
+def batch(rng, nb=GLOBAL_BATCH):
+    return (
+        rng.standard_normal((nb, CFG.num_static_features)).astype(np.float32),
+        rng.standard_normal((nb, CFG.sequence_length, CFG.num_unknown_features)).astype(np.float32),
+        rng.standard_normal((nb, CFG.prediction_horizon, CFG.num_known_features)).astype(
+            np.float32
+        ),
+        rng.standard_normal((nb, CFG.prediction_horizon)).astype(np.float32),
+    )
+
+
+def tiny_run(group, steps, optimizer=nbqat.SGD):
+    """Float steps; sharded calibration of a fresh copy; QAT steps. Returns what every rank
+    (and the 1-process run) must agree on."""
+    rng = np.random.default_rng(0)
+    out = {}
+    model = TemporalFusionTransformer(CFG, seed=1)
+    qat = QATTemporalFusionTransformer.from_float(model)  # calibrated before any float step
+    opt = optimizer(model.params, lr=1e-2)
+    losses, norms = [], []
+    for _ in range(steps):
+        loss, total = dist.data_parallel_step(model, batch(rng), opt, group, max_norm=0.5)
+        losses.append(loss)
+        norms.append(total)
+    out["float_params"] = model.params.copy()
+    dist.sync_observers(qat.fake_quants, group)
+    qat.enable_calibration()
+    for _ in range(3):
+        s, h, f, _ = batch(rng)
+        sl = dist.shard(len(s), group)
+        qat.forward(s[sl], h[sl], f[sl])
+    qat.disable_calibration()
+    for name, fq in qat.fake_quants.items():
+        out[f"cal.{name}"] = np.concatenate([np.ravel(fq.scale), np.ravel(fq.zero_point)])
+    s, h, f, _ = batch(np.random.default_rng(9), 5)
+    out["int8"] = qat.to_int8().forward(s, h, f)
+    qopt = optimizer(qat.params, lr=1e-2)
+    for _ in range(steps):
+        loss, total = dist.data_parallel_step(qat, batch(rng), qopt, group, max_norm=0.5)
+        losses.append(loss)
+        norms.append(total)
+    out["loss"] = np.array(losses)
+    out["norm"] = np.array(norms)
+    out["params"] = qat.params.copy()
+    return out
