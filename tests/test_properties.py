@@ -111,7 +111,10 @@ def options(draw):
     opts += ["--target-col", draw(_mostly(st.sampled_from(["y", "x"]), st.just("nope")))]
     if draw(st.booleans()):
         opts += ["--known-cols", draw(_mostly(st.just("k"), st.sampled_from(["k,x", "zz"])))]
-    return opts
+    junk = [["--lr", "nan"], ["--max-norm", "0"], ["--epochs", "0"], ["--heads", "3"],
+            ["--threads", "100000"], ["--device", "tpu"], ["--eval-stride", "-1"],
+            ["--qat-lr", "inf"], ["--calendar", ""], ["--static-cols", "x"]]  # fmt: skip
+    return opts + draw(_mostly(st.just([]), st.sampled_from(junk)))
 
 
 def _contract(tmp: Path, data: bytes, gz: bool, opts: list[str], capsys, check: bool) -> int:
