@@ -216,3 +216,18 @@ def test_interleaved_entities_keep_file_order(tmp_path):
     mixed[7], mixed[9] = mixed[9], mixed[7]  # two rows of entity b swapped
     with pytest.raises(DataError, match=r"line 11: unsorted .* entity 'b' \(line 9 has"):
         load_csv(write(tmp_path / "u.csv", mixed), **ARGS)
+
+
+def test_field_count_and_blank_lines_name_the_file_line(tmp_path):
+    body = rows(40)
+    body[9] = body[9] + ["5"]
+    with pytest.raises(DataError, match=r"line 11: 5 fields, the header has 4"):
+        load_csv(write(tmp_path / "f.csv", body), **ARGS)
+    body = rows(40)
+    body[20][2] = "abc"
+    p = write(tmp_path / "b.csv", body)
+    text = p.read_text().splitlines()
+    text.insert(5, "")  # a blank line before the bad row: the bad row is now on line 23
+    p.write_text("\n".join(text) + "\n")
+    with pytest.raises(DataError, match=r"line 23: column 'y' has a non-numeric value 'abc'"):
+        load_csv(p, **ARGS)

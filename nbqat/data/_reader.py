@@ -99,6 +99,40 @@ def _read_header(path: Path) -> list[str]:
     return [h.strip() for h in row]
 
 
+def _csv_rows(path: Path) -> Any:
+    """(line number, fields) of each data row, as the csv module reads them (error paths)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as raw:  # type: ignore[operator]
+        f = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+        reader = csv.reader(f)
+        next(reader, None)
+        for row in reader:
+            if row:  # pyarrow skips empty lines too
+                yield reader.line_num, row
+
+
+def _line_of_row(path: Path, i: int) -> int:
+    """The file line of data row ``i`` (0-based; blank lines skipped as the reader does)."""
+    try:
+        for k, (line, _) in enumerate(_csv_rows(path)):
+            if k == i:
+                return line
+    except _READ_ERRORS:
+        pass
+    return i + 2  # header on line 1, no blank lines
+
+
+def _field_count_error(path: Path, ncol: int) -> str | None:
+    """The old parser's message for a row with another number of fields than the header."""
+    try:
+        for line, row in _csv_rows(path):
+            if len(row) != ncol:
+                return f"{path}, line {line}: {len(row)} fields, the header has {ncol}"
+    except _READ_ERRORS:
+        return None
+    return None
+
+
 def _check_columns(
     src: str, header: list[str], roles: dict[str, list[str]], observed_cols: Any
 ) -> list[str]:
@@ -213,8 +247,9 @@ def load_csv(
     except (*_READ_ERRORS, ValueError, pd.errors.ParserError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "Expected" in msg and "columns" in msg:  # pyarrow: a row with another field count
+            bad = _field_count_error(path, len(header))
             raise DataError(
-                f"{path}: {msg[:200]}; every row needs as many fields as the header has columns"
+                bad or f"{path}: {msg[:200]}; every row needs as many fields as the header has"
             ) from None
         raise DataError(
             f"{path}: cannot read it ({msg[:200]}); is the file truncated or not a "
@@ -224,7 +259,7 @@ def load_csv(
         raise DataError(f"{path}: the file has a header but no data rows")
 
     def where(i: int) -> str:
-        return f"{path}, row {i}" if parquet else f"{path}, line {i + 2}"
+        return f"{path}, row {i}" if parquet else f"{path}, line {_line_of_row(path, i)}"
 
     return _frame_to_series(
         df, where, str(path), time_col, target_col, entity_col, observed, known, static, fill_gaps
