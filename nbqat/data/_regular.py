@@ -57,6 +57,46 @@ def regularise(
         order = np.argsort(codes, kind="stable")
         bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
         per = [order[bounds[e] : bounds[e + 1]] for e in range(len(names))]
+    diffs, statics = _check_order(t, per, names, stat, static, where)
+    step = _step(diffs, is_dt, src)
+    numeric_cols = [target_col] + list(observed) + list(known)
+    out_t, out_y, out_obs, out_known = [], [], [], []
+    filled: dict[str, dict[str, int]] = {}
+    n_filled = 0
+    for e, rows in enumerate(per):
+        pos = _positions(t[rows], diffs[e], step, is_dt, rows, names[e], where, fill_gaps)
+        n = int(pos[-1]) + 1
+        full = np.full((n, vals.shape[1]), np.nan)
+        full[pos] = vals[rows]
+        if fill_gaps:
+            filled_e = _fill(full, numeric_cols, names[e], src)
+            if filled_e:
+                filled[names[e]] = filled_e
+                n_filled += sum(filled_e.values())
+        out_t.append(t[rows][0] + np.arange(n) * step)
+        out_y.append(full[:, 0].copy())
+        out_obs.append(full[:, 1 : 1 + len(observed)].copy())
+        out_known.append(full[:, 1 + len(observed) :].copy())
+    return SeriesData(
+        entity_names=list(names),
+        times=out_t,
+        step=step,
+        target=out_y,
+        observed=out_obs,
+        known=out_known,
+        static=statics,
+        target_name=target_col,
+        observed_names=list(observed),
+        known_names=list(known),
+        static_names=list(static),
+        n_filled=n_filled,
+        source=src,
+        filled=filled,
+    )
+
+
+def _check_order(t, per, names, stat, static, where) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per entity: strictly increasing times (their differences) and constant statics."""
     statics = np.zeros((len(names), len(static)))
     diffs = []
     for e, rows in enumerate(per):
@@ -86,59 +126,29 @@ def regularise(
                     "per entity"
                 )
             statics[e, j] = v[0] if len(v) else 0.0
-    step = _step(diffs, is_dt, src)
-    numeric_cols = [target_col] + list(observed) + list(known)
-    out_t, out_y, out_obs, out_known = [], [], [], []
-    filled: dict[str, dict[str, int]] = {}
-    n_filled = 0
-    for e, rows in enumerate(per):
-        ta, d = t[rows], diffs[e]
-        nsteps, irregular = _n_steps(d, step, is_dt)
-        if irregular.any():
-            i = int(np.argmax(irregular))
-            raise DataError(
-                f"{where(_row(rows, i + 1))}: timestamp {ta[i + 1]} of entity {names[e]!r} is "
-                f"not a whole number of steps ({step}) after the previous one ({ta[i]}); the "
-                "series must be regular"
-            )
-        gaps = np.flatnonzero(nsteps > 1)
-        if len(gaps) and not fill_gaps:
-            i = int(gaps[0])
-            raise DataError(
-                f"{where(_row(rows, i + 1))}: gap in entity {names[e]!r}: {int(nsteps[i]) - 1} "
-                f"missing step(s) of {step} between {ta[i]} and {ta[i + 1]} "
-                f"({len(gaps)} gap(s) in this entity); fill them in the file, or pass "
-                "--fill-gaps (fill_gaps=True) to insert the missing steps by linear interpolation"
-            )
-        pos = np.concatenate([[0], np.cumsum(nsteps)])  # step index of each row
-        n = int(pos[-1]) + 1
-        full = np.full((n, vals.shape[1]), np.nan)
-        full[pos] = vals[rows]
-        if fill_gaps:
-            filled_e = _fill(full, numeric_cols, names[e], src)
-            if filled_e:
-                filled[names[e]] = filled_e
-                n_filled += sum(filled_e.values())
-        out_t.append(ta[0] + np.arange(n) * step)
-        out_y.append(full[:, 0].copy())
-        out_obs.append(full[:, 1 : 1 + len(observed)].copy())
-        out_known.append(full[:, 1 + len(observed) :].copy())
-    return SeriesData(
-        entity_names=list(names),
-        times=out_t,
-        step=step,
-        target=out_y,
-        observed=out_obs,
-        known=out_known,
-        static=statics,
-        target_name=target_col,
-        observed_names=list(observed),
-        known_names=list(known),
-        static_names=list(static),
-        n_filled=n_filled,
-        source=src,
-        filled=filled,
-    )
+    return diffs, statics
+
+
+def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray:
+    """The step index of each row of one entity (regular steps; gaps only with fill_gaps)."""
+    nsteps, irregular = _n_steps(d, step, is_dt)
+    if irregular.any():
+        i = int(np.argmax(irregular))
+        raise DataError(
+            f"{where(_row(rows, i + 1))}: timestamp {ta[i + 1]} of entity {name!r} is "
+            f"not a whole number of steps ({step}) after the previous one ({ta[i]}); the "
+            "series must be regular"
+        )
+    gaps = np.flatnonzero(nsteps > 1)
+    if len(gaps) and not fill_gaps:
+        i = int(gaps[0])
+        raise DataError(
+            f"{where(_row(rows, i + 1))}: gap in entity {name!r}: {int(nsteps[i]) - 1} "
+            f"missing step(s) of {step} between {ta[i]} and {ta[i + 1]} "
+            f"({len(gaps)} gap(s) in this entity); fill them in the file, or pass "
+            "--fill-gaps (fill_gaps=True) to insert the missing steps by linear interpolation"
+        )
+    return np.concatenate([[0], np.cumsum(nsteps)])
 
 
 def _fill(full: np.ndarray, cols: list[str], entity: str, src: str) -> dict[str, int]:
