@@ -309,3 +309,21 @@ def test_qat_phase_checkpoint_corruption_and_config(interrupted, tmp_path, capsy
     (ck / "qat.npz").unlink()
     assert resume(ck) == 2
     assert "qat.npz: missing for phase 'qat'" in capsys.readouterr().err
+
+
+def test_fill_gaps_counts_reach_metrics_and_summary(tmp_path, capsys):
+    lines = ["t,y,x"]
+    for i in range(24 * 30):
+        y = f"{10 + 5 * math.sin(i / 3.8) + (i % 7) * 0.1:.3f}"
+        lines.append(f"2020-01-{1 + i // 24:02d}T{i % 24:02d}:00,{y},{'' if i == 50 else i % 5}")
+    del lines[100:104]  # 4 missing steps: 4 cells of y and of x
+    p = tmp_path / "g.csv"
+    p.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "o"
+    argv = ["train", *TINY, "--csv", str(p), "--time-col", "t", "--target-col", "y"]
+    assert main([*argv, "--out", str(out)]) == 2
+    assert "--fill-gaps" in capsys.readouterr().err and not out.exists()
+    assert main([*argv, "--out", str(out), "--fill-gaps"]) == 0
+    m = strict_json(out / "metrics.json")
+    assert m["data"]["filled"] == {"series": {"y": 4, "x": 5}}
+    assert "filled by --fill-gaps (cells): series: y 4, x 5" in (out / "summary.txt").read_text()
