@@ -62,7 +62,17 @@ _STATE_KEYS = {
 
 
 def data_fingerprint(path: str | Path) -> dict:
-    """``{"path", "bytes", "sha256"}`` of a data file (absolute path; content hash)."""
+    """``{"path", "bytes", "sha256"}`` of a data file (absolute path; content hash).
+
+    Parameters
+    ----------
+    path : str or Path
+        The data file (read in 4 MB blocks).
+
+    Returns
+    -------
+    dict
+    """
     p = Path(path).resolve()
     h = hashlib.sha256()
     with open(p, "rb") as f:
@@ -72,7 +82,21 @@ def data_fingerprint(path: str | Path) -> dict:
 
 
 def state_json(config: dict, state: dict, data: dict) -> str:
-    """The ``state.json`` text (strict JSON: raises ValueError on a NaN anywhere)."""
+    """The ``state.json`` text (strict JSON: raises ValueError on a NaN anywhere).
+
+    Parameters
+    ----------
+    config : dict
+        The resolved options (``TrainConfig.to_json()``).
+    state : dict
+        The progress (``asdict`` of the run state); an infinite ``best_val`` is stored as null.
+    data : dict
+        :func:`data_fingerprint` of the data file.
+
+    Returns
+    -------
+    str
+    """
     st = dict(state)
     if st.get("best_val") is not None and math.isinf(st["best_val"]):
         st["best_val"] = None
@@ -276,7 +300,15 @@ def read_run_config(ck: str | Path) -> Any:
 
 
 def check_data(meta: dict, fingerprint: dict) -> None:
-    """Raise CheckpointError when the data file changed since the checkpoint was written."""
+    """Raise CheckpointError when the data file changed since the checkpoint was written.
+
+    Parameters
+    ----------
+    meta : dict
+        :func:`read_state`'s result.
+    fingerprint : dict
+        :func:`data_fingerprint` of the data file now.
+    """
     file = Path(meta["folder"]) / "state.json"
     old = meta["data"]
     for k in ("path", "bytes", "sha256"):
@@ -292,9 +324,27 @@ def check_data(meta: dict, fingerprint: dict) -> None:
 def read_float_arrays(ck: str | Path, n_params: int, state: dict) -> dict[str, np.ndarray]:
     """Read and validate ``ck/float.npz`` (every member, CRC-checked); nothing is written.
 
-    Returns ``{"params", "best_params" (when saved), "opt.<key>"...}``; raises CheckpointError
-    naming the file and the member for a truncated file, a missing or unknown member, or
-    arrays that do not fit a model of ``n_params`` parameters.
+    Parameters
+    ----------
+    ck : str or Path
+        The checkpoint folder.
+    n_params : int
+        The parameter count of the model the configuration builds.
+    state : dict
+        The validated ``state`` of :func:`read_state` (``best_epoch`` says whether
+        ``best_params`` must be there).
+
+    Returns
+    -------
+    dict
+        ``{"params", "best_params" (when saved), "opt.<key>"...}``: float32 (n_params,) arrays
+        and the Adam state.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file and the member for a truncated file, a missing or unknown member, or
+        arrays that do not fit a model of ``n_params`` parameters.
     """
     file = Path(ck) / "float.npz"
     if not file.is_file():

@@ -40,6 +40,19 @@ OUTPUT_NAMES = (
 def check_out(out: str | Path, overwrite: bool, resume: bool = False) -> Path:
     """Check ``--out`` before anything is written; return it as a Path.
 
+    Parameters
+    ----------
+    out : str or Path
+        The output folder (need not exist).
+    overwrite : bool
+        ``--overwrite``: a folder holding a previous run is accepted.
+    resume : bool, default False
+        A resumed run writes into its own folder.
+
+    Returns
+    -------
+    Path
+
     Raises
     ------
     ValueError
@@ -62,7 +75,13 @@ def check_out(out: str | Path, overwrite: bool, resume: bool = False) -> Path:
 
 
 def clear_outputs(out: Path) -> None:
-    """Remove a previous run's outputs from ``out`` (``--overwrite``); other files stay."""
+    """Remove a previous run's outputs from ``out`` (``--overwrite``); other files stay.
+
+    Parameters
+    ----------
+    out : Path
+        The output folder.
+    """
     import shutil
 
     for n in OUTPUT_NAMES:
@@ -75,6 +94,13 @@ def clear_outputs(out: Path) -> None:
 
 def check_windows(cfg: Any, w: Windows) -> None:
     """Options against the data, and the degenerate data found only after training otherwise.
+
+    Parameters
+    ----------
+    cfg : nbqat.train.TrainConfig
+        The resolved options.
+    w : Windows
+        The run's windows.
 
     Raises
     ------
@@ -123,6 +149,18 @@ def finite_metrics(node: Any, path: str = "") -> None:
 
     The message says the likely cause: a diverged training (a loss or gradient norm) or
     non-finite predictions (a q-risk or comparison).
+
+    Parameters
+    ----------
+    node : dict, list or scalar
+        The metrics (walked recursively).
+    path : str, default ""
+        The dotted path of ``node`` (for the message).
+
+    Raises
+    ------
+    ValueError
+        At the first NaN or infinite float.
     """
     if isinstance(node, dict):
         for k, v in node.items():

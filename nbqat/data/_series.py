@@ -29,7 +29,7 @@ class DataError(ValueError):
 class SeriesData:
     """Regular, gap-free time series of several entities (the output of :func:`load_csv`).
 
-    Attributes
+    Parameters
     ----------
     entity_names : list of str
         One name per entity, in order of first appearance in the file.
@@ -51,11 +51,11 @@ class SeriesData:
         Column names.
     n_filled : int
         Cells repaired by linear interpolation (``fill_gaps=True``); 0 otherwise.
+    source : str
+        Where the data came from (a path or the shipped file's name).
     filled : dict
         ``{entity: {column: count}}``: the cells repaired per entity and column (only the
         non-zero counts; empty without repairs).
-    source : str
-        Where the data came from (a path or the shipped file's name).
     """
 
     entity_names: list[str]

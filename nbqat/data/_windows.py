@@ -25,7 +25,7 @@ class SplitWindows:
     A window is an (entity, forecast start) pair; :meth:`batch` gathers its arrays from the
     shared feature matrices of :class:`Windows`, so no window is stored twice.
 
-    Attributes
+    Parameters
     ----------
     name : str
         ``"train"``, ``"val"`` or ``"test"``.
@@ -34,6 +34,8 @@ class SplitWindows:
         forecast step.
     entity : ndarray
         int64 (n,): the entity of each window.
+    parent : Windows
+        The windows' shared feature matrices.
     """
 
     name: str
@@ -46,6 +48,12 @@ class SplitWindows:
 
     def batch(self, idx: np.ndarray | slice | None = None):
         """Model inputs and standardised target of the windows ``idx``.
+
+        Parameters
+        ----------
+        idx : ndarray of int, slice or None
+            Which windows of the split (default: all; a large split then gathers large arrays,
+            so training and evaluation pass batches of indices).
 
         Returns
         -------
@@ -70,22 +78,48 @@ class SplitWindows:
         )
 
     def target(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
-        """float32 (B, tau): the standardised target only (no input arrays gathered)."""
+        """float32 (B, tau): the standardised target only (no input arrays gathered).
+
+        Parameters
+        ----------
+        idx : ndarray of int, slice or None
+            Which windows of the split (default: all).
+        """
         rows = self.rows if idx is None else self.rows[idx]
         return self.parent.target_std[rows[:, None] + np.arange(self.parent.horizon)]
 
     def target_raw(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
-        """float64 (B, tau): the unscaled target over the forecast steps."""
+        """float64 (B, tau): the unscaled target over the forecast steps.
+
+        Parameters
+        ----------
+        idx : ndarray of int, slice or None
+            Which windows of the split (default: all).
+        """
         rows = self.rows if idx is None else self.rows[idx]
         return self.parent.target_raw[rows[:, None] + np.arange(self.parent.horizon)]
 
     def history_raw(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
-        """float64 (B, k): the unscaled target over the history steps."""
+        """float64 (B, k): the unscaled target over the history steps.
+
+        Parameters
+        ----------
+        idx : ndarray of int, slice or None
+            Which windows of the split (default: all).
+        """
         rows = self.rows if idx is None else self.rows[idx]
         return self.parent.target_raw[rows[:, None] + np.arange(-self.parent.history, 0)]
 
     def unscale(self, pred: np.ndarray, idx: np.ndarray | slice | None = None) -> np.ndarray:
-        """Undo the per-entity standardisation of predictions (B, tau[, Q]) -> float64."""
+        """Undo the per-entity standardisation of predictions (B, tau[, Q]) -> float64.
+
+        Parameters
+        ----------
+        pred : ndarray (B, tau) or (B, tau, Q)
+            Standardised values (model outputs).
+        idx : ndarray of int, slice or None
+            The windows ``pred`` belongs to (default: all of the split, in order).
+        """
         ent = self.entity if idx is None else self.entity[idx]
         lvl = self.parent.level[ent].reshape((-1,) + (1,) * (pred.ndim - 1))
         scl = self.parent.scale[ent].reshape((-1,) + (1,) * (pred.ndim - 1))
@@ -97,6 +131,11 @@ class SplitWindows:
         For forecast step h (0-based) it is the target ``season * ceil((h + 1) / season)``
         steps earlier, i.e. the last observed season repeated; with hourly data, season 24 and
         tau 24 it is the value 24 hours earlier.
+
+        Parameters
+        ----------
+        idx : ndarray of int, slice or None
+            Which windows of the split (default: all).
         """
         p = self.parent
         rows = self.rows if idx is None else self.rows[idx]
@@ -105,7 +144,13 @@ class SplitWindows:
         return p.target_raw[rows[:, None] + h - lag]
 
     def times(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
-        """The time stamps (B, tau) of the forecast steps."""
+        """The time stamps (B, tau) of the forecast steps.
+
+        Parameters
+        ----------
+        idx : ndarray of int, slice or None
+            Which windows of the split (default: all).
+        """
         rows = self.rows if idx is None else self.rows[idx]
         return self.parent.time[rows[:, None] + np.arange(self.parent.horizon)]
 
@@ -117,10 +162,11 @@ class Windows:
     The series of all entities are concatenated row-wise into shared feature matrices;
     the splits hold only row indices (see :class:`SplitWindows`).
 
-    Attributes
+    Parameters
     ----------
     history, horizon, season : int
         k (encoder steps), tau (forecast steps), seasonal-naive period (steps).
+    quantiles : tuple of float
     static : ndarray float32 (n_entities, m_s)
     hist_features : ndarray float32 (n_rows, m_z)
     future_features : ndarray float32 (n_rows, m_x)
@@ -129,13 +175,25 @@ class Windows:
     time : ndarray (n_rows,)
     level, scale : ndarray float64 (n_entities,)
         Per-entity mean and standard deviation of the target on the training rows.
-    static_names, historical_names, future_names : list of str
-    train, val, test : SplitWindows
+    entity_names, static_names, historical_names, future_names : list of str
     naive_residual_quantiles : ndarray float64 (n_entities, Q)
         Empirical quantiles of the seasonal-naive residual ``y[t] - y[t - season]`` on the
         training rows of each entity (see :func:`seasonal_naive_quantiles`).
     cutoffs : tuple
         The first time of the validation split and of the test split.
+    target_name, source : str
+        The target column and where the data came from.
+    filled : dict
+        ``SeriesData.filled``: the cells ``fill_gaps`` repaired per entity and column.
+    step : numpy.timedelta64 or float
+        The time step.
+    train_stride, eval_stride : int
+        Steps between consecutive windows of the training / evaluation splits.
+
+    Attributes
+    ----------
+    train, val, test : SplitWindows
+        The splits (set by :func:`make_windows`).
     """
 
     history: int
@@ -257,6 +315,9 @@ def make_windows(
     train_stride, eval_stride : int, default 1
         Distance in steps between the forecast starts of consecutive windows in the training
         split and in the validation/test splits.
+    calendar : sequence of str, default CALENDAR_FEATURES
+        The derived known inputs: ``hour`` (hour of day, sub-daily steps), ``doy`` (day of
+        year), ``dow`` (day of week), ``time_index``; the calendar ones need date times.
 
     Returns
     -------
