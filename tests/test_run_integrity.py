@@ -327,3 +327,30 @@ def test_fill_gaps_counts_reach_metrics_and_summary(tmp_path, capsys):
     m = strict_json(out / "metrics.json")
     assert m["data"]["filled"] == {"series": {"y": 4, "x": 5}}
     assert "filled by --fill-gaps (cells): series: y 4, x 5" in (out / "summary.txt").read_text()
+
+
+def test_parquet_through_data_option(tmp_path, capsys):
+    import pandas as pd
+
+    from nbqat.data import load_tmy3
+
+    df = pd.read_csv(tmy3_path())
+    df.to_parquet(tmp_path / "t.parquet")
+    out = tmp_path / "o"
+    rc = main(["train", *TINY, "--data", str(tmp_path / "t.parquet"), *CSV,
+               "--known-cols", "etr", "--static-cols", "latitude,longitude,elevation",
+               "--out", str(out), "--check"])  # fmt: skip
+    assert rc == 0 and not out.exists()
+    msg = capsys.readouterr().out
+    ref = load_tmy3()
+    assert "2 series" in msg
+    from nbqat.data import load_csv
+
+    d = load_csv(tmp_path / "t.parquet", **_TMY3)
+    for e in range(2):
+        np.testing.assert_array_equal(d.target[e], ref.target[e])
+        np.testing.assert_array_equal(d.times[e], ref.times[e])
+
+
+_TMY3 = dict(time_col="time", target_col="temp_air", entity_col="station", known_cols="etr",
+             static_cols="latitude,longitude,elevation")  # fmt: skip
