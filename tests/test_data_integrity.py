@@ -231,3 +231,12 @@ def test_field_count_and_blank_lines_name_the_file_line(tmp_path):
     p.write_text("\n".join(text) + "\n")
     with pytest.raises(DataError, match=r"line 23: column 'y' has a non-numeric value 'abc'"):
         load_csv(p, **ARGS)
+
+
+@pytest.mark.parametrize("value", ["", " ", "NaT"])
+def test_blank_time_stamp(tmp_path, value):
+    body = rows(30)
+    body[4][1] = value
+    with pytest.raises(DataError, match=r"line 6: column 'ts' \(--time-col\) has a missing value|"
+                       r"line 6: time value 'NaT' is neither"):  # fmt: skip
+        load_csv(write(tmp_path / "b.csv", body), **ARGS)

@@ -17,14 +17,19 @@ import gzip
 import io
 import json
 import math
+import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nbqat.cli import main
+
+# A NumPy RuntimeWarning (invalid value, overflow) is how a silent NaN or inf starts: an error.
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 
 HEADER = ["id", "ts", "y", "x", "k"]
 CELLS = ["", "NA", "abc", "1e300", "-1e300", "inf", "nan", "1,5", " 3 ", "0x10", "1e-320",
@@ -175,7 +180,11 @@ def _accepted_target_matches(data: bytes, gz: bool, opts: list[str]) -> None:
         np.testing.assert_array_equal(sd.target[e], ref[name])
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=int(os.environ.get("NBQAT_HYPOTHESIS_EXAMPLES", 250)),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(table=tables(), opts=options())
 def test_validation_contract(tmp_path_factory, capsys, table, opts):
     data, gz = table

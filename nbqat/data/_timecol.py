@@ -42,14 +42,24 @@ def parse_time_column(s: Any, col: str, where: Callable[[int], str]) -> np.ndarr
         dt = pd.to_datetime(st, format="ISO8601")
     except (ValueError, TypeError, OverflowError):
         return _diagnose(st, col, where)
+    if dt.isna().any():  # pandas reads a blank value as NaT without an error
+        return _diagnose(st, col, where)
     if isinstance(dt.dtype, pd.DatetimeTZDtype):
         return _naive_utc(dt)
     return dt.to_numpy().astype("datetime64[s]")
 
 
 def _diagnose(st: Any, col: str, where: Callable[[int], str]) -> np.ndarray:
-    """The slow path: mixed time zones, numbers among dates, unparsable values."""
+    """The slow path: blank values, mixed time zones, numbers among dates, unparsable values."""
     import pandas as pd
+
+    blank = (st == "").to_numpy()
+    if blank.any():
+        i = int(np.argmax(blank))
+        raise DataError(
+            f"{where(i)}: column {col!r} (--time-col) has a missing value; every row needs a "
+            "time stamp"
+        )
 
     num = pd.to_numeric(st, errors="coerce")
     if num.notna().all():
