@@ -168,6 +168,9 @@ class FakeQuantize(_QuantizerPhases):
     ``torch/ao/quantization/fake_quantize.py`` (torch 2.13).
     """
 
+    #: The quantizer protocol's flag: FakeQuantize follows its observer, learns nothing.
+    learnable = False
+
     def __init__(
         self,
         observer: Any = MovingAverageMinMaxObserver,
@@ -577,6 +580,9 @@ class LearnableFakeQuantize(_QuantizerPhases):
     S. K. Esser et al., "Learned Step Size Quantization", ICLR 2020.
     ``torch/ao/quantization/_learnable_fake_quantize.py`` (torch 2.13).
     """
+
+    #: The quantizer protocol's flag: scale and zero point are learned (LSQ).
+    learnable = True
 
     def __init__(
         self,

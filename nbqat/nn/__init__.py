@@ -18,18 +18,37 @@ from nbqat.nn.layers import (
     VariableSelectionNetwork,
 )
 from nbqat.nn.loss import q_risk, quantile_loss, quantile_loss_grad
+from nbqat.nn.lstm_forecaster import LSTMForecaster, LSTMForecasterConfig
 from nbqat.nn.params import Module, ModuleList, ParameterBuffer
 from nbqat.nn.qat import QATTemporalFusionTransformer
+from nbqat.nn.quantize import (
+    QAT_MODULE_MAPPINGS,
+    Int8Model,
+    QATModel,
+    convert,
+    prepare_qat,
+    register_qat_module,
+)
+from nbqat.nn.sequential import Sequential
 from nbqat.nn.step import train_step
 from nbqat.nn.tft import TemporalFusionTransformer, TFTConfig
 
 __all__ = [
     "ELU",
+    "QAT_MODULE_MAPPINGS",
+    "Int8Model",
+    "QATModel",
+    "Sequential",
+    "convert",
+    "prepare_qat",
+    "register_qat_module",
     "GateAddNorm",
     "GatedLinearUnit",
     "GatedResidualNetwork",
     "InterpretableMultiHeadAttention",
     "LSTM",
+    "LSTMForecaster",
+    "LSTMForecasterConfig",
     "LayerNorm",
     "Linear",
     "Module",

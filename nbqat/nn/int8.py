@@ -41,6 +41,7 @@ from nbqat.kernels.int8_cpu import (
 __all__ = [
     "Int8LSTM",
     "Int8Linear",
+    "FrozenFakeQuantize",
     "Int8TemporalFusionTransformer",
     "accumulator_dtype",
     "qlinear",
@@ -257,7 +258,9 @@ def qlinear(
 
 
 def _qparams(fq: Any, name: str) -> tuple[np.ndarray, np.ndarray, int, int]:
-    if hasattr(fq, "grad_scale"):  # LSQ: the learned scale, zero point clamp(rint(zp))
+    from nbqat.nn.phases import is_learnable
+
+    if is_learnable(fq):  # LSQ: the learned scale, zero point clamp(rint(zp))
         scale, zp = fq.calculate_qparams()
     else:
         scale, zp = fq.scale, fq.zero_point
@@ -481,8 +484,16 @@ class Int8LSTM:
         return out, (hs[nl - 1].copy(), cs[nl - 1].copy())
 
 
-class _FrozenFakeQuantize:
-    """Per-tensor fake quantization with fixed qparams (the attention probabilities)."""
+class FrozenFakeQuantize:
+    """Per-tensor fake quantization with fixed qparams (the attention probabilities).
+
+    Parameters
+    ----------
+    fq : FakeQuantize
+        A calibrated per-tensor quantizer; its current qparams are copied.
+    name : str
+        Its path, for error messages.
+    """
 
     def __init__(self, fq: Any, name: str) -> None:
         s, z, self.quant_min, self.quant_max = _qparams(fq, name)
@@ -490,8 +501,12 @@ class _FrozenFakeQuantize:
         self.ctx = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
+        """``(clamp(rint(x / scale) + zp) - zp) * scale`` with the frozen qparams, float32."""
         q = quantize_per_tensor(x, self.scale, self.zero_point, self.quant_min, self.quant_max)
         return ((q - self.zero_point).astype(np.float32) * self.scale).astype(np.float32)
+
+
+_FrozenFakeQuantize = FrozenFakeQuantize  # the earlier private name
 
 
 class Int8TemporalFusionTransformer:

@@ -86,6 +86,36 @@ class Module:
         object.__setattr__(self, "_modules", {})
         object.__setattr__(self, "_param_specs", {})
         object.__setattr__(self, "_cache", None)
+        object.__setattr__(self, "training", True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``module(x)`` is ``module.forward(x)`` (torch's habit)."""
+        return self.forward(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> Any:
+        """Set training mode (``training = mode``) on this module and every descendant.
+
+        Layers whose behaviour differs between training and evaluation read ``self.training``
+        (dropout); a prepared QAT model also stops every observer in eval mode
+        (:class:`~nbqat.nn.phases.QATPhases`).
+
+        Parameters
+        ----------
+        mode : bool, default True
+            False is :meth:`eval`.
+
+        Returns
+        -------
+        Module
+            self.
+        """
+        for _, mod in self.named_modules():
+            object.__setattr__(mod, "training", bool(mode))
+        return self
+
+    def eval(self) -> Any:
+        """Evaluation mode: :meth:`train` with False. Returns self."""
+        return self.train(False)
 
     if TYPE_CHECKING:  # parameter views are bound at run time (declare + ParameterBuffer)
 

@@ -61,12 +61,10 @@ from typing import Any
 import numpy as np
 
 from nbqat.clip import get_total_norm
+from nbqat.nn.phases import CALIBRATION, QAT, QATPhases, is_learnable, lsq_step
 
 __all__ = ["CheckpointError", "QATTemporalFusionTransformer"]
 
-#: Phase names.
-CALIBRATION = "calibration"
-QAT = "qat"
 
 #: Hook attributes of nbqat's layers that hold quantizers (the CONTRACTS layer-graph section).
 _HOOKS = (
@@ -275,7 +273,7 @@ def check_step_args(model: Any, batch: Any, optimizer: Any, max_norm: Any) -> tu
 # ---------------------------------------------------------------------------------------------
 # the QAT model
 # ---------------------------------------------------------------------------------------------
-class QATTemporalFusionTransformer:
+class QATTemporalFusionTransformer(QATPhases):
     """A TFT-like forecaster trained through fake quantization (see the module docstring).
 
     Build it with :meth:`from_float` (or the Rust original's name :meth:`new_from_fp32`);
@@ -339,10 +337,7 @@ class QATTemporalFusionTransformer:
         self.fake_quants: dict[str, Any] = {}
         self._observe_only: set[str] = set()
         self._out_ctx: Any = None
-        self.phase = CALIBRATION
-        self.observers_frozen = False
-        self.calibration_batches_seen = 0
-        self._calibration_ended = False
+        self._init_phases()
         self.step = 0
         self.optimizer: Any = None
         self._attach()
@@ -404,7 +399,7 @@ class QATTemporalFusionTransformer:
     def _new_quantizer(self, kind: str) -> Any:
         factory = getattr(self.qconfig, kind)
         fq = factory()
-        if self.config.learnable_scales and not hasattr(fq, "grad_scale"):
+        if self.config.learnable_scales and not is_learnable(fq):
             fq = _to_learnable(factory, kind)
         return fq
 
@@ -440,67 +435,6 @@ class QATTemporalFusionTransformer:
         self.fake_quants[f"{name}.{hook}"] = fq
 
     # ------------------------------------------------------------------ phases
-    def _apply_flags(self) -> None:
-        observe = self.phase == CALIBRATION or not self.observers_frozen
-        fake = self.phase == QAT
-        for name, fq in self.fake_quants.items():
-            obs = observe
-            if fake and hasattr(fq, "grad_scale"):
-                # LSQ: after calibration the scales are learned (unless frozen), not observed
-                obs = False
-                fq.learning_enabled = not self.observers_frozen
-            elif hasattr(fq, "grad_scale"):
-                fq.learning_enabled = False
-            fq.enable_observer(obs)
-            fq.enable_fake_quant(fake and name not in self._observe_only)
-
-    def enable_calibration(self) -> None:
-        """Calibration phase: observers on, fake quantization off (the float forward).
-
-        Resets :attr:`calibration_batches_seen`; the phase ends by itself at the first forward
-        after ``config.calibration_batches`` calibration forwards, or with
-        :meth:`disable_calibration`.
-        """
-        self.phase = CALIBRATION
-        self.observers_frozen = False
-        self.calibration_batches_seen = 0
-        self._calibration_ended = False
-        self._apply_flags()
-
-    def disable_calibration(self) -> None:
-        """QAT phase: observers (unless frozen) and fake quantization on (torch's QAT state).
-
-        With ``config.freeze_observers_after_calibration`` the observers are frozen too.
-        """
-        if self.phase == CALIBRATION and self.calibration_batches_seen > 0:
-            self._calibration_ended = True
-        self.phase = QAT
-        if self.config.freeze_observers_after_calibration:
-            self.observers_frozen = True
-        self._apply_flags()
-
-    def freeze_observers(self, frozen: bool = True) -> None:
-        """Stop (``frozen=True``) or restart updating every observer; fake quantization then
-        uses fixed scales and zero points (torch's ``disable_observer``).
-
-        Parameters
-        ----------
-        frozen : bool, default True
-            True stops the observers (and the LSQ scale updates) in the QAT phase; False lets
-            them update again. The phase is not changed, and calibration always observes.
-        """
-        self.observers_frozen = bool(frozen)
-        self._apply_flags()
-
-    @property
-    def is_calibrated(self) -> bool:
-        """True once ``config.calibration_batches`` calibration forwards ran, or calibration
-        was ended by :meth:`disable_calibration` after at least one calibration forward."""
-        return self._calibration_ended or (
-            self.calibration_batches_seen >= self.config.calibration_batches
-            and self.calibration_batches_seen > 0
-        )
-
     def calibrate(self, batches: Any) -> int:
         """Run calibration forwards over ``batches`` until :attr:`is_calibrated`, then end the
         calibration phase.
@@ -542,9 +476,6 @@ class QATTemporalFusionTransformer:
         self.model.zero_grad()
         for fq in self._learnable():
             fq.zero_grad()
-
-    def _learnable(self) -> list[Any]:
-        return [fq for fq in self.fake_quants.values() if hasattr(fq, "grad_scale")]
 
     # ------------------------------------------------------------------ forward / backward
     def forward(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:
@@ -704,7 +635,7 @@ class QATTemporalFusionTransformer:
             coef = _clip_coef(total, max_norm, self.grads.dtype)
         optimizer.step(self.grads, grad_scale=coef)
         if learn:
-            _lsq_step(learn, optimizer, coef)
+            lsq_step(learn, optimizer, coef)
         self.step += 1
         self.optimizer = optimizer
         return float(loss), total
@@ -970,16 +901,3 @@ def _to_learnable(factory: Any, kind: str) -> Any:
             "FakeQuantize.with_args(...) (or to build LearnableFakeQuantize modules)"
         )
     return LearnableFakeQuantize(**dict(kw))
-
-
-def _lsq_step(learn: list, optimizer: Any, coef: float) -> None:
-    """Plain SGD on the LSQ scales / zero points: ``p -= lr * coef * grad`` (float32), scales
-    kept ``>= eps`` (torch's LSQ clamps the same way in forward)."""
-    lr = np.float32(getattr(optimizer, "lr", 0.0))
-    c = np.float32(coef)
-    for fq in learn:
-        if not getattr(fq, "learning_enabled", True):
-            continue
-        fq.scale -= lr * (fq.grad_scale * c)
-        fq.zero_point -= lr * (fq.grad_zero_point * c)
-        np.maximum(fq.scale, fq.eps, out=fq.scale)

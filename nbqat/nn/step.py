@@ -32,7 +32,12 @@ def train_step(
 
     Parameters
     ----------
-    model : TemporalFusionTransformer or QATTemporalFusionTransformer
+    model : forecaster
+        A :class:`~nbqat.nn.TemporalFusionTransformer`, an
+        :class:`~nbqat.nn.LSTMForecaster`, their :func:`~nbqat.nn.prepare_qat` models, or a
+        :class:`~nbqat.nn.qat.QATTemporalFusionTransformer` (its own :meth:`train_step`):
+        ``forward(static, historical, future) -> (B, tau, Q)``, ``backward``, ``params``,
+        ``grads``, ``zero_grad`` and ``config`` (``quantiles``, ``prediction_horizon``).
     batch : (static (B, m_s), historical (B, k, m_z), future (B, tau, m_x), target (B, tau))
     optimizer : nbqat.SGD, nbqat.Adam or nbqat.AdamW
         Built over ``model.params``.
@@ -60,25 +65,30 @@ def train_step(
     The update folds torch's coefficient ``min(max_norm / (total + 1e-6), 1)``
     (:func:`nbqat.clip.clip_coef`, in the gradients' dtype) into the fused optimizer step.
     """
-    if hasattr(model, "fake_quants"):  # the QAT model: STE, LSQ and its own checks
+    if hasattr(model, "train_step"):  # the TFT's QAT model (its output quantizer, its checks)
         return model.train_step(batch, optimizer, max_norm, grad_hook=grad_hook)
     from nbqat.clip import clip_coef, get_total_norm
     from nbqat.nn.loss import quantile_loss, quantile_loss_grad
+    from nbqat.nn.phases import lsq_step
     from nbqat.nn.qat import check_step_args
 
     static, historical, future, target, max_norm = check_step_args(
         model, batch, optimizer, max_norm
     )
-    q = model.config.quantiles
+    q = getattr(model, "model", model).config.quantiles  # a prepared model wraps the float one
     model.zero_grad()
     out = model.forward(static, historical, future)
     loss = quantile_loss(out, target, q)
     model.backward(quantile_loss_grad(out, target, q))
+    learn = model.learnable_quantizers() if hasattr(model, "learnable_quantizers") else []
+    grads = [model.grads] + [g for fq in learn for g in (fq.grad_scale, fq.grad_zero_point)]
     if grad_hook is not None:
-        grad_hook([model.grads])
-    total = float(get_total_norm(model.grads))
+        grad_hook(grads)
+    total = float(get_total_norm(grads if learn else model.grads))
     coef = 1.0
     if max_norm is not None and not math.isinf(max_norm):
         coef = float(clip_coef(total, max_norm, model.grads.dtype))
     optimizer.step(model.grads, grad_scale=coef)
+    if learn:
+        lsq_step(learn, optimizer, coef)
     return float(loss), total

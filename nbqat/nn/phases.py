@@ -1,0 +1,162 @@
+"""The QAT phase switches shared by every prepared model (torch.ao's FakeQuantize states).
+
+:class:`QATPhases` is the base of :class:`~nbqat.nn.qat.QATTemporalFusionTransformer` and of
+the generic :class:`~nbqat.nn.quantize.QATModel` that :func:`~nbqat.nn.quantize.prepare_qat`
+returns. A subclass provides ``fake_quants`` (``"<module path>.<hook>" -> quantizer``),
+``config`` (a :class:`~nbqat.QATConfig`) and ``_observe_only`` (names that observe but never
+fake-quantize); the phases are
+
+1. calibration (:meth:`enable_calibration`): observers on, fake quantization off -- the
+   forward pass is the float model's;
+2. QAT (:meth:`disable_calibration`): observers (unless frozen) and fake quantization on;
+3. frozen (:meth:`freeze_observers`): fake quantization with fixed qparams;
+
+and, orthogonal to them, PyTorch's :meth:`train` / :meth:`eval` modes: in eval mode NO observer
+ever updates (torch leaves observers running after ``model.eval()``, a common pitfall: its
+evaluation then moves the ranges) and fake quantization uses the frozen qparams.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CALIBRATION", "QAT", "QATPhases", "is_learnable", "lsq_step"]
+
+#: Phase names.
+CALIBRATION = "calibration"
+QAT = "qat"
+
+
+def is_learnable(fq: Any) -> bool:
+    """Whether a quantizer learns its scale / zero point (the LSQ protocol: it has a
+    ``learnable`` attribute set to True, or LSQ's ``grad_scale`` buffer)."""
+    flag = getattr(fq, "learnable", None)
+    return bool(flag) if flag is not None else hasattr(fq, "grad_scale")
+
+
+class QATPhases:
+    """Calibration / QAT / frozen phases and train / eval modes over ``self.fake_quants``."""
+
+    fake_quants: dict[str, Any]
+    config: Any
+    _observe_only: set[str]
+
+    def _init_phases(self) -> None:
+        self.phase = CALIBRATION
+        self.observers_frozen = False
+        self.calibration_batches_seen = 0
+        self._calibration_ended = False
+        self.training = True
+
+    def learnable_quantizers(self) -> list[Any]:
+        """The quantizers that learn their scale / zero point (LSQ), in ``fake_quants`` order."""
+        return [fq for fq in self.fake_quants.values() if is_learnable(fq)]
+
+    _learnable = learnable_quantizers
+
+    def _apply_flags(self) -> None:
+        observe = (self.phase == CALIBRATION or not self.observers_frozen) and self.training
+        fake = self.phase == QAT
+        for name, fq in self.fake_quants.items():
+            obs = observe
+            if fake and is_learnable(fq):
+                # LSQ: after calibration the scales are learned (unless frozen), not observed
+                obs = False
+                fq.learning_enabled = not self.observers_frozen and self.training
+            elif is_learnable(fq):
+                fq.learning_enabled = False
+            fq.enable_observer(obs)
+            fq.enable_fake_quant(fake and name not in self._observe_only)
+
+    def enable_calibration(self) -> None:
+        """Calibration phase: observers on, fake quantization off (the float forward).
+
+        Resets :attr:`calibration_batches_seen`; the phase ends by itself at the first forward
+        after ``config.calibration_batches`` calibration forwards, or with
+        :meth:`disable_calibration`.
+        """
+        self.phase = CALIBRATION
+        self.observers_frozen = False
+        self.calibration_batches_seen = 0
+        self._calibration_ended = False
+        self._apply_flags()
+
+    def disable_calibration(self) -> None:
+        """QAT phase: observers (unless frozen) and fake quantization on (torch's QAT state).
+
+        With ``config.freeze_observers_after_calibration`` the observers are frozen too.
+        """
+        if self.phase == CALIBRATION and self.calibration_batches_seen > 0:
+            self._calibration_ended = True
+        self.phase = QAT
+        if self.config.freeze_observers_after_calibration:
+            self.observers_frozen = True
+        self._apply_flags()
+
+    def freeze_observers(self, frozen: bool = True) -> None:
+        """Stop (``frozen=True``) or restart updating every observer; fake quantization then
+        uses fixed scales and zero points (torch's ``disable_observer``).
+
+        Parameters
+        ----------
+        frozen : bool, default True
+            True stops the observers (and the LSQ scale updates) in the QAT phase; False lets
+            them update again. The phase is not changed, and calibration always observes.
+        """
+        self.observers_frozen = bool(frozen)
+        self._apply_flags()
+
+    @property
+    def is_calibrated(self) -> bool:
+        """True once ``config.calibration_batches`` calibration forwards ran, or calibration
+        was ended by :meth:`disable_calibration` after at least one calibration forward."""
+        return self._calibration_ended or (
+            self.calibration_batches_seen >= self.config.calibration_batches
+            and self.calibration_batches_seen > 0
+        )
+
+    def train(self, mode: bool = True) -> Any:
+        """Training mode (the default): observers follow the phase. Returns self.
+
+        Parameters
+        ----------
+        mode : bool, default True
+            False is :meth:`eval`.
+        """
+        self.training = bool(mode)
+        inner: Any = getattr(self, "model", None)
+        if inner is not None and hasattr(inner, "train"):
+            inner.train(mode)
+        self._apply_flags()
+        return self
+
+    def eval(self) -> Any:
+        """Evaluation mode: no observer updates (unlike torch), fake quantization with the
+        current qparams in the QAT phase; :meth:`train` restores the phase's behaviour.
+        Returns self."""
+        return self.train(False)
+
+
+def lsq_step(learn: list, optimizer: Any, coef: float) -> None:
+    """Plain SGD on the LSQ scales / zero points: ``p -= lr * coef * grad`` (float32), scales
+    kept ``>= eps`` (torch's LSQ clamps the same way in forward).
+
+    Parameters
+    ----------
+    learn : list of LearnableFakeQuantize
+        Those with ``learning_enabled`` are updated.
+    optimizer : nbqat optimizer
+        Its ``lr`` is used.
+    coef : float
+        The clipping coefficient of the step.
+    """
+    lr = np.float32(getattr(optimizer, "lr", 0.0))
+    c = np.float32(coef)
+    for fq in learn:
+        if not getattr(fq, "learning_enabled", True):
+            continue
+        fq.scale -= lr * (fq.grad_scale * c)
+        fq.zero_point -= lr * (fq.grad_zero_point * c)
+        np.maximum(fq.scale, fq.eps, out=fq.scale)

@@ -1,0 +1,506 @@
+"""QAT for any model built from nbqat.nn layers: :func:`prepare_qat` and :func:`convert`.
+
+PyTorch's eager-mode workflow (``torch.ao.quantization.prepare_qat`` / ``convert``) on nbqat's
+layer graph::
+
+    model = Sequential(Linear(6, 16), ELU(), Linear(16, 3))
+    buf = ParameterBuffer(model, dtype=np.float32, seed=0)
+    qat = prepare_qat(model)                    # weight + activation FakeQuantize modules
+    qat.enable_calibration(); qat(x); qat.disable_calibration(); qat.freeze_observers()
+    int8 = convert(qat); y8 = int8(x)
+
+:data:`QAT_MODULE_MAPPINGS` maps each float layer type to its quantization hooks (attribute
+name -> ``"weight"`` or ``"activation"``, the qconfig factory that builds the quantizer): a
+``Linear`` gets a per-channel weight quantizer and a per-tensor input quantizer, an ``LSTM``
+both weights, its input and its hidden state at every step, the attention its probabilities.
+Layers that hold parameters but no matmul (LayerNorm, the variable embeddings) map to no hook
+and stay in float by design. :func:`register_qat_module` adds a user's layer type. A module
+that holds parameters of its own and has no mapping is an error (its weights would silently
+stay float); a parameter-less module without a mapping (an activation, a user's composite)
+passes through in float, and its children are prepared.
+
+:func:`convert` builds the integer model from Int8 module classes: every quantized ``Linear``
+is REPLACED (in its parent, by name) with a :class:`QuantizedLinear` and every ``LSTM`` with a
+:class:`QuantizedLSTM` (integer matmuls with int32/int64 accumulation, :mod:`nbqat.nn.int8`),
+attention probabilities keep their frozen fake quantization, the rest runs the float layers.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from nbqat.nn.params import Module, ParameterBuffer
+from nbqat.nn.phases import CALIBRATION, QATPhases
+
+__all__ = [
+    "QAT_MODULE_MAPPINGS",
+    "Int8Model",
+    "QATModel",
+    "QuantizedLSTM",
+    "QuantizedLinear",
+    "convert",
+    "prepare_qat",
+    "register_qat_module",
+]
+
+
+def _default_mappings() -> dict[type, dict[str, str]]:
+    from nbqat.nn.layers import (
+        LSTM,
+        InterpretableMultiHeadAttention,
+        LayerNorm,
+        Linear,
+        VariableEmbedding,
+    )
+
+    return {
+        Linear: {"weight_fake_quant": "weight", "input_fake_quant": "activation"},
+        LSTM: {
+            "weight_ih_fake_quant": "weight",
+            "weight_hh_fake_quant": "weight",
+            "input_fake_quant": "activation",
+            "hidden_fake_quant": "activation",
+        },
+        InterpretableMultiHeadAttention: {"attention_fake_quant": "activation"},
+        LayerNorm: {},  # float by design (as torch eager QAT and ModelOpt)
+        VariableEmbedding: {},  # element-wise w_j x_j + b_j: no matmul to quantize
+    }
+
+
+#: Float layer type -> ``{hook attribute: "weight" | "activation"}`` (public and extensible).
+QAT_MODULE_MAPPINGS: dict[type, dict[str, str]] = _default_mappings()
+
+
+def register_qat_module(layer_type: type, hooks: Mapping[str, str]) -> None:
+    """Teach :func:`prepare_qat` a layer type.
+
+    Parameters
+    ----------
+    layer_type : type
+        A :class:`~nbqat.nn.Module` subclass whose ``forward`` calls quantization hooks held
+        in attributes (``self.weight_fake_quant(self.weight)``, ...) and whose ``backward``
+        calls their ``backward(grad, ctx)`` (see :class:`~nbqat.nn.Linear`'s Notes).
+    hooks : mapping of str to {"weight", "activation"}
+        Hook attribute name -> which qconfig factory builds its quantizer; ``{}`` keeps the
+        layer in float on purpose.
+
+    Raises
+    ------
+    TypeError
+        ``layer_type`` is not a Module subclass.
+    ValueError
+        A hook kind other than "weight" / "activation".
+    """
+    if not (isinstance(layer_type, type) and issubclass(layer_type, Module)):
+        raise TypeError(
+            f"register_qat_module: layer_type must be a Module subclass, got {layer_type!r}"
+        )
+    bad = {k: v for k, v in hooks.items() if v not in ("weight", "activation")}
+    if bad:
+        raise ValueError(f"register_qat_module: hook kinds must be 'weight'/'activation': {bad}")
+    QAT_MODULE_MAPPINGS[layer_type] = dict(hooks)
+
+
+def _hooks_for(mod: Module) -> dict[str, str] | None:
+    for cls in type(mod).__mro__:
+        if cls in QAT_MODULE_MAPPINGS:
+            return QAT_MODULE_MAPPINGS[cls]
+    return None
+
+
+def _qconfig_for(name: str, mod: Module, qconfig: Any, mapping: Mapping[Any, Any]) -> Any:
+    """torch's QConfigMapping precedence: module name (or an ancestor's) > type > global."""
+    parts = name.split(".") if name else []
+    for i in range(len(parts), 0, -1):
+        key = ".".join(parts[:i])
+        if key in mapping:
+            return mapping[key]
+    for cls in type(mod).__mro__:
+        if cls in mapping:
+            return mapping[cls]
+    return qconfig
+
+
+def _copy_model(model: Module) -> tuple[Module, ParameterBuffer]:
+    """A deep copy with a new flat buffer holding ``model``'s exact parameter values."""
+    params = dict(model.named_parameters())
+    missing = [n for n, p in params.items() if p is None]
+    if missing:
+        raise ValueError(
+            f"model has unbound parameters {missing[:3]}: build its ParameterBuffer first "
+            "(ParameterBuffer(model, dtype=np.float32, seed=0))"
+        )
+    dtype = next(iter(params.values())).dtype if params else np.dtype(np.float32)
+    new = copy.deepcopy(model)
+    buf = ParameterBuffer(new, dtype=dtype)
+    for n, p in new.named_parameters():
+        p[...] = params[n]
+    if isinstance(getattr(new, "buffer", None), ParameterBuffer):  # a model owning its buffer
+        object.__setattr__(new, "buffer", buf)
+    return new, buf
+
+
+def prepare_qat(
+    model: Module,
+    qconfig: Any = None,
+    *,
+    qconfig_mapping: Mapping[Any, Any] | None = None,
+    config: Any = None,
+    inplace: bool = False,
+) -> QATModel:
+    """Attach weight and activation quantizers to every mapped layer of ``model``.
+
+    Parameters
+    ----------
+    model : Module
+        A float model of nbqat.nn layers (a :class:`~nbqat.nn.Sequential`, a user's own
+        composite Module, ...) whose parameters are bound (a :class:`ParameterBuffer` exists).
+    qconfig : QConfig, optional
+        The default quantizer factories (default ``config.qconfig``, i.e.
+        :data:`nbqat.default_qat_qconfig`: per-channel symmetric qint8 weights, per-tensor
+        affine quint8 activations, moving-average min/max observers).
+    qconfig_mapping : mapping, optional
+        ``{module name or layer type: QConfig or None}``; a name covers its descendants, a
+        name wins over a type; None keeps those modules in float (float fallback).
+    config : QATConfig, optional
+        Calibration length, freezing (default ``QATConfig()``).
+    inplace : bool, default False
+        Put the quantizers into ``model`` itself (its parameters stay where they are) instead
+        of into a copy with its own flat buffer.
+
+    Returns
+    -------
+    QATModel
+        In the calibration phase, training mode.
+
+    Raises
+    ------
+    TypeError
+        ``model`` is not a Module; a module holds parameters and its type has no mapping (the
+        message names its path, its class and :func:`register_qat_module`).
+    ValueError
+        ``model`` already holds a quantizer (prepared twice); unbound parameters.
+    """
+    from nbqat.qconfig import QATConfig
+
+    if isinstance(model, QATModel) or not isinstance(model, Module):
+        what = "already prepared" if isinstance(model, QATModel) else type(model).__name__
+        raise (ValueError if isinstance(model, QATModel) else TypeError)(
+            f"prepare_qat: model must be a float nbqat.nn Module, got {what}"
+        )
+    config = QATConfig() if config is None else config
+    if not isinstance(config, QATConfig):
+        raise TypeError(f"`config` must be a nbqat.QATConfig, got {type(config).__name__}")
+    qconfig = config.qconfig if qconfig is None else qconfig
+    mapping = dict(qconfig_mapping or {})
+    for name, mod in model.named_modules():
+        hooks = _hooks_for(mod)
+        for hook in hooks or ():
+            if getattr(mod, hook, None) is not None:
+                raise ValueError(
+                    f"prepare_qat: {name or '<root>'}.{hook} already holds a quantizer: the "
+                    "model is prepared already (prepare a fresh float model)"
+                )
+        if hooks is None and mod._param_specs:
+            raise TypeError(
+                f"prepare_qat: module {name or '<root>'} ({type(mod).__name__}) holds "
+                f"parameters {sorted(mod._param_specs)} but has no QAT mapping; register one "
+                f"with nbqat.nn.register_qat_module({type(mod).__name__}, "
+                "{'weight_fake_quant': 'weight', 'input_fake_quant': 'activation'}), or {} "
+                "to keep it in float"
+            )
+    buf = None
+    if not inplace:
+        model, buf = _copy_model(model)
+    return QATModel(model, qconfig, mapping, config, buf)
+
+
+class QATModel(QATPhases):
+    """A float model with quantizers in its layers' hooks (what :func:`prepare_qat` returns).
+
+    Parameters
+    ----------
+    model : Module
+        The network to prepare (already copied by :func:`prepare_qat` unless ``inplace``).
+    qconfig : QConfig
+        The default quantizer factories.
+    mapping : dict
+        ``{module name or layer type: QConfig or None}`` (see :func:`prepare_qat`).
+    config : QATConfig
+    buf : ParameterBuffer or None
+        The copy's flat buffer (None with ``inplace``).
+
+    Attributes
+    ----------
+    model : Module
+        The prepared network (quantizers in its hooks).
+    fake_quants : dict[str, FakeQuantize]
+        Every quantizer by ``"<module path>.<hook>"``.
+    float_fallback : list of str
+        Modules left in float by a None qconfig.
+    config : QATConfig
+    phase : str
+        ``"calibration"`` or ``"qat"``.
+    observers_frozen, training : bool
+    calibration_batches_seen : int
+    params, grads : ndarray
+        The flat buffers (of the copy, or of the caller's ParameterBuffer with ``inplace``).
+    """
+
+    def __init__(self, model: Module, qconfig: Any, mapping: dict, config: Any, buf: Any):
+        self.model = model
+        self.config = config
+        self.qconfig = qconfig
+        self.buffer = buf
+        self.fake_quants: dict[str, Any] = {}
+        self._observe_only: set[str] = set()
+        self.float_fallback: list[str] = []
+        for name, mod in model.named_modules():
+            hooks = _hooks_for(mod)
+            if not hooks:
+                continue
+            qc = _qconfig_for(name, mod, qconfig, mapping)
+            if qc is None:
+                self.float_fallback.append(name)
+                continue
+            for hook, kind in hooks.items():
+                fq = getattr(qc, kind)()
+                setattr(mod, hook, fq)
+                self.fake_quants[f"{name}.{hook}" if name else hook] = fq
+        self._init_phases()
+        self._apply_flags()
+
+    @property
+    def params(self) -> np.ndarray:
+        """The flat parameter buffer."""
+        if self.buffer is None:
+            raise AttributeError("an inplace QATModel uses the caller's ParameterBuffer")
+        return self.buffer.params
+
+    @property
+    def grads(self) -> np.ndarray:
+        """The flat gradient buffer (STE-masked gradients after :meth:`backward`)."""
+        if self.buffer is None:
+            raise AttributeError("an inplace QATModel uses the caller's ParameterBuffer")
+        return self.buffer.grads
+
+    def zero_grad(self) -> None:
+        """Clear the flat gradient buffer and the LSQ gradients."""
+        if self.buffer is not None:
+            self.buffer.zero_grad()
+        for fq in self._learnable():
+            fq.zero_grad()
+
+    def forward(self, *inputs: Any) -> Any:
+        """``model.forward(*inputs)`` through the quantizers.
+
+        Parameters
+        ----------
+        *inputs : ndarray
+            The model's inputs.
+
+        Returns
+        -------
+        The model's output. In the calibration phase (training mode) each call counts as one
+        calibration batch; the phase ends by itself after ``config.calibration_batches``.
+        """
+        if (
+            self.phase == CALIBRATION
+            and self.calibration_batches_seen >= self.config.calibration_batches
+        ):
+            self.disable_calibration()
+        out = self.model.forward(*inputs)
+        if self.phase == CALIBRATION and self.training:
+            self.calibration_batches_seen += 1
+        return out
+
+    __call__ = forward
+
+    def backward(self, grad: Any) -> Any:
+        """``model.backward(grad)``: every quantizer applies its STE mask.
+
+        Parameters
+        ----------
+        grad : ndarray
+            Gradient w.r.t. the last forward's output; parameter gradients accumulate into
+            :attr:`grads`.
+
+        Returns
+        -------
+        The gradient w.r.t. the input(s).
+        """
+        return self.model.backward(grad)
+
+
+# ------------------------------------------------------------------------------ convert
+class QuantizedLinear(Module):
+    """The integer twin of a fake-quantized :class:`~nbqat.nn.Linear` (a Module, so it
+    replaces the float layer in its parent).
+
+    Parameters
+    ----------
+    linear : Linear
+        A layer whose ``weight_fake_quant`` and ``input_fake_quant`` have observed data.
+    name : str
+        Its path, for error messages.
+    """
+
+    def __init__(self, linear: Any, name: str) -> None:
+        from nbqat.nn.int8 import Int8Linear
+
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        bias = linear.bias if linear.has_bias else None
+        self.int8 = Int8Linear(
+            np.asarray(linear.weight, np.float32),
+            bias,
+            linear.weight_fake_quant,
+            linear.input_fake_quant,
+            name,
+        )
+
+    def forward(self, x: np.ndarray, add_bias: bool = True) -> np.ndarray:
+        """Integer matmul (:meth:`nbqat.nn.int8.Int8Linear.forward`).
+
+        Parameters
+        ----------
+        x : ndarray (..., in_features) float
+        add_bias : bool, default True
+
+        Returns
+        -------
+        ndarray (..., out_features) float32
+        """
+        return self.int8.forward(x, add_bias)
+
+
+class QuantizedLSTM(Module):
+    """The integer twin of a fake-quantized :class:`~nbqat.nn.LSTM`
+    (:class:`nbqat.nn.int8.Int8LSTM`).
+
+    Parameters
+    ----------
+    lstm : LSTM
+        A layer whose four quantizers have observed data.
+    name : str
+        Its path, for error messages.
+    """
+
+    def __init__(self, lstm: Any, name: str) -> None:
+        from nbqat.nn.int8 import Int8LSTM
+
+        super().__init__()
+        self.input_size, self.hidden_size = lstm.input_size, lstm.hidden_size
+        self.int8 = Int8LSTM(lstm, name)
+
+    def forward(self, x: np.ndarray, h0: np.ndarray, c0: np.ndarray) -> Any:
+        """Run the LSTM with integer matmuls.
+
+        Parameters
+        ----------
+        x : ndarray (B, L, input_size)
+        h0, c0 : ndarray (B, hidden_size)
+
+        Returns
+        -------
+        ``(out (B, L, hidden_size), (h_L, c_L))``, float32.
+        """
+        return self.int8.forward(x, h0, c0)
+
+
+class Int8Model:
+    """The integer model :func:`convert` returns; ``int8(*inputs)`` runs it (float32 out).
+
+    Parameters
+    ----------
+    model : Module
+        The converted network.
+    layers : dict[str, Module]
+        Its Quantized* modules by path.
+
+    Attributes
+    ----------
+    model : Module
+        The converted network: Quantized* modules in place of the quantized layers.
+    layers : dict[str, Module]
+        The Quantized* modules by path.
+    """
+
+    def __init__(self, model: Module, layers: dict[str, Module]) -> None:
+        self.model = model
+        self.layers = layers
+
+    def forward(self, *inputs: Any) -> Any:
+        """Run the converted network (no gradient, no observer).
+
+        Parameters
+        ----------
+        *inputs : ndarray
+            The model's inputs (cast to float32).
+
+        Returns
+        -------
+        The output, float32.
+        """
+        return self.model.forward(*(np.asarray(a, np.float32) for a in inputs))
+
+    __call__ = forward
+
+
+def convert(qat_model: Any) -> Any:
+    """The integer model of a calibrated QAT model.
+
+    Parameters
+    ----------
+    qat_model : QATModel or QATTemporalFusionTransformer
+        Calibrated (every quantizer has observed data); not changed.
+
+    Returns
+    -------
+    Int8Model
+        (``qat_model.to_int8()`` for the TFT's QAT model.)
+
+    Raises
+    ------
+    TypeError
+        ``qat_model`` was not prepared (a float Module or anything else).
+    RuntimeError
+        A quantizer has never observed data.
+    """
+    from nbqat.fake_quantize import FakeQuantize
+    from nbqat.nn.int8 import FrozenFakeQuantize
+    from nbqat.nn.layers import LSTM, Linear
+
+    if hasattr(qat_model, "to_int8"):
+        return qat_model.to_int8()
+    if not isinstance(qat_model, QATModel):
+        raise TypeError(
+            f"convert: expects the result of prepare_qat, got {type(qat_model).__name__} "
+            "(prepare and calibrate it first: qat = prepare_qat(model))"
+        )
+    net = copy.deepcopy(qat_model.model)
+    layers: dict[str, Module] = {}
+    for name, mod in list(net.named_modules()):
+        parent, _, attr = name.rpartition(".")
+        new: Module | None = None
+        if type(mod) is Linear and mod.weight_fake_quant is not None:
+            new = QuantizedLinear(mod, name)
+        elif type(mod) is LSTM and mod.weight_ih_fake_quant is not None:
+            new = QuantizedLSTM(mod, name)
+        else:
+            for hook in _hooks_for(mod) or ():
+                fq = getattr(mod, hook, None)
+                if isinstance(fq, FakeQuantize):  # frozen qparams, no observer
+                    setattr(mod, hook, FrozenFakeQuantize(fq, f"{name}.{hook}"))
+        if new is None:
+            continue
+        if not name:  # the model is one quantized layer
+            net = new
+        else:
+            setattr(dict(net.named_modules())[parent], attr, new)  # replace it in its parent
+        layers[name] = new
+    return Int8Model(net, layers)

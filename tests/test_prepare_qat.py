@@ -1,0 +1,368 @@
+"""prepare_qat / convert over user models built from nbqat.nn layers (Sequential, a user's own
+composite Module, a registered custom layer).
+
+Oracles: float64 central finite differences (the float model's backward), torch.ao
+FakeQuantize modules at the same places (the prepared model's forward, qparams and every
+gradient), and the frozen fake-quant model (convert's output within one output step).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ref_qat_torch import t_act, t_weight
+
+import nbqat
+from nbqat.nn import (
+    ELU,
+    LayerNorm,
+    Linear,
+    Module,
+    ParameterBuffer,
+    QATModel,
+    Sequential,
+    convert,
+    prepare_qat,
+    register_qat_module,
+)
+from nbqat.nn.quantize import QAT_MODULE_MAPPINGS, QuantizedLinear
+
+
+class Residual(Module):
+    """A user's own composite: ``y = fc2(elu(fc1(x))) + skip(x)``, its backward by hand."""
+
+    def __init__(self, n_in, n_hidden, n_out):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = Linear(n_in, n_hidden), ELU(), Linear(n_hidden, n_out)
+        self.skip = Linear(n_in, n_out, bias=False)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x))) + self.skip(x)
+
+    def backward(self, dy):
+        return self.fc1.backward(self.act.backward(self.fc2.backward(dy))) + self.skip.backward(dy)
+
+
+def mlp():
+    return Sequential(Linear(6, 16), ELU(), LayerNorm(16), Residual(16, 8, 3))
+
+
+def fd_check(model, buf, x, rng, eps=1e-6):
+    w = rng.standard_normal(model(x).shape)
+
+    def loss():
+        return float(np.sum(model(x) * w))
+
+    buf.zero_grad()
+    model(x)
+    dx = model.backward(w.copy())
+    for i in rng.choice(buf.params.size, 40, replace=False):
+        old = buf.params[i]
+        buf.params[i] = old + eps
+        up = loss()
+        buf.params[i] = old - eps
+        down = loss()
+        buf.params[i] = old
+        assert buf.grads[i] == pytest.approx((up - down) / (2 * eps), rel=1e-6, abs=1e-8)
+    for idx in [(0, 0), (2, 5), (4, 3)]:
+        xp, xm = x.copy(), x.copy()
+        xp[idx] += eps
+        xm[idx] -= eps
+        fd = (np.sum(model(xp) * w) - np.sum(model(xm) * w)) / (2 * eps)
+        assert dx[idx] == pytest.approx(fd, rel=1e-6, abs=1e-8)
+
+
+def test_sequential_and_composite_gradients_match_finite_differences(rng):
+    model = mlp()
+    buf = ParameterBuffer(model, np.float64, seed=3)
+    fd_check(model, buf, rng.standard_normal((5, 6)), rng)
+
+
+def test_prepare_places_quantizers_and_copies_weights(rng):
+    model = mlp()
+    buf = ParameterBuffer(model, np.float32, seed=3)
+    qat = prepare_qat(model)
+    assert isinstance(qat, QATModel) and qat.phase == "calibration"
+    assert np.array_equal(qat.params, buf.params) and not np.shares_memory(qat.params, buf.params)
+    names = sorted(qat.fake_quants)
+    want = sorted(
+        f"{m}.{h}"
+        for m in ("0", "3.fc1", "3.fc2", "3.skip")
+        for h in ("weight_fake_quant", "input_fake_quant")
+    )
+    assert names == want
+    assert model[0].weight_fake_quant is None  # the float model is untouched
+
+
+def test_qat_sequential_matches_torch_fake_quantize(torch, rng):
+    model = Sequential(Linear(6, 16), ELU(), Linear(16, 3))
+    ParameterBuffer(model, np.float32, seed=5)
+    qat = prepare_qat(model, config=nbqat.QATConfig(calibration_batches=2))
+    l0, l2 = qat.model[0], qat.model[2]
+    T = lambda a, g=False: torch.tensor(np.array(a), requires_grad=g)  # noqa: E731
+    W0, b0, W2, b2 = (T(p, True) for p in (l0.weight, l0.bias, l2.weight, l2.bias))
+    fq = {k: (t_act(torch) if "input" in k else t_weight(torch)) for k in qat.fake_quants}
+
+    def torch_forward(x):
+        h = torch.nn.functional.linear(
+            fq["0.input_fake_quant"](x), fq["0.weight_fake_quant"](W0), b0
+        )
+        h = torch.nn.functional.elu(h)
+        return torch.nn.functional.linear(
+            fq["2.input_fake_quant"](h), fq["2.weight_fake_quant"](W2), b2
+        )
+
+    for f in fq.values():  # calibration: observe only
+        f.disable_fake_quant()
+    for step in range(5):
+        if step == 2:
+            for f in fq.values():
+                f.enable_fake_quant()
+        x = (rng.standard_normal((7, 6)) * (1 + step)).astype(np.float32)
+        dy = rng.standard_normal((7, 3)).astype(np.float32)
+        qat.zero_grad()
+        y = qat(x)
+        dx = qat.backward(dy)
+        xt = T(x, True)
+        for p in (W0, b0, W2, b2):
+            p.grad = None
+        yt = torch_forward(xt)
+        yt.backward(T(dy))
+        np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-5, atol=1e-6)
+        for lin, W, b in ((l0, W0, b0), (l2, W2, b2)):
+            np.testing.assert_allclose(lin.weight_grad, W.grad.numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(lin.bias_grad, b.grad.numpy(), rtol=1e-5, atol=1e-6)
+        for k, f in qat.fake_quants.items():
+            assert np.array_equal(f.scale, f_s := fq[k].scale.numpy().reshape(-1)), (k, f_s)
+            assert np.array_equal(f.zero_point, fq[k].zero_point.numpy().reshape(-1))
+    assert qat.phase == "qat"
+
+
+def test_eval_mode_never_updates_observers(rng):
+    model = Sequential(Linear(4, 4), ELU(), Linear(4, 2))
+    ParameterBuffer(model, np.float32, seed=1)
+    qat = prepare_qat(model)
+    qat(rng.standard_normal((8, 4)).astype(np.float32))
+    qat.disable_calibration()
+    before = {k: f.state_dict() for k, f in qat.fake_quants.items()}
+    qat.eval()
+    assert not qat.model.training and not qat.model[0].training
+    y1 = qat(10 * rng.standard_normal((8, 4)).astype(np.float32))
+    for k, f in qat.fake_quants.items():
+        for key, v in f.state_dict().items():
+            if not key.endswith("_enabled"):  # statistics and qparams, not the switches
+                np.testing.assert_array_equal(v, before[k][key], err_msg=f"{k}.{key}")
+    assert y1.shape == (8, 2)
+    qat.train()
+    qat(10 * rng.standard_normal((8, 4)).astype(np.float32))  # observers run again
+    moved = qat.fake_quants["0.input_fake_quant"].state_dict()
+    assert not np.array_equal(
+        moved["activation_post_process.max_val"],
+        before["0.input_fake_quant"]["activation_post_process.max_val"],
+    )
+
+
+def test_float_fallback_by_name_and_type(rng):
+    model = mlp()
+    ParameterBuffer(model, np.float32, seed=3)
+    qat = prepare_qat(model, qconfig_mapping={"3": None})
+    assert sorted(qat.fake_quants) == ["0.input_fake_quant", "0.weight_fake_quant"]
+    assert qat.float_fallback == ["3.fc1", "3.fc2", "3.skip"]
+    qat2 = prepare_qat(model, qconfig_mapping={Linear: None, "3.fc2": nbqat.default_qat_qconfig})
+    assert sorted(qat2.fake_quants) == ["3.fc2.input_fake_quant", "3.fc2.weight_fake_quant"]
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    qat(x)
+    qat.disable_calibration()
+    qat.freeze_observers()
+    int8 = convert(qat)
+    assert sorted(int8.layers) == ["0"]  # the fallback modules stay float Linears
+    assert type(int8.model[3].fc1) is Linear
+
+
+def test_unknown_layer_with_parameters_is_a_clear_type_error():
+    class Scale(Module):
+        def __init__(self):
+            super().__init__()
+            self.declare("gain", (3,), lambda rng, shape: np.ones(shape))
+
+        def forward(self, x):
+            return x * self.gain
+
+    model = Sequential(Linear(2, 3), Scale())
+    ParameterBuffer(model)
+    with pytest.raises(TypeError, match=r"module 1 \(Scale\).*register_qat_module"):
+        prepare_qat(model)
+    saved = dict(QAT_MODULE_MAPPINGS)
+    try:
+        register_qat_module(Scale, {})
+        assert sorted(prepare_qat(model).fake_quants) == [
+            "0.input_fake_quant",
+            "0.weight_fake_quant",
+        ]
+        with pytest.raises(ValueError, match="hook kinds"):
+            register_qat_module(Scale, {"x": "bias"})
+    finally:
+        QAT_MODULE_MAPPINGS.clear()
+        QAT_MODULE_MAPPINGS.update(saved)
+
+
+def test_preparing_twice_or_converting_float_is_refused():
+    model = Sequential(Linear(2, 3))
+    ParameterBuffer(model)
+    qat = prepare_qat(model)
+    with pytest.raises(ValueError, match="already"):
+        prepare_qat(qat)
+    with pytest.raises(ValueError, match="already holds a quantizer"):
+        prepare_qat(qat.model)
+    with pytest.raises(TypeError, match="prepare_qat"):
+        convert(model)
+    with pytest.raises(ValueError, match="unbound parameters"):
+        prepare_qat(Sequential(Linear(2, 3)))
+
+
+def test_convert_is_within_one_output_step_of_the_frozen_fake_quant_model(rng):
+    model = Sequential(Linear(6, 32), ELU(), Linear(32, 16), ELU(), Linear(16, 3))
+    ParameterBuffer(model, np.float32, seed=2)
+    qat = prepare_qat(model)
+    for _ in range(4):
+        qat(rng.standard_normal((64, 6)).astype(np.float32))
+    qat.disable_calibration()
+    qat.freeze_observers()
+    qat.eval()
+    int8 = convert(qat)
+    assert all(type(m) is QuantizedLinear for m in int8.layers.values()) and len(int8.layers) == 3
+    assert type(qat.model[0]) is Linear  # the QAT model is unchanged
+    x = rng.standard_normal((256, 6)).astype(np.float32)
+    y_fq, y8 = qat(x), int8(x)
+    # one code of the last layer's input quantizer, times the largest |W| row sum
+    fq = qat.fake_quants["4.input_fake_quant"]
+    step = float(fq.scale[0]) * float(np.abs(qat.model[4].weight).sum(axis=1).max())
+    assert np.max(np.abs(y8 - y_fq)) <= step
+    # float32 summation order only, except where a code of a later quantizer flips
+    close = np.abs(y8 - y_fq) <= 1e-5 * np.abs(y_fq).max()
+    assert np.mean(close) > 0.9
+
+
+# ------------------------------------------------------------------ the second forecaster
+def _lf_batch(rng, cfg, nb=4, dtype=np.float32):
+    return (
+        rng.standard_normal((nb, cfg.num_static_features)).astype(dtype),
+        rng.standard_normal((nb, cfg.sequence_length, cfg.num_unknown_features)).astype(dtype),
+        rng.standard_normal((nb, cfg.prediction_horizon, cfg.num_known_features)).astype(dtype),
+        rng.standard_normal((nb, cfg.prediction_horizon)).astype(dtype),
+    )
+
+
+def _lf_cfg():
+    from nbqat.nn import LSTMForecasterConfig
+
+    return LSTMForecasterConfig(2, 3, 4, 6, 5, 3)  # m_s, m_x, m_z, d, k, tau
+
+
+def test_lstm_forecaster_gradients_match_finite_differences(rng):
+    from nbqat.nn import LSTMForecaster
+
+    cfg = _lf_cfg()
+    m = LSTMForecaster(cfg, seed=2, dtype=np.float64)
+    s, h, f, _ = _lf_batch(rng, cfg, dtype=np.float64)
+    w = rng.standard_normal((4, cfg.prediction_horizon, 3))
+
+    def loss(s=s, h=h, f=f):
+        return float(np.sum(m.forward(s, h, f) * w))
+
+    m.zero_grad()
+    m.forward(s, h, f)
+    ds, dh, df = m.backward(w.copy())
+    eps = 1e-6
+    for i in rng.choice(m.params.size, 40, replace=False):
+        old = m.params[i]
+        m.params[i] = old + eps
+        up = loss()
+        m.params[i] = old - eps
+        down = loss()
+        m.params[i] = old
+        assert m.grads[i] == pytest.approx((up - down) / (2 * eps), rel=1e-6, abs=1e-8)
+    for arr, grad, idx in ((s, ds, (1, 0)), (h, dh, (2, 3, 1)), (f, df, (0, 2, 2))):
+        old = arr[idx]
+        arr[idx] = old + eps
+        up = loss()
+        arr[idx] = old - eps
+        down = loss()
+        arr[idx] = old
+        assert grad[idx] == pytest.approx((up - down) / (2 * eps), rel=1e-6, abs=1e-8)
+
+
+def test_qat_lstm_forecaster_matches_torch_fake_quantize(torch, rng):
+    from ref_qat_torch import torch_qlstm
+
+    from nbqat.nn import LSTMForecaster, train_step
+
+    cfg = _lf_cfg()
+    qat = prepare_qat(LSTMForecaster(cfg, seed=3), config=nbqat.QATConfig(calibration_batches=2))
+    m = qat.model
+    assert sorted(qat.fake_quants) == sorted(
+        ["encoder.weight_ih_fake_quant", "encoder.weight_hh_fake_quant",
+         "encoder.input_fake_quant", "encoder.hidden_fake_quant",
+         "fc.weight_fake_quant", "fc.input_fake_quant",
+         "head.weight_fake_quant", "head.input_fake_quant"]
+    )  # fmt: skip
+    T = lambda a, g=False: torch.tensor(np.array(a), requires_grad=g)  # noqa: E731
+    P = {n: T(p, True) for n, p in m.named_parameters()}
+    fq = {k: (t_weight(torch) if "weight" in k else t_act(torch)) for k in qat.fake_quants}
+    lfq = {k.split(".")[1].replace("_fake_quant", ""): v for k, v in fq.items() if "encoder" in k}
+    F = torch.nn.functional
+
+    def torch_forward(s, h, f):
+        z0 = torch.zeros(s.shape[0], cfg.hidden_dim)
+        _, hk, _, _, _ = torch_qlstm(
+            torch, h, z0, z0, P["encoder.weight_ih"], P["encoder.weight_hh"],
+            P["encoder.bias_ih"], P["encoder.bias_hh"], lfq,
+        )  # fmt: skip
+        tau = cfg.prediction_horizon
+        z = torch.cat([hk[:, None].expand(-1, tau, -1), f, s[:, None].expand(-1, tau, -1)], 2)
+        a = F.linear(fq["fc.input_fake_quant"](z), fq["fc.weight_fake_quant"](P["fc.weight"]))
+        a = F.elu(a + P["fc.bias"])
+        x = fq["head.input_fake_quant"](a)
+        return F.linear(x, fq["head.weight_fake_quant"](P["head.weight"]), P["head.bias"])
+
+    for f_ in fq.values():
+        f_.disable_fake_quant()
+    opt = nbqat.SGD(qat.params, lr=0.05)
+    for step in range(4):
+        if step == 2:
+            for f_ in fq.values():
+                f_.enable_fake_quant()
+        s, h, f, y = _lf_batch(rng, cfg)
+        before = {n: p.copy() for n, p in m.named_parameters()}
+        loss, _ = train_step(qat, (s, h, f, y), opt)  # the generic step on a prepared model
+        grads, params = dict(m.named_grads()), dict(m.named_parameters())
+        for p in P.values():
+            p.grad = None
+        out = torch_forward(T(s), T(h), T(f))
+        e = T(y)[..., None] - out
+        qq = torch.tensor(cfg.quantiles)
+        tl = torch.maximum(qq * e, (qq - 1) * e).mean()
+        tl.backward()
+        assert loss == pytest.approx(float(tl.detach()), rel=1e-5)
+        for n, p in P.items():
+            np.testing.assert_allclose(grads[n], p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=n)
+            assert not np.array_equal(params[n], before[n]) or not np.any(grads[n]), n
+            with torch.no_grad():  # the next step starts from nbqat's updated weights
+                p.copy_(T(params[n]))
+        for k, f_ in qat.fake_quants.items():
+            ts, tz = fq[k].scale.numpy().reshape(-1), fq[k].zero_point.numpy().reshape(-1)
+            if k == "encoder.hidden_fake_quant":  # torch's sigmoid/tanh differ by an ulp
+                np.testing.assert_allclose(f_.scale, ts, rtol=1e-5, err_msg=k)
+                assert np.all(np.abs(f_.zero_point - tz) <= 1), k
+            else:
+                assert np.array_equal(f_.scale, ts) and np.array_equal(f_.zero_point, tz), k
+    int8 = convert(qat)
+    assert sorted(int8.layers) == ["encoder", "fc", "head"]
+    s, h, f, _ = _lf_batch(rng, cfg, nb=16)
+    qat.freeze_observers()
+    qat.eval()
+    y_fq, y8 = qat(s, h, f), int8(s, h, f)
+    scale = float(qat.fake_quants["head.input_fake_quant"].scale[0])
+    bound = scale * float(np.abs(m.head.weight).sum(axis=1).max())
+    assert np.max(np.abs(y8 - y_fq)) <= bound
