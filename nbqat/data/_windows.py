@@ -282,6 +282,121 @@ def seasonal_naive_quantiles(
     return np.quantile(r, np.asarray(quantiles, dtype=np.float64))
 
 
+def _check_options(data, history, horizon, split, season, train_stride, eval_stride, calendar):
+    """Validate make_windows' options; return (season, calendar) resolved."""
+    for name, v in (("history", history), ("horizon", horizon)):
+        if not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    for name, v in (("train_stride", train_stride), ("eval_stride", eval_stride)):
+        if not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if len(split) != 2 or not (0.0 < split[0] < split[1] < 1.0):
+        raise ValueError(f"split must be two fractions 0 < a < b < 1, got {split!r}")
+    if season is None:
+        season = default_season(data, horizon)
+        if season > history:
+            raise ValueError(
+                f"--history {history} is shorter than the seasonal-naive period of {season} "
+                f"steps (one {'day' if season != horizon else 'horizon'} of the data's step "
+                f"{data.step}) that the baseline reads from the history; use --history "
+                f">= {season}"
+            )
+    if not isinstance(season, (int, np.integer)) or not (1 <= season <= history):
+        raise ValueError(
+            f"season must be an integer in [1, history={history}] (the seasonal-naive forecast "
+            f"reads the history), got {season!r}"
+        )
+    calendar = tuple(calendar)
+    bad = [c for c in calendar if c not in CALENDAR_FEATURES]
+    if bad:
+        raise ValueError(f"calendar features {bad} unknown; choose from {CALENDAR_FEATURES}")
+
+    if (
+        not data.known_names
+        and "time_index" not in calendar
+        and not (data.is_datetime and set(calendar) - {"time_index"})
+    ):
+        raise DataError(
+            "the decoder has no known input: "
+            + (
+                "the time axis is numeric, so the calendar features (hour, dow, doy) do not "
+                "apply; add time_index to --calendar or pass --known-cols"
+                if not data.is_datetime
+                else "keep a calendar feature (--calendar) or pass --known-cols"
+            )
+        )
+    return int(season), calendar
+
+
+def _known_inputs(data, e, i_val, calendar, t0, cut_val) -> tuple[np.ndarray, list[str]]:
+    """Entity e's known inputs (calendar, time index, the user's standardised known columns)."""
+    t = data.times[e]
+    known_parts = []
+    if data.is_datetime:
+        cal, cal_names = calendar_features(t)
+        step_s = int(data.step / np.timedelta64(1, "s"))  # type: ignore[operator]
+        keep = [
+            j
+            for j, c in enumerate(cal_names)
+            if _CAL_GROUP[c] in calendar and not (step_s >= 86400 and _CAL_GROUP[c] == "hour")
+        ]
+        cal = cal[:, keep]
+        cal_names = [cal_names[j] for j in keep]
+        known_parts.append(cal)
+        tnum = (t - t0) / np.timedelta64(1, "s")
+        tval = (cut_val - t0) / np.timedelta64(1, "s")
+    else:
+        cal_names = []
+        tnum = t - t0
+        tval = cut_val - t0
+    if "time_index" in calendar:
+        known_parts.append((2.0 * tnum / max(float(tval), 1e-300) - 1.0)[:, None])
+    if data.known[e].shape[1]:
+        mu_k, sd_k = _zscore_fit(data.known[e][:i_val])
+        known_parts.append((data.known[e] - mu_k) / sd_k)
+    if not known_parts:
+        raise DataError(
+            f"the decoder has no known input: --calendar {','.join(calendar)!r} gives no "
+            f"feature for a time step of {data.step}; add doy, dow or time_index to "
+            "--calendar or pass --known-cols"
+        )
+    return np.concatenate(known_parts, axis=1), cal_names
+
+
+def _static_features(data, level, scale) -> tuple[np.ndarray, list[str]]:
+    """Entity id, the user's static columns, target level and scale; z-scored across entities."""
+    n_ent = len(data.entity_names)
+    static_cols = [np.linspace(-1.0, 1.0, n_ent) if n_ent > 1 else np.zeros(1)]
+    static_names = ["entity_id"]
+    for j, c in enumerate(data.static_names):
+        static_cols.append(data.static[:, j])
+        static_names.append(c)
+    static_cols += [level, scale]
+    static_names += [f"{data.target_name}_level", f"{data.target_name}_scale"]
+    s = np.stack(static_cols, axis=1)
+    mu_s = s.mean(axis=0)
+    sd_s = s.std(axis=0)
+    s = np.where(sd_s > 0, (s - mu_s) / np.where(sd_s > 0, sd_s, 1.0), 0.0)
+    return s, static_names
+
+
+def _attach_splits(w: Windows, data: SeriesData, split_rows, split_ent, split) -> None:
+    """Set ``w.train``, ``w.val``, ``w.test``; a split without a window is a DataError."""
+    for name in ("train", "val", "test"):
+        rows = np.concatenate(split_rows[name])
+        ent = np.concatenate(split_ent[name])
+        if len(rows) == 0:
+            lens = dict(zip(data.entity_names, data.lengths))
+            raise DataError(
+                f"the {name} split has no window: a window needs history + horizon = "
+                f"{w.history + w.horizon} consecutive steps, all {w.horizon} forecast steps "
+                "inside the split "
+                f"(split fractions {split}, series lengths {lens}); use a longer series, a "
+                "shorter --history / --horizon, or other split fractions"
+            )
+        setattr(w, name, SplitWindows(name=name, rows=rows, entity=ent, parent=w))
+
+
 def make_windows(
     data: SeriesData,
     *,
@@ -353,48 +468,10 @@ def make_windows(
     A column with zero spread on the training rows (Sand Point's constant pressure) gets scale
     1 (it is centred only).
     """
-    for name, v in (("history", history), ("horizon", horizon)):
-        if not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    for name, v in (("train_stride", train_stride), ("eval_stride", eval_stride)):
-        if not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if len(split) != 2 or not (0.0 < split[0] < split[1] < 1.0):
-        raise ValueError(f"split must be two fractions 0 < a < b < 1, got {split!r}")
-    if season is None:
-        season = default_season(data, horizon)
-        if season > history:
-            raise ValueError(
-                f"--history {history} is shorter than the seasonal-naive period of {season} "
-                f"steps (one {'day' if season != horizon else 'horizon'} of the data's step "
-                f"{data.step}) that the baseline reads from the history; use --history "
-                f">= {season}"
-            )
-    if not isinstance(season, (int, np.integer)) or not (1 <= season <= history):
-        raise ValueError(
-            f"season must be an integer in [1, history={history}] (the seasonal-naive forecast "
-            f"reads the history), got {season!r}"
-        )
+    season, calendar = _check_options(
+        data, history, horizon, split, season, train_stride, eval_stride, calendar
+    )
     quantiles = tuple(float(q) for q in quantiles)
-    calendar = tuple(calendar)
-    bad = [c for c in calendar if c not in CALENDAR_FEATURES]
-    if bad:
-        raise ValueError(f"calendar features {bad} unknown; choose from {CALENDAR_FEATURES}")
-
-    if (
-        not data.known_names
-        and "time_index" not in calendar
-        and not (data.is_datetime and set(calendar) - {"time_index"})
-    ):
-        raise DataError(
-            "the decoder has no known input: "
-            + (
-                "the time axis is numeric, so the calendar features (hour, dow, doy) do not "
-                "apply; add time_index to --calendar or pass --known-cols"
-                if not data.is_datetime
-                else "keep a calendar feature (--calendar) or pass --known-cols"
-            )
-        )
     t0 = min(t[0] for t in data.times)
     t1 = max(t[-1] for t in data.times)
     # Cut points on the step grid: t0 + round(fraction * span / step) * step.
@@ -403,7 +480,6 @@ def make_windows(
     cut_test = t0 + int(round(float(n_steps) * split[1])) * data.step
 
     n_ent = len(data.entity_names)
-    need = history + horizon
     level = np.zeros(n_ent)
     scale = np.ones(n_ent)
     hist_blocks, fut_blocks, ystd_blocks = [], [], []
@@ -428,38 +504,9 @@ def make_windows(
         obs = np.concatenate([y[:, None], data.observed[e]], axis=1)
         mu, sd = _zscore_fit(obs[:i_val])
         obs_std = (obs - mu) / sd
-        known_parts = []
-        if data.is_datetime:
-            cal, cal_names = calendar_features(t)
-            step_s = int(data.step / np.timedelta64(1, "s"))  # type: ignore[operator]
-            keep = [
-                j
-                for j, c in enumerate(cal_names)
-                if _CAL_GROUP[c] in calendar and not (step_s >= 86400 and _CAL_GROUP[c] == "hour")
-            ]
-            cal = cal[:, keep]
-            cal_names = [cal_names[j] for j in keep]
-            known_parts.append(cal)
-            tnum = (t - t0) / np.timedelta64(1, "s")
-            tval = (cut_val - t0) / np.timedelta64(1, "s")
-        else:
-            cal_names = []
-            tnum = t - t0
-            tval = cut_val - t0
-        if "time_index" in calendar:
-            known_parts.append((2.0 * tnum / max(float(tval), 1e-300) - 1.0)[:, None])
-        if data.known[e].shape[1]:
-            mu_k, sd_k = _zscore_fit(data.known[e][:i_val])
-            known_parts.append((data.known[e] - mu_k) / sd_k)
-        if not known_parts:
-            raise DataError(
-                f"the decoder has no known input: --calendar {','.join(calendar)!r} gives no "
-                f"feature for a time step of {data.step}; add doy, dow or time_index to "
-                "--calendar or pass --known-cols"
-            )
-        known = np.concatenate(known_parts, axis=1)
-        hist_blocks.append(np.concatenate([obs_std, known], axis=1))
-        fut_blocks.append(known)
+        known, cal_names = _known_inputs(data, e, i_val, calendar, t0, cut_val)
+        hist_blocks.append(np.concatenate([obs_std, known], axis=1).astype(np.float32))
+        fut_blocks.append(known.astype(np.float32))
         ystd_blocks.append((y - level[e]) / scale[e])
         naive_q[e] = seasonal_naive_quantiles(y[:i_val], int(season), quantiles)
         # Forecast starts s (row index of the first forecast step) per split.
@@ -472,17 +519,7 @@ def make_windows(
             split_ent[name].append(np.full(len(starts), e, dtype=np.int64))
         offset += n
 
-    static_cols = [np.linspace(-1.0, 1.0, n_ent) if n_ent > 1 else np.zeros(1)]
-    static_names = ["entity_id"]
-    for j, c in enumerate(data.static_names):
-        static_cols.append(data.static[:, j])
-        static_names.append(c)
-    static_cols += [level, scale]
-    static_names += [f"{data.target_name}_level", f"{data.target_name}_scale"]
-    s = np.stack(static_cols, axis=1)
-    mu_s = s.mean(axis=0)
-    sd_s = s.std(axis=0)
-    s = np.where(sd_s > 0, (s - mu_s) / np.where(sd_s > 0, sd_s, 1.0), 0.0)
+    s, static_names = _static_features(data, level, scale)
 
     future_names = (
         cal_names + (["time_index"] if "time_index" in calendar else []) + list(data.known_names)
@@ -519,16 +556,5 @@ def make_windows(
         train_stride=int(train_stride),
         eval_stride=int(eval_stride),
     )
-    for name in ("train", "val", "test"):
-        rows = np.concatenate(split_rows[name])
-        ent = np.concatenate(split_ent[name])
-        if len(rows) == 0:
-            lens = dict(zip(data.entity_names, data.lengths))
-            raise DataError(
-                f"the {name} split has no window: a window needs history + horizon = {need} "
-                f"consecutive steps, all {horizon} forecast steps inside the split "
-                f"(split fractions {split}, series lengths {lens}); use a longer series, a "
-                "shorter --history / --horizon, or other split fractions"
-            )
-        setattr(w, name, SplitWindows(name=name, rows=rows, entity=ent, parent=w))
+    _attach_splits(w, data, split_rows, split_ent, split)
     return w
