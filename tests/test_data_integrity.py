@@ -240,3 +240,15 @@ def test_blank_time_stamp(tmp_path, value):
     with pytest.raises(DataError, match=r"line 6: column 'ts' \(--time-col\) has a missing value|"
                        r"line 6: time value 'NaT' is neither"):  # fmt: skip
         load_csv(write(tmp_path / "b.csv", body), **ARGS)
+
+
+def test_split_target_matches_batch_without_gathering_inputs(tmp_path):
+    d = load_csv(write(tmp_path / "t.csv", rows(200, "a") + rows(150, "b", seed=4)), **ARGS)
+    w = make_windows(d, history=24, horizon=6)
+    idx = np.array([0, 3, len(w.val) - 1])
+    np.testing.assert_array_equal(w.val.target(idx), w.val.batch(idx)[3])
+    np.testing.assert_array_equal(w.val.target(), w.val.batch()[3])
+    # oracle: the standardised target from the raw series by hand
+    e, r = int(w.val.entity[3]), int(w.val.rows[3]) - (0 if w.val.entity[3] == 0 else 200)
+    raw = d.target[e][r : r + 6]
+    np.testing.assert_allclose(w.val.target(idx)[1], (raw - w.level[e]) / w.scale[e], rtol=1e-6)
