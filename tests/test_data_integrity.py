@@ -252,3 +252,9 @@ def test_split_target_matches_batch_without_gathering_inputs(tmp_path):
     e, r = int(w.val.entity[3]), int(w.val.rows[3]) - (0 if w.val.entity[3] == 0 else 200)
     raw = d.target[e][r : r + 6]
     np.testing.assert_allclose(w.val.target(idx)[1], (raw - w.level[e]) / w.scale[e], rtol=1e-6)
+
+
+def test_non_finite_numeric_time(tmp_path):
+    body = [[str(i), str(i % 5)] for i in range(50)] + [["inf", "1"]]
+    with pytest.raises(DataError, match=r"line 52: column 't' \(--time-col\) has a non-finite"):
+        load_csv(write(tmp_path / "n.csv", body, ["t", "v"]), time_col="t", target_col="v")

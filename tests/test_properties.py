@@ -34,7 +34,8 @@ pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 HEADER = ["id", "ts", "y", "x", "k"]
 CELLS = ["", "NA", "abc", "1e300", "-1e300", "inf", "nan", "1,5", " 3 ", "0x10", "1e-320",
          "\u00e4", "7", "-0.0", "1e30", "true"]  # fmt: skip
-STAMPS = ["+02:00", "Z", "17", "yesterday", "2020-13-01T00:00", "", " ", "2020-03-01"]
+STAMPS = ["+02:00", "Z", "17", "yesterday", "2020-13-01T00:00", "", " ", "2020-03-01", "inf",
+          "1e308", "-5", "NaT"]  # fmt: skip
 CASES = {"check": 0, "end_to_end": 0, "accepted": 0, "refused": 0}
 
 
@@ -54,6 +55,10 @@ def base_rows(n: int, seed: int) -> list[list[str]]:
 def tables(draw):
     n = draw(st.integers(60, 160))
     rows = base_rows(n, draw(st.integers(0, 3)))
+    if draw(_mostly(st.just(False), st.just(True))):  # a numeric time axis (a step counter)
+        step = draw(st.sampled_from([1, 0.5, 0.1, 3]))
+        for k, r in enumerate(rows):
+            r[1] = repr((k % n) * step)
     header = list(HEADER)
     for _ in range(draw(st.sampled_from([0, 0, 1, 1, 2, 4]))):
         kind = draw(st.sampled_from(["cell", "stamp", "delete", "dup", "swap", "field"]))

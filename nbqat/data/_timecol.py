@@ -32,7 +32,7 @@ def parse_time_column(s: Any, col: str, where: Callable[[int], str]) -> np.ndarr
             "time stamp"
         )
     if pd.api.types.is_numeric_dtype(s.dtype) and s.dtype != bool:
-        return s.to_numpy(dtype=np.float64)
+        return _finite(s.to_numpy(dtype=np.float64), col, where)
     if isinstance(s.dtype, pd.DatetimeTZDtype):
         return _naive_utc(s)
     if pd.api.types.is_datetime64_dtype(s.dtype):
@@ -63,7 +63,7 @@ def _diagnose(st: Any, col: str, where: Callable[[int], str]) -> np.ndarray:
 
     num = pd.to_numeric(st, errors="coerce")
     if num.notna().all():
-        return num.to_numpy(dtype=np.float64)
+        return _finite(num.to_numpy(dtype=np.float64), col, where)
     has_tz = st.str.contains(_OFFSET, regex=True).to_numpy()
     if has_tz.any() and not has_tz.all():
         i, j = int(np.argmax(has_tz)), int(np.argmax(~has_tz))
@@ -94,3 +94,14 @@ def _diagnose(st: Any, col: str, where: Callable[[int], str]) -> np.ndarray:
 
 def _naive_utc(s: Any) -> np.ndarray:
     return s.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy().astype("datetime64[s]")
+
+
+def _finite(x: np.ndarray, col: str, where: Callable[[int], str]) -> np.ndarray:
+    bad = ~np.isfinite(x)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DataError(
+            f"{where(i)}: column {col!r} (--time-col) has a non-finite time value "
+            f"{float(x[i])!r}; a numeric time axis needs finite step numbers"
+        )
+    return x
