@@ -869,6 +869,11 @@ def _phases(r: _Run) -> None:
                 r.float_phase(intr)
             finally:
                 r._tick("float", t0)
+            if r.best_params is None or not np.all(np.isfinite(r.best_params)):
+                raise ValueError(
+                    "the float training diverged: no epoch had a finite validation loss "
+                    f"(curve {r.st.curves['float']['val']}); lower --lr or set a --max-norm"
+                )
         if st.phase == "calibrate":
             t0 = time.perf_counter()
             r.calibrate_phase()

@@ -354,3 +354,12 @@ def test_parquet_through_data_option(tmp_path, capsys):
 
 _TMY3 = dict(time_col="time", target_col="temp_air", entity_col="station", known_cols="etr",
              static_cols="latitude,longitude,elevation")  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_diverged_float_training_is_a_clear_error(tmp_path, capsys):
+    rc = main(["train", *TINY, "--lr", "1e30", "--max-norm", "none", "--out", str(tmp_path / "o")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "the float training diverged" in err and "--lr" in err and "Traceback" not in err
+    assert not (tmp_path / "o" / "metrics.json").exists()
