@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["build_parser", "main"]
 
@@ -232,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="steps between validation/test windows [default: 6; --quick: 24]",
     )
+    _add_predict(sub)
     return p
 
 
@@ -271,6 +273,27 @@ def _resume_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace)
             "--resume continues a run with the options it started with; these conflict with "
             f"the checkpoint: {'; '.join(bad)}. Drop them (or start a new run with another --out)"
         )
+
+
+def _add_predict(sub: Any) -> None:
+    pr = sub.add_parser(
+        "predict",
+        help="forecast the latest window of every series with a finished nbqat train run",
+        description=(
+            "Load a finished run (checkpoint, scaling, column names), build the latest full "
+            "window of every series and write one row per entity and forecast step."
+        ),
+    )
+    pr.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of nbqat train")
+    pr.add_argument("--csv", default=None, help="a CSV with the training run's columns")
+    pr.add_argument(
+        "--engine",
+        choices=("onnx", "int8", "float"),
+        default="onnx",
+        help="onnxruntime on RUN_DIR/model.onnx, the nbqat int8 reference, or the best float "
+        "weights [default: onnx]",
+    )
+    pr.add_argument("--out", default="forecasts.csv", help="output CSV [default: forecasts.csv]")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -324,6 +347,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             print(f"nbqat train: error: {e}", file=sys.stderr)
             return 2
+        return 0
+    if args.command == "predict":
+        from nbqat.predict import predict
+
+        try:
+            path = predict(args.run_dir, csv_path=args.csv, engine=args.engine, out=args.out)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"nbqat predict: error: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {path}")
         return 0
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2

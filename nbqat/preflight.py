@@ -34,6 +34,7 @@ OUTPUT_NAMES = (
     "variable_importance.png",
     "attention.png",
     "clipping_comparison.png",
+    "model.onnx",
 )
 
 

@@ -1017,6 +1017,11 @@ def _evaluate(r: _Run) -> dict:
     if cfg.plots:
         metrics["plots"] = _plots(r, test, y, naive_point, pred_float, pred_int8)
     r._tick("evaluate", t0)
+    t0 = time.perf_counter()
+    from nbqat.export import export_run, run_metadata  # OUT/model.onnx + parity (docs/export.md)
+
+    metrics["onnx_parity"] = export_run(r.qat, int8, test, r.out, metadata=run_metadata(w, qr))
+    r._tick("onnx", t0)
     return metrics
 
 
@@ -1151,6 +1156,10 @@ def _summary_table(metrics: dict, timings: dict) -> str:
             f"{e}: " + ", ".join(f"{c} {n}" for c, n in cols.items()) for e, cols in filled.items()
         ]
         lines.append("filled by --fill-gaps (cells): " + "; ".join(parts))
+    if "onnx_parity" in metrics:
+        from nbqat.export import summary_lines
+
+        lines += summary_lines(metrics["onnx_parity"])
     ph = timings["phases_s"]
     lines.append("time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in ph.items()))
     return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""The main job's export step (``nbqat train`` -> ``OUT/model.onnx`` and ``onnx_parity``)."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+from nbqat.export.parity import check_parity, division_study
+
+
+def run_metadata(windows: Any, q_risk: Mapping[str, Any]) -> dict:
+    """ONNX metadata props of a training run: input feature names, the target's per-entity
+    scaling (``pred * scale + level`` gives the target's units) and the run's q-risk.
+
+    Parameters
+    ----------
+    windows : nbqat.data.Windows
+        The run's windows (names, per-entity ``level`` / ``scale``).
+    q_risk : Mapping
+        The run's test q-risk by model (``metrics["q_risk_test"]``).
+
+    Returns
+    -------
+    dict
+        JSON-able values keyed by prop name.
+    """
+    w = windows
+    return {
+        "target": w.target_name,
+        "static_features": list(w.static_names),
+        "historical_features": list(w.historical_names),
+        "future_features": list(w.future_names),
+        "target_scaling": {
+            str(e): {"level": float(lv), "scale": float(sc)}
+            for e, lv, sc in zip(w.entity_names, w.level, w.scale)
+        },
+        "q_risk_test": dict(q_risk),
+    }
+
+
+def export_run(
+    qat: Any,
+    int8: Any,
+    split: Any,
+    out_dir: str | pathlib.Path,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    reference_rows: int = 16,
+) -> dict:
+    """The main job's export step: write ``out_dir/model.onnx`` and measure parity on ``split``.
+
+    Parameters
+    ----------
+    qat : QATTemporalFusionTransformer
+        The trained QAT model (engine ``fake_quant``).
+    int8 : Int8TemporalFusionTransformer
+        ``qat.to_int8()``: the model exported (its qparams are the QAT model's current ones).
+    split : nbqat.data.SplitWindows
+        The windows to compare on (the test split): ``batch()``, ``target_raw()``,
+        ``unscale()``.
+    out_dir : str or pathlib.Path
+        Existing run folder.
+    metadata : Mapping, optional
+        Extra ONNX metadata props (feature names, target scaling, q-risk).
+    reference_rows : int, default 16
+        Windows run by the pure-Python reference evaluator.
+
+    Returns
+    -------
+    dict
+        The ``onnx_parity`` block of metrics.json: the file name and size, the opset, the
+        parity report of :func:`check_parity` (without predictions) and the
+        :func:`division_study`.
+    """
+    from nbqat.export.onnx_export import DEFAULT_OPSET, to_onnx
+
+    path = to_onnx(int8, pathlib.Path(out_dir) / "model.onnx", metadata=metadata)
+    s, h, f, _ = split.batch()
+    rep = check_parity(
+        qat,
+        path,
+        s,
+        h,
+        f,
+        int8=int8,
+        target=split.target_raw(),
+        unscale=split.unscale,
+        reference_rows=reference_rows,
+    )
+    rep.pop("_predictions")
+    rep["division_vs_reciprocal"] = division_study(path, s, h, f)
+    return {"file": path.name, "bytes": path.stat().st_size, "opset": DEFAULT_OPSET, **rep}
+
+
+def summary_lines(parity: Mapping[str, Any]) -> list[str]:
+    """The summary.txt lines of an :func:`export_run` block.
+
+    Parameters
+    ----------
+    parity : Mapping
+        ``metrics["onnx_parity"]``.
+
+    Returns
+    -------
+    list of str
+        One line per ONNX runtime against the int8 reference, and the division study.
+    """
+    pr = parity["pairs"]
+    lines = []
+    for key, label in (
+        ("int8_vs_ort_disable_all", "ORT no-opt"),
+        ("int8_vs_ort_default", "ORT default"),
+    ):
+        if key in pr:
+            v = pr[key]
+            lines.append(
+                f"ONNX ({label}) vs int8 on {v['rows']} windows: max "
+                f"{v['max_diff_output_steps']:.3f} output steps, "
+                f"{100 * v['bit_identical_fraction']:.1f}% bit-identical"
+            )
+    d = parity.get("division_vs_reciprocal")
+    if d:
+        lines.append(
+            f"x/scale vs x*(1/scale): {d['runtime_vs_reciprocal']} of {d['codes']} codes differ"
+        )
+    return lines

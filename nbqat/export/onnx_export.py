@@ -1,0 +1,276 @@
+"""``to_onnx``: the QAT forecaster as an ONNX QDQ graph (built with the ``onnx`` package)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from nbqat.export._check import check_int8, check_qat
+from nbqat.export._graph import GraphBuilder, QParams
+from nbqat.export.emitters import emit, register
+from nbqat.nn.tft import TemporalFusionTransformer
+
+#: The opset written by default (int16/uint16 QDQ types exist from 21 on).
+DEFAULT_OPSET = 21
+#: The lowest opset supported: per-axis DequantizeLinear needs 13.
+MIN_OPSET = 13
+#: Graph input and output names.
+INPUTS = ("static", "historical", "future")
+OUTPUT = "quantiles"
+
+
+def _as_int8(model: Any) -> tuple[Any, str]:
+    """The integer model to export and what it came from ("qat", "int8", "prepare_qat" or
+    "convert")."""
+    from nbqat.export import emitters_generic
+    from nbqat.nn.int8 import Int8TemporalFusionTransformer
+    from nbqat.nn.qat import QATTemporalFusionTransformer
+    from nbqat.nn.quantize import Int8Model, QATModel, convert
+
+    if isinstance(model, QATTemporalFusionTransformer):
+        check_qat(model)
+        int8, source = model.to_int8(), "qat"
+    elif isinstance(model, Int8TemporalFusionTransformer):
+        int8, source = model, "int8"
+    elif isinstance(model, QATModel):
+        check_qat(model)
+        int8, source = emitters_generic.as_int8(convert(model)), "prepare_qat"
+    elif isinstance(model, Int8Model):
+        int8, source = emitters_generic.as_int8(model), "convert"
+    else:
+        raise TypeError(
+            "model must be a calibrated, frozen nbqat.nn.QATTemporalFusionTransformer or a "
+            "model prepared by nbqat.nn.prepare_qat, or their integer model (to_int8() / "
+            f"convert()), got {type(model).__name__}"
+        )
+    check_int8(int8)
+    return int8, source
+
+
+@register(TemporalFusionTransformer)
+def emit_tft(g: GraphBuilder, name: str, tft: Any, static: str, hist: str, fut: str) -> str:
+    """The forecaster's data flow (:meth:`TemporalFusionTransformer.forward`, steps 1-10),
+    with the optional linear skip added to the head's output. Returns the (B, tau, Q) output
+    before the network output quantizer."""
+    cfg = tft.config
+    k, tau, nq = cfg.sequence_length, cfg.prediction_horizon, cfg.num_quantiles
+    xi_s, _ = emit(g, "static_vsn", tft.static_vsn, static)
+    ctx = {
+        n: emit(g, f"static_context_{n}", getattr(tft, f"static_context_{n}"), xi_s)
+        for n in ("variable_selection", "enrichment", "initial_hidden", "initial_cell")
+    }
+    c_s = ctx["variable_selection"]
+    e_enc, _ = emit(g, "encoder_vsn", tft.encoder_vsn, hist, c_s, rank=3)
+    e_dec, _ = emit(g, "decoder_vsn", tft.decoder_vsn, fut, c_s, rank=3)
+    h_enc, h_k, c_k = emit(
+        g, "lstm_encoder", tft.lstm_encoder, e_enc, ctx["initial_hidden"], ctx["initial_cell"], k
+    )
+    h_dec, _, _ = emit(g, "lstm_decoder", tft.lstm_decoder, e_dec, h_k, c_k, tau)
+    lstm_out = g.node("Concat", [h_enc, h_dec], "lstm_out", axis=1)  # (B, T, d)
+    emb = g.node("Concat", [e_enc, e_dec], "emb", axis=1)
+    phi = emit(g, "post_lstm_gate", tft.post_lstm_gate, lstm_out, emb)
+    theta = emit(g, "static_enrichment", tft.static_enrichment, phi, ctx["enrichment"], rank=3)
+    start, end, axis = g.const([k], np.int64), g.const([k + tau], np.int64), g.const([1], np.int64)
+    theta_dec = g.node("Slice", [theta, start, end, axis], "theta_dec")
+    attn = emit(g, "multihead_attn", tft.multihead_attn, theta_dec, theta, k, tau, k + tau)
+    delta = emit(g, "post_attn_gate", tft.post_attn_gate, attn, theta_dec)
+    psi = emit(g, "pos_wise_ff", tft.pos_wise_ff, delta, rank=3)
+    phi_dec = g.node("Slice", [phi, start, end, axis], "phi_dec")
+    psi_t = emit(g, "pre_output_gate", tft.pre_output_gate, psi, phi_dec)
+    out = emit(g, "output_layer", tft.output_layer, psi_t)  # (B, tau, Q)
+    if getattr(cfg, "linear_skip", False):
+        flat = g.node(
+            "Concat",
+            [g.reshape(hist, [0, -1], "skip"), g.reshape(fut, [0, -1], "skip"), static],
+            "skip",
+            axis=1,
+        )
+        skip = emit(g, "linear_skip", tft.linear_skip, flat)  # (B, tau * Q)
+        out = g.node("Add", [out, g.reshape(skip, [0, tau, nq], "skip")], "linear_skip")
+    return out
+
+
+def build_model(model: Any, *, opset: int | None = None, metadata: Mapping[str, Any] | None = None):
+    """The ONNX ``ModelProto`` of ``model`` (see :func:`to_onnx`); nothing is written.
+
+    Returns
+    -------
+    (onnx.ModelProto, GraphBuilder)
+        The checked model and the builder (``quantize_inputs`` names every QuantizeLinear's
+        float input, for :func:`nbqat.export.division_study`).
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    from nbqat import __version__
+
+    opset = _check_opset(opset)
+    int8, source = _as_int8(model)
+    tft = int8.model
+    cfg = tft.config
+    g = GraphBuilder(opset, int8.layers)
+    dims = {
+        "static": ["batch", cfg.num_static_features],
+        "historical": ["batch", cfg.sequence_length, cfg.num_unknown_features],
+        "future": ["batch", cfg.prediction_horizon, cfg.num_known_features],
+    }
+    for n in INPUTS:
+        g.fresh(n)
+    out = emit(g, "", tft, *INPUTS)
+    if int8.quantized_output:
+        qp = QParams(
+            "output_fake_quant",
+            np.float32(int8.output_scale),
+            int(int8.output_zero_point),
+            int(int8.output_quant_min),
+            int(int8.output_quant_max),
+        )
+        out = g.qdq(out, qp, "output")
+    g.nodes.append(helper.make_node("Identity", [out], [OUTPUT], name="output"))
+    graph = helper.make_graph(
+        g.nodes,
+        "nbqat_tft_qdq",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims[n]) for n in INPUTS],
+        [
+            helper.make_tensor_value_info(
+                OUTPUT,
+                TensorProto.FLOAT,
+                ["batch", cfg.prediction_horizon, cfg.num_quantiles],
+            )
+        ],
+        initializer=g.initializers,
+    )
+    proto = helper.make_model(
+        graph,
+        producer_name="nbqat",
+        producer_version=__version__,
+        opset_imports=[helper.make_opsetid("", opset)],
+    )
+    proto.ir_version = min(proto.ir_version, _max_ir(opset))
+    props: dict[str, Any] = {
+        "nbqat_version": __version__,
+        "source": source,
+        "quantiles": list(cfg.quantiles),
+        "quantized_output": bool(int8.quantized_output),
+        "lstm": "unrolled",
+        "inputs": {n: dims[n][1:] for n in INPUTS},
+    }
+    if int8.output_scale is not None:
+        props["output_scale"] = float(int8.output_scale)
+        props["output_zero_point"] = int(int8.output_zero_point)
+    props.update(dict(metadata or {}))
+    helper.set_model_props(
+        proto, {k: v if isinstance(v, str) else json.dumps(v) for k, v in props.items()}
+    )
+    onnx.checker.check_model(proto, full_check=True)
+    return proto, g
+
+
+def _max_ir(opset: int) -> int:
+    from onnx import helper
+
+    for _, ir, op, *_ in helper.VERSION_TABLE:
+        if op >= opset:
+            return int(ir)
+    return int(helper.VERSION_TABLE[-1][1])
+
+
+def _check_opset(opset: int | None) -> int:
+    import onnx
+
+    if opset is None:
+        return DEFAULT_OPSET
+    top = onnx.defs.onnx_opset_version()
+    if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)):
+        raise TypeError(f"opset must be an int or None, got {type(opset).__name__}")
+    if not MIN_OPSET <= int(opset) <= top:
+        raise ValueError(
+            f"opset must be in [{MIN_OPSET}, {top}] (per-axis DequantizeLinear needs 13; this "
+            f"onnx package knows up to {top}), got {opset}"
+        )
+    return int(opset)
+
+
+def to_onnx(
+    model: Any,
+    path: str | os.PathLike,
+    *,
+    opset: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> pathlib.Path:
+    """Export a calibrated, frozen QAT forecaster (or its int8 model) as an ONNX QDQ graph.
+
+    Parameters
+    ----------
+    model : QATTemporalFusionTransformer, Int8TemporalFusionTransformer, QATModel or Int8Model
+        The QAT model (the forecaster's, or one :func:`nbqat.nn.prepare_qat` made) must be past
+        calibration (``phase == "qat"``) with every observer frozen (``freeze_observers()``);
+        its frozen qparams are exported (through ``to_int8()`` / :func:`nbqat.nn.convert`, so
+        the QAT model and its integer model give the same file). The network's type needs an
+        emitter (:mod:`nbqat.export.emitters`: the TFT and :class:`~nbqat.nn.LSTMForecaster`).
+    path : str or os.PathLike
+        The ``.onnx`` file to write; its folder must exist. Written atomically (a temporary
+        file in the same folder, fsynced, then renamed).
+    opset : int, optional
+        Default-domain opset, 13 to the installed onnx's newest; default 21. Below 17 the
+        LayerNorm is decomposed; int16/uint16 activation ranges need 21.
+    metadata : Mapping, optional
+        Extra metadata props (values JSON-encoded unless str), e.g. feature names, the
+        target's per-entity scaling, the training run's q-risk.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Raises
+    ------
+    TypeError
+        For another model type or a non-int opset.
+    ValueError
+        Before anything is written: an uncalibrated quantizer, an unfrozen observer or a model
+        still in calibration (the message names the quantizer), a quant range that no
+        QuantizeLinear type of ``opset`` holds, a bad scale or zero point, an opset out of
+        range, or a folder of ``path`` that does not exist.
+
+    Notes
+    -----
+    Graph: inputs ``static`` (B, m_s), ``historical`` (B, k, m_z), ``future`` (B, tau, m_x)
+    float32 with a dynamic batch; output ``quantiles`` (B, tau, Q). Weights are int8 codes
+    (the exact codes of training's weight fake-quant) with a per-axis DequantizeLinear
+    (``axis=1`` on the (K, N) MatMul operand); every activation fake-quant point is
+    QuantizeLinear -> [Clip when the range is narrower than the storage type] ->
+    DequantizeLinear. The LSTMs are unrolled (k and tau are fixed by the config): the
+    hidden-state Q/DQ sits before each step's recurrent MatMul as in training, every node is
+    on the main graph for onnxruntime's QDQ fusions, and no Loop/Scan body is needed. ONNX's
+    QuantizeLinear divides ``x / scale`` where nbqat (PyTorch) multiplies by the float32
+    reciprocal; docs/export.md gives how often that moves a code.
+    """
+    p = pathlib.Path(os.fspath(path))
+    folder = p.parent if str(p.parent) else pathlib.Path(".")
+    if not folder.is_dir():
+        raise ValueError(f"path {str(p)!r}: the folder {str(folder)!r} does not exist; create it")
+    if p.is_dir():
+        raise ValueError(f"path {str(p)!r} is a folder; give a file name such as model.onnx")
+    proto, _ = build_model(model, opset=opset, metadata=metadata)
+    data = proto.SerializeToString()
+    fd, tmp = tempfile.mkstemp(prefix=".nbqat-onnx-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return p

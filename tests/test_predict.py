@@ -1,0 +1,190 @@
+"""``nbqat predict``: forecasts from a finished run, engines, and the error cases (no output)."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nbqat.cli import main
+from nbqat.data import TMY3_FILE
+
+TINY = [
+    "--epochs", "1", "--qat-epochs", "1", "--batch-size", "16", "--hidden-dim", "4",
+    "--heads", "1", "--history", "24", "--horizon", "6", "--windows-per-epoch", "32",
+    "--calibration-batches", "2", "--eval-stride", "96", "--no-progress", "--no-plots",
+]  # fmt: skip
+SHIPPED = Path(__file__).resolve().parents[1] / "nbqat" / "data" / TMY3_FILE
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    assert main(["train", *TINY, "--out", str(out)]) == 0
+    return out
+
+
+def _raw_rows() -> list[dict]:
+    with gzip.open(SHIPPED, "rt", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _read(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_engines_agree_and_rows_are_the_last_steps(run, tmp_path, capsys):
+    outs = {}
+    for eng in ("onnx", "int8", "float"):
+        p = tmp_path / f"{eng}.csv"
+        assert main(["predict", str(run), "--engine", eng, "--out", str(p)]) == 0
+        outs[eng] = _read(p)
+    rows = outs["onnx"]
+    assert list(rows[0]) == ["entity", "time", "step", "p10", "p50", "p90"]
+    # oracle: the last 6 time stamps of every station in the raw shipped file
+    raw = _raw_rows()
+    stations = list(dict.fromkeys(r["station"] for r in raw))
+    want = []
+    for st in stations:
+        ts = [r["time"] for r in raw if r["station"] == st][-6:]
+        want += [(st, i + 1, t) for i, t in enumerate(ts)]
+    got = [(r["entity"], int(r["step"]), r["time"]) for r in rows]
+    assert [(e, s) for e, s, _ in got] == [(e, s) for e, s, _ in want]
+    for (_, _, t_got), (_, _, t_raw) in zip(got, want):
+        assert np.datetime64(t_got) == np.datetime64(t_raw.replace("Z", "").split("+")[0])
+    # onnxruntime vs the int8 reference: within one output step in the target's units
+    m = json.loads((run / "metrics.json").read_text())
+    step = m["onnx_parity"]["output_scale"]
+    scale = max(s["scale"] for s in _scaling(run).values())
+    a = np.array([[float(r[q]) for q in ("p10", "p50", "p90")] for r in rows])
+    b = np.array([[float(r[q]) for q in ("p10", "p50", "p90")] for r in outs["int8"]])
+    c = np.array([[float(r[q]) for q in ("p10", "p50", "p90")] for r in outs["float"]])
+    assert np.max(np.abs(a - b)) <= step * scale * 1.001 + 1e-5
+    assert np.all(np.isfinite(c)) and not np.array_equal(b, c)
+
+
+def _scaling(run: Path) -> dict:
+    import onnx
+
+    props = {p.key: p.value for p in onnx.load(str(run / "model.onnx")).metadata_props}
+    return json.loads(props["target_scaling"])
+
+
+def test_csv_of_the_shipped_file_gives_the_same_forecasts(run, tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    assert main(["predict", str(run), "--engine", "int8", "--out", str(a)]) == 0
+    argv = ["predict", str(run), "--engine", "int8", "--csv", str(SHIPPED), "--out", str(b)]
+    assert main(argv) == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+def _write_csv(path: Path, rows: list[dict], drop: str | None = None) -> Path:
+    cols = [c for c in rows[0] if c != drop]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def _fails(argv, out: Path, capsys, needle: str) -> None:
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err, err
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".nbqat-")]
+
+
+def test_error_missing_column(run, tmp_path, capsys):
+    bad = _write_csv(tmp_path / "bad.csv", _raw_rows(), drop="etr")
+    _fails(["predict", str(run), "--csv", str(bad)], tmp_path / "f.csv", capsys, "etr")
+
+
+def test_error_too_short_series(run, tmp_path, capsys):
+    raw = _raw_rows()
+    short = [r for r in raw if r["station"] == raw[0]["station"]][:20]
+    short += [r for r in raw if r["station"] != raw[0]["station"]]
+    bad = _write_csv(tmp_path / "short.csv", short)
+    _fails(["predict", str(run), "--csv", str(bad)], tmp_path / "f.csv", capsys, "rows")
+
+
+def test_error_unfinished_or_empty_run(run, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _fails(["predict", str(empty)], tmp_path / "f.csv", capsys, "no finished model")
+    part = tmp_path / "part"
+    shutil.copytree(run, part)
+    st = json.loads((part / "checkpoint" / "state.json").read_text())
+    st["state"]["phase"] = "qat"
+    (part / "checkpoint" / "state.json").write_text(json.dumps(st))
+    _fails(["predict", str(part)], tmp_path / "f.csv", capsys, "unfinished run")
+    _fails(["predict", str(tmp_path / "nope")], tmp_path / "f.csv", capsys, "not a folder")
+
+
+def test_error_missing_onnx_file(run, tmp_path, capsys):
+    part = tmp_path / "noonnx"
+    shutil.copytree(run, part)
+    (part / "model.onnx").unlink()
+    _fails(["predict", str(part)], tmp_path / "f.csv", capsys, "no model.onnx")
+    assert main(["predict", str(part), "--engine", "int8", "--out", str(tmp_path / "g.csv")]) == 0
+
+
+def test_error_out_folder_missing(run, tmp_path, capsys):
+    out = tmp_path / "nope" / "f.csv"
+    assert main(["predict", str(run), "--out", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not out.parent.exists()
+
+
+def test_train_writes_onnx_and_parity(run):
+    import onnx
+
+    m = json.loads((run / "metrics.json").read_text())
+    par = m["onnx_parity"]
+    assert par["file"] == "model.onnx" and par["bytes"] == (run / "model.onnx").stat().st_size
+    onnx.checker.check_model(onnx.load(str(run / "model.onnx")), full_check=True)
+    for key in ("int8_vs_ort_disable_all", "int8_vs_ort_default", "int8_vs_reference"):
+        assert par["pairs"][key]["max_diff_output_steps"] <= 1.0, key
+    qr = m["q_risk_test"]["int8"]
+    for q, v in par["engines"]["ort_default"]["q_risk"].items():
+        assert float(f"{v:.4g}") == float(f"{qr[q]:.4g}"), q
+    assert par["engines"]["int8"]["q_risk"] == qr  # the harness's int8 is the job's int8
+    assert par["division_vs_reciprocal"]["runtime_vs_division"] == 0
+    assert "output steps" in (run / "summary.txt").read_text()
+
+
+def test_other_data_warns_about_standardisation(run, tmp_path):
+    from nbqat.predict import predict
+
+    raw = _raw_rows()
+    for r in raw:
+        r["temp_air"] = str(float(r["temp_air"]) + 1.0)
+    shifted = _write_csv(tmp_path / "shifted.csv", raw)
+    with pytest.warns(UserWarning, match="standardised with the data's own statistics"):
+        out = predict(run, csv_path=str(shifted), engine="int8", out=tmp_path / "f.csv")
+    assert len(_read(out)) == 2 * 6
+
+
+def test_onnx_metadata_of_the_run(run):
+    """Feature names and per-entity target scaling in model.onnx against the windows rebuilt
+    from the shipped data with the run's options."""
+    import onnx
+
+    from nbqat.data import load_tmy3, make_windows
+
+    w = make_windows(load_tmy3(), history=24, horizon=6, eval_stride=96, calendar=["hour", "dow"])
+    props = {p.key: p.value for p in onnx.load(str(run / "model.onnx")).metadata_props}
+    assert json.loads(props["historical_features"]) == w.historical_names
+    assert json.loads(props["future_features"]) == w.future_names
+    assert json.loads(props["static_features"]) == w.static_names
+    sc = json.loads(props["target_scaling"])
+    for e, lv, s in zip(w.entity_names, w.level, w.scale):
+        assert sc[e] == {"level": lv, "scale": s}
+    m = json.loads((run / "metrics.json").read_text())
+    assert json.loads(props["q_risk_test"]) == m["q_risk_test"]
