@@ -311,7 +311,9 @@ def check_data(meta: dict, fingerprint: dict) -> None:
     """
     file = Path(meta["folder"]) / "state.json"
     old = meta["data"]
-    for k in ("path", "bytes", "sha256"):
+    # Not the path: the data is read from the stored path, and the shipped file's path moves
+    # with the installation (the content is what must not change).
+    for k in ("bytes", "sha256"):
         if old[k] != fingerprint[k]:
             raise _err(
                 file,
