@@ -258,3 +258,16 @@ def test_non_finite_numeric_time(tmp_path):
     body = [[str(i), str(i % 5)] for i in range(50)] + [["inf", "1"]]
     with pytest.raises(DataError, match=r"line 52: column 't' \(--time-col\) has a non-finite"):
         load_csv(write(tmp_path / "n.csv", body, ["t", "v"]), time_col="t", target_col="v")
+
+
+def test_from_dataframe_with_aware_datetimes_and_an_index():
+    t = pd.date_range("2021-03-13", periods=72, freq="h", tz="America/New_York")  # a DST change
+    df = pd.DataFrame({"ts": t, "y": np.arange(72.0), "x": 1.0}, index=np.arange(72) * 10)
+    d = from_dataframe(df, time_col="ts", target_col="y")
+    expect = [datetime.fromisoformat(str(v)).astimezone(timezone.utc).replace(tzinfo=None)
+              for v in t]  # fmt: skip
+    assert [datetime.fromisoformat(str(v)) for v in d.times[0]] == expect
+    assert d.step == np.timedelta64(3600, "s") and d.lengths == [72]
+    df.loc[df.index[5], "y"] = np.nan
+    with pytest.raises(DataError, match="DataFrame, row 5: column 'y' has a missing value"):
+        from_dataframe(df, time_col="ts", target_col="y")
