@@ -401,12 +401,13 @@ def _frame_to_series(
     else:
         codes, names = np.zeros(len(df), dtype=np.int64), ["series"]
     numeric_cols = [target_col] + observed + known
-    vals = np.empty((len(df), len(numeric_cols)))
+    # Column-major (one contiguous row per column): filled and read column by column.
+    vals = np.empty((len(numeric_cols), len(df)))
     for j, c in enumerate(numeric_cols):
-        vals[:, j] = _numeric(df[c], c, where, fill_gaps)
-    stat = np.empty((len(df), len(static)))
+        vals[j] = _numeric(df[c], c, where, fill_gaps)
+    stat = np.empty((len(static), len(df)))
     for j, c in enumerate(static):
-        stat[:, j] = _numeric(df[c], c, where, False)
+        stat[j] = _numeric(df[c], c, where, False)
     return regularise(
         t, codes, names, vals, stat, where, src, target_col, observed, known, static, fill_gaps
     )

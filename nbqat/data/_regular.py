@@ -66,17 +66,21 @@ def regularise(
     for e, rows in enumerate(per):
         pos = _positions(t[rows], diffs[e], step, is_dt, rows, names[e], where, fill_gaps)
         n = int(pos[-1]) + 1
-        full = np.full((n, vals.shape[1]), np.nan)
-        full[pos] = vals[rows]
-        if fill_gaps:
+        block = vals[:, rows]  # (m, N_e): a view for grouped rows
+        if n == block.shape[1]:  # no missing step
+            full = block
+        else:
+            full = np.full((vals.shape[0], n), np.nan)
+            full[:, pos] = block
+        if fill_gaps:  # (in place: vals is this call's own buffer)
             filled_e = _fill(full, numeric_cols, names[e], src)
             if filled_e:
                 filled[names[e]] = filled_e
                 n_filled += sum(filled_e.values())
         out_t.append(t[rows][0] + np.arange(n) * step)
-        out_y.append(full[:, 0].copy())
-        out_obs.append(full[:, 1 : 1 + len(observed)].copy())
-        out_known.append(full[:, 1 + len(observed) :].copy())
+        out_y.append(full[0].copy())
+        out_obs.append(np.ascontiguousarray(full[1 : 1 + len(observed)].T))
+        out_known.append(np.ascontiguousarray(full[1 + len(observed) :].T))
     return SeriesData(
         entity_names=list(names),
         times=out_t,
@@ -116,7 +120,7 @@ def _check_order(t, per, names, stat, static, where) -> tuple[list[np.ndarray], 
             )
         diffs.append(d)
         for j, c in enumerate(static):
-            v = stat[rows, j]
+            v = stat[j, rows]
             ch = np.flatnonzero(v != v[0])
             if len(ch):
                 k = int(ch[0])
@@ -152,12 +156,13 @@ def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray:
 
 
 def _fill(full: np.ndarray, cols: list[str], entity: str, src: str) -> dict[str, int]:
-    """Interpolate the NaN cells of each column in place; return the counts per column."""
-    n = len(full)
+    """Interpolate the NaN cells of each column (row of ``full``, (m, n)) in place; return the
+    counts per column."""
+    n = full.shape[1]
     xs = np.arange(n, dtype=np.float64)
     counts = {}
     for j, c in enumerate(cols):
-        ok = np.isfinite(full[:, j])
+        ok = np.isfinite(full[j])
         n_bad = int(n - ok.sum())
         if n_bad == 0:
             continue
@@ -173,6 +178,6 @@ def _fill(full: np.ndarray, cols: list[str], entity: str, src: str) -> dict[str,
                 f"{100 * MAX_FILL_FRACTION:.0f}% it repairs (nbqat.data.MAX_FILL_FRACTION); "
                 "fix the data at its source"
             )
-        full[:, j] = np.interp(xs, xs[ok], full[ok, j])
+        full[j] = np.interp(xs, xs[ok], full[j, ok])
         counts[c] = n_bad
     return counts
