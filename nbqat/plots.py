@@ -113,7 +113,10 @@ def plot_loss_curves(curves: Mapping[str, Mapping[str, Sequence[float]]], path: 
                 ax.plot(x, values, marker="o" if len(values) < 30 else None, ms=3, label=name)
         ax.set_title(f"{_esc(phase)} phase")
         ax.set_xlabel("epoch" + (" (after the float epochs)" if start > 1 else ""))
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        n_ep = max((len(v) for v in curves[phase].values()), default=0)
+        if n_ep <= 20:  # integer epochs as ticks (a one-epoch QAT phase gets one tick)
+            ax.set_xticks(np.arange(start, start + n_ep))
+            ax.set_xlim(start - 0.5, start + n_ep - 0.5)
         ax.set_ylabel("quantile loss (standardised)")
         ax.grid(alpha=0.3)
         ax.legend()
@@ -287,6 +290,21 @@ def plot_attention(
     return _save(fig, path)
 
 
+def _plain_log_ticks(ax) -> None:
+    """Log-axis tick labels as plain numbers (0.2, 1, 5); minor ticks labelled at 2 and 5 only
+    when the axis spans less than two decades (more would crowd)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    lo, hi = ax.get_ylim()
+    if lo > 0 and hi / lo < 100:
+        ax.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+        ax.yaxis.set_minor_formatter(plain)
+    else:
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def plot_clipping_comparison(
     runs: Mapping[str, Mapping[str, Sequence[float]]],
     path: str | Path,
@@ -320,10 +338,7 @@ def plot_clipping_comparison(
     ax2.set_xlabel("QAT step")
     ax2.set_ylabel("gradient norm before clipping")
     ax2.set_yscale("log")
-    from matplotlib.ticker import LogFormatter
-
-    ax2.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-    ax2.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+    _plain_log_ticks(ax2)
     ax2.set_title("gradient norm")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
