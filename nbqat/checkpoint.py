@@ -2,11 +2,12 @@
 
 Files:
 
-* ``state.json`` -- ``{"version", "config", "state", "data"}``: the run's resolved options
-  (:class:`nbqat.train.TrainConfig` fields; ``csv`` an absolute path), the progress
+* ``state.json`` -- ``{"version", "config", "state", "data", "checksum"}``: the run's resolved
+  options (:class:`nbqat.train.TrainConfig` fields; ``csv`` an absolute path), the progress
   (phase, epoch, batch position, early-stopping state, curves, losses, gradient norms,
-  timings) and a fingerprint of the data file (absolute path, size, SHA-256). Strict JSON
-  (an infinite best validation loss is stored as ``null``).
+  timings), a fingerprint of the data file (absolute path, size, SHA-256) and the SHA-256 of
+  the rest (:func:`digest`: an edit is refused even where every field stays in range). Strict
+  JSON (an infinite best validation loss is stored as ``null``).
 * ``float.npz`` -- ``params``, ``best_params`` and the Adam state (``opt.*``) of the float
   phase (plain NumPy arrays, no pickles).
 * ``qat.npz`` and the ``--compare-clipping`` side files -- :meth:`nbqat.nn.qat.
@@ -35,6 +36,7 @@ __all__ = [
     "PHASES",
     "CheckpointError",
     "data_fingerprint",
+    "digest",
     "read_float_arrays",
     "read_run_config",
     "read_state",
@@ -101,7 +103,27 @@ def state_json(config: dict, state: dict, data: dict) -> str:
     if st.get("best_val") is not None and math.isinf(st["best_val"]):
         st["best_val"] = None
     meta = {"version": CHECKPOINT_VERSION, "config": config, "state": st, "data": data}
+    meta["checksum"] = digest(meta)
     return json.dumps(meta, indent=1, allow_nan=False)
+
+
+def digest(meta: dict) -> str:
+    """SHA-256 of ``meta`` without its ``checksum`` (canonical JSON: sorted keys, no spaces).
+
+    Parameters
+    ----------
+    meta : dict
+        The ``state.json`` content.
+
+    Returns
+    -------
+    str
+        Hex digest; ``state.json`` stores it as ``checksum``, so an edited or damaged file whose
+        fields are all still in range is refused too.
+    """
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _err(file: Path, field: str, what: str) -> CheckpointError:
@@ -256,7 +278,7 @@ def read_state(ck: str | Path, config_fields: dict[str, Any]) -> dict:
         raise _err(
             file, "version", f"{meta.get('version')!r}; this nbqat reads {CHECKPOINT_VERSION}"
         )
-    extra = sorted(set(meta) - {"version", "config", "state", "data"})
+    extra = sorted(set(meta) - {"version", "config", "state", "data", "checksum"})
     if extra:
         raise _err(file, extra[0], "unknown field")
     _check_config(file, meta.get("config"), config_fields)
@@ -264,6 +286,15 @@ def read_state(ck: str | Path, config_fields: dict[str, Any]) -> dict:
     data = meta.get("data")
     if not isinstance(data, dict) or set(data) != {"path", "bytes", "sha256"}:
         raise _err(file, "data", "expected {path, bytes, sha256}")
+    if meta.get("checksum") != digest(meta):
+        raise _err(
+            file,
+            "checksum",
+            "missing"
+            if "checksum" not in meta
+            else "the content does not match it: the file "
+            "was edited or damaged; resume from an untouched checkpoint or start a new run",
+        )
     if meta["state"]["best_val"] is None:
         meta["state"]["best_val"] = math.inf
     meta["config"]["out"] = str(folder.parent)

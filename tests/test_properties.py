@@ -221,6 +221,71 @@ def test_end_to_end_contract(tmp_path_factory, capsys, table, opts):
     _contract(tmp_path_factory.mktemp("e"), data, gz, opts, capsys, check=False)
 
 
+# ------------------------------------------------------------------- tampered checkpoints
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**12), 10**12) | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                 max_size=3),
+    max_leaves=6,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def checkpoint_template(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ck") / "run"
+    rc = main(["train", *_TINY_TRAIN, "--out", str(out), "--stop-after-steps", "4"])
+    assert rc == 130
+    return out
+
+
+_TINY_TRAIN = ["--epochs", "2", "--qat-epochs", "1", "--batch-size", "16", "--hidden-dim", "4",
+               "--heads", "1", "--history", "24", "--horizon", "6", "--windows-per-epoch", "48",
+               "--calibration-batches", "2", "--eval-stride", "96", "--no-progress",
+               "--no-plots"]  # fmt: skip
+
+
+def _paths(node, prefix=()):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield prefix + (k,)
+            yield from _paths(v, prefix + (k,))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_tampered_state_json_contract(checkpoint_template, tmp_path_factory, capsys, data):
+    import shutil
+
+    run = tmp_path_factory.mktemp("t") / "run"
+    shutil.copytree(checkpoint_template, run)
+    ck = run / "checkpoint"
+    meta = json.loads((ck / "state.json").read_text())
+    original = json.loads((ck / "state.json").read_text())
+    path = data.draw(st.sampled_from(sorted(_paths(meta), key=str)))
+    node = meta
+    for k in path[:-1]:
+        node = node[k]
+    if data.draw(st.booleans()):
+        node[path[-1]] = data.draw(JSON_VALUES)
+    else:
+        del node[path[-1]]
+    (ck / "state.json").write_text(json.dumps(meta))
+    before = {p.name: p.read_bytes() for p in ck.iterdir()}
+    CASES["checkpoint"] = CASES.get("checkpoint", 0) + 1
+    try:
+        rc = main(["train", "--resume", str(ck), "--check"])
+    except SystemExit as e:
+        rc = int(e.code or 0)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert rc in (0, 2), err
+    if meta != original:  # any edit is refused (a field check or the checksum)
+        assert rc == 2 and err.startswith("nbqat train: error:") and "state.json" in err, err
+    assert {p.name: p.read_bytes() for p in ck.iterdir()} == before
+
+
 def test_report_case_counts(capsys):
     with capsys.disabled():
         print(f"\nhypothesis cases tried: {CASES}")

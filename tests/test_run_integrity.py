@@ -195,9 +195,14 @@ def test_resume_refuses_conflicting_options(run_copy, capsys):
     assert resume(ck, "--epochs", "2", "--check") == 0
 
 
-def _edit_state(ck: Path, fn) -> None:
+def _edit_state(ck: Path, fn, sign: bool = True) -> None:
+    """Edit state.json; ``sign``: recompute its checksum (to reach the checks behind it)."""
+    from nbqat.checkpoint import digest
+
     meta = json.loads((ck / "state.json").read_text())
     fn(meta)
+    if sign:
+        meta["checksum"] = digest(meta)
     (ck / "state.json").write_text(json.dumps(meta))
 
 
@@ -227,6 +232,10 @@ CORRUPTIONS = [
      "field 'config.csv': expected an absolute path"),
     (lambda ck: _edit_state(ck, lambda m: m.__setitem__("version", 1)),
      "field 'version': 1"),
+    (lambda ck: _edit_state(ck, lambda m: m["config"].__setitem__("seed", 4), sign=False),
+     "field 'checksum': the content does not match it"),
+    (lambda ck: _edit_state(ck, lambda m: m.pop("checksum"), sign=False),
+     "field 'checksum': missing"),
     (lambda ck: (ck / "state.json").write_text('{"version": 2, '),
      "state.json: not readable JSON"),
     (lambda ck: (ck / "float.npz").write_bytes((ck / "float.npz").read_bytes()[:300]),
