@@ -12,6 +12,8 @@ Writes into ``docs/figures/``:
 * ``calibration_histogram.png``: a stream of activation batches observed by
   :class:`nbqat.MinMaxObserver` and :class:`nbqat.MovingAverageMinMaxObserver`, with the range
   implied by each observer's ``calculate_qparams()``;
+* ``calibration_observers.png``: the same stream through every activation observer
+  (min/max, moving average, histogram L2, percentile, MSE): ranges and SQNR;
 * ``clip_coefficient.png``: the factor :func:`nbqat.clip_grad_norm_` applies, measured by
   clipping gradients of increasing norm;
 * ``per_channel_weights.png``: per-channel symmetric qint8 quantization of a weight matrix
@@ -145,6 +147,53 @@ def calibration_histogram(out_dir: Path) -> Path:
     return _save(fig, out_dir, "calibration_histogram.png")
 
 
+def calibration_observers(out_dir: Path) -> Path:
+    """The stream of :func:`calibration_histogram` through every activation observer: the
+    quint8 range each one chooses and the SQNR of the fake-quantized data with it."""
+    rng = np.random.default_rng(7)
+    batches = []
+    for i in range(40):
+        b = rng.normal(0.8, 0.9, size=4096).astype(np.float32)
+        b = np.where(b > 0, b, 0.1 * b).astype(np.float32)
+        if i == 25:
+            b[:8] = np.float32(9.0)
+        batches.append(b)
+    observers = {
+        "MinMax": nbqat.MinMaxObserver(),
+        "MovingAverageMinMax": nbqat.MovingAverageMinMaxObserver(),
+        "Histogram (L2)": nbqat.HistogramObserver(),
+        "Percentile 99.99": nbqat.PercentileObserver(percentile=99.99),
+        "MSE": nbqat.MSEObserver(),
+    }
+    for b in batches:
+        for obs in observers.values():
+            obs(b)
+    data = np.concatenate(batches)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10.5, 4.0), width_ratios=[2, 1])
+    ax.hist(data, bins=200, color="0.7", log=True)
+    sqnr = {}
+    for i, (name, obs) in enumerate(observers.items()):
+        s, z = (float(np.asarray(v).reshape(-1)[0]) for v in obs.calculate_qparams())
+        y = nbqat.fake_quantize_per_tensor_affine(data, s, int(z), 0, 255)
+        noise = np.sum((y.astype(np.float64) - data) ** 2)
+        sqnr[name] = 10 * np.log10(np.sum(data.astype(np.float64) ** 2) / noise)
+        lo, hi = (0 - z) * s, (255 - z) * s
+        ax.axvline(hi, color=f"C{i}", lw=1.4, label=f"{name}: [{lo:.2f}, {hi:.2f}]")
+        ax.axvline(lo, color=f"C{i}", lw=1.4)
+        print(f"{name}: [{lo:.4f}, {hi:.4f}] scale {s:.5g} zp {int(z)} SQNR {sqnr[name]:.2f} dB")
+    ax.set_xlabel("activation value")
+    ax.set_ylabel("count (log)")
+    ax.set_title("quint8 range chosen by each observer (40 batches)")
+    ax.legend(fontsize=7, loc="upper right")
+    names = list(sqnr)
+    bx.barh(range(len(names)), [sqnr[n] for n in names], color=[f"C{i}" for i in range(len(names))])
+    bx.set_yticks(range(len(names)), names, fontsize=8)
+    bx.invert_yaxis()
+    bx.set_xlabel("SQNR of the fake-quantized data (dB)")
+    fig.tight_layout()
+    return _save(fig, out_dir, "calibration_observers.png")
+
+
 def clip_coefficient(out_dir: Path) -> Path:
     """The factor clip_grad_norm_ applies, measured on gradients of increasing norm."""
     max_norm = 1.0
@@ -217,7 +266,13 @@ def per_channel_weights(out_dir: Path) -> Path:
     return _save(fig, out_dir, "per_channel_weights.png")
 
 
-FIGURE_FUNCTIONS = (staircase, calibration_histogram, clip_coefficient, per_channel_weights)
+FIGURE_FUNCTIONS = (
+    staircase,
+    calibration_histogram,
+    calibration_observers,
+    clip_coefficient,
+    per_channel_weights,
+)
 
 #: Plots of ``nbqat train`` that the tutorial shows (copied by ``--from-run``).
 TRAIN_PLOTS = (

@@ -21,6 +21,7 @@ from nbqat.fake_quant import (
     fake_quantize_per_tensor_affine_cachemask,
 )
 from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
+from nbqat.histogram_observers import HistogramObserver
 from nbqat.observers import (
     MinMaxObserver,
     MovingAverageMinMaxObserver,
@@ -29,6 +30,7 @@ from nbqat.observers import (
 )
 from nbqat.optim import SGD, Adam, AdamW
 from nbqat.qconfig import QATConfig, QConfig, default_qat_qconfig
+from nbqat.range_observers import MSEObserver, PercentileObserver
 
 __version__ = "0.1.0"
 
@@ -36,11 +38,14 @@ __all__ = [
     "Adam",
     "AdamW",
     "FakeQuantize",
+    "HistogramObserver",
     "LearnableFakeQuantize",
+    "MSEObserver",
     "MinMaxObserver",
     "MovingAverageMinMaxObserver",
     "MovingAveragePerChannelMinMaxObserver",
     "PerChannelMinMaxObserver",
+    "PercentileObserver",
     "QATConfig",
     "QConfig",
     "SGD",

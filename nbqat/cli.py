@@ -153,6 +153,24 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run QAT without clipping from the same start and seed and compare",
     )
+    q = t.add_argument_group("quantization report (OUT/quant_report.json)")
+    q.add_argument(
+        "--observer",
+        choices=("minmax", "histogram", "percentile", "mse", "all"),
+        default=None,
+        help="activation observer [default: minmax]; 'all' also tabulates post-training "
+        "q-risk for each",
+    )
+    q.add_argument(
+        "--sensitivity", action="store_true", help="per-layer sensitivity (test q-risk, slow)"
+    )
+    q.add_argument(
+        "--float-fallback",
+        type=_nonneg_int,
+        default=None,
+        metavar="N",
+        help="keep the N most sensitive modules in float and report the q-risk recovered",
+    )
     g.add_argument(
         "--quick", action="store_true", help="a small configuration that finishes in about a minute"
     )

@@ -35,6 +35,8 @@ OUTPUT_NAMES = (
     "attention.png",
     "clipping_comparison.png",
     "model.onnx",
+    "quant_report.json",
+    "quant_report.png",
 )
 
 

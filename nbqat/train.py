@@ -115,6 +115,9 @@ class TrainConfig:
     threads: int | None = None
     stop_after_steps: int | None = None
     overwrite: bool = False
+    observer: str = "minmax"  # activation observer (nbqat.report.OBSERVERS, or "all")
+    sensitivity: bool = False
+    float_fallback: int = 0
 
     FULL = {
         "epochs": 10,
@@ -183,6 +186,10 @@ class TrainConfig:
             raise ValueError(f"--max-norm must be positive or 'none', got {self.max_norm!r}")
         if self.compare_clipping and self.max_norm is None:
             raise ValueError("--compare-clipping needs a --max-norm (the clipped run)")
+        if self.observer not in ("minmax", "histogram", "percentile", "mse", "all"):
+            raise ValueError(
+                f"--observer must be minmax|histogram|percentile|mse|all, got {self.observer!r}"
+            )
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -543,10 +550,13 @@ class _Run:
     def _new_qat(self) -> None:
         from nbqat.nn.qat import QATTemporalFusionTransformer
         from nbqat.qconfig import QATConfig
+        from nbqat.report import activation_qconfig
 
+        obs = self.cfg.observer if self.cfg.observer != "all" else "minmax"
         qcfg = QATConfig(
-            calibration_batches=self.cfg.calibration_batches, max_norm=self.cfg.max_norm
-        )
+            calibration_batches=self.cfg.calibration_batches, max_norm=self.cfg.max_norm,
+            qconfig=activation_qconfig(obs), freeze_observers_after_calibration=obs != "minmax",
+        )  # fmt: skip
         self.qat = QATTemporalFusionTransformer.from_float(self.model, config=qcfg)
 
     def float_phase(self, intr: _Interrupt) -> None:
@@ -941,6 +951,9 @@ def _evaluate(r: _Run) -> dict:
     r.model.params[...] = r.best_params
     pred_float = test.unscale(r._predict(r.model.forward, test))
     pred_qat = test.unscale(r._predict(r.qat.predict, test))
+    from nbqat.report import from_run
+
+    quant_report = from_run(r, test)
     r._tick("evaluate", t0)
     t0 = time.perf_counter()
     int8 = r.qat.to_int8()
@@ -1001,6 +1014,7 @@ def _evaluate(r: _Run) -> dict:
             for ph in ("float", "qat")
         },
         "timings_file": "timings.json",
+        "quant_report": quant_report,
     }
     if cfg.compare_clipping:
         runs = {}

@@ -30,6 +30,9 @@ def quantizers():
         "fq": nbqat.FakeQuantize(quant_min=0, quant_max=255),
         "lsq": nbqat.LearnableFakeQuantize(quant_min=0, quant_max=255),
         "nan": nbqat.MinMaxObserver(nonfinite="ignore"),
+        "hist": nbqat.HistogramObserver(bins=64),
+        "pct": nbqat.PercentileObserver(percentile=99.0),
+        "mse": nbqat.MSEObserver(qscheme="per_channel_affine", ch_axis=1, mantissa_bits=3),
     }
 
 

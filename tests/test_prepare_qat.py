@@ -25,7 +25,8 @@ from nbqat.nn import (
     prepare_qat,
     register_qat_module,
 )
-from nbqat.nn.quantize import QAT_MODULE_MAPPINGS, QuantizedLinear
+from nbqat.nn.convert import QuantizedLinear
+from nbqat.nn.quantize import QAT_MODULE_MAPPINGS
 
 
 class Residual(Module):

@@ -13,8 +13,8 @@ import numpy as np
 
 from nbqat.export._graph import GraphBuilder
 from nbqat.export.emitters import emit, emit_lstm, qlinear, register
+from nbqat.nn.convert import QuantizedLinear, QuantizedLSTM
 from nbqat.nn.lstm_forecaster import LSTMForecaster
-from nbqat.nn.quantize import QuantizedLinear, QuantizedLSTM
 
 register(QuantizedLSTM)(emit_lstm)
 

@@ -29,9 +29,10 @@ def _as_int8(model: Any) -> tuple[Any, str]:
     """The integer model to export and what it came from ("qat", "int8", "prepare_qat" or
     "convert")."""
     from nbqat.export import emitters_generic
+    from nbqat.nn.convert import Int8Model, convert
     from nbqat.nn.int8 import Int8TemporalFusionTransformer
     from nbqat.nn.qat import QATTemporalFusionTransformer
-    from nbqat.nn.quantize import Int8Model, QATModel, convert
+    from nbqat.nn.quantize import QATModel
 
     if isinstance(model, QATTemporalFusionTransformer):
         check_qat(model)

@@ -54,8 +54,8 @@ def _batched(fn: Callable, inputs: Sequence[np.ndarray], bs: int) -> np.ndarray:
 
 
 def _is_int8(model: Any) -> bool:
+    from nbqat.nn.convert import Int8Model
     from nbqat.nn.int8 import Int8TemporalFusionTransformer
-    from nbqat.nn.quantize import Int8Model
 
     return isinstance(model, Int8TemporalFusionTransformer | Int8Model)
 
@@ -144,7 +144,7 @@ def check_parity(
             f"{[x.shape[0] for x in inputs]}"
         )
     if int8 is None:
-        from nbqat.nn.quantize import convert
+        from nbqat.nn.convert import convert
 
         int8 = model if _is_int8(model) else convert(model)
     tau = int8.model.config.prediction_horizon

@@ -5,6 +5,7 @@ needs) and ``backward`` (accumulating into the flat gradient buffer, returning i
 gradients). Parameters of a whole model live in one flat buffer (:class:`ParameterBuffer`).
 """
 
+from nbqat.nn.convert import Int8Model, convert
 from nbqat.nn.layers import (
     ELU,
     LSTM,
@@ -23,9 +24,7 @@ from nbqat.nn.params import Module, ModuleList, ParameterBuffer
 from nbqat.nn.qat import QATTemporalFusionTransformer
 from nbqat.nn.quantize import (
     QAT_MODULE_MAPPINGS,
-    Int8Model,
     QATModel,
-    convert,
     prepare_qat,
     register_qat_module,
 )

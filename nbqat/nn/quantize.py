@@ -19,10 +19,7 @@ that holds parameters of its own and has no mapping is an error (its weights wou
 stay float); a parameter-less module without a mapping (an activation, a user's composite)
 passes through in float, and its children are prepared.
 
-:func:`convert` builds the integer model from Int8 module classes: every quantized ``Linear``
-is REPLACED (in its parent, by name) with a :class:`QuantizedLinear` and every ``LSTM`` with a
-:class:`QuantizedLSTM` (integer matmuls with int32/int64 accumulation, :mod:`nbqat.nn.int8`),
-attention probabilities keep their frozen fake quantization, the rest runs the float layers.
+:func:`~nbqat.nn.convert.convert` (in :mod:`nbqat.nn.convert`) then builds the integer model.
 """
 
 from __future__ import annotations
@@ -38,11 +35,8 @@ from nbqat.nn.phases import CALIBRATION, QATPhases
 
 __all__ = [
     "QAT_MODULE_MAPPINGS",
-    "Int8Model",
     "QATModel",
-    "QuantizedLSTM",
-    "QuantizedLinear",
-    "convert",
+    "hooks_for",
     "prepare_qat",
     "register_qat_module",
 ]
@@ -105,7 +99,9 @@ def register_qat_module(layer_type: type, hooks: Mapping[str, str]) -> None:
     QAT_MODULE_MAPPINGS[layer_type] = dict(hooks)
 
 
-def _hooks_for(mod: Module) -> dict[str, str] | None:
+def hooks_for(mod: Module) -> dict[str, str] | None:
+    """The hook mapping of ``mod``'s type (or of its nearest mapped base class); None when
+    the type has no mapping."""
     for cls in type(mod).__mro__:
         if cls in QAT_MODULE_MAPPINGS:
             return QAT_MODULE_MAPPINGS[cls]
@@ -198,7 +194,7 @@ def prepare_qat(
     qconfig = config.qconfig if qconfig is None else qconfig
     mapping = dict(qconfig_mapping or {})
     for name, mod in model.named_modules():
-        hooks = _hooks_for(mod)
+        hooks = hooks_for(mod)
         for hook in hooks or ():
             if getattr(mod, hook, None) is not None:
                 raise ValueError(
@@ -260,7 +256,7 @@ class QATModel(QATPhases):
         self._observe_only: set[str] = set()
         self.float_fallback: list[str] = []
         for name, mod in model.named_modules():
-            hooks = _hooks_for(mod)
+            hooks = hooks_for(mod)
             if not hooks:
                 continue
             qc = _qconfig_for(name, mod, qconfig, mapping)
@@ -334,173 +330,3 @@ class QATModel(QATPhases):
         The gradient w.r.t. the input(s).
         """
         return self.model.backward(grad)
-
-
-# ------------------------------------------------------------------------------ convert
-class QuantizedLinear(Module):
-    """The integer twin of a fake-quantized :class:`~nbqat.nn.Linear` (a Module, so it
-    replaces the float layer in its parent).
-
-    Parameters
-    ----------
-    linear : Linear
-        A layer whose ``weight_fake_quant`` and ``input_fake_quant`` have observed data.
-    name : str
-        Its path, for error messages.
-    """
-
-    def __init__(self, linear: Any, name: str) -> None:
-        from nbqat.nn.int8 import Int8Linear
-
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        bias = linear.bias if linear.has_bias else None
-        self.int8 = Int8Linear(
-            np.asarray(linear.weight, np.float32),
-            bias,
-            linear.weight_fake_quant,
-            linear.input_fake_quant,
-            name,
-        )
-
-    def forward(self, x: np.ndarray, add_bias: bool = True) -> np.ndarray:
-        """Integer matmul (:meth:`nbqat.nn.int8.Int8Linear.forward`).
-
-        Parameters
-        ----------
-        x : ndarray (..., in_features) float
-        add_bias : bool, default True
-
-        Returns
-        -------
-        ndarray (..., out_features) float32
-        """
-        return self.int8.forward(x, add_bias)
-
-
-class QuantizedLSTM(Module):
-    """The integer twin of a fake-quantized :class:`~nbqat.nn.LSTM`
-    (:class:`nbqat.nn.int8.Int8LSTM`).
-
-    Parameters
-    ----------
-    lstm : LSTM
-        A layer whose four quantizers have observed data.
-    name : str
-        Its path, for error messages.
-    """
-
-    def __init__(self, lstm: Any, name: str) -> None:
-        from nbqat.nn.int8 import Int8LSTM
-
-        super().__init__()
-        self.input_size, self.hidden_size = lstm.input_size, lstm.hidden_size
-        self.int8 = Int8LSTM(lstm, name)
-
-    def forward(self, x: np.ndarray, h0: np.ndarray, c0: np.ndarray) -> Any:
-        """Run the LSTM with integer matmuls.
-
-        Parameters
-        ----------
-        x : ndarray (B, L, input_size)
-        h0, c0 : ndarray (B, hidden_size)
-
-        Returns
-        -------
-        ``(out (B, L, hidden_size), (h_L, c_L))``, float32.
-        """
-        return self.int8.forward(x, h0, c0)
-
-
-class Int8Model:
-    """The integer model :func:`convert` returns; ``int8(*inputs)`` runs it (float32 out).
-
-    Parameters
-    ----------
-    model : Module
-        The converted network.
-    layers : dict[str, Module]
-        Its Quantized* modules by path.
-
-    Attributes
-    ----------
-    model : Module
-        The converted network: Quantized* modules in place of the quantized layers.
-    layers : dict[str, Module]
-        The Quantized* modules by path.
-    """
-
-    def __init__(self, model: Module, layers: dict[str, Module]) -> None:
-        self.model = model
-        self.layers = layers
-
-    def forward(self, *inputs: Any) -> Any:
-        """Run the converted network (no gradient, no observer).
-
-        Parameters
-        ----------
-        *inputs : ndarray
-            The model's inputs (cast to float32).
-
-        Returns
-        -------
-        The output, float32.
-        """
-        return self.model.forward(*(np.asarray(a, np.float32) for a in inputs))
-
-    __call__ = forward
-
-
-def convert(qat_model: Any) -> Any:
-    """The integer model of a calibrated QAT model.
-
-    Parameters
-    ----------
-    qat_model : QATModel or QATTemporalFusionTransformer
-        Calibrated (every quantizer has observed data); not changed.
-
-    Returns
-    -------
-    Int8Model
-        (``qat_model.to_int8()`` for the TFT's QAT model.)
-
-    Raises
-    ------
-    TypeError
-        ``qat_model`` was not prepared (a float Module or anything else).
-    RuntimeError
-        A quantizer has never observed data.
-    """
-    from nbqat.fake_quantize import FakeQuantize
-    from nbqat.nn.int8 import FrozenFakeQuantize
-    from nbqat.nn.layers import LSTM, Linear
-
-    if hasattr(qat_model, "to_int8"):
-        return qat_model.to_int8()
-    if not isinstance(qat_model, QATModel):
-        raise TypeError(
-            f"convert: expects the result of prepare_qat, got {type(qat_model).__name__} "
-            "(prepare and calibrate it first: qat = prepare_qat(model))"
-        )
-    net = copy.deepcopy(qat_model.model)
-    layers: dict[str, Module] = {}
-    for name, mod in list(net.named_modules()):
-        parent, _, attr = name.rpartition(".")
-        new: Module | None = None
-        if type(mod) is Linear and mod.weight_fake_quant is not None:
-            new = QuantizedLinear(mod, name)
-        elif type(mod) is LSTM and mod.weight_ih_fake_quant is not None:
-            new = QuantizedLSTM(mod, name)
-        else:
-            for hook in _hooks_for(mod) or ():
-                fq = getattr(mod, hook, None)
-                if isinstance(fq, FakeQuantize):  # frozen qparams, no observer
-                    setattr(mod, hook, FrozenFakeQuantize(fq, f"{name}.{hook}"))
-        if new is None:
-            continue
-        if not name:  # the model is one quantized layer
-            net = new
-        else:
-            setattr(dict(net.named_modules())[parent], attr, new)  # replace it in its parent
-        layers[name] = new
-    return Int8Model(net, layers)

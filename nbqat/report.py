@@ -1,0 +1,418 @@
+"""Quantization report of a QAT model: per-quantizer statistics, per-layer sensitivity, float
+fallback and a table of activation observers.
+
+* :func:`quantizer_report` -- for every quantizer of a
+  :class:`~nbqat.nn.qat.QATTemporalFusionTransformer` (its ``fake_quants`` dict): module path,
+  kind, observer, representable range, scale, zero point, the fraction of the observed values it
+  saturates and the SQNR (dB) of its fake-quantized output against the float input, over a few
+  calibration batches (``None`` where the SQNR is infinite: strict JSON).
+* :func:`sensitivity` -- test metric with only one module's quantizers enabled and with all but
+  it, ranked (AIMET's QuantAnalyzer idea); :func:`float_fallback` keeps the N most sensitive
+  modules in float and reports what that recovers.
+* :func:`activation_qconfig` -- the main job's ``--observer`` choice as a QConfig.
+* :func:`write_report` -- ``quant_report.json`` (``allow_nan=False``) and a figure.
+
+:func:`from_run` is the main job's glue (``nbqat train``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nbqat.fake_quantize import FakeQuantize
+from nbqat.histogram_observers import HistogramObserver
+from nbqat.qconfig import QConfig, default_qat_qconfig
+from nbqat.range_observers import MSEObserver, PercentileObserver
+
+__all__ = [
+    "OBSERVERS",
+    "activation_qconfig",
+    "float_fallback",
+    "from_run",
+    "quantizer_report",
+    "sensitivity",
+    "write_report",
+]
+
+#: The activation observers of ``nbqat train --observer``.
+OBSERVERS = ("minmax", "histogram", "percentile", "mse")
+_OBSERVER_CLASSES = {
+    "histogram": HistogramObserver,
+    "percentile": PercentileObserver,
+    "mse": MSEObserver,
+}
+_KINDS = {
+    "weight_fake_quant": "weight",
+    "weight_ih_fake_quant": "weight",
+    "weight_hh_fake_quant": "weight",
+    "input_fake_quant": "activation",
+    "hidden_fake_quant": "activation",
+    "attention_fake_quant": "activation",
+    "output_fake_quant": "activation",
+}
+
+
+def activation_qconfig(observer: str = "minmax") -> QConfig:
+    """The default QAT qconfig with another activation observer.
+
+    Parameters
+    ----------
+    observer : {"minmax", "histogram", "percentile", "mse"}
+        ``"minmax"`` is :data:`nbqat.default_qat_qconfig` (moving-average min/max); the others
+        put a :class:`~nbqat.HistogramObserver`, :class:`~nbqat.PercentileObserver` or
+        :class:`~nbqat.MSEObserver` (quint8, per tensor affine, [0, 255]) in every activation
+        FakeQuantize. Weights keep the per-channel symmetric qint8 min/max observer.
+
+    Returns
+    -------
+    QConfig
+
+    Raises
+    ------
+    ValueError
+        Unknown observer name.
+    """
+    if observer == "minmax":
+        return default_qat_qconfig
+    if observer not in _OBSERVER_CLASSES:
+        raise ValueError(f"unknown observer {observer!r}: use one of {', '.join(OBSERVERS)}")
+    act = FakeQuantize.with_args(
+        observer=_OBSERVER_CLASSES[observer],
+        quant_min=0,
+        quant_max=255,
+        dtype="quint8",
+        qscheme="per_tensor_affine",
+        reduce_range=False,
+    )
+    return QConfig(activation=act, weight=default_qat_qconfig.weight)
+
+
+def _module(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else "<root>"
+
+
+def _fq_numpy(fq: Any, x: np.ndarray) -> tuple[np.ndarray, int]:
+    """float64 fake quantization of ``x`` with ``fq``'s qparams, and the saturated count."""
+    s: Any = np.asarray(fq.scale, np.float64).reshape(-1)
+    z: Any = np.asarray(fq.zero_point, np.float64).reshape(-1)
+    x = np.asarray(x, np.float64)
+    if s.size > 1:
+        shape = [1] * x.ndim
+        axis = fq.ch_axis % x.ndim
+        shape[axis] = s.size
+        s, z = s.reshape(shape), z.reshape(shape)
+    q = np.rint(x / s) + z
+    sat = int(np.count_nonzero((q < fq.quant_min) | (q > fq.quant_max)))
+    return (np.clip(q, fq.quant_min, fq.quant_max) - z) * s, sat
+
+
+def _finite(v: float) -> float | None:
+    return float(v) if math.isfinite(v) else None
+
+
+def _predictor(qat: Any) -> Callable:
+    """``qat.predict`` (the TFT), or a forward with every observer off (any QAT model with
+    ``fake_quants``, e.g. :func:`nbqat.nn.prepare_qat`'s, in the QAT phase)."""
+    if hasattr(qat, "predict"):
+        return qat.predict
+
+    def predict(*inputs: Any) -> Any:
+        saved = [(fq, bool(fq.observer_enabled)) for fq in qat.fake_quants.values()]
+        try:
+            for fq, _ in saved:
+                fq.enable_observer(False)
+            return qat.forward(*inputs)
+        finally:
+            for fq, flag in saved:
+                fq.enable_observer(flag)
+
+    return predict
+
+
+def quantizer_report(qat: Any, batches: Iterable[tuple], n_inputs: int = 3) -> list[dict]:
+    """Per-quantizer statistics of ``qat`` over ``batches`` (no observer is updated).
+
+    Parameters
+    ----------
+    qat : QATTemporalFusionTransformer, or any QAT model with ``fake_quants`` and ``forward``
+        Calibrated (its quantizers hold scales and zero points).
+    batches : iterable of tuples
+        Typically a few calibration batches; the first ``n_inputs`` items of each are the
+        model's inputs (the TFT's ``(static, historical, future, ...)``), the rest is ignored.
+    n_inputs : int, default 3
+
+    Returns
+    -------
+    list of dict
+        One per quantizer, in ``qat.fake_quants`` order: ``name``, ``module``, ``kind``
+        ("weight" / "activation"), ``observer``, ``per_channel``, ``fake_quant_enabled``,
+        ``range`` ([lowest, highest] representable value; per channel the widest),
+        ``scale`` and ``zero_point`` (lists), ``values`` (count), ``saturated_fraction``
+        (values outside the range), ``sqnr_db`` = ``10 log10(sum x^2 / sum (fq(x) - x)^2)``
+        (``None`` when infinite or undefined).
+
+    Notes
+    -----
+    Each quantizer's ``forward`` is wrapped for the duration of the call; the statistics use
+    float64 fake quantization with the quantizer's current qparams, whether or not fake
+    quantization is enabled for it.
+    """
+    acc = {name: [0, 0, 0.0, 0.0] for name in qat.fake_quants}
+    for name, fq in qat.fake_quants.items():
+
+        def wrapped(x: Any, _fq: Any = fq, _a: list = acc[name], _f: Any = fq.forward) -> Any:
+            xh = x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
+            y, sat = _fq_numpy(_fq, xh)
+            x64 = xh.astype(np.float64)
+            _a[0] += x64.size
+            _a[1] += sat
+            _a[2] += float(np.sum(x64 * x64))
+            _a[3] += float(np.sum((y - x64) ** 2))
+            return _f(x)
+
+        fq.forward = wrapped
+    predict = _predictor(qat)
+    try:
+        for b in batches:
+            predict(*b[:n_inputs])
+    finally:
+        for fq in qat.fake_quants.values():
+            del fq.forward
+    rows = []
+    for name, fq in qat.fake_quants.items():
+        n, sat, sig, noise = acc[name]
+        s = np.asarray(fq.scale, np.float64).reshape(-1)
+        z = np.asarray(fq.zero_point, np.float64).reshape(-1)
+        lo, hi = (fq.quant_min - z) * s, (fq.quant_max - z) * s
+        sqnr = 10.0 * math.log10(sig / noise) if noise > 0 and sig > 0 else math.inf
+        rows.append(
+            {
+                "name": name,
+                "module": _module(name),
+                "kind": _KINDS.get(name.rsplit(".", 1)[-1], "activation"),
+                "observer": type(fq.activation_post_process).__name__,
+                "per_channel": bool(s.size > 1),
+                "fake_quant_enabled": bool(fq.fake_quant_enabled),
+                "range": [float(lo.min()), float(hi.max())],
+                "scale": [float(v) for v in s],
+                "zero_point": [int(v) for v in z],
+                "values": int(n),
+                "saturated_fraction": sat / n if n else None,
+                "sqnr_db": _finite(sqnr) if n else None,
+            }
+        )
+    return rows
+
+
+def _set_modules(qat: Any, enabled: set[str], saved: dict[str, bool]) -> None:
+    for name, fq in qat.fake_quants.items():
+        fq.enable_fake_quant(saved[name] and _module(name) in enabled)
+
+
+def sensitivity(qat: Any, evaluate: Callable[[Callable], float]) -> dict:
+    """Per-module sensitivity: the metric with only that module quantized, and with all but it.
+
+    Parameters
+    ----------
+    qat : QATTemporalFusionTransformer, or any QAT model with ``fake_quants``
+        In the QAT phase (fake quantization on); its flags are restored on return.
+    evaluate : callable
+        ``evaluate(predict) -> float``, e.g. the test P50 q-risk of ``predict`` (lower is
+        better); called ``2 + 2 * modules`` times.
+
+    Returns
+    -------
+    dict
+        ``float`` (nothing quantized), ``all`` (everything), and ``modules``: a list ranked
+        most sensitive first by ``only - float``, each with ``module``, ``only`` and
+        ``all_but``.
+    """
+    saved = {name: bool(fq.fake_quant_enabled) for name, fq in qat.fake_quants.items()}
+    modules = list(dict.fromkeys(_module(n) for n, on in saved.items() if on))
+    predict = _predictor(qat)
+    try:
+        _set_modules(qat, set(), saved)
+        base_float = float(evaluate(predict))
+        _set_modules(qat, set(modules), saved)
+        base_all = float(evaluate(predict))
+        rows: list[dict[str, Any]] = []
+        for m in modules:
+            _set_modules(qat, {m}, saved)
+            only = float(evaluate(predict))
+            _set_modules(qat, set(modules) - {m}, saved)
+            rows.append({"module": m, "only": only, "all_but": float(evaluate(predict))})
+    finally:
+        for name, fq in qat.fake_quants.items():
+            fq.enable_fake_quant(saved[name])
+    rows.sort(key=lambda r: r["only"] - base_float, reverse=True)
+    return {"float": base_float, "all": base_all, "modules": rows}
+
+
+def float_fallback(qat: Any, sens: dict, n: int, evaluate: Callable[[Callable], float]) -> dict:
+    """Keep the ``n`` most sensitive modules (of :func:`sensitivity`) in float; evaluate.
+
+    Parameters
+    ----------
+    qat : QATTemporalFusionTransformer
+    sens : dict, the output of :func:`sensitivity`
+    n : int >= 0
+    evaluate : callable, as for :func:`sensitivity`
+
+    Returns
+    -------
+    dict
+        ``modules`` kept in float, ``metric`` with them in float, ``all`` and ``float`` (from
+        ``sens``), and ``recovered_fraction`` = ``(all - metric) / (all - float)`` (``None``
+        when quantization cost nothing).
+    """
+    keep = [r["module"] for r in sens["modules"][: max(0, int(n))]]
+    saved = {name: bool(fq.fake_quant_enabled) for name, fq in qat.fake_quants.items()}
+    enabled = {_module(nm) for nm, on in saved.items() if on} - set(keep)
+    try:
+        _set_modules(qat, enabled, saved)
+        metric = float(evaluate(_predictor(qat)))
+    finally:
+        for name, fq in qat.fake_quants.items():
+            fq.enable_fake_quant(saved[name])
+    gap = sens["all"] - sens["float"]
+    return {
+        "modules": keep,
+        "metric": metric,
+        "all": sens["all"],
+        "float": sens["float"],
+        "recovered_fraction": (sens["all"] - metric) / gap if gap > 0 else None,
+    }
+
+
+def _strict(obj: Any) -> Any:
+    """Non-finite floats -> None, NumPy scalars -> Python (for ``json.dumps(allow_nan=False)``)."""
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def write_report(report: dict, out: str | Path, figure: bool = True) -> list[Path]:
+    """Write ``quant_report.json`` (strict JSON) and ``quant_report.png`` into ``out``.
+
+    Parameters
+    ----------
+    report : dict with a ``quantizers`` list (rows of :func:`quantizer_report`)
+    out : directory (must exist)
+    figure : bool, default True
+        Also draw SQNR and saturation per quantizer (matplotlib, Agg canvas).
+
+    Returns
+    -------
+    list of Path
+        The files written.
+    """
+    out = Path(out)
+    path = out / "quant_report.json"
+    path.write_text(json.dumps(_strict(report), indent=2, allow_nan=False) + "\n")
+    files = [path]
+    if figure and report.get("quantizers"):
+        files.append(_plot(report["quantizers"], out / "quant_report.png"))
+    return files
+
+
+def _plot(rows: list[dict], path: Path) -> Path:
+    from nbqat.plots import _figure, _save
+
+    rows = [r for r in rows if r["values"]]
+    sq = np.array([np.nan if r["sqnr_db"] is None else r["sqnr_db"] for r in rows], np.float64)
+    sq[~np.isfinite(sq)] = np.nan
+    order = np.argsort(np.where(np.isnan(sq), np.inf, sq))
+    fig = _figure(11, max(3.0, 0.16 * len(rows) + 1.2))
+    ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    names = [rows[i]["name"] for i in order]
+    colors = ["tab:orange" if rows[i]["kind"] == "weight" else "tab:blue" for i in order]
+    y = np.arange(len(order))
+    ax1.barh(y, np.nan_to_num(sq[order], nan=0.0), color=colors)
+    ax1.set_yticks(y, names, fontsize=5)
+    ax1.set_xlabel("SQNR (dB; orange: weights, blue: activations)")
+    ax2.barh(y, [100.0 * (rows[i]["saturated_fraction"] or 0.0) for i in order], color=colors)
+    ax2.set_yticks(y, [""] * len(y))
+    ax2.set_xlabel("saturated values (%)")
+    return _save(fig, path)
+
+
+def from_run(r: Any, test: Any) -> dict:
+    """The main job's report (``nbqat train``): quantizer statistics on the calibration batches,
+    and, as configured, sensitivity, float fallback and the observer table; writes the files.
+
+    Parameters
+    ----------
+    r : nbqat.train._Run (after QAT)
+    test : SplitWindows, the test split
+
+    Returns
+    -------
+    dict
+        A summary for metrics.json (the full report is in ``quant_report.json``).
+    """
+    from nbqat.train import q_risk
+
+    cfg, w = r.cfg, r.w
+    y = test.target_raw()
+    order = r._epoch_order(2, 0)[: max(1, min(cfg.calibration_batches, 8))]
+    batches = [w.train.batch(i) for i in order]
+
+    def evaluate(predict: Callable) -> float:
+        return q_risk(test.unscale(r._predict(predict, test)), y, w.quantiles)["P50"]
+
+    report: dict[str, Any] = {
+        "observer": cfg.observer,
+        "quantizers": quantizer_report(r.qat, batches),
+    }
+    if cfg.sensitivity or cfg.float_fallback:
+        report["sensitivity"] = sensitivity(r.qat, evaluate)
+        if cfg.float_fallback:
+            report["float_fallback"] = float_fallback(
+                r.qat, report["sensitivity"], cfg.float_fallback, evaluate
+            )
+    if cfg.observer == "all":
+        report["observers_ptq"] = _observer_table(r, batches, evaluate)
+    files = write_report(report, r.out, figure=cfg.plots)
+    sq = [q["sqnr_db"] for q in report["quantizers"] if q["sqnr_db"] is not None]
+    summary = {
+        "file": files[0].name,  # (and quant_report.png unless --no-plots)
+        "quantizers": len(report["quantizers"]),
+        "median_sqnr_db": float(np.median(sq)) if sq else None,
+        "worst": min(report["quantizers"], key=lambda q: q["sqnr_db"] or math.inf)["name"],
+    }
+    for key in ("float_fallback", "observers_ptq"):
+        if key in report:
+            summary[key] = report[key]
+    return summary
+
+
+def _observer_table(r: Any, batches: list, evaluate: Callable) -> dict:
+    """Post-training fake-quant P50 q-risk for each activation observer (same calibration
+    batches, the best float weights, no QAT)."""
+    from nbqat.nn.qat import QATTemporalFusionTransformer
+    from nbqat.qconfig import QATConfig
+
+    table = {}
+    for name in OBSERVERS:
+        qcfg = QATConfig(calibration_batches=len(batches), qconfig=activation_qconfig(name))
+        qat = QATTemporalFusionTransformer.from_float(r.model, config=qcfg)
+        qat.calibrate(batches)
+        rows = quantizer_report(qat, batches[:2])
+        sq = [q["sqnr_db"] for q in rows if q["sqnr_db"] is not None and q["kind"] == "activation"]
+        table[name] = {
+            "ptq_fake_quant_P50": float(evaluate(qat.predict)),
+            "median_activation_sqnr_db": float(np.median(sq)) if sq else None,
+        }
+    return table

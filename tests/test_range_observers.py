@@ -1,0 +1,168 @@
+"""PercentileObserver and MSEObserver against NumPy references (np.quantile, the fake-quant MSE
+computed on the raw data), torch's qparams formula, and exact merging."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nbqat
+from nbqat import range_observers as R
+
+
+def _fq(v, s, z, qmin, qmax):
+    return (np.clip(np.rint(v / s) + z, qmin, qmax) - z) * s
+
+
+@pytest.mark.parametrize("p", [99.0, 99.9, 99.99])
+def test_percentile_quantiles_match_numpy(rng, p):
+    x = rng.standard_t(3, size=60_000).astype(np.float32)
+    o = nbqat.PercentileObserver(percentile=p)
+    for part in np.array_split(x, 3):
+        o(part)
+    xs = np.sort(x.astype(np.float64))
+    n = xs.size
+    for q in (p / 100, 1 - p / 100, 0.5):
+        got = float(o.quantile(q))
+        # between the order statistics around rank q * n, up to one grid bin (2**-7 relative)
+        r = q * n
+        lower = xs[max(int(np.floor(r)) - 1, 0)]
+        upper = xs[min(int(np.ceil(r)), n - 1)]
+        tol = 2**-7 * max(abs(lower), abs(upper))
+        assert lower - tol <= got <= upper + tol
+        assert abs(got - np.quantile(xs, q)) <= (upper - lower) + tol
+
+
+def test_percentile_qparams_are_torch_formula_on_the_range(torch, rng):
+    x = rng.standard_normal(10_000).astype(np.float32)
+    o = nbqat.PercentileObserver(percentile=99.9, dtype="qint8", qscheme="per_tensor_symmetric")
+    o(x)
+    lo, hi = o.quantile(1 - 99.9 / 100), o.quantile(99.9 / 100)
+    ref = torch.ao.quantization.MinMaxObserver(
+        dtype=torch.qint8, qscheme=torch.per_tensor_symmetric
+    )
+    ref(torch.tensor([lo, hi], dtype=torch.float32))
+    s, z = o.calculate_qparams()
+    ts, tz = ref.calculate_qparams()
+    assert s[0] == np.float32(ts.item()) and z[0] == tz.item()
+
+
+def test_percentile_100_is_minmax(rng):
+    x = rng.standard_normal(999).astype(np.float32)
+    o, m = nbqat.PercentileObserver(percentile=100), nbqat.MinMaxObserver()
+    o(x)
+    m(x)
+    assert o.calculate_qparams() == m.calculate_qparams()
+
+
+@pytest.mark.parametrize("cls", [nbqat.PercentileObserver, nbqat.MSEObserver])
+def test_merge_is_exact(rng, cls):
+    parts = [rng.standard_normal(n).astype(np.float32) * s for n, s in ((500, 1), (700, 5))]
+    one, a, b = cls(), cls(), cls()
+    for p in parts:
+        one(p)
+    a(parts[0])
+    b(parts[1])
+    b.merge(a)
+    for k, v in one.state_dict().items():
+        np.testing.assert_array_equal(b.state_dict()[k], v)
+    np.testing.assert_array_equal(b.calculate_qparams()[0], one.calculate_qparams()[0])
+    assert int(one.histogram.sum()) == 1200
+
+
+def test_state_dict_round_trip_and_errors(rng):
+    o = nbqat.PercentileObserver()
+    o(rng.standard_normal(100).astype(np.float32))
+    p = nbqat.PercentileObserver()
+    p.load_state_dict(o.state_dict())
+    assert p.calculate_qparams() == o.calculate_qparams()
+    np.testing.assert_array_equal(p.histogram, o.histogram)
+    st = o.state_dict()
+    assert st["histogram_count"].sum() == 100 and st["histogram_index"].size <= 100
+    with pytest.raises(ValueError, match="histogram_index must be"):
+        p.load_state_dict({**st, "histogram_count": -st["histogram_count"]})
+    with pytest.raises(ValueError, match="histogram_index must be"):
+        p.load_state_dict({**st, "histogram_index": st["histogram_index"][::-1].copy()})
+    np.testing.assert_array_equal(p.histogram, o.histogram)
+    with pytest.raises(ValueError, match="propagate"):
+        nbqat.MSEObserver(nonfinite="propagate")
+    with pytest.raises(ValueError, match="percentile"):
+        nbqat.PercentileObserver(percentile=20)
+    with pytest.raises(ValueError, match="mantissa_bits"):
+        nbqat.PercentileObserver(mantissa_bits=12)
+
+
+def test_nonfinite_raise_and_ignore(rng):
+    x = rng.standard_normal(50).astype(np.float32)
+    x[5] = np.nan
+    o = nbqat.MSEObserver()
+    with pytest.raises(ValueError, match="1 NaN"):
+        o(x)
+    assert o.histogram.sum() == 0
+    i = nbqat.MSEObserver(nonfinite="ignore")
+    i(x)
+    assert i.histogram.sum() == 49
+
+
+def _direct_mse(x, obs, lo, hi):
+    s, z = obs._qparams(np.asarray(lo, np.float32), np.asarray(hi, np.float32))
+    return float(np.sum((_fq(x, s.astype(np.float64), z, obs.quant_min, obs.quant_max) - x) ** 2))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "qscheme"), [("quint8", "per_tensor_affine"), ("qint8", "per_tensor_symmetric")]
+)
+def test_mse_per_tensor_picks_the_direct_minimum(rng, dtype, qscheme):
+    x = np.concatenate([rng.standard_normal(20_000), [40.0, -35.0]]).astype(np.float32)
+    o = nbqat.MSEObserver(dtype=dtype, qscheme=qscheme, num_candidates=50)
+    o(x)
+    x64 = x.astype(np.float64)
+    alphas = np.arange(1, 51) / 50
+    direct = [_direct_mse(x64, o, a * x.min(), a * x.max()) for a in alphas]
+    lo, hi = o._range()
+    chosen = _direct_mse(x64, o, lo, hi)
+    assert chosen <= min(direct) * 1.02  # the histogram estimate picks (nearly) the best
+    assert chosen < direct[-1] and hi < x.max()  # it clips the two outliers
+
+
+def test_mse_per_channel_weights(rng):
+    # 4000 values a channel: the histogram's expected error is then within rounding noise of
+    # the exact error of these values (with a few hundred the two differ by ~10%)
+    w = rng.standard_normal((6, 4000)).astype(np.float32)
+    w[2, 7] = 30.0  # one outlier channel
+    o = nbqat.MSEObserver(dtype="qint8", qscheme="per_channel_symmetric", ch_axis=0)
+    o(w)
+    s, z = o.calculate_qparams()
+    assert s.shape == (6,) and (z == 0).all()
+    lo, hi = o._range()
+    for c in range(6):
+        row = w[c].astype(np.float64)
+        direct = [
+            _direct_mse(row, o, a * row.min(), a * row.max()) for a in np.arange(1, 101) / 100
+        ]
+        assert _direct_mse(row, o, lo[c], hi[c]) <= min(direct) * 1.03
+    assert hi[2] < 30.0  # the outlier is clipped
+
+
+def test_mse_error_estimate_matches_data(rng):
+    x = rng.standard_normal(5000).astype(np.float32)
+    o = nbqat.MSEObserver()
+    o(x)
+    h, mins, maxs = o._bins_2d()
+    vlo, vhi = R._grid_edges(o._shift)
+    s, z = o._qparams(np.array([-2.0], np.float32), np.array([2.0], np.float32))
+    est = R._kg.mse_errors(
+        h, vlo, vhi, mins, maxs, s.reshape(1, 1), z.reshape(1, 1) * 1.0, 0.0, 255.0, 4
+    )
+    ref = _direct_mse(x.astype(np.float64), o, -2.0, 2.0)
+    assert est[0, 0] == pytest.approx(ref, rel=0.05)
+
+
+def test_key_grid_counts_match_numpy(rng):
+    x = (rng.standard_normal(4000) * 10.0 ** rng.integers(-20, 20, 4000)).astype(np.float32)
+    x[:3] = [np.nan, np.inf, -0.0]
+    got = R._kg.key_counts(x.view(np.int32), 16)
+    w = x.view(np.int32).astype(np.int64)
+    fin = np.isfinite(x)
+    k = np.where(w >= 0, w, w ^ 0x7FFFFFFF)[fin]
+    np.testing.assert_array_equal(got, np.bincount((k >> 16) + 32768, minlength=65536))
