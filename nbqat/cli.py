@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="nbqat",
         description="nbqat: quantization-aware training on NumPy + Numba.",
     )
+    from nbqat import __version__
+
+    p.add_argument("--version", action="version", version=f"nbqat {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     t = sub.add_parser(
         "train",
@@ -242,12 +245,25 @@ def build_parser() -> argparse.ArgumentParser:
         "(OUT/checkpoint); the other options come from the checkpoint",
     )
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    o.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a previous run's outputs in --out (without it such an --out is refused)",
+    )
+    o.add_argument(
+        "--check",
+        action="store_true",
+        help="only validate the data, the options (and a --resume checkpoint); write nothing",
+    )
     d = t.add_argument_group("data (default: the shipped NREL TMY3 dataset)")
     d.add_argument(
         "--csv",
+        "--data",
+        dest="csv",
         metavar="PATH",
         default=None,
-        help="your own long-format CSV (.csv or .csv.gz), one row per entity and time step",
+        help="your own long-format table (.csv, .csv.gz or .parquet), one row per entity and "
+        "time step",
     )
     d.add_argument("--time-col", default=None, help="time column (ISO 8601 or numbers)")
     d.add_argument("--target-col", default=None, help="column to forecast")
@@ -290,6 +306,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_predict(sub)
     return p
+
+
+#: Options a ``--resume`` may give: they change no result.
+_RESUME_FREE = ("command", "resume", "no_progress", "stop_after_steps", "check", "overwrite")
+
+
+def _resume_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Raise ValueError for options given with --resume that differ from the checkpoint's."""
+    from dataclasses import fields
+    from pathlib import Path
+
+    from nbqat import checkpoint
+    from nbqat.train import TrainConfig
+
+    defaults = vars(parser.parse_args(["train"]))
+    given = [k for k, v in vars(args).items() if k not in _RESUME_FREE and v != defaults.get(k)]
+    if not given:
+        return
+    meta = checkpoint.read_state(args.resume, {f.name: f.default for f in fields(TrainConfig)})
+    saved = meta["config"]
+    bad = []
+    for k in given:
+        v = getattr(args, k)
+        if k == "no_plots":
+            k, v = "plots", not v
+        if k == "out":
+            same = Path(v).resolve() == Path(saved["out"]).resolve()
+        elif k == "csv":
+            same = saved["csv"] is not None and Path(v).resolve() == Path(saved["csv"])
+        else:
+            same = saved.get(k) == v
+        if not same:
+            bad.append(f"--{k.replace('_', '-')} {v!r} (the checkpoint has {saved.get(k)!r})")
+    if bad:
+        raise ValueError(
+            "--resume continues a run with the options it started with; these conflict with "
+            f"the checkpoint: {'; '.join(bad)}. Drop them (or start a new run with another --out)"
+        )
 
 
 def _add_predict(sub: Any) -> None:
@@ -347,7 +401,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             cfg = TrainConfig.from_args(args)
-            run(cfg, resume=args.resume)
+            if args.resume is not None:
+                _resume_conflicts(parser, args)
+            res = run(cfg, resume=args.resume, check_only=args.check)
+            if args.check:
+                d = res["data"]
+                print(
+                    f"nbqat train --check: OK: {len(d['entities'])} series, windows "
+                    f"{d['windows']}, filled {d['filled'] or 0}; nothing written"
+                )
         except TrainingInterrupted as e:
             print(f"\n{e}", file=sys.stderr)
             return 130

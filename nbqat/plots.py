@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
+    "step_unit",
+    "target_label",
     "plot_attention",
     "plot_clipping_comparison",
     "plot_forecast_fan",
@@ -29,6 +31,53 @@ def _figure(w: float, h: float):
     return fig
 
 
+def _esc(text: object) -> str:
+    """A user-given name as literal text: ``$`` would start matplotlib mathtext."""
+    return str(text).replace("$", r"\$")
+
+
+def step_unit(step: object) -> str:
+    """Axis unit of a time step: ``"hours"`` for 1 h, ``"days"``, ``"minutes"``, else steps.
+
+    Parameters
+    ----------
+    step : numpy.timedelta64 or float
+        ``SeriesData.step`` / ``Windows.step``.
+
+    Returns
+    -------
+    str
+    """
+    if isinstance(step, np.timedelta64):
+        secs = step / np.timedelta64(1, "s")
+        for n, name in ((3600, "hours"), (86400, "days"), (60, "minutes"), (1, "seconds")):
+            if secs == n:
+                return name
+        return f"steps of {step}"
+    return "steps"
+
+
+def target_label(name: str, source: str = "") -> str:
+    """The target's axis label, ``name (unit)`` where the unit is known (the shipped data).
+
+    Parameters
+    ----------
+    name : str
+        The target column.
+    source : str
+        ``Windows.source`` (the shipped file's name selects its units).
+
+    Returns
+    -------
+    str
+    """
+    from nbqat.data import TMY3_FILE, TMY3_UNITS
+
+    if TMY3_FILE in source and name in TMY3_UNITS:
+        return f"{name} ({TMY3_UNITS[name]})"
+    return name
+
+
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
     fig.tight_layout()
@@ -43,7 +92,8 @@ def plot_loss_curves(curves: Mapping[str, Mapping[str, Sequence[float]]], path: 
     ----------
     curves : mapping phase -> mapping series -> sequence of float
         E.g. ``{"float": {"train": [...], "val": [...]}, "qat": {...}}``; each series is
-        plotted against its index (epoch, or step for per-step series).
+        plotted against its epoch. The QAT phases (``qat``, ``qat_noclip``) continue the float
+        phase's epoch count (QAT epoch 1 is drawn at float epochs + 1).
     path : str or Path
         Output PNG.
 
@@ -52,15 +102,21 @@ def plot_loss_curves(curves: Mapping[str, Mapping[str, Sequence[float]]], path: 
     Path
     """
     phases = [p for p in curves if any(len(v) for v in curves[p].values())]
+    n_float = max((len(v) for v in curves.get("float", {}).values()), default=0)
     fig = _figure(4.5 * max(1, len(phases)), 3.4)
     for i, phase in enumerate(phases):
         ax = fig.add_subplot(1, max(1, len(phases)), i + 1)
+        start = n_float + 1 if phase.startswith("qat") else 1
         for name, values in curves[phase].items():
             if len(values):
-                x = np.arange(1, len(values) + 1)
+                x = np.arange(start, start + len(values))
                 ax.plot(x, values, marker="o" if len(values) < 30 else None, ms=3, label=name)
-        ax.set_title(f"{phase} phase")
-        ax.set_xlabel("epoch")
+        ax.set_title(f"{_esc(phase)} phase")
+        ax.set_xlabel("epoch" + (" (after the float epochs)" if start > 1 else ""))
+        n_ep = max((len(v) for v in curves[phase].values()), default=0)
+        if n_ep <= 20:  # integer epochs as ticks (a one-epoch QAT phase gets one tick)
+            ax.set_xticks(np.arange(start, start + n_ep))
+            ax.set_xlim(start - 0.5, start + n_ep - 0.5)
         ax.set_ylabel("quantile loss (standardised)")
         ax.grid(alpha=0.3)
         ax.legend()
@@ -79,6 +135,8 @@ def plot_forecast_fan(
     ridge: np.ndarray | None = None,
     show_history: int = 72,
     ylabel: str = "target",
+    xlabel: str = "step relative to forecast start",
+    model: str | None = None,
 ) -> Path:
     """Forecast fan chart for a few windows: P10-P90 band, P50 line, actual values.
 
@@ -101,6 +159,11 @@ def plot_forecast_fan(
         The ridge baseline's median forecast, drawn dotted.
     show_history : int, default 72
     ylabel : str
+        The y-axis label: the target's name and unit (e.g. ``temp_air (deg C)``).
+    xlabel : str
+        The x-axis label: the time step's unit (e.g. ``hours relative to forecast start``).
+    model : str, optional
+        Which model made the forecast (the figure's title).
 
     Returns
     -------
@@ -138,12 +201,14 @@ def plot_forecast_fan(
             ax.plot(tf, ridge[i], color="C2", ls=":", lw=1.4, label="ridge P50")
         ax.axvline(-0.5, color="0.6", lw=0.8)
         if titles is not None:
-            ax.set_title(titles[i], fontsize=9)
-        ax.set_xlabel("step relative to forecast start")
-        ax.set_ylabel(ylabel)
+            ax.set_title(_esc(titles[i]), fontsize=9)
+        ax.set_xlabel(_esc(xlabel))
+        ax.set_ylabel(_esc(ylabel))
         ax.grid(alpha=0.3)
         if i == 0:
             ax.legend(fontsize=7)
+    if model is not None:
+        fig.suptitle(f"{_esc(model)} forecast", fontsize=11)
     return _save(fig, path)
 
 
@@ -169,15 +234,20 @@ def plot_variable_importance(
         ax = fig.add_subplot(1, len(items), i + 1)
         order = np.argsort(w)
         ax.barh(np.arange(len(w)), w[order], color="C2")
-        ax.set_yticks(np.arange(len(w)), [names[j] for j in order], fontsize=8)
-        ax.set_title(f"{title} variable selection")
+        ax.set_yticks(np.arange(len(w)), [_esc(names[j]) for j in order], fontsize=8)
+        ax.set_title(f"{_esc(title)} variable selection")
         ax.set_xlabel("mean weight")
         ax.grid(alpha=0.3, axis="x")
     return _save(fig, path)
 
 
 def plot_attention(
-    attention: np.ndarray, path: str | Path, *, history: int, horizon_steps: Sequence[int] = ()
+    attention: np.ndarray,
+    path: str | Path,
+    *,
+    history: int,
+    horizon_steps: Sequence[int] = (),
+    unit: str = "step",
 ) -> Path:
     """The attention pattern: mean weights (tau, T) as an image and a few decoder-step rows.
 
@@ -190,6 +260,8 @@ def plot_attention(
         k; key positions are drawn relative to the forecast start (-k ... tau-1).
     horizon_steps : sequence of int, optional
         Decoder steps whose rows are drawn as lines (default: first, middle, last).
+    unit : str, default "step"
+        The time step's unit for the axis labels (e.g. ``"hours"``).
 
     Returns
     -------
@@ -209,13 +281,13 @@ def plot_attention(
         cmap="viridis",
     )
     fig.colorbar(im, ax=ax)
-    ax.set_xlabel("key position (step relative to forecast start)")
+    ax.set_xlabel(f"key position ({_esc(unit)} relative to forecast start)")
     ax.set_ylabel("decoder step")
     ax.set_title("mean attention weights")
     ax2 = fig.add_subplot(1, 2, 2)
     for s in steps:
         ax2.plot(rel, a[s], lw=1.0, label=f"decoder step {s}")
-    ax2.set_xlabel("key position (step relative to forecast start)")
+    ax2.set_xlabel(f"key position ({_esc(unit)} relative to forecast start)")
     ax2.set_ylabel("weight")
     ax2.set_title("attention of selected decoder steps")
     ax2.grid(alpha=0.3)
@@ -223,8 +295,26 @@ def plot_attention(
     return _save(fig, path)
 
 
+def _plain_log_ticks(ax) -> None:
+    """Log-axis tick labels as plain numbers (0.2, 1, 5); minor ticks labelled at 2 and 5 only
+    when the axis spans less than two decades (more would crowd)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    lo, hi = ax.get_ylim()
+    if lo > 0 and hi / lo < 100:
+        ax.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+        ax.yaxis.set_minor_formatter(plain)
+    else:
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def plot_clipping_comparison(
-    runs: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path
+    runs: Mapping[str, Mapping[str, Sequence[float]]],
+    path: str | Path,
+    *,
+    max_norm: float | None = None,
 ) -> Path:
     """Clipped vs unclipped QAT: loss per step and pre-clip gradient norm per step.
 
@@ -232,6 +322,8 @@ def plot_clipping_comparison(
     ----------
     runs : mapping label -> {"loss": [...], "grad_norm": [...]}
     path : str or Path
+    max_norm : float, optional
+        The clipping threshold, drawn as a horizontal line on the gradient-norm panel.
 
     Returns
     -------
@@ -241,14 +333,17 @@ def plot_clipping_comparison(
     ax1 = fig.add_subplot(1, 2, 1)
     ax2 = fig.add_subplot(1, 2, 2)
     for label, r in runs.items():
-        ax1.plot(np.arange(1, len(r["loss"]) + 1), r["loss"], lw=1.0, label=label)
-        ax2.plot(np.arange(1, len(r["grad_norm"]) + 1), r["grad_norm"], lw=1.0, label=label)
+        ax1.plot(np.arange(1, len(r["loss"]) + 1), r["loss"], lw=1.0, label=_esc(label))
+        ax2.plot(np.arange(1, len(r["grad_norm"]) + 1), r["grad_norm"], lw=1.0, label=_esc(label))
+    if max_norm is not None:
+        ax2.axhline(max_norm, color="k", ls=":", lw=1.0, label=f"max_norm = {max_norm:g}")
     ax1.set_xlabel("QAT step")
     ax1.set_ylabel("training loss (standardised)")
     ax1.set_title("QAT loss, clipped vs unclipped")
     ax2.set_xlabel("QAT step")
     ax2.set_ylabel("gradient norm before clipping")
     ax2.set_yscale("log")
+    _plain_log_ticks(ax2)
     ax2.set_title("gradient norm")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)

@@ -36,7 +36,8 @@ def load_run(run_dir: str | os.PathLike) -> tuple[Path, dict]:
         When ``run_dir`` is not a folder.
     ValueError
         When it holds no finished model (no ``checkpoint/state.json`` with phase ``done``,
-        or a missing ``qat.npz`` / ``float.npz``).
+        or a missing ``qat.npz`` / ``float.npz``); a :class:`~nbqat.nn.qat.CheckpointError`
+        (a ValueError) when ``state.json`` fails its schema (:func:`nbqat.checkpoint.read_state`).
     """
     run = Path(run_dir)
     if not run.is_dir():
@@ -47,7 +48,13 @@ def load_run(run_dir: str | os.PathLike) -> tuple[Path, dict]:
             f"RUN_DIR {str(run)!r} has no finished model (no checkpoint/state.json): run "
             f"`nbqat train --out {run}` to the end first"
         )
-    meta = json.loads(state.read_text())
+    from dataclasses import fields
+
+    from nbqat.checkpoint import read_state
+    from nbqat.train import TrainConfig
+
+    # the schema-validated state (a tampered or inconsistent file is a CheckpointError)
+    meta = read_state(state.parent, {f.name: f.default for f in fields(TrainConfig)})
     if meta.get("state", {}).get("phase") != "done":
         raise ValueError(
             f"RUN_DIR {str(run)!r} holds an unfinished run (phase "

@@ -45,8 +45,10 @@ from typing import Any, cast
 
 import numpy as np
 
+from nbqat import checkpoint as ckpt
+from nbqat import preflight
 from nbqat.baselines import RidgeBaseline, seasonal_naive_forecast
-from nbqat.data import DataError, SplitWindows, Windows, load_csv, load_tmy3, make_windows
+from nbqat.data import SplitWindows, Windows, load_csv, load_tmy3, make_windows, tmy3_path
 from nbqat.recipe import lr_at
 
 __all__ = [
@@ -62,13 +64,12 @@ QUANTILES = (0.1, 0.5, 0.9)
 MIN_HISTORY = 24
 #: Derived known inputs used by default (see ``--calendar``).
 DEFAULT_CALENDAR = "hour,dow"
-#: 2: two AdamW groups, the linear skip, dropout and the schedule (version-1 runs cannot resume).
-CHECKPOINT_VERSION = 2
+CHECKPOINT_VERSION = ckpt.CHECKPOINT_VERSION
 #: QAT states kept beside the checkpoint by --compare-clipping (copied into checkpoint/).
 SIDE_FILES = ("qat_start.npz", "qat_clipped.npz")
 #: Options that do not change any result, left out of metrics.json so that two runs with the
 #: same seed in different folders give the same file.
-NOT_IN_METRICS = ("out", "progress", "stop_after_steps")
+NOT_IN_METRICS = ("out", "progress", "stop_after_steps", "overwrite")
 
 
 class TrainingInterrupted(Exception):
@@ -118,12 +119,13 @@ class TrainConfig:
     calendar: str = DEFAULT_CALENDAR
     threads: int | None = None
     stop_after_steps: int | None = None
-    linear_skip: bool | None = None
+    linear_skip: bool = True  # the ridge-started linear skip (--no-linear-skip)
     weight_decay: float | None = None
     warmup_steps: int | None = None
     skip_lr_scale: float | None = None
     qat_skip_lr_scale: float | None = None
     dropout: float | None = None
+    overwrite: bool = False
     observer: str = "minmax"  # activation observer (nbqat.report.OBSERVERS, or "all")
     sensitivity: bool = False
     float_fallback: int = 0
@@ -141,7 +143,6 @@ class TrainConfig:
         "history": None,  # auto: max(24, the seasonal-naive period), see _load_data
         "horizon": 24,
         "eval_stride": 6,
-        "linear_skip": True,
         "weight_decay": 0.1,
         "warmup_steps": 100,
         "skip_lr_scale": 1e-2 / 3,
@@ -161,7 +162,6 @@ class TrainConfig:
         "history": None,  # auto: max(24, the seasonal-naive period), see _load_data
         "horizon": 24,
         "eval_stride": 24,
-        "linear_skip": True,
         "weight_decay": 0.1,
         "warmup_steps": 10,
         "skip_lr_scale": 1e-2 / 3,
@@ -488,6 +488,7 @@ class _Run:
         self.qat_opt: Any = None
         self.ridge: Any = None
         self.w = w
+        self.data_fp: dict = {}
 
     # ------------------------------------------------------------------ helpers
     def _tick(self, phase: str, t0: float) -> None:
@@ -505,8 +506,20 @@ class _Run:
         return perm[: nb * self.cfg.batch_size].reshape(nb, self.cfg.batch_size)
 
     def _predict(self, fwd, split: SplitWindows, bs: int = 256) -> np.ndarray:
+        """Forecasts of every window of ``split``, streamed in batches of ``bs`` windows."""
+        from tqdm import tqdm
+
         outs = []
-        for i in range(0, len(split), bs):
+        n_batches = -(-len(split) // bs)
+        quiet = not self.cfg.progress or n_batches < 8
+        for i in tqdm(
+            range(0, len(split), bs),
+            total=n_batches,
+            desc=f"predict {split.name}",
+            disable=quiet,
+            leave=False,
+            file=sys.stderr,
+        ):
             idx = np.arange(i, min(i + bs, len(split)))
             s, h, f, _ = split.batch(idx)
             outs.append(_to_host(fwd(s, h, f)).astype(np.float64))
@@ -516,7 +529,7 @@ class _Run:
         """(mean pinball loss, P50 q-risk on the unscaled target) of the validation split."""
         val = self.w.val
         pred = self._predict(fwd, val)
-        _, _, _, y = val.batch()
+        y = val.target()  # the target only: no (N, k, m) input arrays gathered
         loss, _ = pinball_loss(pred, y.astype(np.float64), self.w.quantiles)
         return loss, q_risk(val.unscale(pred), val.target_raw(), self.w.quantiles)["P50"]
 
@@ -542,12 +555,8 @@ class _Run:
         for side in SIDE_FILES:
             if (self.out / side).exists():
                 shutil.copyfile(self.out / side, tmp / side)
-        meta = {
-            "version": CHECKPOINT_VERSION,
-            "config": self.cfg.to_json(),
-            "state": asdict(self.st),
-        }
-        (tmp / "state.json").write_text(json.dumps(meta, indent=1))
+        text = ckpt.state_json(self.cfg.to_json(), asdict(self.st), self.data_fp)
+        (tmp / "state.json").write_text(text)
         old = self.out / "checkpoint.old"
         if ck.exists():
             if old.exists():
@@ -558,26 +567,38 @@ class _Run:
             shutil.rmtree(old)
         return ck
 
-    def load_checkpoint(self, ck: Path) -> None:
-        meta = json.loads((ck / "state.json").read_text())
-        self.st = _State(**meta["state"])
-        z = np.load(ck / "float.npz")
-        self.model.params[...] = z["params"]
-        if "best_params" in z:
-            self.best_params = z["best_params"].copy()
-        opt_state = _unflatten({k[4:]: z[k] for k in z.files if k.startswith("opt.")})
-        if opt_state:
-            self.opt.load_state_dict(opt_state)
-        for side in SIDE_FILES:
-            if (ck / side).exists():
-                shutil.copyfile(ck / side, self.out / side)
+    def load_checkpoint(self, ck: Path, meta: dict) -> None:
+        """Restore from a validated checkpoint (:mod:`nbqat.checkpoint`); never writes to it."""
+        st = _State(**meta["state"])
+        nb = len(self._epoch_order(1, 0))
+        if st.batch_pos > nb:
+            raise ckpt.CheckpointError(
+                f"{ck / 'state.json'}: field 'state.batch_pos': {st.batch_pos} exceeds the "
+                f"{nb} batches of an epoch of this data and configuration"
+            )
+        z = ckpt.read_float_arrays(ck, int(_to_host(self.model.params).size), meta["state"])
+        opt_state = _unflatten({k[4:]: v for k, v in z.items() if k.startswith("opt.")})
+        try:
+            if opt_state:
+                self.opt.load_state_dict(opt_state)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise ckpt.CheckpointError(f"{ck / 'float.npz'}: field 'opt': {e}") from None
         if (ck / "qat.npz").exists():
             self._new_qat()
             self.qat_opt = _make_optimizer(self.qat.model, self.cfg.qat_lr, self.cfg, qat=True)
             self.qat.load(ck / "qat.npz", optimizer=self.qat_opt)
+        elif st.phase in ("qat", "qat_noclip", "evaluate", "done"):
+            raise ckpt.CheckpointError(f"{ck / 'qat.npz'}: missing for phase {st.phase!r}")
+        self.model.params[...] = z["params"]
+        if "best_params" in z:
+            self.best_params = z["best_params"].copy()
+        self.st = st
+        for side in SIDE_FILES:
+            if (ck / side).exists() and (ck / side).resolve() != (self.out / side).resolve():
+                shutil.copyfile(ck / side, self.out / side)
 
     def _interrupted(self) -> TrainingInterrupted:
-        ck = self.save_checkpoint()
+        ck = self.out / "checkpoint"  # written by _run once the phase's time is counted
         return TrainingInterrupted(
             f"interrupted: checkpoint saved to {ck}; continue with `nbqat train --resume {ck}`"
         )
@@ -675,19 +696,24 @@ class _Run:
         _set_dropout_mode(model, False)  # calibration and everything after: evaluation mode
         st.phase, st.epoch, st.batch_pos = "calibrate", 0, 0
 
-    def calibration_batches(self):
+    def calibration_batches(self, progress: bool = False):
         """The training batches of the calibration phase (the same for QAT and PTQ)."""
+        from tqdm import tqdm
+
         n = self.cfg.calibration_batches
         done = 0
         ep = 0
+        bar = tqdm(total=n, desc="calibration", disable=not progress, leave=False, file=sys.stderr)
         while done < n:
             order = self._epoch_order(2, ep)
             for b in range(min(len(order), n - done)):
                 yield self.w.train.batch(order[b])
                 done += 1
+                bar.update(1)
             ep += 1
             if len(order) == 0:
                 break
+        bar.close()
 
     def qat_batches(self):
         """The training batches of the (clipped) QAT phase, in order."""
@@ -699,7 +725,7 @@ class _Run:
         cfg = self.cfg
         self._new_qat()
         self.qat.enable_calibration()
-        for s, h, f, _ in self.calibration_batches():
+        for s, h, f, _ in self.calibration_batches(progress=cfg.progress):
             self.qat.forward(s, h, f)
         self.qat.disable_calibration()
         _set_dropout_mode(self.qat.model, False)
@@ -832,9 +858,9 @@ def _load_data(cfg: Any) -> Windows:
     else:
         data = load_tmy3()
     if cfg.history is None:  # one day of hours, and at least one season (the naive reads it)
-        from nbqat.data import _default_season
+        from nbqat.data._calendar import default_season
 
-        cfg.history = max(MIN_HISTORY, _default_season(data, cfg.horizon))
+        cfg.history = max(MIN_HISTORY, default_season(data, cfg.horizon))
     w = make_windows(
         data,
         history=cfg.history,
@@ -843,15 +869,11 @@ def _load_data(cfg: Any) -> Windows:
         quantiles=QUANTILES,
         calendar=[c.strip() for c in cfg.calendar.split(",") if c.strip()],
     )
-    if len(w.train) < cfg.batch_size:  # type: ignore[operator]
-        raise DataError(
-            f"the training split has {len(w.train)} windows, fewer than --batch-size "
-            f"{cfg.batch_size}; use a longer series or a smaller --batch-size"
-        )
+    preflight.check_windows(cfg, w)
     return w
 
 
-def run(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
+def run(cfg: TrainConfig, resume: str | Path | None = None, *, check_only: bool = False) -> dict:
     """Run ``nbqat train`` with ``cfg`` (or continue the checkpoint ``resume``).
 
     The BLAS library (OpenBLAS under NumPy's wheels) is limited to one thread for the run
@@ -864,7 +886,10 @@ def run(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
     cfg : TrainConfig
         The run's configuration.
     resume : str or Path, optional
-        A previous run's ``checkpoint/`` folder to continue.
+        A previous run's ``checkpoint/`` folder to continue (the run folder is its parent).
+    check_only : bool, default False
+        Only the validation pass (output folder, data, options, checkpoint): nothing is
+        written; returns ``{"data": ..., "config": ...}``.
 
     Returns
     -------
@@ -876,35 +901,29 @@ def run(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
     TrainingInterrupted
         After Ctrl-C (or ``stop_after_steps``), once the checkpoint is written.
     DataError, ValueError
-        For bad data or options (before any training).
+        For bad data or options (before any training; nothing is written).
+    CheckpointError
+        For an invalid or inconsistent checkpoint, or data changed since it was written
+        (a ValueError naming the file and field; the checkpoint is not modified).
     """
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1, user_api="blas"):
-        return _run(cfg, resume)
+        return _run(cfg, resume, check_only)
 
 
-def _run(cfg: TrainConfig, resume: str | Path | None) -> dict:
+def _run(cfg: TrainConfig, resume: str | Path | None, check_only: bool = False) -> dict:
     t_start = time.perf_counter()
+    meta: dict | None = None
     if resume is not None:
-        ck = Path(resume)
-        if ck.is_file():
-            ck = ck.parent
-        if not (ck / "state.json").is_file():
-            raise FileNotFoundError(
-                f"--resume {str(resume)!r}: not a checkpoint folder (no state.json); pass the "
-                "checkpoint/ folder inside a previous run's --out"
-            )
-        meta = json.loads((ck / "state.json").read_text())
-        if meta.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(
-                f"--resume {str(resume)!r}: unsupported checkpoint version "
-                f"{meta.get('version')!r} (this nbqat writes {CHECKPOINT_VERSION}); start a new run"
-            )
-        saved = meta["config"]
+        defaults = {f.name: f.default for f in fields(TrainConfig)}
+        meta = ckpt.read_state(resume, defaults)
+        saved = dict(meta["config"])
         saved["progress"] = cfg.progress
         saved["stop_after_steps"] = cfg.stop_after_steps
         cfg = TrainConfig(**saved)
+    elif cfg.csv is not None:
+        cfg.csv = str(Path(cfg.csv).resolve())
     cfg = cfg.resolved()
     _check_device(cfg.device)
     if cfg.threads is not None:
@@ -917,24 +936,41 @@ def _run(cfg: TrainConfig, resume: str | Path | None) -> dict:
                 "Numba started with (set NUMBA_NUM_THREADS to raise it)"
             )
         numba.set_num_threads(cfg.threads)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-
+    # The validation pass: the output folder, the data and the options, before anything is
+    # written (a failure leaves no folder behind).
+    out = preflight.check_out(cfg.out, cfg.overwrite, resume=meta is not None)
     t0 = time.perf_counter()
     w = _load_data(cfg)
+    data_fp = ckpt.data_fingerprint(cfg.csv if cfg.csv is not None else tmy3_path())
+    if meta is not None:
+        ckpt.check_data(meta, data_fp)
     r = _Run(cfg, out, w)
-    r.ridge = RidgeBaseline(lam=1.0, quantiles=w.quantiles).fit_split(w.train)
+    r.data_fp = data_fp
     r.model = _build_model(cfg, w)
     r.opt = _make_optimizer(r.model, cast(float, cfg.lr), cfg)
-    if resume is None and cfg.linear_skip:
+    if meta is not None:
+        r.load_checkpoint(Path(meta["folder"]), meta)
+    if check_only:
+        return {"data": w.summary(), "config": cfg.to_json()}
+    r.ridge = RidgeBaseline(lam=1.0, quantiles=w.quantiles).fit_split(w.train)
+    if meta is None and cfg.linear_skip:
         from nbqat.recipe import init_linear_skip_from_ridge
 
         init_linear_skip_from_ridge(r.model, r.ridge)
-    if resume is not None:
-        r.load_checkpoint(ck)
+    if cfg.overwrite and meta is None:
+        preflight.clear_outputs(out)
+    out.mkdir(parents=True, exist_ok=True)
     r._tick("data", t0)
-    st = r.st
+    try:
+        _phases(r)
+    except TrainingInterrupted:
+        r.save_checkpoint()  # after the interrupted phase's time was counted
+        raise
+    return _finish(r, t_start)
 
+
+def _phases(r: _Run) -> None:
+    cfg, st, out = r.cfg, r.st, r.out
     with _Interrupt(cfg.stop_after_steps) as intr:
         if st.phase == "float":
             t0 = time.perf_counter()
@@ -942,6 +978,11 @@ def _run(cfg: TrainConfig, resume: str | Path | None) -> dict:
                 r.float_phase(intr)
             finally:
                 r._tick("float", t0)
+            if r.best_params is None or not np.all(np.isfinite(r.best_params)):
+                raise ValueError(
+                    "the float training diverged: no epoch had a finite validation loss "
+                    f"(curve {r.st.curves['float']['val']}); lower --lr or set a --max-norm"
+                )
         if st.phase == "calibrate":
             t0 = time.perf_counter()
             r.calibrate_phase()
@@ -968,7 +1009,11 @@ def _run(cfg: TrainConfig, resume: str | Path | None) -> dict:
             r.reset_qat(out / "qat_clipped.npz")  # the clipped model is the one evaluated
             st.phase = "evaluate"
 
+
+def _finish(r: _Run, t_start: float) -> dict:
+    st, out = r.st, r.out
     metrics = _evaluate(r)
+    preflight.finite_metrics(metrics)  # strict JSON: a NaN or inf is an error with its cause
     st.phase = "done"
     r.save_checkpoint()
     st.timings["total"] = sum(v for k, v in st.timings.items() if k != "total")
@@ -977,11 +1022,16 @@ def _run(cfg: TrainConfig, resume: str | Path | None) -> dict:
         "phases_s": {k: round(v, 3) for k, v in st.timings.items()},
         "this_session_s": round(time.perf_counter() - t_start, 3),
     }
-    (out / "timings.json").write_text(json.dumps(timings, indent=1) + "\n")
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=False) + "\n")
+    (out / "timings.json").write_text(json.dumps(timings, indent=1, allow_nan=False) + "\n")
+    text = json.dumps(metrics, indent=1, sort_keys=False, allow_nan=False)
+    (out / "metrics.json").write_text(text + "\n")
     table = _summary_table(metrics, timings)
     (out / "summary.txt").write_text(table + "\n")
     print(table)
+    print(
+        f"outputs in {out.resolve()}: metrics.json, summary.txt, timings.json, checkpoint/"
+        + (", *.png" if r.cfg.plots else "")
+    )
     return metrics
 
 
@@ -1147,6 +1197,8 @@ def _plots(
         f"{w.entity_names[test.entity[i]]} from {str(test.times(np.array([i]))[0, 0])[:16]}"
         for i in pick
     ]
+    unit, ylabel = plots.step_unit(w.step), plots.target_label(w.target_name, w.source)
+    xlabel = f"{unit} relative to forecast start"
     files.append(
         plots.plot_forecast_fan(
             test.history_raw(pick),
@@ -1157,7 +1209,9 @@ def _plots(
             titles=titles,
             naive=naive_point[pick],
             ridge=None if ridge_p50 is None else ridge_p50[pick],
-            ylabel=w.target_name,
+            ylabel=ylabel,
+            xlabel=xlabel,
+            model="int8 model",
         )
     )
     files.append(
@@ -1170,12 +1224,14 @@ def _plots(
             titles=titles,
             naive=naive_point[pick],
             ridge=None if ridge_p50 is None else ridge_p50[pick],
-            ylabel=w.target_name,
+            ylabel=ylabel,
+            xlabel=xlabel,
+            model="float model",
         )
     )
     groups, attn = _interpretation(r, test)
     files.append(plots.plot_variable_importance(groups, out / "variable_importance.png"))
-    files.append(plots.plot_attention(attn, out / "attention.png", history=w.history))
+    files.append(plots.plot_attention(attn, out / "attention.png", history=w.history, unit=unit))
     if "qat_noclip" in st.grad_norms:
         runs = {
             f"clipped (max_norm={r.cfg.max_norm})": {
@@ -1187,7 +1243,11 @@ def _plots(
                 "grad_norm": st.grad_norms["qat_noclip"],
             },
         }
-        files.append(plots.plot_clipping_comparison(runs, out / "clipping_comparison.png"))
+        files.append(
+            plots.plot_clipping_comparison(
+                runs, out / "clipping_comparison.png", max_norm=r.cfg.max_norm
+            )
+        )
     return [Path(f).name for f in files]
 
 
@@ -1262,6 +1322,12 @@ def _summary_table(metrics: dict, timings: dict) -> str:
                 f"QAT {label:<9}: loss mean {v['loss']['mean']:.4f} std {v['loss']['std']:.4f} "
                 f"final {v['loss']['final']:.4f}; largest grad norm {v['largest_grad_norm']:.3f}"
             )
+    filled = metrics["data"].get("filled") or {}
+    if filled:
+        parts = [
+            f"{e}: " + ", ".join(f"{c} {n}" for c, n in cols.items()) for e, cols in filled.items()
+        ]
+        lines.append("filled by --fill-gaps (cells): " + "; ".join(parts))
     if "onnx_parity" in metrics:
         from nbqat.export import summary_lines
 

@@ -23,7 +23,15 @@ from typing import Any
 
 import pytest
 
-PACKAGES = ("nbqat", "nbqat.nn", "nbqat.export")
+PACKAGES = (
+    "nbqat",
+    "nbqat.nn",
+    "nbqat.export",
+    "nbqat.data",
+    "nbqat.checkpoint",
+    "nbqat.preflight",
+    "nbqat.plots",
+)
 
 _HEADER = re.compile(r"^(?P<title>[A-Za-z][A-Za-z ]*)\n-{3,}[ \t]*$", re.MULTILINE)
 _PARAM_SECTIONS = ("Parameters", "Other Parameters")

@@ -122,6 +122,11 @@ def test_error_unfinished_or_empty_run(run, tmp_path, capsys):
     shutil.copytree(run, part)
     st = json.loads((part / "checkpoint" / "state.json").read_text())
     st["state"]["phase"] = "qat"
+    (part / "checkpoint" / "state.json").write_text(json.dumps(st))  # a hand edit: refused
+    _fails(["predict", str(part)], tmp_path / "f.csv", capsys, "checksum")
+    from nbqat.checkpoint import digest
+
+    st["checksum"] = digest(st)  # an interrupted run's state, as the main job writes it
     (part / "checkpoint" / "state.json").write_text(json.dumps(st))
     _fails(["predict", str(part)], tmp_path / "f.csv", capsys, "unfinished run")
     _fails(["predict", str(tmp_path / "nope")], tmp_path / "f.csv", capsys, "not a folder")

@@ -1,0 +1,56 @@
+"""Calendar features (hour of day, day of year, day of week) and the default seasonal period."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nbqat.data._series import SeriesData
+
+__all__ = ["CALENDAR_FEATURES", "calendar_features", "default_season"]
+
+#: Derived known inputs (``calendar`` option of :func:`make_windows`).
+CALENDAR_FEATURES = ("hour", "doy", "dow", "time_index")
+_CAL_GROUP = {
+    "hour_sin": "hour",
+    "hour_cos": "hour",
+    "doy_sin": "doy",
+    "doy_cos": "doy",
+    "day_of_week": "dow",
+}
+
+
+def default_season(data: SeriesData, horizon: int) -> int:
+    if data.is_datetime:
+        step_s = int(data.step / np.timedelta64(1, "s"))  # type: ignore[operator]
+        if step_s > 0 and 86400 % step_s == 0 and step_s < 86400:
+            return 86400 // step_s  # one day
+        if step_s == 86400:
+            return 7  # daily data: one week
+    return horizon
+
+
+def calendar_features(t: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Calendar features of datetime64[s] times: hour of day and day of year as sin/cos,
+    day of week scaled to [-1, 1]."""
+    secs = t.astype("datetime64[s]").astype(np.int64)
+    day = np.floor_divide(secs, 86400)
+    sec_of_day = secs - day * 86400
+    year_start = t.astype("datetime64[Y]").astype("datetime64[s]").astype(np.int64)
+    next_year = (t.astype("datetime64[Y]") + 1).astype("datetime64[s]").astype(np.int64)
+    frac_year = (secs - year_start) / (next_year - year_start)
+    frac_day = sec_of_day / 86400.0
+    dow = (day + 3) % 7  # 1970-01-01 was a Thursday; Monday = 0
+    feats = [
+        np.sin(2 * np.pi * frac_day),
+        np.cos(2 * np.pi * frac_day),
+        np.sin(2 * np.pi * frac_year),
+        np.cos(2 * np.pi * frac_year),
+        dow / 3.0 - 1.0,
+    ]
+    names = ["hour_sin", "hour_cos", "doy_sin", "doy_cos", "day_of_week"]
+    return np.stack(feats, axis=1), names
+
+
+# old private names (kept for callers of the former single module)
+_default_season = default_season
+_calendar = calendar_features

@@ -1,0 +1,420 @@
+"""Long-format tables (CSV, CSV.gz, Parquet, pandas DataFrame) -> :class:`SeriesData`.
+
+The file is read by pandas (its pyarrow engine where pyarrow is installed) with only the
+needed columns; every check then runs vectorised over the columns. Errors are
+:class:`DataError` naming the file, the line (CSV: the line number in the file, header = 1;
+Parquet / DataFrame: the 0-based row) and the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nbqat.data._regular import regularise
+from nbqat.data._series import MAX_ABS_VALUE, DataError, SeriesData, _names
+
+__all__ = ["from_dataframe", "load_csv"]
+
+_READ_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    EOFError,
+    UnicodeDecodeError,
+    zlib.error,
+    csv.Error,
+)
+
+
+#: Block size of the streamed CSV read.
+_BLOCK_BYTES = 4 << 20
+
+
+class _ArrowColumns:
+    """A pyarrow Table seen column by column as pandas Series (converted on access, then
+    dropped from the table so its buffers are freed as the columns are consumed)."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def __getitem__(self, col: str) -> Any:
+        s = self.table.column(col).to_pandas()
+        if col in self.table.column_names:
+            self.table = self.table.drop_columns([col])
+        return s
+
+
+def _read_table(path: Path, cols: list[str], entity_col: str | None, parquet: bool) -> Any:
+    """The needed columns of a CSV / Parquet file (pyarrow; pandas' C parser without it)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+    except ImportError:  # pragma: no cover - pyarrow is a declared dependency
+        import pandas as pd
+
+        if parquet:
+            return pd.read_parquet(path, columns=cols)
+        dtype = {entity_col: str} if entity_col else None
+        return pd.read_csv(path, usecols=cols, dtype=dtype, dtype_backend="numpy_nullable")
+    if parquet:
+        import pyarrow.parquet as pq
+
+        return _ArrowColumns(pq.read_table(path, columns=cols))
+    types = {entity_col: pa.string()} if entity_col else None
+    conv = pacsv.ConvertOptions(include_columns=cols, column_types=types)
+    try:
+        # Streamed in 4 MB blocks: the peak memory is the table plus one block, not the
+        # whole-file parse buffers of pyarrow.csv.read_csv (measured 263 MB against 487 MB on
+        # benchmarks/bench_data.py's 1.75 M-row file, for the same 185 MB table).
+        opts = pacsv.ReadOptions(block_size=_BLOCK_BYTES)
+        reader = pacsv.open_csv(path, read_options=opts, convert_options=conv)
+        return _ArrowColumns(pa.Table.from_batches(list(reader), schema=reader.schema))
+    except pa.ArrowInvalid:
+        # The column types are inferred from the first block; a later block that does not
+        # fit (text among numbers, a time zone mix) is read again whole, so the checks that
+        # follow can name its line.
+        return _ArrowColumns(pacsv.read_csv(path, convert_options=conv))
+
+
+def _read_header(path: Path) -> list[str]:
+    """The CSV header row (a UTF-8 byte-order mark removed), read without pandas."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as raw:  # type: ignore[operator]
+            f = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+            row = next(csv.reader(f), None)
+    except _READ_ERRORS as e:
+        raise DataError(f"{path}: cannot read it as CSV text ({e})") from None
+    if row is None:
+        raise DataError(f"{path}: the file is empty (expected a header row)")
+    return [h.strip() for h in row]
+
+
+def _csv_rows(path: Path) -> Any:
+    """(line number, fields) of each data row, as the csv module reads them (error paths)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as raw:  # type: ignore[operator]
+        f = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+        reader = csv.reader(f)
+        next(reader, None)
+        for row in reader:
+            if row:  # pyarrow skips empty lines too
+                yield reader.line_num, row
+
+
+def _line_of_row(path: Path, i: int) -> int:
+    """The file line of data row ``i`` (0-based; blank lines skipped as the reader does)."""
+    try:
+        for k, (line, _) in enumerate(_csv_rows(path)):
+            if k == i:
+                return line
+    except _READ_ERRORS:
+        pass
+    return i + 2  # header on line 1, no blank lines
+
+
+def _field_count_error(path: Path, ncol: int) -> str | None:
+    """The old parser's message for a row with another number of fields than the header."""
+    try:
+        for line, row in _csv_rows(path):
+            if len(row) != ncol:
+                return f"{path}, line {line}: {len(row)} fields, the header has {ncol}"
+    except _READ_ERRORS:
+        return None
+    return None
+
+
+def _check_columns(
+    src: str, header: list[str], roles: dict[str, list[str]], observed_cols: Any
+) -> list[str]:
+    """Check the named columns against the header; return the observed columns."""
+    dup = sorted({c for c in header if header.count(c) > 1})
+    if dup:
+        raise DataError(
+            f"{src}: the header names column(s) {dup} more than once; rename the duplicates "
+            "(a column used twice would silently read only one of them)"
+        )
+    for opt, cols in roles.items():
+        missing = [c for c in cols if c not in header]
+        if missing:
+            hint = ""
+            if any(h.startswith("\ufeff") for h in header):
+                hint = " (the header starts with a byte-order mark)"
+            raise DataError(
+                f"{src}: {opt} names column(s) {missing} that the header does not have{hint}; "
+                f"the header's columns are {header}"
+            )
+    used = [c for opt, cols in roles.items() if opt != "--observed-cols" for c in cols]
+    twice = sorted({c for c in used if used.count(c) > 1})
+    if twice:
+        raise DataError(f"{src}: column(s) {twice} are named for more than one role")
+    if observed_cols is None:
+        return [c for c in header if c not in used]
+    observed = _names(observed_cols)
+    clash = [c for c in observed if c in used]
+    if clash:
+        raise DataError(f"{src}: --observed-cols {clash} already have another role")
+    return observed
+
+
+def load_csv(
+    path: str | Path,
+    *,
+    time_col: str,
+    target_col: str,
+    entity_col: str | None = None,
+    known_cols: Sequence[str] | str | None = None,
+    static_cols: Sequence[str] | str | None = None,
+    observed_cols: Sequence[str] | str | None = None,
+    fill_gaps: bool = False,
+) -> SeriesData:
+    """Read a long-format CSV (optionally gzip-compressed) or Parquet file into SeriesData.
+
+    Parameters
+    ----------
+    path : str or Path
+        A ``.csv``, ``.csv.gz`` (header row, UTF-8 with or without byte-order mark) or
+        ``.parquet`` file, one row per (entity, time step).
+    time_col : str
+        The time column: ISO 8601 date times (``2001-01-31T23:00``, ``2001-01-31 23:00``;
+        time-zone-aware values are converted to UTC; a file mixing values with and without a
+        UTC offset is refused) or plain numbers (a step counter, fractional steps allowed).
+    target_col : str
+        The column to forecast. It is also the first observed input.
+    entity_col : str, optional
+        The column naming the series (entity) of each row; without it the file is one series.
+        Rows of one entity keep their file order, which must be by increasing time.
+    known_cols : sequence of str or comma-separated str, optional
+        Inputs known in advance (their future values are given to the decoder).
+    static_cols : sequence of str or comma-separated str, optional
+        Per-entity constants (latitude, ...); each must be constant within an entity.
+    observed_cols : sequence of str or comma-separated str, optional
+        Past-only inputs besides the target. Default: every column not named above.
+    fill_gaps : bool, default False
+        Repair instead of rejecting: missing time steps are inserted and missing cells (empty,
+        ``NaN``, ``NA``) filled, both by linear interpolation in time within the entity (the
+        nearest value at the ends of a series). The counts are in ``SeriesData.n_filled`` and
+        ``SeriesData.filled`` (per entity and column); more than
+        :data:`~nbqat.data.MAX_FILL_FRACTION` of an entity's rows in one column is refused.
+
+    Returns
+    -------
+    SeriesData
+
+    Raises
+    ------
+    DataError
+        (a ValueError) for a missing, unreadable or truncated file, a missing or duplicated
+        column, a non-numeric, missing, non-finite or huge (beyond
+        :data:`~nbqat.data.MAX_ABS_VALUE`) value, a duplicate, unsorted or irregular
+        timestamp, a gap (without ``fill_gaps``), mixed date/number time values or mixed time
+        zones, or a static column that varies within an entity. The message names the line
+        and column and says the fix.
+    """
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        what = "a folder, not a file" if path.is_dir() else "no such file"
+        raise DataError(f"--csv {str(path)!r}: {what}")
+    parquet = path.suffix.lower() in (".parquet", ".pq")
+    if parquet:
+        try:
+            import pyarrow.parquet as pq
+
+            header = [str(c) for c in pq.read_schema(path).names]
+        except Exception as e:  # pyarrow raises ArrowInvalid/OSError for a corrupt file
+            raise DataError(f"{path}: cannot read it as Parquet ({e})") from None
+    else:
+        header = _read_header(path)
+    known, static = _names(known_cols), _names(static_cols)
+    roles = _roles(time_col, target_col, entity_col, known, static, observed_cols)
+    observed = _check_columns(str(path), header, roles, observed_cols)
+    cols = _unique([time_col, target_col] + observed + known + static + _opt(entity_col))
+    try:
+        df = _read_table(path, cols, entity_col, parquet)
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path}: the file has a header but no data rows") from None
+    except (*_READ_ERRORS, ValueError, pd.errors.ParserError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "Expected" in msg and "columns" in msg:  # pyarrow: a row with another field count
+            bad = _field_count_error(path, len(header))
+            raise DataError(
+                bad or f"{path}: {msg[:200]}; every row needs as many fields as the header has"
+            ) from None
+        raise DataError(
+            f"{path}: cannot read it ({msg[:200]}); is the file truncated or not a "
+            f"{'Parquet' if parquet else 'CSV'} file?"
+        ) from None
+    if len(df) == 0:
+        raise DataError(f"{path}: the file has a header but no data rows")
+
+    def where(i: int) -> str:
+        return f"{path}, row {i}" if parquet else f"{path}, line {_line_of_row(path, i)}"
+
+    return _frame_to_series(
+        df, where, str(path), time_col, target_col, entity_col, observed, known, static, fill_gaps
+    )
+
+
+def from_dataframe(
+    df: Any,
+    *,
+    time_col: str,
+    target_col: str,
+    entity_col: str | None = None,
+    known_cols: Sequence[str] | str | None = None,
+    static_cols: Sequence[str] | str | None = None,
+    observed_cols: Sequence[str] | str | None = None,
+    fill_gaps: bool = False,
+    source: str = "DataFrame",
+) -> SeriesData:
+    """A long-format pandas DataFrame -> :class:`SeriesData`, with :func:`load_csv`'s checks.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        One row per (entity, time step); the time column may be ``datetime64`` (naive or
+        time-zone-aware), ISO 8601 strings or numbers.
+    time_col, target_col, entity_col, known_cols, static_cols, observed_cols, fill_gaps
+        As in :func:`load_csv`.
+    source : str, default "DataFrame"
+        The name used in messages and in ``SeriesData.source``.
+
+    Returns
+    -------
+    SeriesData
+
+    Raises
+    ------
+    TypeError
+        When ``df`` is not a pandas DataFrame.
+    DataError
+        As :func:`load_csv` (row numbers are 0-based positions in ``df``).
+    """
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"df must be a pandas DataFrame, got {type(df).__name__}")
+    header = [str(c) for c in df.columns]
+    known, static = _names(known_cols), _names(static_cols)
+    roles = _roles(time_col, target_col, entity_col, known, static, observed_cols)
+    observed = _check_columns(source, header, roles, observed_cols)
+    cols = _unique([time_col, target_col] + observed + known + static + _opt(entity_col))
+    sub = df.reset_index(drop=True)
+    sub.columns = header
+    return _frame_to_series(
+        sub[cols],
+        lambda i: f"{source}, row {i}",
+        source,
+        time_col,
+        target_col,
+        entity_col,
+        observed,
+        known,
+        static,
+        fill_gaps,
+    )
+
+
+def _opt(c: str | None) -> list[str]:
+    return [c] if c is not None else []
+
+
+def _unique(cols: list[str]) -> list[str]:
+    return list(dict.fromkeys(cols))
+
+
+def _roles(time_col, target_col, entity_col, known, static, observed_cols) -> dict:
+    roles = {"--time-col": [time_col], "--target-col": [target_col]}
+    if entity_col is not None:
+        roles["--entity-col"] = [entity_col]
+    roles["--known-cols"] = known
+    roles["--static-cols"] = static
+    if observed_cols is not None:
+        roles["--observed-cols"] = _names(observed_cols)
+    return roles
+
+
+def _numeric(s: Any, col: str, where: Callable[[int], str], allow_missing: bool) -> np.ndarray:
+    """One column as float64, with the first bad value reported by line."""
+    import pandas as pd
+
+    if s.dtype == bool:
+        s = s.astype(np.float64)
+    if pd.api.types.is_numeric_dtype(s.dtype):
+        x = s.to_numpy(dtype=np.float64, na_value=np.nan)
+    else:
+        x = pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        bad = np.flatnonzero(np.isnan(x) & ~s.isna().to_numpy())
+        if len(bad):
+            i = int(bad[0])
+            raise DataError(
+                f"{where(i)}: column {col!r} has a non-numeric value {s.iloc[i]!r}; every input "
+                "column must hold numbers (choose the input columns with --observed-cols / "
+                "--known-cols / --static-cols)"
+            )
+    nan = np.isnan(x)
+    if not allow_missing and nan.any():
+        i = int(np.argmax(nan))
+        raise DataError(
+            f"{where(i)}: column {col!r} has a missing value (empty or NA); fill it in the file, "
+            "or pass --fill-gaps (fill_gaps=True) to interpolate missing values linearly"
+        )
+    big = ~nan & ~(np.abs(x) <= MAX_ABS_VALUE)
+    if big.any():
+        i = int(np.argmax(big))
+        what = "a non-finite" if not np.isfinite(x[i]) else "a huge"
+        raise DataError(
+            f"{where(i)}: column {col!r} has {what} value {float(x[i])!r}; values must be "
+            f"finite with magnitude at most {MAX_ABS_VALUE:g} (the network computes in "
+            "float32): rescale the column (other units) or fix the value"
+        )
+    return x
+
+
+def _frame_to_series(
+    df, where, src, time_col, target_col, entity_col, observed, known, static, fill_gaps
+) -> SeriesData:
+    from nbqat.data._timecol import parse_time_column
+
+    if len(df) == 0:
+        raise DataError(f"{src}: the file has a header but no data rows")
+    t = parse_time_column(df[time_col], time_col, where)
+    if entity_col is not None:
+        ent_s = df[entity_col]
+        miss = ent_s.isna().to_numpy()
+        if miss.any():
+            i = int(np.argmax(miss))
+            raise DataError(f"{where(i)}: column {entity_col!r} (--entity-col) has no value")
+        codes, uniques = _factorize(ent_s)
+        names = [str(u).strip() for u in uniques]
+    else:
+        codes, names = np.zeros(len(df), dtype=np.int64), ["series"]
+    numeric_cols = [target_col] + observed + known
+    # Column-major (one contiguous row per column): filled and read column by column.
+    vals = np.empty((len(numeric_cols), len(df)))
+    for j, c in enumerate(numeric_cols):
+        vals[j] = _numeric(df[c], c, where, fill_gaps)
+    stat = np.empty((len(static), len(df)))
+    for j, c in enumerate(static):
+        stat[j] = _numeric(df[c], c, where, False)
+    return regularise(
+        t, codes, names, vals, stat, where, src, target_col, observed, known, static, fill_gaps
+    )
+
+
+def _factorize(s: Any) -> tuple[np.ndarray, list]:
+    import pandas as pd
+
+    codes, uniques = pd.factorize(s.astype(str).str.strip(), sort=False)
+    return codes.astype(np.int64), list(uniques)

@@ -1,0 +1,107 @@
+"""The time column of a table -> ``datetime64[s]`` (UTC for aware values) or float64 numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from nbqat.data._series import DataError
+
+__all__ = ["parse_time_column"]
+
+_OFFSET = r"(?:Z|[+-]\d{2}(?::?\d{2})?)$"
+
+
+def parse_time_column(s: Any, col: str, where: Callable[[int], str]) -> np.ndarray:
+    """Convert a pandas Series of times; raise DataError naming the first bad line.
+
+    Numbers (int or float) give float64. Date times (``datetime64``, aware or naive, or ISO 8601
+    strings) give ``datetime64[s]``; aware values are converted to UTC. Values with and
+    without a UTC offset in one column are refused (they cannot be put on one time axis
+    without guessing the zone of the naive ones).
+    """
+    import pandas as pd
+
+    miss = s.isna().to_numpy()
+    if miss.any():
+        i = int(np.argmax(miss))
+        raise DataError(
+            f"{where(i)}: column {col!r} (--time-col) has a missing value; every row needs a "
+            "time stamp"
+        )
+    if pd.api.types.is_numeric_dtype(s.dtype) and s.dtype != bool:
+        return _finite(s.to_numpy(dtype=np.float64), col, where)
+    if isinstance(s.dtype, pd.DatetimeTZDtype):
+        return _naive_utc(s)
+    if pd.api.types.is_datetime64_dtype(s.dtype):
+        return s.to_numpy().astype("datetime64[s]")
+    st = s.astype(str).str.strip()
+    try:  # the common case: one ISO 8601 column, naive or all with the same offset
+        dt = pd.to_datetime(st, format="ISO8601")
+    except (ValueError, TypeError, OverflowError):
+        return _diagnose(st, col, where)
+    if dt.isna().any():  # pandas reads a blank value as NaT without an error
+        return _diagnose(st, col, where)
+    if isinstance(dt.dtype, pd.DatetimeTZDtype):
+        return _naive_utc(dt)
+    return dt.to_numpy().astype("datetime64[s]")
+
+
+def _diagnose(st: Any, col: str, where: Callable[[int], str]) -> np.ndarray:
+    """The slow path: blank values, mixed time zones, numbers among dates, unparsable values."""
+    import pandas as pd
+
+    blank = (st == "").to_numpy()
+    if blank.any():
+        i = int(np.argmax(blank))
+        raise DataError(
+            f"{where(i)}: column {col!r} (--time-col) has a missing value; every row needs a "
+            "time stamp"
+        )
+
+    num = pd.to_numeric(st, errors="coerce")
+    if num.notna().all():
+        return _finite(num.to_numpy(dtype=np.float64), col, where)
+    has_tz = st.str.contains(_OFFSET, regex=True).to_numpy()
+    if has_tz.any() and not has_tz.all():
+        i, j = int(np.argmax(has_tz)), int(np.argmax(~has_tz))
+        raise DataError(
+            f"{where(max(i, j))}: column {col!r} mixes time zones: {st.iloc[i]!r} "
+            f"({where(i).rsplit(', ', 1)[-1]}) has a UTC offset, {st.iloc[j]!r} "
+            f"({where(j).rsplit(', ', 1)[-1]}) has none; give every time stamp an offset "
+            "(or none) so all series share one time zone"
+        )
+    dt = pd.to_datetime(st, format="ISO8601", errors="coerce", utc=bool(has_tz.all()))
+    bad = dt.isna().to_numpy()
+    if bad.any():
+        numeric = num.notna().to_numpy()
+        if numeric.any() and (~numeric & ~bad).any():
+            i = int(np.argmax(numeric))
+            raise DataError(
+                f"{where(i)}: column {col!r} mixes date times and plain numbers ({st.iloc[i]!r})"
+            )
+        i = int(np.argmax(bad))
+        raise DataError(
+            f"{where(i)}: time value {st.iloc[i]!r} is neither a number nor an ISO 8601 date "
+            "time (e.g. 2001-01-31T23:00); fix the value or choose another --time-col"
+        )
+    if isinstance(dt.dtype, pd.DatetimeTZDtype):
+        return _naive_utc(dt)
+    return dt.to_numpy().astype("datetime64[s]")
+
+
+def _naive_utc(s: Any) -> np.ndarray:
+    return s.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy().astype("datetime64[s]")
+
+
+def _finite(x: np.ndarray, col: str, where: Callable[[int], str]) -> np.ndarray:
+    bad = ~np.isfinite(x)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DataError(
+            f"{where(i)}: column {col!r} (--time-col) has a non-finite time value "
+            f"{float(x[i])!r}; a numeric time axis needs finite step numbers"
+        )
+    return x

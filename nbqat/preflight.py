@@ -1,0 +1,179 @@
+"""The main job's validation pass: everything knowable before training is checked first.
+
+:func:`check_out` checks the output folder (without creating it); :func:`check_windows`
+checks the options against the data and the degenerate cases that would otherwise fail after
+training (a seasonal-naive error of zero, an all-zero test target). :func:`finite_metrics`
+makes metrics.json strict JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nbqat.data import DataError, Windows
+
+__all__ = ["OUTPUT_NAMES", "check_out", "check_windows", "clear_outputs", "finite_metrics"]
+
+#: The files and folders a run writes into ``--out`` (a folder holding one of them holds a run).
+OUTPUT_NAMES = (
+    "metrics.json",
+    "timings.json",
+    "summary.txt",
+    "checkpoint",
+    "checkpoint.tmp",
+    "checkpoint.old",
+    "qat_start.npz",
+    "qat_clipped.npz",
+    "loss_curves.png",
+    "forecast_int8.png",
+    "forecast_float.png",
+    "variable_importance.png",
+    "attention.png",
+    "clipping_comparison.png",
+    "model.onnx",
+    "quant_report.json",
+    "quant_report.png",
+)
+
+
+def check_out(out: str | Path, overwrite: bool, resume: bool = False) -> Path:
+    """Check ``--out`` before anything is written; return it as a Path.
+
+    Parameters
+    ----------
+    out : str or Path
+        The output folder (need not exist).
+    overwrite : bool
+        ``--overwrite``: a folder holding a previous run is accepted.
+    resume : bool, default False
+        A resumed run writes into its own folder.
+
+    Returns
+    -------
+    Path
+
+    Raises
+    ------
+    ValueError
+        When ``out`` is a file (or under one), or holds a previous run (any of
+        :data:`OUTPUT_NAMES`) and neither ``overwrite`` nor ``resume`` is set.
+    """
+    p = Path(out)
+    for q in (p, *p.parents):
+        if q.exists() and not q.is_dir():
+            raise ValueError(f"--out {str(out)!r}: {str(q)!r} is a file, not a folder")
+    if p.is_dir() and not (overwrite or resume):
+        old = sorted(n for n in OUTPUT_NAMES if (p / n).exists())
+        if old:
+            raise ValueError(
+                f"--out {str(out)!r} holds a previous run ({', '.join(old[:4])}"
+                f"{', ...' if len(old) > 4 else ''}); choose another --out, pass --overwrite "
+                "to replace it, or --resume its checkpoint"
+            )
+    return p
+
+
+def clear_outputs(out: Path) -> None:
+    """Remove a previous run's outputs from ``out`` (``--overwrite``); other files stay.
+
+    Parameters
+    ----------
+    out : Path
+        The output folder.
+    """
+    import shutil
+
+    for n in OUTPUT_NAMES:
+        q = out / n
+        if q.is_dir():
+            shutil.rmtree(q)
+        elif q.exists():
+            q.unlink()
+
+
+def check_windows(cfg: Any, w: Windows) -> None:
+    """Options against the data, and the degenerate data found only after training otherwise.
+
+    Parameters
+    ----------
+    cfg : nbqat.train.TrainConfig
+        The resolved options.
+    w : Windows
+        The run's windows.
+
+    Raises
+    ------
+    DataError
+        Fewer training windows than ``--batch-size``; an all-zero test target (q-risk
+        undefined); a seasonal-naive forecast without error on the test split (the
+        comparison against it is undefined).
+    ValueError
+        ``--windows-per-epoch`` below ``--batch-size`` (an epoch without a batch).
+    """
+    from nbqat.train import q_risk
+
+    if len(w.train) < cfg.batch_size:
+        raise DataError(
+            f"the training split has {len(w.train)} windows, fewer than --batch-size "
+            f"{cfg.batch_size}; use a longer series or a smaller --batch-size"
+        )
+    if cfg.windows_per_epoch and cfg.windows_per_epoch < cfg.batch_size:
+        raise ValueError(
+            f"--windows-per-epoch {cfg.windows_per_epoch} is below --batch-size "
+            f"{cfg.batch_size}: an epoch would have no batch; raise --windows-per-epoch (0 = "
+            "all windows) or lower --batch-size"
+        )
+    test = w.test
+    y = test.target_raw()
+    if not np.abs(y).sum() > 0:
+        raise DataError(
+            f"the target {w.target_name!r} is zero on every test window: the q-risk "
+            "(normalised by sum |y|) is undefined; use other data or split fractions"
+        )
+    naive = test.seasonal_naive()[..., None] + w.naive_residual_quantiles[test.entity][:, None, :]
+    qr = q_risk(naive, y, w.quantiles)
+    if qr.get("P50", 1.0) == 0.0:
+        raise DataError(
+            f"the seasonal-naive forecast (the value {w.season} steps earlier) is exact on the "
+            f"test split: {w.target_name!r} repeats with period {w.season}, so the models' "
+            "comparison against it is undefined; this data needs no forecaster"
+        )
+    bad = {k: v for k, v in qr.items() if not math.isfinite(v)}
+    if bad:
+        raise DataError(f"the seasonal-naive q-risk is not finite ({bad}): check the target")
+
+
+def finite_metrics(node: Any, path: str = "") -> None:
+    """Raise ValueError naming the first NaN or infinite number in ``node`` (metrics.json).
+
+    The message says the likely cause: a diverged training (a loss or gradient norm) or
+    non-finite predictions (a q-risk or comparison).
+
+    Parameters
+    ----------
+    node : dict, list or scalar
+        The metrics (walked recursively).
+    path : str, default ""
+        The dotted path of ``node`` (for the message).
+
+    Raises
+    ------
+    ValueError
+        At the first NaN or infinite float.
+    """
+    if isinstance(node, dict):
+        for k, v in node.items():
+            finite_metrics(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            finite_metrics(v, f"{path}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        if any(s in path for s in ("loss", "curves", "grad_norm", "best_val")):
+            cause = "the training diverged; try a smaller --lr or --qat-lr, or a --max-norm"
+        else:
+            cause = "the predictions are not finite (a diverged model or extreme data)"
+        raise ValueError(f"metrics.json: {path} is {node} ({cause}); nothing was written")
