@@ -194,3 +194,35 @@ def test_default_history_covers_the_season(tmp_path):
     assert w.season == 96 and w.history == cfg.history == 96
     cfg = TrainConfig(out=str(tmp_path / "o"), batch_size=8).resolved()
     assert _load_data(cfg).history == cfg.history == 24  # hourly: one day
+
+
+def test_calibration_never_sees_dropout(rng):
+    # observers calibrated through a dropout model (its float original left in training mode)
+    # equal those of the same weights without dropout layers
+    from nbqat.nn import set_dropout
+    from nbqat.nn.qat import QATTemporalFusionTransformer
+    from nbqat.qconfig import QATConfig
+
+    kw = dict(num_heads=2, linear_skip=True)
+    drop = TemporalFusionTransformer(TFTConfig(2, 3, 2, 4, 5, 3, dropout=0.5, **kw), seed=3)
+    plain = TemporalFusionTransformer(TFTConfig(2, 3, 2, 4, 5, 3, **kw), seed=3)
+    plain.params[...] = drop.params
+    set_dropout(drop, True, (1, 2, 3))
+    batches = [
+        (
+            rng.normal(size=(4, 2)).astype(np.float32),
+            rng.normal(size=(4, 5, 2)).astype(np.float32),
+            rng.normal(size=(4, 3, 3)).astype(np.float32),
+        )
+        for _ in range(2)
+    ]
+    quants = []
+    for m in (drop, plain):
+        q = QATTemporalFusionTransformer.from_float(m, config=QATConfig(calibration_batches=2))
+        for s, h, f in batches:
+            q.forward(s, h, f)
+        quants.append({k: fq.state_dict() for k, fq in q.fake_quants.items()})
+    assert quants[0].keys() == quants[1].keys()
+    for k in quants[0]:
+        for name, v in quants[0][k].items():
+            np.testing.assert_array_equal(np.asarray(v), np.asarray(quants[1][k][name]), err_msg=k)
