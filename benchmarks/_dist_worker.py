@@ -1,5 +1,5 @@
 """Timed data-parallel QAT steps, run by bench_distributed.py as
-``mpiexec -n N python benchmarks/_dist_worker.py SMALL OUT.json``.
+``mpiexec -n N python benchmarks/_dist_worker.py SMALL OUT.json [GLOBAL_BATCH]``.
 
 Rank 0 writes the median step time, the time spent in the gradient allreduce and in the
 observer syncs per step, the number of observer syncs per step and the flat gradient buffer's
@@ -29,6 +29,8 @@ def main() -> None:
     small, out = sys.argv[1] == "1", sys.argv[2]
     # the main job's model: 6 static, 4 known, 11 observed inputs, hidden 16, 4 heads
     b, k, tau, d = (8, 12, 4, 8) if small else (64, 168, 24, 16)
+    if len(sys.argv) > 3:  # another global batch
+        b = int(sys.argv[3])
     steps = 3 if small else 12
     cfg = TFTConfig(6, 4, 11, d, k, tau, num_heads=4)
     group = dist.init_process_group()

@@ -230,17 +230,25 @@ class FakeQuantize(_QuantizerPhases):
             Bad input (from the observer or the fake-quantize function); the observer state is
             unchanged when the observer rejects the batch.
         """
-        synced = getattr(self.activation_post_process, "process_group", None) is not None
-        if type(x) is np.ndarray and x.dtype is _DT32 and x.flags.c_contiguous and not synced:
+        observe = self.observer_enabled
+        if observe and getattr(self.activation_post_process, "process_group", None) is not None:
+            # a data-parallel run: the observer combines every rank's statistics (a collective),
+            # then the fused kernel fake-quantizes with the qparams (same bits either way)
+            self.activation_post_process(x)
+            s, z = self.activation_post_process.calculate_qparams()
+            self.scale = s.astype(_F32)
+            self.zero_point = z.astype(np.int32)
+            observe = False
+        if type(x) is np.ndarray and x.dtype is _DT32 and x.flags.c_contiguous:
             n = x.size
             if 0 < n < _jit.PARALLEL_MIN:
                 if self.is_per_channel:
-                    y = self._forward_channel_fast(x)
+                    y = self._forward_channel_fast(x, observe)
                 else:
-                    y = self._forward_tensor_fast(x)
+                    y = self._forward_tensor_fast(x, observe)
                 if y is not None:
                     return y
-        if self.observer_enabled:
+        if observe:
             self.activation_post_process(x)
             s, z = self.activation_post_process.calculate_qparams()
             self.scale = s.astype(_F32)
@@ -314,7 +322,7 @@ class FakeQuantize(_QuantizerPhases):
                 return out
         return _fq.fake_quantize_backward(grad_y, ctx, out=out)
 
-    def _forward_tensor_fast(self, x: np.ndarray) -> Any:
+    def _forward_tensor_fast(self, x: np.ndarray, observe: bool) -> Any:
         """Per-tensor :meth:`forward` of a C-contiguous float32 NumPy ``x`` with
         ``0 < x.size < PARALLEL_MIN`` (the QAT model's hot path, ~130 calls per training step):
         ONE compiled call (:func:`nbqat.kernels.qat_cpu.fq_tensor_fused`) does the observer's
@@ -322,8 +330,9 @@ class FakeQuantize(_QuantizerPhases):
         and state, bit for bit, as the public path, and without re-validating what this module
         guarantees itself (its qparams are float32 > 0 with the zero point in range). Returns
         None -- with nothing changed -- when the input or the state needs the public path
-        (non-finite data or state, an overflowing zero point, a custom observer)."""
-        observe = self.observer_enabled
+        (non-finite data or state, an overflowing zero point, a custom observer). ``observe``
+        False fake-quantizes with the current qparams (the observer disabled, or already
+        updated by :meth:`forward`)."""
         fake = self.fake_quant_enabled
         if observe:
             obs = self.activation_post_process
@@ -385,7 +394,7 @@ class FakeQuantize(_QuantizerPhases):
         self._ran = True
         return y
 
-    def _forward_channel_fast(self, x: np.ndarray) -> Any:
+    def _forward_channel_fast(self, x: np.ndarray, observe: bool) -> Any:
         """Per-channel twin of :meth:`_forward_tensor_fast` (weights: channel axis first,
         :func:`nbqat.kernels.qat_cpu.fq_channel_fused`). Returns None -- with nothing changed --
         for another channel axis, a channel count the state does not have, or the cases of
@@ -394,7 +403,6 @@ class FakeQuantize(_QuantizerPhases):
         if nd == 0 or self.ch_axis % nd != 0:  # type: ignore[operator]
             return None
         c = x.shape[0]
-        observe = self.observer_enabled
         if observe:
             obs = self.activation_post_process
             cls = type(obs)
