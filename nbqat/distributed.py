@@ -400,11 +400,24 @@ def data_parallel_step(
     (loss, total_norm) : (float, float)
         The global-batch mean loss and the global gradient norm before clipping, identical on
         every rank.
+
+    Raises
+    ------
+    ValueError
+        A global batch of fewer rows than processes (a rank would get an empty slice, which no
+        forecaster accepts): raised on every rank at once, before any collective, nothing
+        changed.
     """
     from nbqat.nn.step import train_step
 
     run = train_step if step is None else step
     rows = int(np.shape(batch[0])[0])
+    if rows < group.size:
+        raise ValueError(
+            f"data_parallel_step: the global batch has {rows} rows, fewer than the "
+            f"{group.size} processes (a rank would get an empty slice): drop the last partial "
+            "batch, or pass global batches of at least group.size rows"
+        )
     sl = shard(rows, group)
     local = tuple(a[sl] for a in batch)
     n_local = sl.stop - sl.start

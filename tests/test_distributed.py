@@ -191,3 +191,25 @@ def test_a_failing_rank_stops_every_rank(tmp_path):
     assert "rank 1 of 2 failed: deliberate failure" in r.stderr, r.stderr[-3000:]
     assert time.perf_counter() - t0 < 60
     assert not (tmp_path / "rank0.npz").exists()
+
+
+def test_data_parallel_step_refuses_a_batch_smaller_than_the_group():
+    # every rank sees the same global batch, so every rank raises before any collective
+    # (before the check, the rank with the empty slice raised inside forward while the other
+    # waited in an observer allgather: MPI failed with a truncated message)
+    from worker_common import CFG, batch
+
+    from nbqat.nn import TemporalFusionTransformer
+
+    class Two(dist.ProcessGroup):
+        def __init__(self, rank: int) -> None:
+            super().__init__()
+            self.rank, self.size = rank, 2
+
+    b = tuple(a[:1] for a in batch(np.random.default_rng(0)))
+    m = TemporalFusionTransformer(CFG, seed=1)
+    p0 = m.params.copy()
+    for rank in (0, 1):
+        with pytest.raises(ValueError, match="fewer than the 2 processes"):
+            dist.data_parallel_step(m, b, nbqat.SGD(m.params, lr=0.1), Two(rank))
+    assert np.array_equal(m.params, p0)
