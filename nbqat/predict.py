@@ -217,7 +217,7 @@ def predict(
     ------
     ValueError
         For an unknown engine, a folder without a finished model, a missing ``model.onnx``
-        (engine onnx), an ``out`` whose folder does not exist.
+        (engine onnx), an ``out`` whose folder does not exist or that is a folder.
     DataError
         (a ValueError) for columns that do not match the trained model or a series shorter
         than history + horizon. Nothing is written on any error.
@@ -232,6 +232,11 @@ def predict(
     out = Path(out)
     if not (out.parent if str(out.parent) else Path(".")).is_dir():
         raise ValueError(f"--out {str(out)!r}: the folder {str(out.parent)!r} does not exist")
+    if out.is_dir():
+        raise ValueError(
+            f"--out {str(out)!r} is a folder: name the CSV file to write "
+            f"(--out {out / 'forecasts.csv'})"
+        )
     if csv_path is not None and not Path(csv_path).is_file():
         raise FileNotFoundError(f"--csv {csv_path!r} does not exist")
     run, cfg = load_run(run_dir)

@@ -147,6 +147,14 @@ def test_error_out_folder_missing(run, tmp_path, capsys):
     assert not out.parent.exists()
 
 
+def test_error_out_is_a_folder(run, tmp_path, capsys):
+    # was an IsADirectoryError traceback from os.replace after the whole forecast had run
+    assert main(["predict", str(run), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder" in err and "forecasts.csv" in err
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind
+
+
 def test_train_writes_onnx_and_parity(run):
     import onnx
 
