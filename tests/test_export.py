@@ -503,3 +503,20 @@ def test_prepare_qat_lstm_forecaster_parity(tmp_path, rng, head_float):
         p = rep["pairs"][key]
         assert p["max_abs_diff"] < 1e-4 and p["max_diff_output_steps"] is None, key
     assert to_onnx(int8, tmp_path / "b.onnx").read_bytes() != b""
+
+
+def test_error_network_that_is_not_a_forecaster(tmp_path, rng):
+    """prepare_qat(Sequential(...)) (the generic API's own example) is not exportable: a
+    TypeError naming the type and the fix, nothing written (was an AttributeError 'config')."""
+    from nbqat.nn import ELU, Linear, ParameterBuffer, Sequential, convert, prepare_qat
+
+    net = Sequential(Linear(6, 4), ELU(), Linear(4, 3))
+    ParameterBuffer(net, seed=0)
+    q = prepare_qat(net)
+    q(rng.standard_normal((8, 6)).astype(np.float32))
+    q.disable_calibration()
+    q.freeze_observers()
+    for model in (q, convert(q)):
+        with pytest.raises(TypeError, match="Sequential.*nbqat.export.emitters.register"):
+            to_onnx(model, tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []

@@ -97,6 +97,35 @@ def emit_tft(g: GraphBuilder, name: str, tft: Any, static: str, hist: str, fut: 
     return out
 
 
+_CONFIG_FIELDS = (
+    "num_static_features",
+    "sequence_length",
+    "num_unknown_features",
+    "prediction_horizon",
+    "num_known_features",
+    "quantiles",
+    "num_quantiles",
+)
+
+
+def _check_network(net: Any) -> None:
+    """TypeError unless ``net`` is a forecaster (the graph's inputs static / historical /
+    future come from its ``config``) whose type has an emitter."""
+    from nbqat.export.emitters import EMITTERS
+
+    cfg = getattr(net, "config", None)
+    missing = [f for f in _CONFIG_FIELDS if not hasattr(cfg, f)]
+    has_emitter = any(isinstance(net, cls) for cls in EMITTERS)
+    if missing or not has_emitter:
+        why = f"its config lacks {missing}" if missing else "its type has no ONNX emitter"
+        raise TypeError(
+            f"to_onnx exports forecasters (inputs static, historical, future; a config with "
+            f"{', '.join(_CONFIG_FIELDS)}), got a network of type {type(net).__name__} ({why}): "
+            "export a TemporalFusionTransformer or an LSTMForecaster, or register an emitter "
+            "for your forecaster type with nbqat.export.emitters.register"
+        )
+
+
 def build_model(model: Any, *, opset: int | None = None, metadata: Mapping[str, Any] | None = None):
     """The ONNX ``ModelProto`` of ``model`` (see :func:`to_onnx`); nothing is written.
 
@@ -114,6 +143,7 @@ def build_model(model: Any, *, opset: int | None = None, metadata: Mapping[str, 
     opset = _check_opset(opset)
     int8, source = _as_int8(model)
     tft = int8.model
+    _check_network(tft)
     cfg = tft.config
     g = GraphBuilder(opset, int8.layers)
     dims = {
