@@ -222,6 +222,27 @@ def test_preparing_twice_or_converting_float_is_refused():
         prepare_qat(Sequential(Linear(2, 3)))
 
 
+def test_qconfig_mapping_typos_and_bad_values_are_refused_before_any_change():
+    """A mistyped module name used to be ignored silently (everything quantized, the float
+    fallback lost); a bad value (inplace) left the model half prepared."""
+    model = Sequential(Linear(2, 3), ELU(), Linear(3, 2))
+    ParameterBuffer(model)
+    with pytest.raises(ValueError, match=r"names module '3'.*\['0', '1', '2'\]"):
+        prepare_qat(model, qconfig_mapping={"3": None})
+    with pytest.raises(TypeError, match="keys must be module names"):
+        prepare_qat(model, qconfig_mapping={0: None})
+    with pytest.raises(TypeError, match="qconfig_mapping must be a mapping"):
+        prepare_qat(model, qconfig_mapping=[("0", None)])
+    with pytest.raises(TypeError, match=r"qconfig must be a QConfig"):
+        prepare_qat(model, qconfig=3)
+    bad = {"0": nbqat.default_qat_qconfig, "2": "int8"}
+    with pytest.raises(TypeError, match=r"qconfig_mapping\['2'\] must be a QConfig"):
+        prepare_qat(model, qconfig_mapping=bad, inplace=True)
+    assert model[0].weight_fake_quant is None  # nothing attached by the failed call
+    qat = prepare_qat(model, qconfig_mapping={"2": None}, inplace=True)  # still preparable
+    assert qat.float_fallback == ["2"]
+
+
 def test_convert_is_within_one_output_step_of_the_frozen_fake_quant_model(rng):
     model = Sequential(Linear(6, 32), ELU(), Linear(32, 16), ELU(), Linear(16, 3))
     ParameterBuffer(model, np.float32, seed=2)

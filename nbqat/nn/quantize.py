@@ -140,6 +140,46 @@ def _copy_model(model: Module) -> tuple[Module, ParameterBuffer]:
     return new, buf
 
 
+def _is_qconfig(qc: Any) -> bool:
+    return callable(getattr(qc, "weight", None)) and callable(getattr(qc, "activation", None))
+
+
+def _check_mapping(model: Module, qconfig: Any, qconfig_mapping: Any) -> dict:
+    """The checked ``qconfig_mapping`` as a dict: every name a module of ``model`` (a typo
+    would silently quantize what was meant to stay float), every value a QConfig or None."""
+    if not _is_qconfig(qconfig):
+        raise TypeError(
+            f"prepare_qat: qconfig must be a QConfig (weight and activation factories, e.g. "
+            f"nbqat.default_qat_qconfig), got {type(qconfig).__name__}"
+        )
+    if qconfig_mapping is None:
+        return {}
+    if not isinstance(qconfig_mapping, Mapping):
+        raise TypeError(
+            "prepare_qat: qconfig_mapping must be a mapping {module name or layer type: "
+            f"QConfig or None}}, got {type(qconfig_mapping).__name__}"
+        )
+    names = [n for n, _ in model.named_modules() if n]
+    for key, qc in qconfig_mapping.items():
+        if isinstance(key, str):
+            if key not in names:
+                raise ValueError(
+                    f"prepare_qat: qconfig_mapping names module {key!r}, which the model does "
+                    f"not have; its modules are {names[:12]}{' ...' if len(names) > 12 else ''}"
+                )
+        elif not isinstance(key, type):
+            raise TypeError(
+                f"prepare_qat: qconfig_mapping keys must be module names (str) or layer types, "
+                f"got {key!r}"
+            )
+        if qc is not None and not _is_qconfig(qc):
+            raise TypeError(
+                f"prepare_qat: qconfig_mapping[{key!r}] must be a QConfig or None, got "
+                f"{type(qc).__name__}"
+            )
+    return dict(qconfig_mapping)
+
+
 def prepare_qat(
     model: Module,
     qconfig: Any = None,
@@ -177,9 +217,11 @@ def prepare_qat(
     ------
     TypeError
         ``model`` is not a Module; a module holds parameters and its type has no mapping (the
-        message names its path, its class and :func:`register_qat_module`).
+        message names its path, its class and :func:`register_qat_module`); ``qconfig`` or a
+        ``qconfig_mapping`` value is not a QConfig (or None), a key neither a str nor a type.
     ValueError
-        ``model`` already holds a quantizer (prepared twice); unbound parameters.
+        ``model`` already holds a quantizer (prepared twice); unbound parameters; a
+        ``qconfig_mapping`` name that is no module of ``model``.
     """
     from nbqat.qconfig import QATConfig
 
@@ -192,7 +234,7 @@ def prepare_qat(
     if not isinstance(config, QATConfig):
         raise TypeError(f"`config` must be a nbqat.QATConfig, got {type(config).__name__}")
     qconfig = config.qconfig if qconfig is None else qconfig
-    mapping = dict(qconfig_mapping or {})
+    mapping = _check_mapping(model, qconfig, qconfig_mapping)
     for name, mod in model.named_modules():
         hooks = hooks_for(mod)
         for hook in hooks or ():
