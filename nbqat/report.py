@@ -119,15 +119,20 @@ def _finite(v: float) -> float | None:
 def _predictor(qat: Any) -> Callable:
     """``qat.predict`` (the TFT), or a forward with every observer off (any QAT model with
     ``fake_quants``, e.g. :func:`nbqat.nn.prepare_qat`'s, in the QAT phase)."""
+    from nbqat.nn.quantize import QATModel
+
     if hasattr(qat, "predict"):
         return qat.predict
+    # a QATModel's own forward counts calibration batches and may end the phase (turning its
+    # observers back on): run its network directly
+    forward = qat.model.forward if isinstance(qat, QATModel) else qat.forward
 
     def predict(*inputs: Any) -> Any:
         saved = [(fq, bool(fq.observer_enabled)) for fq in qat.fake_quants.values()]
         try:
             for fq, _ in saved:
                 fq.enable_observer(False)
-            return qat.forward(*inputs)
+            return forward(*inputs)
         finally:
             for fq, flag in saved:
                 fq.enable_observer(flag)

@@ -148,3 +148,24 @@ def test_report_of_a_prepare_qat_model(rng):
             np.testing.assert_array_equal(v, before[k][key])
     sens = report.sensitivity(qat, lambda predict: float(np.abs(predict(xs[0][0])).sum()))
     assert {m["module"] for m in sens["modules"]} == {"0", "2"}
+
+
+def test_report_in_the_calibration_phase_changes_no_state(rng):
+    """The report's forwards used to go through QATModel.forward: they counted as calibration
+    batches, and once the count was reached ended the phase, whose observers then moved."""
+    from nbqat.nn import ELU, Linear, ParameterBuffer, Sequential, prepare_qat
+
+    model = Sequential(Linear(4, 8), ELU(), Linear(8, 2))
+    ParameterBuffer(model, np.float32, seed=2)
+    qat = prepare_qat(model, config=nbqat.QATConfig(calibration_batches=2))
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    qat(x)
+    qat(x)  # calibration counted 2 of 2; the phase ends at the next forward of the user's
+    before = {k: f.activation_post_process.state_dict() for k, f in qat.fake_quants.items()}
+    wide = [(10 * rng.standard_normal((16, 4)).astype(np.float32),)]
+    report.quantizer_report(qat, wide, n_inputs=1)
+    report.sensitivity(qat, lambda predict: float(np.abs(predict(wide[0][0])).sum()))
+    assert (qat.phase, qat.calibration_batches_seen) == ("calibration", 2)
+    for k, f in qat.fake_quants.items():
+        for key, v in f.activation_post_process.state_dict().items():
+            np.testing.assert_array_equal(v, before[k][key], err_msg=f"{k}.{key}")
