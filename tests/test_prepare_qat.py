@@ -388,3 +388,33 @@ def test_qat_lstm_forecaster_matches_torch_fake_quantize(torch, rng):
     scale = float(qat.fake_quants["head.input_fake_quant"].scale[0])
     bound = scale * float(np.abs(m.head.weight).sum(axis=1).max())
     assert np.max(np.abs(y8 - y_fq)) <= bound
+
+
+def test_learnable_scales_config_builds_lsq_quantizers(rng):
+    """QATConfig(learnable_scales=True) was silently ignored by prepare_qat (plain FakeQuantize,
+    scales never learned)."""
+    from nbqat.fake_quantize import LearnableFakeQuantize
+    from nbqat.nn.phases import lsq_step
+
+    model = Sequential(Linear(4, 8), ELU(), Linear(8, 2))
+    ParameterBuffer(model, seed=0)
+    cfg = nbqat.QATConfig(learnable_scales=True, calibration_batches=1)
+    qat = prepare_qat(model, config=cfg)
+    plain = prepare_qat(model)
+    for name, fq in qat.fake_quants.items():
+        assert isinstance(fq, LearnableFakeQuantize), name
+        ref = plain.fake_quants[name]  # the same range and observer as the factory's module
+        assert (fq.quant_min, fq.quant_max) == (ref.quant_min, ref.quant_max), name
+    assert len(qat.learnable_quantizers()) == 4
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    qat(x)
+    qat.disable_calibration()
+    s0 = {n: fq.scale.copy() for n, fq in qat.fake_quants.items()}
+    qat.zero_grad()
+    y = qat(x)
+    qat.backward(np.ones_like(y) / y.size)
+    g = {n: fq.grad_scale.copy() for n, fq in qat.fake_quants.items()}
+    assert any(np.any(v != 0) for v in g.values())
+    lsq_step(qat.learnable_quantizers(), nbqat.SGD(qat.params, lr=0.5), 1.0)
+    for n, fq in qat.fake_quants.items():  # p -= lr * grad (float32)
+        np.testing.assert_array_equal(fq.scale, np.maximum(s0[n] - np.float32(0.5) * g[n], fq.eps))

@@ -203,7 +203,10 @@ def prepare_qat(
         ``{module name or layer type: QConfig or None}``; a name covers its descendants, a
         name wins over a type; None keeps those modules in float (float fallback).
     config : QATConfig, optional
-        Calibration length, freezing (default ``QATConfig()``).
+        Calibration length, freezing, ``learnable_scales`` (LSQ quantizers built from the
+        qconfig's factories) (default ``QATConfig()``). Its TFT-only fields
+        (``quantize_attention``, ``quantize_output_head``) are not read here: use
+        ``qconfig_mapping`` (e.g. ``{"head": None}``).
     inplace : bool, default False
         Put the quantizers into ``model`` itself (its parameters stay where they are) instead
         of into a copy with its own flat buffer.
@@ -257,6 +260,18 @@ def prepare_qat(
     return QATModel(model, qconfig, mapping, config, buf)
 
 
+def _new_quantizer(qc: Any, kind: str, config: Any) -> Any:
+    """``qc.<kind>()``, as a LearnableFakeQuantize (LSQ) with ``config.learnable_scales``."""
+    from nbqat.nn.phases import is_learnable
+    from nbqat.nn.qat import _to_learnable
+
+    factory = getattr(qc, kind)
+    fq = factory()
+    if getattr(config, "learnable_scales", False) and not is_learnable(fq):
+        fq = _to_learnable(factory, kind)
+    return fq
+
+
 class QATModel(QATPhases):
     """A float model with quantizers in its layers' hooks (what :func:`prepare_qat` returns).
 
@@ -306,7 +321,7 @@ class QATModel(QATPhases):
                 self.float_fallback.append(name)
                 continue
             for hook, kind in hooks.items():
-                fq = getattr(qc, kind)()
+                fq = _new_quantizer(qc, kind, config)
                 setattr(mod, hook, fq)
                 self.fake_quants[f"{name}.{hook}" if name else hook] = fq
         self._init_phases()
