@@ -243,8 +243,8 @@ def check_step_args(model: Any, batch: Any, optimizer: Any, max_norm: Any) -> tu
     Raises
     ------
     ValueError
-        A malformed batch or target, a negative or NaN ``max_norm``, an optimizer over other
-        parameters.
+        A malformed batch or target, a NaN / Inf in the batch, a negative or NaN ``max_norm``,
+        an optimizer over other parameters.
     """
     static, historical, future, target = _check_batch(batch)
     cfg = getattr(model, "model", model).config
@@ -254,6 +254,13 @@ def check_step_args(model: Any, batch: Any, optimizer: Any, max_norm: Any) -> tu
             f"batch target must have shape (B, prediction_horizon) = "
             f"({nb}, {cfg.prediction_horizon}), got {target.shape}"
         )
+    for label, arr in zip(("static", "historical", "future", "target"), batch):
+        a = np.asarray(arr)
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ValueError(
+                f"batch {label} holds {int(np.count_nonzero(~np.isfinite(a)))} NaN/Inf "
+                "value(s): one would turn every parameter into NaN; fix or drop those windows"
+            )
     if max_norm is not None:
         max_norm = float(max_norm)
         if not max_norm >= 0:

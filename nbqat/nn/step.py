@@ -57,8 +57,8 @@ def train_step(
     Raises
     ------
     ValueError
-        A malformed batch, a negative or NaN ``max_norm``, or an optimizer over other
-        parameters; raised before any state changes.
+        A malformed batch, a NaN / Inf in the batch, a negative or NaN ``max_norm``, or an
+        optimizer over other parameters; raised before any state changes.
 
     Notes
     -----

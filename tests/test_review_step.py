@@ -1,0 +1,45 @@
+"""train_step refuses a batch holding NaN / Inf before any state changes (found in review: one
+NaN window silently turned every parameter into NaN, loss and norm NaN, exit 0)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nbqat
+from nbqat.nn import LSTMForecaster, LSTMForecasterConfig, prepare_qat, train_step
+
+CFG = LSTMForecasterConfig(2, 3, 4, 8, 6, 3)
+
+
+def _batch(rng, nb=4):
+    return (
+        rng.standard_normal((nb, 2)).astype(np.float32),
+        rng.standard_normal((nb, 6, 4)).astype(np.float32),
+        rng.standard_normal((nb, 3, 3)).astype(np.float32),
+        rng.standard_normal((nb, 3)).astype(np.float32),
+    )
+
+
+@pytest.mark.parametrize("which, bad", [(1, np.nan), (3, np.inf), (0, -np.inf)])
+@pytest.mark.parametrize("prepared", [False, True])
+def test_nonfinite_batch_is_refused_and_nothing_changes(rng, which, bad, prepared):
+    model = LSTMForecaster(CFG, seed=0)
+    if prepared:
+        model = prepare_qat(model, config=nbqat.QATConfig(calibration_batches=1))
+        model(*_batch(rng)[:3])
+        model.disable_calibration()
+    opt = nbqat.Adam(model.params, lr=1e-2)
+    train_step(model, _batch(rng), opt)  # one good step: Adam has state
+    p0, s0 = model.params.copy(), opt.state_dict()
+    batch = list(_batch(rng))
+    batch[which] = batch[which].copy()
+    batch[which].flat[1] = bad
+    name = ("static", "historical", "future", "target")[which]
+    with pytest.raises(ValueError, match=f"batch {name} holds 1 NaN/Inf"):
+        train_step(model, tuple(batch), opt)
+    assert np.array_equal(model.params, p0)
+    s1 = opt.state_dict()
+    assert s1.keys() == s0.keys() and all(np.array_equal(s1[k], s0[k]) for k in s0)
+    loss, norm = train_step(model, _batch(rng), opt)  # still trains
+    assert np.isfinite(loss) and np.isfinite(norm) and np.isfinite(model.params).all()
