@@ -304,8 +304,20 @@ def shard(global_batch: int, group: ProcessGroup) -> slice:
     slice
         ``numpy.array_split``'s split: the first ``global_batch % size`` ranks take one row
         more. A rank may get an empty slice when ``global_batch < size``.
+
+    Raises
+    ------
+    TypeError
+        ``global_batch`` is not an integer.
+    ValueError
+        ``global_batch`` is negative.
     """
-    n, r = divmod(int(global_batch), group.size)
+    from nbqat._validate import check_int
+
+    rows = check_int(global_batch, "global_batch")
+    if rows < 0:
+        raise ValueError(f"shard: `global_batch` must be >= 0 (a row count), got {rows}")
+    n, r = divmod(rows, group.size)
     start = group.rank * n + min(group.rank, r)
     return slice(start, start + n + (1 if group.rank < r else 0))
 

@@ -213,3 +213,13 @@ def test_data_parallel_step_refuses_a_batch_smaller_than_the_group():
         with pytest.raises(ValueError, match="fewer than the 2 processes"):
             dist.data_parallel_step(m, b, nbqat.SGD(m.params, lr=0.1), Two(rank))
     assert np.array_equal(m.params, p0)
+
+
+def test_shard_refuses_negative_or_fractional_row_counts():
+    # were slice(0, -3) (all but 3 rows) and a silently truncated 3.7 -> 3
+    g = dist.ProcessGroup()
+    with pytest.raises(ValueError, match="global_batch"):
+        dist.shard(-3, g)
+    with pytest.raises(TypeError, match="global_batch"):
+        dist.shard(3.7, g)
+    assert dist.shard(np.int64(5), g) == slice(0, 5)
