@@ -418,3 +418,21 @@ def test_learnable_scales_config_builds_lsq_quantizers(rng):
     lsq_step(qat.learnable_quantizers(), nbqat.SGD(qat.params, lr=0.5), 1.0)
     for n, fq in qat.fake_quants.items():  # p -= lr * grad (float32)
         np.testing.assert_array_equal(fq.scale, np.maximum(s0[n] - np.float32(0.5) * g[n], fq.eps))
+
+
+def test_zero_grad_of_an_inplace_model_clears_the_callers_gradients(rng):
+    """It cleared nothing (no buffer of its own): gradients summed over steps, silently."""
+    model = Sequential(Linear(3, 4), ELU(), Linear(4, 2))
+    buf = ParameterBuffer(model, seed=0)
+    qat = prepare_qat(model, inplace=True)
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    dy = rng.standard_normal((5, 2)).astype(np.float32)
+    qat(x)
+    qat.backward(dy)
+    first = buf.grads.copy()
+    assert first.any()
+    qat.zero_grad()
+    assert not buf.grads.any()
+    qat(x)  # the same forward (calibration phase: the float model) -> the same gradient
+    qat.backward(dy)
+    np.testing.assert_array_equal(buf.grads, first)

@@ -342,9 +342,13 @@ class QATModel(QATPhases):
         return self.buffer.grads
 
     def zero_grad(self) -> None:
-        """Clear the flat gradient buffer and the LSQ gradients."""
+        """Clear the flat gradient buffer (with ``inplace``: every parameter gradient of the
+        model, i.e. the caller's buffer) and the LSQ gradients."""
         if self.buffer is not None:
             self.buffer.zero_grad()
+        else:
+            for _, g in self.model.named_grads():
+                g[...] = 0
         for fq in self._learnable():
             fq.zero_grad()
 
