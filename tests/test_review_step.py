@@ -43,3 +43,22 @@ def test_nonfinite_batch_is_refused_and_nothing_changes(rng, which, bad, prepare
     assert s1.keys() == s0.keys() and all(np.array_equal(s1[k], s0[k]) for k in s0)
     loss, norm = train_step(model, _batch(rng), opt)  # still trains
     assert np.isfinite(loss) and np.isfinite(norm) and np.isfinite(model.params).all()
+
+
+def test_lstm_forecaster_checks_its_config_and_input_shapes():
+    """A history of the wrong length ran silently (the LSTM accepts any length; the export and
+    the forecasts assume sequence_length); hidden_dim=0 was a ZeroDivisionError, unsorted
+    quantiles were accepted."""
+    with pytest.raises(ValueError, match="hidden_dim must be a positive int"):
+        LSTMForecasterConfig(2, 3, 4, 0, 6, 3)
+    with pytest.raises(ValueError, match="quantiles must be strictly increasing"):
+        LSTMForecasterConfig(2, 3, 4, 8, 6, 3, quantiles=(0.9, 0.1))
+    model = LSTMForecaster(CFG, seed=0)
+    s, h, f, _ = _batch(np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"historical must have shape \(B, 6, 4\)"):
+        model(s, h[:, :5], f)
+    with pytest.raises(ValueError, match=r"future must have shape \(B, 3, 3\)"):
+        model(s, h, f[:, :, :2])
+    with pytest.raises(ValueError, match="share the batch size"):
+        model(s[:3], h, f)
+    assert model(s, h, f).shape == (4, 3, 3)

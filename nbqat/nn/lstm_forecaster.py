@@ -44,6 +44,12 @@ class LSTMForecasterConfig:
     prediction_horizon : int
         tau, forecast steps.
     quantiles : tuple of float, default (0.1, 0.5, 0.9)
+        Strictly increasing, in (0, 1).
+
+    Raises
+    ------
+    ValueError
+        A size that is not a positive int, or bad quantiles (as :class:`~nbqat.nn.TFTConfig`).
     """
 
     num_static_features: int
@@ -53,6 +59,27 @@ class LSTMForecasterConfig:
     sequence_length: int
     prediction_horizon: int
     quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "num_static_features",
+            "num_known_features",
+            "num_unknown_features",
+            "hidden_dim",
+            "sequence_length",
+            "prediction_horizon",
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"LSTMForecasterConfig.{name} must be a positive int, got {v!r}")
+            object.__setattr__(self, name, int(v))
+        q = tuple(float(x) for x in self.quantiles)
+        if not q or any(not 0.0 < x < 1.0 for x in q) or any(a >= b for a, b in zip(q, q[1:])):
+            raise ValueError(
+                f"LSTMForecasterConfig.quantiles must be strictly increasing values in (0, 1), "
+                f"got {q}"
+            )
+        object.__setattr__(self, "quantiles", q)
 
     @property
     def num_quantiles(self) -> int:
@@ -116,9 +143,26 @@ class LSTMForecaster(Module):
         Returns
         -------
         ndarray (B, prediction_horizon, num_quantiles), the model's dtype
+
+        Raises
+        ------
+        ValueError
+            An input that is not a float32/float64 array of its shape (B >= 1), or batch
+            sizes that differ.
         """
-        dt = self.dtype
-        s, h, f = (np.asarray(a, dt) for a in (static, historical, future))
+        from nbqat.nn.tft import _check_input
+
+        dt, c = self.dtype, self.config
+        s = _check_input(static, "static", (-1, c.num_static_features), dt)
+        h = _check_input(
+            historical, "historical", (-1, c.sequence_length, c.num_unknown_features), dt
+        )
+        f = _check_input(future, "future", (-1, c.prediction_horizon, c.num_known_features), dt)
+        if h.shape[0] != s.shape[0] or f.shape[0] != s.shape[0]:
+            raise ValueError(
+                f"static, historical and future must share the batch size, got {s.shape[0]}, "
+                f"{h.shape[0]} and {f.shape[0]}"
+            )
         nb, d, tau = s.shape[0], self.config.hidden_dim, self.config.prediction_horizon
         zeros = np.zeros((nb, d), dt)
         _, (h_k, _) = self.encoder.forward(h, zeros, zeros)
