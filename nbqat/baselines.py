@@ -102,7 +102,7 @@ class RidgeBaseline:
     Attributes
     ----------
     coef : ndarray float64 (F, tau) or None
-        ``beta`` after :meth:`fit` (F = k m_z + tau m_x + m_s).
+        ``beta`` after :meth:`fit_split` (F = k m_z + tau m_x + m_s).
     intercept : ndarray float64 (tau,) or None
     residual_quantiles : ndarray float64 (tau, Q) or None
 

@@ -271,7 +271,7 @@ def _qparams(fq: Any, name: str) -> tuple[np.ndarray, np.ndarray, int, int]:
     if mn is not None and (np.size(mn) == 0 or not np.all(np.isfinite(np.asarray(mn, float)))):
         raise RuntimeError(
             f"quantizer {name} has never observed data: calibrate the QAT model (forward some "
-            "batches) before to_int8()"
+            "batches) before to_int8() / convert()"
         )
     return scale, zp, int(fq.quant_min), int(fq.quant_max)
 
