@@ -240,7 +240,15 @@ def predict(
     if csv_path is not None and not Path(csv_path).is_file():
         raise FileNotFoundError(f"--csv {csv_path!r} does not exist")
     run, cfg = load_run(run_dir)
-    qat = QATTemporalFusionTransformer.from_checkpoint(run / "checkpoint" / "qat.npz")
+    from nbqat.report import activation_qconfig
+
+    # the run's activation observer (--observer; "all" trains with min/max), as train.py builds
+    # it: another observer type would not take the checkpoint's observer state
+    obs = cfg.get("observer", "minmax")
+    qconfig = activation_qconfig("minmax" if obs == "all" else obs)
+    qat = QATTemporalFusionTransformer.from_checkpoint(
+        run / "checkpoint" / "qat.npz", qconfig=qconfig
+    )
     w, lengths = _windows(cfg, csv_path)
     _check_columns(w, run, qat)
     _check_scaling(w, run)

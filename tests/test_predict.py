@@ -201,3 +201,22 @@ def test_onnx_metadata_of_the_run(run):
         assert sc[e] == {"level": lv, "scale": s}
     m = json.loads((run / "metrics.json").read_text())
     assert json.loads(props["q_risk_test"]) == m["q_risk_test"]
+
+
+@pytest.mark.parametrize("observer", ["histogram"])
+def test_predict_a_run_trained_with_another_observer(tmp_path, observer):
+    """predict rebuilt the model with min/max observers, which refused the checkpoint's
+    histogram state ("unexpected key(s) ['histogram_count', ...]") for every --observer run.
+    Oracle: the int8 engine (the checkpoint, reloaded) agrees with model.onnx (exported by the
+    run itself) within one output step."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--observer", observer, "--out", str(run)]) == 0
+    outs = {}
+    for eng in ("onnx", "int8"):
+        p = tmp_path / f"{eng}.csv"
+        assert main(["predict", str(run), "--engine", eng, "--out", str(p)]) == 0
+        outs[eng] = np.array([[float(r[q]) for q in ("p10", "p50", "p90")] for r in _read(p)])
+    step = json.loads((run / "metrics.json").read_text())["onnx_parity"]["output_scale"]
+    scale = max(s["scale"] for s in _scaling(run).values())
+    assert outs["int8"].shape == outs["onnx"].shape and outs["int8"].size > 0
+    assert np.max(np.abs(outs["int8"] - outs["onnx"])) <= step * scale * 1.001 + 1e-5
