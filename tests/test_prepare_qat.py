@@ -436,3 +436,26 @@ def test_zero_grad_of_an_inplace_model_clears_the_callers_gradients(rng):
     qat(x)  # the same forward (calibration phase: the float model) -> the same gradient
     qat.backward(dy)
     np.testing.assert_array_equal(buf.grads, first)
+
+
+@pytest.mark.parametrize("linear_skip", [False, True])
+def test_convert_of_a_prepared_tft_runs_and_matches_fake_quant(rng, linear_skip):
+    """convert(prepare_qat(tft)) built a model whose forward raised AttributeError
+    ('QuantizedLinear' has no 'bias': the GRN adds fc1's bias with its ELU). Oracle: the frozen
+    fake-quant model (tested against torch) within float32 rounding."""
+    from nbqat.nn import TemporalFusionTransformer, TFTConfig
+
+    cfg = TFTConfig(2, 3, 4, hidden_dim=8, num_heads=2, sequence_length=5, prediction_horizon=3,
+                    linear_skip=linear_skip)  # fmt: skip
+    b = (
+        rng.standard_normal((6, 2)).astype(np.float32),
+        rng.standard_normal((6, 5, 4)).astype(np.float32),
+        rng.standard_normal((6, 3, 3)).astype(np.float32),
+    )
+    qat = prepare_qat(TemporalFusionTransformer(cfg, seed=0))
+    qat(*b)
+    qat.disable_calibration()
+    qat.freeze_observers()
+    qat.eval()
+    want = qat(*b)
+    np.testing.assert_allclose(convert(qat)(*b), want, rtol=0, atol=1e-6)

@@ -46,6 +46,16 @@ class QuantizedLinear(Module):
             name,
         )
 
+    @property
+    def bias(self) -> np.ndarray | None:
+        """The float32 bias (None without one): layers that add it themselves (the GRN adds
+        ``fc1``'s with its ELU) call ``forward(x, add_bias=False)`` and read it here."""
+        return self.int8.bias
+
+    def is_plain(self) -> bool:
+        """False: an integer matmul is never folded into a neighbouring affine map."""
+        return False
+
     def forward(self, x: np.ndarray, add_bias: bool = True) -> np.ndarray:
         """Integer matmul (:meth:`nbqat.nn.int8.Int8Linear.forward`).
 
