@@ -13,12 +13,12 @@ from __future__ import annotations
 import csv
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from nbqat._io import atomic_open
 from nbqat.data import DataError
 
 __all__ = ["ENGINES", "load_run", "predict"]
@@ -271,26 +271,16 @@ def _qname(q: float) -> str:
 
 def _write_csv(out: Path, w: Any, split: Any, pred: np.ndarray) -> None:
     times = split.times()
-    folder = out.parent if str(out.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=".nbqat-forecasts-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            wr = csv.writer(fh)
-            wr.writerow(["entity", "time", "step"] + [_qname(q) for q in w.quantiles])
-            for i, e in enumerate(split.entity):
-                for t in range(w.horizon):
-                    tv = times[i, t]
-                    ts = (
-                        np.datetime_as_string(tv)
-                        if isinstance(tv, np.datetime64)
-                        else str(np.asarray(tv).item())
-                    )
-                    vals = [f"{float(v):.6g}" for v in pred[i, t]]
-                    wr.writerow([w.entity_names[e], ts, t + 1] + vals)
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(out, "w", prefix=".nbqat-forecasts-", newline="") as fh:
+        wr = csv.writer(fh)
+        wr.writerow(["entity", "time", "step"] + [_qname(q) for q in w.quantiles])
+        for i, e in enumerate(split.entity):
+            for t in range(w.horizon):
+                tv = times[i, t]
+                ts = (
+                    np.datetime_as_string(tv)
+                    if isinstance(tv, np.datetime64)
+                    else str(np.asarray(tv).item())
+                )
+                vals = [f"{float(v):.6g}" for v in pred[i, t]]
+                wr.writerow([w.entity_names[e], ts, t + 1] + vals)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from nbqat._io import atomic_open
 from nbqat.export._check import check_int8, check_qat
 from nbqat.export._graph import GraphBuilder, QParams
 from nbqat.export.emitters import emit, register
@@ -291,17 +291,6 @@ def to_onnx(
         raise ValueError(f"path {str(p)!r} is a folder; give a file name such as model.onnx")
     proto, _ = build_model(model, opset=opset, metadata=metadata)
     data = proto.SerializeToString()
-    fd, tmp = tempfile.mkstemp(prefix=".nbqat-onnx-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(p, "wb", prefix=".nbqat-onnx-") as f:
+        f.write(data)
     return p

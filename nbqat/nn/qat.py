@@ -53,13 +53,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import zipfile
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
 import numpy as np
 
+from nbqat._io import atomic_open
 from nbqat.clip import get_total_norm
 from nbqat.nn.phases import CALIBRATION, QAT, QATPhases, is_learnable, lsq_step
 
@@ -143,20 +143,8 @@ def _save_npz_atomic(path: str, state: dict) -> None:
     manifest = json.dumps({"format": _FORMAT, "version": _VERSION, "state": tree})
     members = dict(arrays)
     members[_MANIFEST_KEY] = np.frombuffer(manifest.encode("utf-8"), dtype=np.uint8)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".nbqat-ckpt-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **members)  # type: ignore[arg-type]
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(path, "wb", prefix=".nbqat-ckpt-") as f:
+        np.savez(f, **members)  # type: ignore[arg-type]
 
 
 def _load_npz(path: str) -> dict:

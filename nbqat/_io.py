@@ -1,0 +1,60 @@
+"""Atomic file writes: the one place that writes a file by temporary file + rename.
+
+A file nbqat writes (a checkpoint, the exported ONNX model, forecasts) is either complete or
+absent: it is written to a temporary file in the same folder, flushed to disk, then renamed over
+the target (``os.replace``, atomic on POSIX and Windows); on any error the temporary file is
+removed and nothing is left at the target.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO, Any
+
+__all__ = ["atomic_open"]
+
+
+@contextmanager
+def atomic_open(
+    path: str | os.PathLike, mode: str = "wb", *, prefix: str = ".nbqat-", **kwargs: Any
+) -> Iterator[IO[Any]]:
+    """Open a temporary file next to ``path``; on a clean exit it replaces ``path``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The target; its folder must exist.
+    mode : str, default "wb"
+        ``"wb"`` or ``"w"`` (text).
+    prefix : str, default ".nbqat-"
+        Prefix of the temporary file's name.
+    **kwargs
+        Passed to :func:`os.fdopen` (e.g. ``newline=""`` for csv).
+
+    Yields
+    ------
+    file object
+        Write to it; it is flushed, fsynced and renamed over ``path`` when the block ends.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the folder of ``path`` does not exist.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, mode, **kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
