@@ -16,29 +16,15 @@ import numpy as np
 
 from nbqat import _cuda
 from nbqat._cuda import cuda
+from nbqat.kernels import histogram_cpu as _hk
 
 _F32 = np.float32
 
 
-@cuda.jit(device=True)
-def _bin(v, lo, hi, bins, wide):
-    """Device twin of :func:`nbqat.kernels.histogram_cpu.bin_f32` (-1: outside or NaN)."""
-    if not (v >= lo and v <= hi):
-        return -1
-    if hi == lo:
-        return bins // 2
-    if wide:
-        p = (np.float64(v) - np.float64(lo)) * np.float64(bins)
-        p = p / (np.float64(hi) - np.float64(lo))
-    else:
-        t = (v - lo) * np.float32(bins)
-        p = np.float64(t / (hi - lo))
-    pos = np.int64(p)
-    if pos >= bins:
-        pos = bins - 1
-    if pos < 0:
-        pos = 0
-    return pos
+#: ``torch.histc``'s bin of one value (-1: outside or NaN): the CPU twin's scalar function
+#: (:func:`nbqat.kernels.histogram_cpu.bin_f32`) compiled for the device, so the formula is
+#: written once.
+_bin = cuda.jit(device=True)(_hk.bin_f32.py_func)
 
 
 @cuda.jit
