@@ -273,10 +273,12 @@ def float_fallback(qat: Any, sens: dict, n: int, evaluate: Callable[[Callable], 
     -------
     dict
         ``modules`` kept in float, ``metric`` with them in float, ``all`` and ``float`` (from
-        ``sens``), and ``recovered_fraction`` = ``(all - metric) / (all - float)`` (``None``
-        when quantization cost nothing).
+        ``sens``), ``recovered_fraction`` = ``(all - metric) / (all - float)`` (``None``
+        when quantization cost nothing), ``requested`` (``n``) and ``capped`` (True when ``n``
+        exceeded the number of quantized modules, so every module stayed in float).
     """
     keep = [r["module"] for r in sens["modules"][: max(0, int(n))]]
+    capped = int(n) > len(sens["modules"])
     saved = {name: bool(fq.fake_quant_enabled) for name, fq in qat.fake_quants.items()}
     enabled = {_module(nm) for nm, on in saved.items() if on} - set(keep)
     try:
@@ -292,6 +294,8 @@ def float_fallback(qat: Any, sens: dict, n: int, evaluate: Callable[[Callable], 
         "all": sens["all"],
         "float": sens["float"],
         "recovered_fraction": (sens["all"] - metric) / gap if gap > 0 else None,
+        "requested": int(n),
+        "capped": capped,
     }
 
 

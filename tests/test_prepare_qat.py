@@ -459,3 +459,57 @@ def test_convert_of_a_prepared_tft_runs_and_matches_fake_quant(rng, linear_skip)
     qat.eval()
     want = qat(*b)
     np.testing.assert_allclose(convert(qat)(*b), want, rtol=0, atol=1e-6)
+
+
+def test_mapping_naming_a_missing_hook_is_a_clear_type_error():
+    saved = dict(QAT_MODULE_MAPPINGS)
+    try:
+        register_qat_module(ELU, {"typo_fake_quant": "activation"})
+        model = Sequential(Linear(2, 3), ELU())
+        ParameterBuffer(model)
+        with pytest.raises(TypeError, match=r"module 1 \(ELU\) has no hook attribute"):
+            prepare_qat(model)
+    finally:
+        QAT_MODULE_MAPPINGS.clear()
+        QAT_MODULE_MAPPINGS.update(saved)
+
+
+def test_inplace_keeps_a_model_owned_buffer(rng):
+    from nbqat.nn import LSTMForecaster, train_step
+
+    cfg = _lf_cfg()
+    lf = LSTMForecaster(cfg, seed=1)
+    qat = prepare_qat(lf, inplace=True)
+    assert qat.params is lf.params and qat.grads is lf.grads
+    qat(*_lf_batch(rng, cfg)[:3])
+    qat.disable_calibration()
+    before = lf.params.copy()
+    train_step(qat, _lf_batch(rng, cfg), nbqat.SGD(lf.params, lr=0.1))
+    assert not np.array_equal(lf.params, before)  # the caller's model trained
+    bare = Sequential(Linear(2, 3))
+    ParameterBuffer(bare)
+    with pytest.raises(AttributeError, match="ParameterBuffer you built"):
+        _ = prepare_qat(bare, inplace=True).params
+
+
+def test_float_fallback_reports_a_request_beyond_the_modules(rng):
+    from nbqat import report
+
+    model = Sequential(Linear(4, 8), ELU(), Linear(8, 2))
+    ParameterBuffer(model, seed=0)
+    qat = prepare_qat(model)
+    x = rng.standard_normal((32, 4)).astype(np.float32)
+    qat(x)
+    qat.disable_calibration()
+    ref = model(x)
+
+    def evaluate(predict):
+        return float(np.mean(np.abs(predict(x) - ref)))
+
+    sens = report.sensitivity(qat, evaluate)
+    assert len(sens["modules"]) == 2
+    out = report.float_fallback(qat, sens, 5, evaluate)
+    assert out["capped"] and out["requested"] == 5 and sorted(out["modules"]) == ["0", "2"]
+    assert out["metric"] == pytest.approx(sens["float"])  # everything in float
+    one = report.float_fallback(qat, sens, 1, evaluate)
+    assert not one["capped"] and len(one["modules"]) == 1

@@ -209,7 +209,8 @@ def prepare_qat(
         ``qconfig_mapping`` (e.g. ``{"head": None}``).
     inplace : bool, default False
         Put the quantizers into ``model`` itself (its parameters stay where they are) instead
-        of into a copy with its own flat buffer.
+        of into a copy with its own flat buffer. A model that owns its buffer
+        (``model.buffer``, as the forecasters do) lends it to ``qat.params`` / ``qat.grads``.
 
     Returns
     -------
@@ -220,7 +221,8 @@ def prepare_qat(
     ------
     TypeError
         ``model`` is not a Module; a module holds parameters and its type has no mapping (the
-        message names its path, its class and :func:`register_qat_module`); ``qconfig`` or a
+        message names its path, its class and :func:`register_qat_module`), or lacks a hook
+        attribute its mapping names; ``qconfig`` or a
         ``qconfig_mapping`` value is not a QConfig (or None), a key neither a str nor a type.
     ValueError
         ``model`` already holds a quantizer (prepared twice); unbound parameters; a
@@ -241,6 +243,12 @@ def prepare_qat(
     for name, mod in model.named_modules():
         hooks = hooks_for(mod)
         for hook in hooks or ():
+            if not hasattr(mod, hook):
+                raise TypeError(
+                    f"prepare_qat: module {name or '<root>'} ({type(mod).__name__}) has no hook "
+                    f"attribute {hook!r} that its QAT mapping names: give the layer that "
+                    "attribute (None in float) or fix the mapping (register_qat_module)"
+                )
             if getattr(mod, hook, None) is not None:
                 raise ValueError(
                     f"prepare_qat: {name or '<root>'}.{hook} already holds a quantizer: the "
@@ -254,7 +262,8 @@ def prepare_qat(
                 "{'weight_fake_quant': 'weight', 'input_fake_quant': 'activation'}), or {} "
                 "to keep it in float"
             )
-    buf = None
+    buf = getattr(model, "buffer", None)  # inplace: a model that owns its buffer keeps it
+    buf = buf if isinstance(buf, ParameterBuffer) else None
     if not inplace:
         model, buf = _copy_model(model)
     return QATModel(model, qconfig, mapping, config, buf)
@@ -331,14 +340,20 @@ class QATModel(QATPhases):
     def params(self) -> np.ndarray:
         """The flat parameter buffer."""
         if self.buffer is None:
-            raise AttributeError("an inplace QATModel uses the caller's ParameterBuffer")
+            raise AttributeError(
+                "this QATModel was prepared inplace from a model without its own `buffer`: use "
+                "the ParameterBuffer you built for it (buf.params), or prepare_qat(model)"
+            )
         return self.buffer.params
 
     @property
     def grads(self) -> np.ndarray:
         """The flat gradient buffer (STE-masked gradients after :meth:`backward`)."""
         if self.buffer is None:
-            raise AttributeError("an inplace QATModel uses the caller's ParameterBuffer")
+            raise AttributeError(
+                "this QATModel was prepared inplace from a model without its own `buffer`: use "
+                "the ParameterBuffer you built for it (buf.grads), or prepare_qat(model)"
+            )
         return self.buffer.grads
 
     def zero_grad(self) -> None:
