@@ -206,9 +206,9 @@ def finetune_float(
 ) -> int:
     """Train a float model over ``batches`` exactly as QAT trains (the ``float_finetuned`` row).
 
-    Each step: ``zero_grad``, forward, quantile loss, backward, ``clip_grad_norm_``'s
-    coefficient (``min(max_norm / (norm + 1e-6), 1)``, :func:`nbqat.clip.clip_coef`) folded into
-    the update, with ``optimizer.lr = lr_fn(step)`` -- the QAT phase's loop without the fake
+    Each step is :func:`nbqat.nn.train_step` (``zero_grad``, forward, quantile loss, backward,
+    ``clip_grad_norm_``'s coefficient ``min(max_norm / (norm + 1e-6), 1)`` folded into the
+    update) with ``optimizer.lr = lr_fn(step)`` -- the QAT phase's loop without the fake
     quantization, so that QAT int8 is compared with a float model trained equally long.
 
     Parameters
@@ -217,6 +217,7 @@ def finetune_float(
     optimizer : GroupedAdamW or an nbqat optimizer over ``model.params``
     batches : iterable of (static, historical, future, target)
     quantiles : sequence of float
+        Must be the model's own (``model.config.quantiles``).
     max_norm : float or None
         None: no clipping.
     lr_fn : callable int -> float
@@ -229,21 +230,19 @@ def finetune_float(
     int
         The number of steps taken.
     """
-    from nbqat.clip import clip_coef, get_total_norm
-    from nbqat.nn import quantile_loss_grad, set_dropout
+    from nbqat.nn import set_dropout
+    from nbqat.nn.step import train_step
 
+    if tuple(quantiles) != tuple(model.config.quantiles):
+        raise ValueError(
+            f"quantiles {tuple(quantiles)} are not the model's {tuple(model.config.quantiles)}"
+        )
     steps = 0
     for s, h, f, y in batches:
         optimizer.lr = lr_fn(steps)
         if dropout_seed is not None:
             set_dropout(model, True, dropout_seed(steps))
-        model.zero_grad()
-        out = model.forward(s, h, f)
-        model.backward(quantile_loss_grad(out, y.astype(out.dtype, copy=False), quantiles))
-        coef = 1.0
-        if max_norm is not None:
-            coef = float(clip_coef(get_total_norm(model.grads), max_norm, model.grads.dtype))
-        optimizer.step(model.grads, grad_scale=coef)
+        train_step(model, (s, h, f, y), optimizer, max_norm=max_norm)  # the main job's step
         steps += 1
     return steps
 

@@ -49,6 +49,7 @@ from nbqat import checkpoint as ckpt
 from nbqat import preflight
 from nbqat.baselines import RidgeBaseline, seasonal_naive_forecast
 from nbqat.data import SplitWindows, Windows, load_csv, load_tmy3, make_windows, tmy3_path
+from nbqat.nn.step import train_step
 from nbqat.recipe import lr_at
 
 __all__ = [
@@ -650,16 +651,15 @@ class _Run:
                 _set_dropout_mode(
                     model, True, (cfg.seed, 1, step)
                 )  # masks from (seed, phase, step)
-                model.zero_grad()
-                pred = model.forward(s, h, f)
-                loss, grad = pinball_loss(pred, y, w.quantiles)
-                model.backward(grad)
                 if isinstance(opt, DeviceAdam):  # norm and update on the device
+                    model.zero_grad()
+                    pred = model.forward(s, h, f)
+                    loss, grad = pinball_loss(pred, y, w.quantiles)
+                    model.backward(grad)
                     total = _total_norm(opt.upload_grads(model.grads))
                     opt.step(model.grads, _clip_coef(total, cfg.max_norm), uploaded=True)
-                else:
-                    total = _total_norm(model.grads)
-                    opt.step(model.grads, grad_scale=_clip_coef(total, cfg.max_norm))
+                else:  # the library's step (nbqat.nn.train_step), as the QAT phase's
+                    loss, total = train_step(model, (s, h, f, y), opt, max_norm=cfg.max_norm)
                 st.grad_norms["float"].append(total)
                 st.step_losses["float"].append(loss)
                 st.epoch_loss_sum += loss
