@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.nn.layers import ELU, LSTM, Linear
-from nbqat.nn.params import Module, ParameterBuffer
+from nbqat.nn.params import BufferedModel, ParameterBuffer
 
 __all__ = ["LSTMForecaster", "LSTMForecasterConfig"]
 
@@ -87,7 +87,7 @@ class LSTMForecasterConfig:
         return len(self.quantiles)
 
 
-class LSTMForecaster(Module):
+class LSTMForecaster(BufferedModel):
     """LSTM encoder + MLP quantile head (see the module docstring for the data flow).
 
     Parameters
@@ -116,20 +116,6 @@ class LSTMForecaster(Module):
         self.head = Linear(d, c.num_quantiles)
         self.buffer = ParameterBuffer(self, dtype, seed)
         self.dtype = np.dtype(dtype)
-
-    @property
-    def params(self) -> np.ndarray:
-        """The flat parameter buffer."""
-        return self.buffer.params
-
-    @property
-    def grads(self) -> np.ndarray:
-        """The flat gradient buffer."""
-        return self.buffer.grads
-
-    def zero_grad(self) -> None:
-        """Clear the flat gradient buffer."""
-        self.buffer.zero_grad()
 
     def forward(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> Any:
         """Quantile forecasts.

@@ -314,3 +314,25 @@ class ParameterBuffer:
     def zero_grad(self) -> None:
         """Set the whole gradient buffer to zero (one pass)."""
         self.grads.fill(0)
+
+
+class BufferedModel(Module):
+    """A root Module that owns its :class:`ParameterBuffer` (``self.buffer``, set by the
+    subclass's constructor): the forecasters. Gives the flat ``params`` / ``grads`` views and
+    ``zero_grad`` over them."""
+
+    buffer: ParameterBuffer
+
+    @property
+    def params(self) -> np.ndarray:
+        """The flat parameter buffer (every parameter is a view into it)."""
+        return self.buffer.params
+
+    @property
+    def grads(self) -> np.ndarray:
+        """The flat gradient buffer (same layout as :attr:`params`)."""
+        return self.buffer.grads
+
+    def zero_grad(self) -> None:
+        """Clear the whole flat gradient buffer."""
+        self.buffer.zero_grad()

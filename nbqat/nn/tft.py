@@ -19,7 +19,7 @@ from nbqat.nn.layers import (
     Linear,
     VariableSelectionNetwork,
 )
-from nbqat.nn.params import Module, ParameterBuffer
+from nbqat.nn.params import BufferedModel, ParameterBuffer
 
 
 @dataclass
@@ -149,7 +149,7 @@ def _fmt(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join("B" if s == -1 else str(s) for s in shape) + ")"
 
 
-class TemporalFusionTransformer(Module):
+class TemporalFusionTransformer(BufferedModel):
     """TFT-like quantile forecaster (Lim et al. 2021) with a hand-written backward pass.
 
     Parameters
@@ -252,19 +252,6 @@ class TemporalFusionTransformer(Module):
         self.static_weights: np.ndarray | None = None
         self.encoder_weights: np.ndarray | None = None
         self.decoder_weights: np.ndarray | None = None
-
-    # -- buffers ---------------------------------------------------------------------------
-    @property
-    def params(self) -> np.ndarray:
-        return self.buffer.params
-
-    @property
-    def grads(self) -> np.ndarray:
-        return self.buffer.grads
-
-    def zero_grad(self) -> None:
-        """Clear the whole flat gradient buffer."""
-        self.buffer.zero_grad()
 
     def state_dict(self) -> OrderedDict[str, np.ndarray]:
         """Copies of every parameter, by dotted name (torch's names and layouts)."""
