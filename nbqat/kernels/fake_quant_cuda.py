@@ -3,8 +3,9 @@
 Imported lazily by :mod:`nbqat.fake_quant` only once a CUDA array is seen (after
 :func:`nbqat._cuda.require_cuda`). Kernels are dtype-generic (float32/float64; float16 device
 arrays go through float32 temporaries and are rounded once on the way back) and use grid-stride
-loops sized by :func:`nbqat._cuda.grid_1d`, read at call time. Arithmetic is the CPU kernels',
-operation for operation, so results are identical (``np.rint`` lowers to round-half-even).
+loops sized by :func:`nbqat._cuda.grid_1d`, read at call time. The arithmetic is the CPU kernels'
+scalar functions (:mod:`nbqat.kernels.fake_quant_formula`) compiled for the device, so results
+are identical (``np.rint`` lowers to round-half-even).
 
 Reductions (LSQ) are two-stage and deterministic: per-thread float64 sums, a per-block
 fixed-order sum over shared memory by thread 0, then a fixed-order pass over the block partials;
@@ -17,38 +18,20 @@ import numpy as np
 
 from nbqat import _cuda
 from nbqat._cuda import cuda
+from nbqat.kernels import fake_quant_formula as _fm
 
 #: Shared-memory slots per block for reductions (THREADS_PER_BLOCK must not exceed it).
 _SMEM = 1024
 
 
 # ----------------------------------------------------------------------------------------------
-# device helpers
+# device helpers: the CPU kernels' scalar formulas (nbqat.kernels.fake_quant_formula) compiled
+# for the device, so each formula is written once
 # ----------------------------------------------------------------------------------------------
-@cuda.jit(device=True, inline=True)
-def _gpu_fq(xi, s, iv, z, qmin, qmax):  # pragma: no cover
-    """(y, mask) of one element: rint(x*inv)+z, mask on the unclamped value, clamp, dequant."""
-    r = np.rint(xi * iv) + z
-    q = r if r > qmin else qmin
-    q = q if q < qmax else qmax
-    return (q - z) * s, (qmin <= r) and (r <= qmax)
-
-
-@cuda.jit(device=True, inline=True)
-def _gpu_lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf):  # pragma: no cover
-    """Element ``i``'s LSQ gradients (dx, ds, dz); the CPU kernel's ``_lsq_terms``."""
-    xi = x[i]
-    gi = grad_y[i]
-    one = s / s
-    zero = z - z
-    xq = np.rint(xi * iv) + z
-    if xq >= qmin and xq <= qmax:
-        d = x.dtype.type(np.float64(xq - z) * np.float64(s) - np.float64(xi))
-        return gi * one, ((gi * d) * iv) * gf, zero
-    dz = ((-gi) * s) * gf
-    if xq > qmax:
-        return gi * zero, (gi * (qmax - z)) * gf, dz
-    return gi * zero, (gi * (qmin - z)) * gf, dz
+_quantize_code = _cuda.device_function(_fm.quantize_code)
+_gpu_fq = _cuda.device_function(_fm.fake_quant_elem, quantize_code=_quantize_code)
+_gpu_ste = _cuda.device_function(_fm.ste_elem)
+_gpu_lsq_terms = _cuda.device_function(_fm.lsq_terms, quantize_code=_quantize_code)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,7 +80,7 @@ def ste_backward_kernel(grad_y, mask, out, one, zero):  # pragma: no cover
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
     for i in range(start, grad_y.size, stride):
-        out[i] = grad_y[i] * (one if mask[i] else zero)
+        out[i] = _gpu_ste(grad_y[i], mask[i], one, zero)
 
 
 @cuda.jit
