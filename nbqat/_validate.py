@@ -56,12 +56,14 @@ __all__ = [
     "as_array",
     "check_channel_qparams",
     "check_float_array",
+    "check_finite_real",
     "check_float_zero_point",
     "check_int",
     "check_mask",
     "check_out",
     "check_positive_finite",
     "check_quant_range",
+    "check_same_dtype",
     "check_same_shape",
     "check_scale",
     "check_zero_point",
@@ -161,6 +163,33 @@ def check_positive_finite(v: Any, name: str) -> float:
     if not (math.isfinite(f) and f > 0.0):
         raise ValueError(f"`{name}` must be finite and > 0, got {f}")
     return f
+
+
+def check_finite_real(v: Any, name: str) -> float:
+    """Return ``v`` as a Python float, raising unless it is a finite real number.
+
+    Raises
+    ------
+    TypeError
+        For bools and non-real types.
+    ValueError
+        For NaN and +-Inf.
+    """
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.floating)):
+        raise TypeError(f"`{name}` must be a real number, got {type(v).__name__}")
+    f = float(v)
+    if not math.isfinite(f):
+        raise ValueError(f"`{name}` must be finite, got {f}")
+    return f
+
+
+def check_same_dtype(a: Any, b: Any, name_a: str, name_b: str) -> None:
+    """Raise TypeError unless ``a.dtype == b.dtype`` (the message says how to convert)."""
+    if np.dtype(a.dtype) != np.dtype(b.dtype):
+        raise TypeError(
+            f"`{name_b}` must have {name_a}'s dtype {np.dtype(a.dtype)}, got "
+            f"{np.dtype(b.dtype)}; use {name_b}.astype({name_a}.dtype)"
+        )
 
 
 def check_quant_range(quant_min: Any, quant_max: Any) -> tuple[int, int]:
