@@ -129,24 +129,48 @@ class _QuantizerPhases:
             own[_OBS_PREFIX + k] = v
         return own
 
-    def _split_state(
-        self, state: dict[str, Any], need: list[str], optional: tuple[str, ...], strict: bool
-    ) -> tuple[list[bool], dict[str, Any]]:
-        """Check a :meth:`load_state_dict` mapping: every key of ``need`` present (KeyError),
-        no unexpected key when ``strict`` (ValueError). Returns the 0/1 flags named by the keys
-        of ``need`` that end in ``_enabled`` and the observer's sub-state."""
+    #: state-dict key of each phase flag -> the attribute it holds (torch's names).
+    _FLAG_KEYS: dict[str, str]
+    #: further keys :meth:`state_dict` writes that :meth:`load_state_dict` accepts and ignores.
+    _EXTRA_KEYS: tuple[str, ...] = ()
+
+    def _check_qparams_state(self, state: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError  # pragma: no cover - each quantizer checks its own
+
+    def _set_qparams_state(self, scale: np.ndarray, zero_point: np.ndarray) -> None:
+        raise NotImplementedError  # pragma: no cover
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """Load :meth:`state_dict` output; nothing changes unless everything is valid.
+
+        Parameters
+        ----------
+        state : mapping
+        strict : bool, default True
+            Reject unexpected keys.
+
+        Raises
+        ------
+        KeyError
+            Missing keys.
+        ValueError
+            Unexpected keys (strict), wrong shapes or dtypes, invalid values (flags not 0/1,
+            scales not finite and > 0, zero points out of range or not finite).
+        """
+        need = [*self._FLAG_KEYS, "scale", "zero_point"]
         missing = [k for k in need if k not in state]
         if missing:
             raise KeyError(f"load_state_dict: missing key(s) {missing}")
         sub = {k[len(_OBS_PREFIX) :]: v for k, v in state.items() if k.startswith(_OBS_PREFIX)}
-        known = set(need) | set(optional)
+        known = set(need) | set(self._EXTRA_KEYS)
         extra = sorted(k for k in state if k not in known and not k.startswith(_OBS_PREFIX))
         if strict and extra:
             raise ValueError(f"load_state_dict: unexpected key(s) {extra} (pass strict=False)")
-        return [_flag(state, k) for k in need if k.endswith("_enabled")], sub
-
-    def _load_observer(self, sub: dict[str, Any], strict: bool) -> None:
-        """Load the observer's sub-state into a copy, then swap it in (all or nothing)."""
+        flags = {attr: _flag(state, key) for key, attr in self._FLAG_KEYS.items()}
+        scale, zero_point = self._check_qparams_state(state)
         obs = copy.deepcopy(self.activation_post_process)
         obs.load_state_dict(sub, strict=strict)
         self.activation_post_process = obs
+        self._set_qparams_state(scale, zero_point)
+        for attr, on in flags.items():
+            setattr(self, attr, on)

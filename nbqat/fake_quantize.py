@@ -194,24 +194,10 @@ class FakeQuantize(_QuantizerPhases):
             }
         )
 
-    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
-        """Load :meth:`state_dict` output; nothing changes unless everything is valid.
+    _FLAG_KEYS = {k: k for k in ("fake_quant_enabled", "observer_enabled")}
 
-        Parameters
-        ----------
-        state : mapping
-        strict : bool, default True
-            Reject unexpected keys.
-
-        Raises
-        ------
-        KeyError
-            Missing keys.
-        ValueError
-            Unexpected keys (strict), wrong shapes or dtypes, invalid values.
-        """
-        need = ["fake_quant_enabled", "observer_enabled", "scale", "zero_point"]
-        (fq_on, obs_on), sub = self._split_state(state, need, (), strict)
+    def _check_qparams_state(self, state: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`load_state_dict`'s float32 scale and int32 zero point (ValueError if bad)."""
         scale = np.array(state["scale"], dtype=_F32).reshape(-1)
         zp_raw = np.asarray(state["zero_point"])
         if zp_raw.dtype.kind not in "iu":
@@ -232,9 +218,10 @@ class FakeQuantize(_QuantizerPhases):
             raise ValueError(
                 f"load_state_dict: zero_point outside [{self.quant_min}, {self.quant_max}]"
             )
-        self._load_observer(sub, strict)
-        self.scale, self.zero_point = scale, zp
-        self.fake_quant_enabled, self.observer_enabled = fq_on, obs_on
+        return scale, zp
+
+    def _set_qparams_state(self, scale: np.ndarray, zero_point: np.ndarray) -> None:
+        self.scale, self.zero_point = scale, zero_point
 
     def __repr__(self) -> str:
         return (

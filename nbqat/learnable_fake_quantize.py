@@ -227,31 +227,23 @@ class LearnableFakeQuantize(_QuantizerPhases):
             }
         )
 
-    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
-        """Load :meth:`state_dict` output; nothing changes unless everything is valid.
+    _FLAG_KEYS = {
+        "fake_quant_enabled": "fake_quant_enabled",
+        "static_enabled": "observer_enabled",
+        "learning_enabled": "learning_enabled",
+    }
+    _EXTRA_KEYS = ("eps",)
 
-        Parameters
-        ----------
-        state : mapping
-        strict : bool, default True
-            Reject unexpected keys.
-
-        Raises
-        ------
-        KeyError
-            Missing keys.
-        ValueError
-            Unexpected keys (strict), wrong shapes, invalid values.
-        """
-        need = ["fake_quant_enabled", "static_enabled", "learning_enabled", "scale", "zero_point"]
-        flags, sub = self._split_state(state, need, ("eps",), strict)
+    def _check_qparams_state(self, state: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`load_state_dict`'s float32 scale and zero point (ValueError if bad)."""
         scale = np.array(state["scale"], dtype=_F32).reshape(-1)
         zp = np.array(state["zero_point"], dtype=_F32).reshape(-1)
         if scale.size == 0 or scale.shape != zp.shape:
             raise ValueError("load_state_dict: scale and zero_point must be non-empty, same shape")
         if not np.all(np.isfinite(scale) & (scale > 0)) or not np.all(np.isfinite(zp)):
             raise ValueError("load_state_dict: scale must be finite and > 0, zero_point finite")
-        self._load_observer(sub, strict)
+        return scale, zp
+
+    def _set_qparams_state(self, scale: np.ndarray, zero_point: np.ndarray) -> None:
         self._set_shape(scale.size)
-        self.scale[...], self.zero_point[...] = scale, zp
-        self.fake_quant_enabled, self.observer_enabled, self.learning_enabled = flags
+        self.scale[...], self.zero_point[...] = scale, zero_point
