@@ -34,6 +34,32 @@ _gpu_ste = _cuda.device_function(_fm.ste_elem)
 _gpu_lsq_terms = _cuda.device_function(_fm.lsq_terms, quantize_code=_quantize_code)
 
 
+@cuda.jit(device=True, inline="always")
+def _lsq_step(x, grad_y, grad_x, i, s, iv, z, qmin, qmax, gf, a, b):  # pragma: no cover
+    """Write element ``i``'s ``grad_x`` and add its dS, dZ terms to the float64 sums a, b
+    (explicit float64: the simulator follows NumPy 2 promotion, 0.0 + f32 = f32)."""
+    dx, ds, dz = _gpu_lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf)
+    grad_x[i] = dx
+    return a + np.float64(ds), b + np.float64(dz)
+
+
+@cuda.jit(device=True, inline="always")
+def _block_sums(sds, sdz, a, b):  # pragma: no cover
+    """The block's fixed-order float64 sums of every thread's ``(a, b)``, through the shared
+    arrays ``sds``, ``sdz``: exact on thread 0 (which sums in thread order), zeros elsewhere."""
+    tid = cuda.threadIdx.x
+    sds[tid] = a
+    sdz[tid] = b
+    cuda.syncthreads()
+    ta = np.float64(0.0)
+    tb = np.float64(0.0)
+    if tid == 0:
+        for t in range(cuda.blockDim.x):
+            ta += sds[t]
+            tb += sdz[t]
+    return ta, tb
+
+
 # ----------------------------------------------------------------------------------------------
 # kernels
 # ----------------------------------------------------------------------------------------------
@@ -91,25 +117,12 @@ def lsq_tensor_backward_kernel(
     (blocks, 1, 2)."""
     sds = cuda.shared.array(_SMEM, np.float64)
     sdz = cuda.shared.array(_SMEM, np.float64)
-    tid = cuda.threadIdx.x
-    start = cuda.grid(1)
-    stride = cuda.gridsize(1)
-    a = np.float64(0.0)  # explicit: the simulator follows NumPy 2 promotion (0.0 + f32 = f32)
+    a = np.float64(0.0)
     b = np.float64(0.0)
-    for i in range(start, x.size, stride):
-        dx, ds, dz = _gpu_lsq_terms(x, grad_y, i, scale, inv, zp, qmin, qmax, gf)
-        grad_x[i] = dx
-        a += np.float64(ds)
-        b += np.float64(dz)
-    sds[tid] = a
-    sdz[tid] = b
-    cuda.syncthreads()
-    if tid == 0:
-        ta = np.float64(0.0)
-        tb = np.float64(0.0)
-        for t in range(cuda.blockDim.x):
-            ta += sds[t]
-            tb += sdz[t]
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        a, b = _lsq_step(x, grad_y, grad_x, i, scale, inv, zp, qmin, qmax, gf, a, b)
+    ta, tb = _block_sums(sds, sdz, a, b)
+    if cuda.threadIdx.x == 0:
         partials[cuda.blockIdx.x, 0, 0] = ta
         partials[cuda.blockIdx.x, 0, 1] = tb
 
@@ -148,21 +161,10 @@ def lsq_channel_backward_kernel(
         b = np.float64(0.0)
         for m in range(tid, m_total, cuda.blockDim.x):
             o = m // inner
-            k = m - o * inner
-            i = (o * channels + c) * inner + k
-            dx, ds, dz = _gpu_lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf)
-            grad_x[i] = dx
-            a += np.float64(ds)
-            b += np.float64(dz)
-        sds[tid] = a
-        sdz[tid] = b
-        cuda.syncthreads()
+            i = (o * channels + c) * inner + (m - o * inner)
+            a, b = _lsq_step(x, grad_y, grad_x, i, s, iv, z, qmin, qmax, gf, a, b)
+        ta, tb = _block_sums(sds, sdz, a, b)
         if tid == 0:
-            ta = np.float64(0.0)
-            tb = np.float64(0.0)
-            for t in range(cuda.blockDim.x):
-                ta += sds[t]
-                tb += sdz[t]
             ds_out[c] = ta
             dz_out[c] = tb
         cuda.syncthreads()
