@@ -464,20 +464,10 @@ def seg_apply(proto, table, op, a, b):
                     r += 1
 
 
-@cpu_kernel(parallel=False)
-def half_roundtrip(x):  # (n,) float64 -> (n,) uint16: vectorised f64_to_half_bits (for tests)
-    out = np.empty(x.size, np.uint16)
-    for i in range(x.size):
-        out[i] = f64_to_half_bits(x[i])
-    return out
-
-
-@cpu_kernel(parallel=False)
-def half_decode(h):  # (n,) uint16 -> (n,) float64: vectorised half_bits_to_f64 (for tests)
-    out = np.empty(h.size, np.float64)
-    for i in range(h.size):
-        out[i] = half_bits_to_f64(h[i])
-    return out
+#: :func:`f64_to_half_bits` as a ufunc, float64 -> uint16 (for tests).
+half_roundtrip = numba.vectorize(["uint16(float64)"], cache=True)(f64_to_half_bits.py_func)
+#: :func:`half_bits_to_f64` as a ufunc, uint16 -> float64 (for tests).
+half_decode = numba.vectorize(["float64(uint16)"], cache=True)(half_bits_to_f64.py_func)
 
 
 __all__ = [
