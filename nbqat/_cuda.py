@@ -68,11 +68,24 @@ def is_cuda_array(x: Any) -> bool:
 
     Numba device arrays and any object exposing ``__cuda_array_interface__`` (CuPy, PyTorch CUDA
     tensors) count, and so do the CUDA simulator's arrays (which have ``copy_to_host`` but no
-    interface); NumPy arrays and Python scalars do not. Never imports :mod:`numba.cuda`.
+    interface); NumPy arrays, Python scalars and host array-likes (torch CPU tensors) do not.
+    The one such predicate of nbqat (:mod:`nbqat._validate` re-exports it). Never imports
+    :mod:`numba.cuda`.
+
+    Parameters
+    ----------
+    x : object
+
+    Returns
+    -------
+    bool
     """
     if x is None or isinstance(x, np.ndarray) or np.isscalar(x):
         return False
-    return hasattr(x, "__cuda_array_interface__") or hasattr(x, "copy_to_host")
+    try:
+        return hasattr(x, "__cuda_array_interface__") or hasattr(x, "copy_to_host")
+    except Exception:  # e.g. a torch CUDA tensor that requires grad refuses to export itself
+        return getattr(x, "is_cuda", False) is True
 
 
 def device_function(func: Any, **twins: Any) -> Any:
@@ -133,6 +146,15 @@ def device_empty(shape: Any, dtype: Any) -> Any:
     """Allocate an uninitialised device array."""
     require_cuda()
     return _load().device_array(shape, dtype=dtype)
+
+
+def check_reduction_threads(slots: int) -> int:
+    """:data:`THREADS_PER_BLOCK`, checked against a reduction's ``slots`` of shared memory per
+    block (ValueError when a test or user set it larger)."""
+    tpb = THREADS_PER_BLOCK
+    if tpb > slots:
+        raise ValueError(f"THREADS_PER_BLOCK must be <= {slots} for reductions, got {tpb}")
+    return tpb
 
 
 def grid_1d(n: int) -> tuple[int, int]:

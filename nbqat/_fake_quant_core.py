@@ -10,7 +10,7 @@ import numba
 import numpy as np
 
 from nbqat import _validate as V
-from nbqat._cuda import is_cuda_array
+from nbqat import _validate_qparams as VQ
 from nbqat._jit import threads_for
 from nbqat.kernels import fake_quant_cpu as _k
 
@@ -76,15 +76,9 @@ def _check_common_float(x: Any, out: Any, mask: Any, with_mask: bool) -> Any:
     return x
 
 
-def _is_gpu(*arrays: Any) -> bool:
-    """True when any of ``arrays`` is a CUDA array; then all non-None ones must be."""
-    flags = [is_cuda_array(a) for a in arrays if a is not None]
-    if any(flags) and not all(flags):
-        raise TypeError(
-            "mixing CUDA and NumPy arrays: pass x, out, mask (and grad_y) all on the host or "
-            "all on the device (cuda.to_device(a) / a.copy_to_host())"
-        )
-    return bool(flags) and flags[0]
+def _is_gpu(**arrays: Any) -> bool:
+    """True when the named arrays (None skipped) are CUDA arrays (TypeError when mixed)."""
+    return V.check_same_device(arrays)
 
 
 def _gpu():
@@ -136,14 +130,14 @@ def _run_forward(x: np.ndarray, out: Any, mask: Any, with_mask: bool, launch: An
 
 
 def _per_tensor(x, scale, zero_point, quant_min, quant_max, out, mask, with_mask, zp_float=False):
-    qmin, qmax = V.check_quant_range(quant_min, quant_max)
-    s32 = V.check_scale(scale)
+    qmin, qmax = VQ.check_quant_range(quant_min, quant_max)
+    s32 = VQ.check_scale(scale)
     if zp_float:
-        zp = float(min(max(np.rint(V.check_float_zero_point(zero_point)), qmin), qmax))
+        zp = float(min(max(np.rint(VQ.check_float_zero_point(zero_point)), qmin), qmax))
     else:
-        zp = V.check_zero_point(zero_point, qmin, qmax)
+        zp = VQ.check_zero_point(zero_point, qmin, qmax)
     x = _check_common_float(x, out, mask, with_mask)
-    if _is_gpu(x, out, mask if with_mask else None):
+    if _is_gpu(x=x, out=out, mask=mask if with_mask else None):
         return _gpu().per_tensor(x, s32, zp, qmin, qmax, out, mask, with_mask)
 
     def launch(xf, of, mf, t):
@@ -156,15 +150,15 @@ def _per_tensor(x, scale, zero_point, quant_min, quant_max, out, mask, with_mask
 def _per_channel(
     x, scale, zero_point, axis, quant_min, quant_max, out, mask, with_mask, zp_float=False
 ):
-    qmin, qmax = V.check_quant_range(quant_min, quant_max)
+    qmin, qmax = VQ.check_quant_range(quant_min, quant_max)
     x = V.check_float_array(x, "x")
     ax = V.normalize_axis(axis, x.ndim)
     outer, C, inner = V.split_axis(tuple(x.shape), ax)
-    s32, zp = V.check_channel_qparams(scale, zero_point, C, qmin, qmax, float_zero_point=zp_float)
+    s32, zp = VQ.check_channel_qparams(scale, zero_point, C, qmin, qmax, float_zero_point=zp_float)
     if zp_float:  # learnable zero point: round half to even, clamp (torch's round().clamp_())
         zp = np.clip(np.rint(zp), qmin, qmax).astype(np.int32)
     x = _check_common_float(x, out, mask, with_mask)
-    if _is_gpu(x, out, mask if with_mask else None):
+    if _is_gpu(x=x, out=out, mask=mask if with_mask else None):
         G = _gpu()
         return G.per_channel(x, s32, zp, outer, C, inner, qmin, qmax, out, mask, with_mask)
     by_outer = _by_outer(outer, inner)

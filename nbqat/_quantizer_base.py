@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat import _validate_state as VS
 from nbqat.observers import _MinMaxBase, _PartialWrapper, _with_args
 
 _CACHED = object()  # default of backward's ctx: "use the ctx of the last forward"
@@ -16,24 +17,10 @@ _OBS_PREFIX = "activation_post_process."
 
 
 def _make_observer(observer: Any, kwargs: dict[str, Any], who: str) -> _MinMaxBase:
-    if isinstance(observer, _MinMaxBase):
-        raise TypeError(
-            f"{who}: observer must be an observer class or factory (e.g. "
-            "MovingAverageMinMaxObserver or MinMaxObserver.with_args(...)), not an instance"
-        )
-    if not callable(observer):
-        raise TypeError(f"{who}: observer must be callable (a class or factory), got {observer!r}")
+    VS.check_factory(observer, _MinMaxBase, who)
     obs = observer(**kwargs)
-    if not isinstance(obs, _MinMaxBase):
-        raise TypeError(f"{who}: observer() must build an nbqat observer, got {type(obs).__name__}")
+    VS.check_built(obs, _MinMaxBase, who)
     return obs
-
-
-def _flag(state: dict[str, Any], key: str) -> bool:
-    v = np.asarray(state[key]).reshape(-1)
-    if v.size != 1 or v[0] not in (0, 1):
-        raise ValueError(f"load_state_dict: {key} must be one 0/1 value, got {v}")
-    return bool(v[0])
 
 
 def _axis(ch_axis: int | None) -> int:
@@ -154,19 +141,15 @@ class _QuantizerPhases:
         KeyError
             Missing keys.
         ValueError
-            Unexpected keys (strict), wrong shapes or dtypes, invalid values (flags not 0/1,
-            scales not finite and > 0, zero points out of range or not finite).
+            Unexpected keys (strict), wrong shapes, invalid values (flags not 0/1, scales not
+            finite and > 0, zero points out of range or not finite).
+        TypeError
+            A float zero point where the quantizer holds integer ones.
         """
         need = [*self._FLAG_KEYS, "scale", "zero_point"]
-        missing = [k for k in need if k not in state]
-        if missing:
-            raise KeyError(f"load_state_dict: missing key(s) {missing}")
+        VS.check_state_keys(state, need, self._EXTRA_KEYS, _OBS_PREFIX, strict)
         sub = {k[len(_OBS_PREFIX) :]: v for k, v in state.items() if k.startswith(_OBS_PREFIX)}
-        known = set(need) | set(self._EXTRA_KEYS)
-        extra = sorted(k for k in state if k not in known and not k.startswith(_OBS_PREFIX))
-        if strict and extra:
-            raise ValueError(f"load_state_dict: unexpected key(s) {extra} (pass strict=False)")
-        flags = {attr: _flag(state, key) for key, attr in self._FLAG_KEYS.items()}
+        flags = {attr: VS.check_flag(state, key) for key, attr in self._FLAG_KEYS.items()}
         scale, zero_point = self._check_qparams_state(state)
         obs = copy.deepcopy(self.activation_post_process)
         obs.load_state_dict(sub, strict=strict)

@@ -306,10 +306,10 @@ def fake_quantize_backward(grad_y: Any, mask: Any, *, out: Any = None) -> Any:
     """
     g = V.check_float_array(grad_y, "grad_y")
     if mask is not None:
-        V.check_mask(mask, g.shape, "mask", writeable=False)
+        mask = V.check_mask(mask, g.shape, "mask", writeable=False)
     if out is not None:
         V.check_out(out, g.shape, g.dtype, "out")
-    if _is_gpu(g, mask, out):
+    if _is_gpu(grad_y=g, mask=mask, out=out):
         G = _gpu()
         return G.ste_backward(g, mask, out)
     if mask is None:

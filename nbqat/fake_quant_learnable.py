@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from nbqat import _validate as V
+from nbqat import _validate_qparams as VQ
 from nbqat._fake_quant_core import (
     _channel_arrays,
     _compute_dtype,
@@ -45,7 +46,7 @@ __all__ = [
 def _check_backward(grad_y: Any, x: Any, grad_factor: Any, quant_min: Any, quant_max: Any):
     """The backward functions' shared checks: ``(grad_y, x, grad_factor, qmin, qmax)``."""
     gf = V.check_finite_real(grad_factor, "grad_factor")
-    qmin, qmax = V.check_quant_range(quant_min, quant_max)
+    qmin, qmax = VQ.check_quant_range(quant_min, quant_max)
     x = V.check_float_array(x, "x")
     g = V.check_float_array(grad_y, "grad_y")
     V.check_same_shape(x, g, "x", "grad_y")
@@ -145,9 +146,9 @@ def fake_quantize_learnable_per_tensor_affine_backward(
     float32; they agree to float32 rounding of the sum.
     """
     g, x, gf, qmin, qmax = _check_backward(grad_y, x, grad_factor, quant_min, quant_max)
-    s32 = V.check_scale(scale)
-    zp = float(min(max(np.rint(V.check_float_zero_point(zero_point)), qmin), qmax))
-    if _is_gpu(x, g):
+    s32 = VQ.check_scale(scale)
+    zp = float(min(max(np.rint(VQ.check_float_zero_point(zero_point)), qmin), qmax))
+    if _is_gpu(x=x, grad_y=g):
         G = _gpu()
         return G.lsq_tensor_backward(g, x, s32, zp, qmin, qmax, gf)
     t = _compute_dtype(x.dtype)
@@ -250,9 +251,9 @@ def fake_quantize_learnable_per_channel_affine_backward(
     g, x, gf, qmin, qmax = _check_backward(grad_y, x, grad_factor, quant_min, quant_max)
     ax = V.normalize_axis(axis, x.ndim)
     outer, C, inner = V.split_axis(tuple(x.shape), ax)
-    s32, zpf = V.check_channel_qparams(scale, zero_point, C, qmin, qmax, float_zero_point=True)
+    s32, zpf = VQ.check_channel_qparams(scale, zero_point, C, qmin, qmax, float_zero_point=True)
     zp = np.clip(np.rint(zpf), qmin, qmax).astype(np.int32)
-    if _is_gpu(x, g):
+    if _is_gpu(x=x, grad_y=g):
         G = _gpu()
         return G.lsq_channel_backward(g, x, s32, zp, outer, C, inner, qmin, qmax, gf)
     t = _compute_dtype(x.dtype)

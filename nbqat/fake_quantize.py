@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from nbqat import _fake_quantize_fused as _fused
+from nbqat import _validate_state as VS
 from nbqat import fake_quant as _fq
 from nbqat._quantizer_base import _CACHED, _axis, _QuantizerPhases
 from nbqat.learnable_fake_quantize import LearnableFakeQuantize
@@ -79,14 +80,8 @@ class FakeQuantize(_QuantizerPhases):
         quant_max: int | None = None,
         **observer_kwargs: Any,
     ) -> None:
-        who = type(self).__name__
-        if quant_min is not None or quant_max is not None:
-            if quant_min is None or quant_max is None:
-                raise ValueError(f"{who}: give both quant_min and quant_max, or neither")
-            if quant_min > quant_max:
-                raise ValueError(
-                    f"{who}: quant_min ({quant_min}) must be <= quant_max ({quant_max})"
-                )
+        VS.check_module_range(quant_min, quant_max, type(self).__name__, strict=False)
+        if quant_min is not None:
             observer_kwargs.update(quant_min=quant_min, quant_max=quant_max)
         self._bind_observer(observer, observer_kwargs)
         self.scale = np.array([1.0], _F32)
@@ -197,28 +192,12 @@ class FakeQuantize(_QuantizerPhases):
     _FLAG_KEYS = {k: k for k in ("fake_quant_enabled", "observer_enabled")}
 
     def _check_qparams_state(self, state: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`load_state_dict`'s float32 scale and int32 zero point (ValueError if bad)."""
-        scale = np.array(state["scale"], dtype=_F32).reshape(-1)
-        zp_raw = np.asarray(state["zero_point"])
-        if zp_raw.dtype.kind not in "iu":
-            raise ValueError("load_state_dict: zero_point must be an integer array")
-        zp = zp_raw.astype(np.int32).reshape(-1)
-        if scale.size == 0 or scale.shape != zp.shape:
-            raise ValueError(
-                f"load_state_dict: scale {scale.shape} and zero_point {zp.shape} must be "
-                "non-empty with equal shapes"
-            )
-        if not self.is_per_channel and scale.size != 1:
-            raise ValueError(
-                f"load_state_dict: per-tensor scale must have 1 element, got {scale.size}"
-            )
-        if not np.all(np.isfinite(scale) & (scale > 0)):
-            raise ValueError("load_state_dict: scale must be finite and > 0")
-        if np.any((zp < self.quant_min) | (zp > self.quant_max)):
-            raise ValueError(
-                f"load_state_dict: zero_point outside [{self.quant_min}, {self.quant_max}]"
-            )
-        return scale, zp
+        """:meth:`load_state_dict`'s float32 scale and int32 zero point."""
+        qrange = (self.quant_min, self.quant_max)
+        per_tensor = not self.is_per_channel
+        return VS.check_state_qparams(
+            state["scale"], state["zero_point"], qrange=qrange, per_tensor=per_tensor
+        )
 
     def _set_qparams_state(self, scale: np.ndarray, zero_point: np.ndarray) -> None:
         self.scale, self.zero_point = scale, zero_point

@@ -12,6 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from nbqat import _validate as V
+from nbqat import _validate_qparams as VQ
+from nbqat import _validate_state as VS
 from nbqat import fake_quant as _fq
 from nbqat._quantizer_base import _CACHED, _axis, _QuantizerPhases
 from nbqat.observers import MovingAverageMinMaxObserver
@@ -78,15 +81,9 @@ class LearnableFakeQuantize(_QuantizerPhases):
         **observer_kwargs: Any,
     ) -> None:
         who = type(self).__name__
-        if quant_min >= quant_max:
-            raise ValueError(f"{who}: quant_min ({quant_min}) must be < quant_max ({quant_max})")
-        if not (isinstance(channel_len, int) and (channel_len == -1 or channel_len > 0)):
-            raise ValueError(
-                f"{who}: channel_len must be -1 or a positive int, got {channel_len!r}"
-            )
-        s = _F32(scale)
-        if not (np.isfinite(s) and s > 0):
-            raise ValueError(f"{who}: scale must be finite and > 0, got {scale!r}")
+        VS.check_module_range(quant_min, quant_max, who, strict=True)
+        channel_len = VS.check_channel_len(channel_len, who)
+        s = VQ.check_scale(scale)
         observer_kwargs.update(quant_min=quant_min, quant_max=quant_max)
         self._bind_observer(observer, observer_kwargs)
         n = 1 if channel_len == -1 else channel_len
@@ -198,10 +195,7 @@ class LearnableFakeQuantize(_QuantizerPhases):
         if ctx is None:
             return _fq.fake_quantize_backward(grad_y, None)
         x, s, z, gf = ctx
-        if s.shape != self.grad_scale.shape:
-            raise ValueError(
-                f"backward: ctx qparams have shape {s.shape}, grad_scale {self.grad_scale.shape}"
-            )
+        V.check_same_shape(self.grad_scale, s, "grad_scale", "the ctx's scale")
         if self.is_per_channel:
             gx, gs, gz = _fq.fake_quantize_learnable_per_channel_affine_backward(
                 grad_y, x, s, z, _axis(self.ch_axis), self.quant_min, self.quant_max, gf
@@ -235,14 +229,10 @@ class LearnableFakeQuantize(_QuantizerPhases):
     _EXTRA_KEYS = ("eps",)
 
     def _check_qparams_state(self, state: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`load_state_dict`'s float32 scale and zero point (ValueError if bad)."""
-        scale = np.array(state["scale"], dtype=_F32).reshape(-1)
-        zp = np.array(state["zero_point"], dtype=_F32).reshape(-1)
-        if scale.size == 0 or scale.shape != zp.shape:
-            raise ValueError("load_state_dict: scale and zero_point must be non-empty, same shape")
-        if not np.all(np.isfinite(scale) & (scale > 0)) or not np.all(np.isfinite(zp)):
-            raise ValueError("load_state_dict: scale must be finite and > 0, zero_point finite")
-        return scale, zp
+        """:meth:`load_state_dict`'s float32 scale and zero point."""
+        return VS.check_state_qparams(
+            state["scale"], state["zero_point"], qrange=None, per_tensor=False
+        )
 
     def _set_qparams_state(self, scale: np.ndarray, zero_point: np.ndarray) -> None:
         self._set_shape(scale.size)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from nbqat import _cuda
+from nbqat import _validate as V
 from nbqat._cuda import cuda
 from nbqat.kernels import fake_quant_formula as _fm
 
@@ -176,11 +177,7 @@ def lsq_channel_backward_kernel(
 def _dev(a, name):
     """A C-contiguous Numba device array view of a CUDA array."""
     d = a if hasattr(a, "copy_to_host") else _cuda.as_device_array(a)
-    if d.size and not d.is_c_contiguous():
-        raise ValueError(
-            f"`{name}` must be a C-contiguous CUDA array (strided device arrays are not "
-            "supported); make a contiguous copy first"
-        )
+    V.check_device_contiguous(d, name)
     return d
 
 
@@ -315,8 +312,7 @@ def lsq_tensor_backward(g, x, s32, zp, qmin, qmax, gf):
     if not n:
         return gx, ds, dz
     blocks, tpb = _cuda.grid_1d(n)
-    if tpb > _SMEM:
-        raise ValueError(f"THREADS_PER_BLOCK must be <= {_SMEM} for reductions, got {tpb}")
+    _cuda.check_reduction_threads(_SMEM)
     partials = cuda.device_array((blocks, 1, 2), np.float64)
     s, inv, z, lo, hi = _scalars(t, s32, zp, qmin, qmax)
     xf = _as_t(_flat(x), t)
@@ -340,9 +336,7 @@ def lsq_channel_backward(g, x, s32, zp, outer, channels, inner, qmin, qmax, gf):
     gx, gflat, gt = _grad_x_out(x, t, n)
     if not n:
         return gx, ds, dz
-    tpb = _cuda.THREADS_PER_BLOCK
-    if tpb > _SMEM:
-        raise ValueError(f"THREADS_PER_BLOCK must be <= {_SMEM} for reductions, got {tpb}")
+    tpb = _cuda.check_reduction_threads(_SMEM)
     blocks = max(1, min(_cuda.MAX_BLOCKS, channels))
     T = t.type
     s, inv, z = _channel_arrays(t, s32, zp)
