@@ -22,14 +22,20 @@ import numpy as np
 from nbqat._jit import cpu_kernel
 
 
+@cpu_kernel(parallel=False, inline="always")
+def _attn_dims(qh, kt):  # pragma: no cover
+    """``(B, H, tq, dh, T, sqrt(dh))`` of queries (B, H, tq, dh) and keys (B, H, dh, T); the
+    root in the queries' dtype (the score scale)."""
+    nb, nh, tq, dh = qh.shape
+    return nb, nh, tq, dh, kt.shape[3], np.sqrt(qh.dtype.type(dh))
+
+
 @cpu_kernel(parallel=False, error_model="numpy")
 def attn_scores(qh, kt, offset, p):  # (B, H, tq, dh), (B, H, dh, T) -> (B, H, tq, T)
     """``p[b, h, i, j] = s_j - max_j s_j`` with ``s_j = <qh[b, h, i], kt[b, h, :, j]> /
     sqrt(dh)`` for ``j <= offset + i`` and ``-inf`` for the masked keys (``exp`` gives 0)."""
     T = qh.dtype.type
-    nb, nh, tq, dh = qh.shape
-    tk = kt.shape[3]
-    sq = np.sqrt(T(dh))
+    nb, nh, tq, dh, tk, sq = _attn_dims(qh, kt)
     for b in range(nb):
         for h in range(nh):
             kbh = kt[b, h]
@@ -148,9 +154,7 @@ def attn_probs_backward(dp, p, qh, kt, offset, dqh, dkt):
     ``dqh[b, h, i] = sum_j ds_j kt[b, h, :, j]``, ``dkt[b, h, :, j] = sum_i ds_j qh[b, h, i]``.
     dqh (B, H, tq, dh) and dkt (B, H, dh, T) are written; ``ds`` is left in ``dp``."""
     T = qh.dtype.type
-    nb, nh, tq, tk = p.shape
-    dh = qh.shape[3]
-    sq = np.sqrt(T(dh))
+    nb, nh, tq, dh, tk, sq = _attn_dims(qh, kt)
     for b in range(nb):
         for h in range(nh):
             kbh = kt[b, h]

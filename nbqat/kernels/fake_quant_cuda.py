@@ -208,8 +208,10 @@ def _scalars(t, s32, zp, qmin, qmax):
     return T(s32), T(np.float32(1.0) / np.float32(s32)), T(zp), T(qmin), T(qmax)
 
 
-def per_tensor(x, s32, zp, qmin, qmax, out, mask, with_mask):
-    """Launch the per-tensor forward; returns ``y`` or ``(y, mask)`` as device arrays."""
+def _forward(x, out, mask, with_mask, launch):
+    """Device outputs (allocated unless given), flat ``t`` views (float32 temporaries for
+    float16), ``launch(n, xf, of, mf, t)`` when ``x`` is not empty, the cast back; returns
+    ``y`` or ``(y, mask)``."""
     x = _dev(x, "x")
     out = cuda.device_array(x.shape, x.dtype) if out is None else _dev(out, "out")
     if with_mask:
@@ -221,11 +223,20 @@ def per_tensor(x, s32, zp, qmin, qmax, out, mask, with_mask):
         of_final = _flat(out)
         of = of_final if of_final.dtype == t else cuda.device_array(n, t)
         mf = _flat(mask) if with_mask else cuda.device_array(1, np.bool_)
-        s, inv, z, lo, hi = _scalars(t, s32, zp, qmin, qmax)
-        _launch(fq_tensor_kernel, n, xf, of, mf, s, inv, z, lo, hi, with_mask)
+        launch(n, xf, of, mf, t)
         if of is not of_final:
             _launch(cast_kernel, n, of, of_final)
     return (out, mask) if with_mask else out
+
+
+def per_tensor(x, s32, zp, qmin, qmax, out, mask, with_mask):
+    """Launch the per-tensor forward; returns ``y`` or ``(y, mask)`` as device arrays."""
+
+    def launch(n, xf, of, mf, t):
+        s, inv, z, lo, hi = _scalars(t, s32, zp, qmin, qmax)
+        _launch(fq_tensor_kernel, n, xf, of, mf, s, inv, z, lo, hi, with_mask)
+
+    return _forward(x, out, mask, with_mask, launch)
 
 
 def _channel_arrays(t, s32, zp):
@@ -239,37 +250,13 @@ def _channel_arrays(t, s32, zp):
 
 def per_channel(x, s32, zp, outer, channels, inner, qmin, qmax, out, mask, with_mask):
     """Launch the per-channel forward over the (outer, C, inner) view."""
-    x = _dev(x, "x")
-    out = cuda.device_array(x.shape, x.dtype) if out is None else _dev(out, "out")
-    if with_mask:
-        mask = cuda.device_array(x.shape, np.bool_) if mask is None else _dev(mask, "mask")
-    n = int(x.size)
-    if n:
-        t = _compute_dtype(x.dtype)
-        T = t.type
-        xf = _as_t(_flat(x), t)
-        of_final = _flat(out)
-        of = of_final if of_final.dtype == t else cuda.device_array(n, t)
-        mf = _flat(mask) if with_mask else cuda.device_array(1, np.bool_)
+
+    def launch(n, xf, of, mf, t):
         s, inv, z = _channel_arrays(t, s32, zp)
-        _launch(
-            fq_channel_kernel,
-            n,
-            xf,
-            of,
-            mf,
-            s,
-            inv,
-            z,
-            channels,
-            inner,
-            T(qmin),
-            T(qmax),
-            with_mask,
-        )
-        if of is not of_final:
-            _launch(cast_kernel, n, of, of_final)
-    return (out, mask) if with_mask else out
+        lo, hi = t.type(qmin), t.type(qmax)
+        _launch(fq_channel_kernel, n, xf, of, mf, s, inv, z, channels, inner, lo, hi, with_mask)
+
+    return _forward(x, out, mask, with_mask, launch)
 
 
 def ste_backward(g, mask, out):

@@ -43,6 +43,12 @@ def lstm_cell_forward(xg, hh, c_prev, gates, c, tc, h):
             h[b, j] = go * t
 
 
+@cpu_kernel(parallel=False, inline="always")
+def _gate_blocks(row, d):  # pragma: no cover
+    """The i, f, g, o blocks (views) of one (4d,) row in torch's gate order."""
+    return row[:d], row[d : 2 * d], row[2 * d : 3 * d], row[3 * d :]
+
+
 @cpu_kernel(parallel=False)
 def lstm_gates_forward(tg, c_prev, c):  # (B, 4d) in place; (B, d) -> (B, d)
     """Gates and cell state of one step from ``tg = tanh(a')`` (B, 4d), where ``a'`` is the
@@ -53,11 +59,7 @@ def lstm_gates_forward(tg, c_prev, c):  # (B, 4d) in place; (B, d) -> (B, d)
     half = T(0.5)
     nb, d = c.shape
     for b in range(nb):
-        r = tg[b]
-        ri = r[:d]
-        rf = r[d : 2 * d]
-        rg = r[2 * d : 3 * d]
-        ro = r[3 * d :]
+        ri, rf, rg, ro = _gate_blocks(tg[b], d)
         cp = c_prev[b]
         cr = c[b]
         for j in range(d):
@@ -87,16 +89,8 @@ def lstm_cell_backward(dh_out, dh_next, dc_next, gates, tc, c_prev, dg):
         dcn = dc_next[b]
         tcr = tc[b]
         cpr = c_prev[b]
-        g = gates[b]
-        gi = g[:d]
-        gf = g[d : 2 * d]
-        gg = g[2 * d : 3 * d]
-        go = g[3 * d :]
-        o = dg[b]
-        oi = o[:d]
-        of = o[d : 2 * d]
-        og = o[2 * d : 3 * d]
-        oo = o[3 * d :]
+        gi, gf, gg, go = _gate_blocks(gates[b], d)
+        oi, of, og, oo = _gate_blocks(dg[b], d)
         for j in range(d):
             dh = dho[j] + dhn[j]
             i = gi[j]

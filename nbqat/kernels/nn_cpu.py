@@ -299,10 +299,8 @@ def embed_backward(x, w, dflat, dpervar, dx, dw, db):
     T = x.dtype.type
     n, m = x.shape
     d = w.shape[1]
-    for j in range(m):
-        for e in range(d):
-            dw[j, e] = T(0.0)
-            db[j, e] = T(0.0)
+    dw[:, :] = T(0.0)
+    db[:, :] = T(0.0)
     g = np.empty(d, x.dtype)
     for r in range(n):  # rows in order: each column's sums run over n serially, as before
         for j in range(m):

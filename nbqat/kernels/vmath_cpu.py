@@ -110,13 +110,21 @@ def _expf(x):  # pragma: no cover - compiled
     return y if x == x else x  # NaN in, NaN out
 
 
-@overload(vexp)
-def _exp_ov(x):  # pragma: no cover - compiled
-    if x == types.float32:
-        return _expf
-    if isinstance(x, types.Float):
-        return lambda x: np.exp(x)
-    return None
+def _float32_overload(stub, impl32, impl64):
+    """Register ``stub``'s compiled implementations: ``impl32`` for float32, ``impl64`` (NumPy's
+    ufunc) for the other float types."""
+
+    def typer(x):  # pragma: no cover - compiled
+        if x == types.float32:
+            return impl32
+        if isinstance(x, types.Float):
+            return impl64
+        return None
+
+    overload(stub)(typer)
+
+
+_float32_overload(vexp, _expf, lambda x: np.exp(x))
 
 
 @overload(vsigmoid)
@@ -141,10 +149,4 @@ def _expm1f(x):  # pragma: no cover - compiled
     return small if abs(x) <= T(0.5) else big
 
 
-@overload(vexpm1)
-def _expm1_ov(x):  # pragma: no cover - compiled
-    if x == types.float32:
-        return _expm1f
-    if isinstance(x, types.Float):
-        return lambda x: np.expm1(x)
-    return None
+_float32_overload(vexpm1, _expm1f, lambda x: np.expm1(x))
