@@ -80,15 +80,22 @@ def attn_normalize(p, offset):  # (B, H, tq, T) in place
                     row[j] *= inv
 
 
+@cpu_kernel(parallel=False, inline="always")
+def _head_dims(p, vt):  # pragma: no cover
+    """``(B, H, tq, T, dv, 1 / H)`` of probabilities (B, H, tq, T) and values (B, dv, T); the
+    head average's factor in the values' dtype."""
+    nb, nh, tq, tk = p.shape
+    one = vt.dtype.type(1.0)
+    return nb, nh, tq, tk, vt.shape[1], one / vt.dtype.type(nh)
+
+
 @cpu_kernel(parallel=False, fastmath=True)
 def attn_apply_forward(p, vt, pbar, out):  # (B, H, tq, T), (B, dv, T) -> (B, tq, T), (B, tq, dv)
     """Heads averaged, then one shared value projection: ``pbar[b, i, j] = (1 / H) sum_h
     p[b, h, i, j]`` and ``out[b, i, e] = sum_j pbar[b, i, j] vt[b, e, j]`` (``vt`` holds the
     values transposed)."""
     T = vt.dtype.type
-    nb, nh, tq, tk = p.shape
-    dv = vt.shape[1]
-    inv_h = T(1.0) / T(nh)
+    nb, nh, tq, tk, dv, inv_h = _head_dims(p, vt)
     for b in range(nb):
         vb = vt[b]
         for i in range(tq):
@@ -117,9 +124,7 @@ def attn_apply_backward(dout, pbar, vt, dp, dvt):
     dout[b, i, e]``; both written. Shapes: dout (B, tq, dv), pbar (B, tq, T), vt, dvt
     (B, dv, T), dp (B, H, tq, T)."""
     T = vt.dtype.type
-    nb, nh, tq, tk = dp.shape
-    de = vt.shape[1]
-    inv_h = T(1.0) / T(nh)
+    nb, nh, tq, tk, de, inv_h = _head_dims(dp, vt)
     for b in range(nb):
         vb = vt[b]
         dvb = dvt[b]

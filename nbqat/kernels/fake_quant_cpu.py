@@ -184,15 +184,14 @@ def lsq_tensor_backward_kernel(
 def lsq_channel_backward_kernel(
     x, grad_y, grad_x, scale, inv, zp, outer, channels, inner, qmin, qmax, gf, rows_per_chunk
 ):  # pragma: no cover
-    """Per-channel LSQ backward over a flat ``(outer, C, inner)`` buffer.
+    """The LSQ backward of :func:`fq_channel_kernel`'s forward (same flat layout).
 
     Parameters
     ----------
-    x, grad_y : (outer*C*inner,) float32 | float64, C-contiguous
-    grad_x : same (output)
-    scale, inv, zp : (C,) arrays of the same dtype
-    outer, channels, inner : int
-    qmin, qmax, gf : scalars of the same dtype
+    x, grad_y, grad_x (output), scale, inv, zp, outer, channels, inner, qmin, qmax
+        As :func:`fq_channel_kernel`'s ``x``, ``out`` and scalars.
+    gf : scalar of ``x``'s dtype
+        The LSQ gradient factor.
     rows_per_chunk : int
         0: parallel over channels (each channel summed serially over ``(outer, inner)``).
         > 0: parallel over fixed chunks of ``rows_per_chunk`` outer rows with (chunks, C)

@@ -98,15 +98,14 @@ def qlinear_kernel(xq, zp_x, wq, multiplier, bias, wide, out):  # pragma: no cov
 def quantize_per_row_kernel(
     x, inv_scale, zero_point, quant_min, quant_max, out
 ):  # pragma: no cover
-    """Per-channel quantization of a (C, inner) float32 matrix along axis 0.
+    """The per-channel twin of :func:`quantize_per_tensor_kernel`: row ``c`` of the (C, inner)
+    float32 matrix ``x`` with ``inv_scale[c] = float32(1) / scale[c]`` (float32) and
+    ``zero_point[c]`` (int32), both (C,); ``quant_min``, ``quant_max`` int.
 
     Parameters
     ----------
-    x : (C, inner) float32
-    inv_scale : (C,) float32
-        ``float32(1) / scale[c]``.
-    zero_point : (C,) int32
-    quant_min, quant_max : int
+    x, inv_scale, zero_point, quant_min, quant_max
+        As above.
     out : (C, inner) int32
         ``clamp(rint(x[c, j] * inv_scale[c]) + zero_point[c], quant_min, quant_max)``
         (``torch.fake_quantize_per_channel_affine``'s arithmetic, clamped before the cast).
