@@ -210,13 +210,19 @@ def check_channel_qparams(
         raise ValueError(
             f"`scale` must be finite and > 0 in every channel, got scale[{i}] = {s[i]!r}"
         )
-    if float_zero_point:
+    return s32, _channel_zero_points(z, quant_min, quant_max, float_zero_point)
+
+
+def _channel_zero_points(z: np.ndarray, quant_min: int, quant_max: int, float_zp: bool):
+    """:func:`check_channel_qparams`'s zero points: float32 finite ones (``float_zp``), else
+    int32 ones (integral floats accepted) inside ``[quant_min, quant_max]``."""
+    if float_zp:
         if not (np.issubdtype(z.dtype, np.floating) or np.issubdtype(z.dtype, np.integer)):
             raise TypeError(f"`zero_point` must be a float or int array, got dtype {z.dtype}")
         z32 = np.ascontiguousarray(z, dtype=np.float32)
         if not np.isfinite(z32).all():
             raise ValueError("`zero_point` must be finite in every channel")
-        return s32, z32
+        return z32
     if np.issubdtype(z.dtype, np.integer):
         zi = z.astype(np.int64)
     elif np.issubdtype(z.dtype, np.floating):
@@ -238,4 +244,4 @@ def check_channel_qparams(
             f"`zero_point` must lie in [quant_min, quant_max] = [{quant_min}, {quant_max}], "
             f"got zero_point[{i}] = {int(zi[i])}"
         )
-    return s32, np.ascontiguousarray(zi, dtype=np.int32)
+    return np.ascontiguousarray(zi, dtype=np.int32)
