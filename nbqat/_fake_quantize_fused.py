@@ -131,7 +131,7 @@ def forward_channel(fq: Any, x: np.ndarray, observe: bool) -> Any:
     y, mask, yb, mb = _outputs(fq, x)
     fake, qrange = fq.fake_quant_enabled, (fq.quant_min, fq.quant_max)
     ok = _qk.fq_channel_fused(
-        x.reshape(-1), yb, mb, fq.scale, observe, fake, state, settings, qrange
+        x.reshape(-1), yb, mb, fq.scale, observe, fake, *state, settings, qrange
     )
     if not ok:
         return None

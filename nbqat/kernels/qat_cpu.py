@@ -178,7 +178,9 @@ def fq_tensor_fused(x, y, mask, scale, zp, observe, fake, old, obs, qrange):  # 
 
 
 @cpu_kernel(parallel=False)
-def fq_channel_fused(x, y, mask, scale, observe, fake, state, obs, qrange):  # pragma: no cover
+def fq_channel_fused(
+    x, y, mask, scale, observe, fake, out, zp, old_min, old_max, obs, qrange
+):  # pragma: no cover
     """One per-channel (channel axis first) :class:`nbqat.FakeQuantize` forward.
 
     Parameters
@@ -189,11 +191,12 @@ def fq_channel_fused(x, y, mask, scale, observe, fake, state, obs, qrange):  # p
         The current scales (used when not ``observe``).
     observe, fake : bool
         Observer / fake quantization enabled.
-    state : tuple ``(out, zp, old_min, old_max)``
-        ``out`` (3, c) float32: output when ``observe``, rows new min_val, new max_val, new
-        scale ((3, 0) otherwise); ``zp`` (c,) int32: output (the new zero points) when
-        ``observe``, else the zero points to use; ``old_min``, ``old_max``: (c,) float32
-        observer state, or (0,) when unset.
+    out : (3, c) float32
+        Output when ``observe``: rows new min_val, new max_val, new scale ((3, 0) otherwise).
+    zp : (c,) int32
+        Output (the new zero points) when ``observe``; else the zero points to use.
+    old_min, old_max : (c,) float32
+        The observer state, or (0,) when unset.
     obs, qrange
         As :func:`fq_tensor_fused`.
 
@@ -206,7 +209,6 @@ def fq_channel_fused(x, y, mask, scale, observe, fake, state, obs, qrange):  # p
     """
     T = np.float32
     qmin, qmax = qrange
-    out, zp, old_min, old_max = state
     c = zp.size
     inner = x.size // c
     sc = scale
