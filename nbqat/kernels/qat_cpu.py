@@ -19,10 +19,8 @@ import numpy as np
 from nbqat._jit import cpu_kernel
 from nbqat._validate import QUANT_BOUND
 from nbqat.kernels import fake_quant_cpu as _fqk
-from nbqat.kernels.observe_cpu import KEY_NEG_INF, KEY_POS_INF
+from nbqat.kernels.observe_cpu import KEY_NEG_INF, KEY_POS_INF, row_keys
 
-_M = np.int32(0x7FFFFFFF)
-_S = np.int32(31)
 _QB = np.int64(QUANT_BOUND)
 
 
@@ -97,16 +95,9 @@ def _update_qparams(fmin, fmax, om, oM, has_old, moving, cst, symmetric, qmin, q
 
 @cpu_kernel(parallel=False, inline="always")
 def _minmax_keys(b):  # pragma: no cover
-    """Min and max order keys (:mod:`nbqat.kernels.observe_cpu`) of the float32 bits ``b``
-    (1-D int32 view); an unsigned loop vectorises best."""
-    kmin = np.int32(KEY_POS_INF)
-    kmax = np.int32(KEY_NEG_INF)
-    for i in range(np.uint64(0), np.uint64(b.size)):
-        w = b[i]
-        k = np.int32(w ^ ((w >> _S) & _M))
-        kmin = min(k, kmin)
-        kmax = max(k, kmax)
-    return kmin, kmax
+    """Min and max order keys of the float32 bits ``b`` (1-D int32 view): the observers' own
+    reduction (:func:`nbqat.kernels.observe_cpu.row_keys`, where the key formula lives)."""
+    return row_keys(b, 0, b.size, KEY_POS_INF, KEY_NEG_INF)
 
 
 @cpu_kernel(parallel=False, inline="always")
