@@ -25,7 +25,8 @@ Helpers (general, for every nbqat module):
 
 Two sibling modules hold the checks of one domain each, built on these:
 :mod:`nbqat._validate_qparams` (quantization range, scales, zero points) and
-:mod:`nbqat._validate_state` (quantizer construction and state dicts).
+:mod:`nbqat._validate_state` (quantizer construction and state dicts); their names are
+reachable from this module as well (``_validate.check_scale``), imported on first use.
 """
 
 from __future__ import annotations
@@ -342,3 +343,34 @@ def check_device_contiguous(d: Any, name: str) -> None:
             f"`{name}` must be a C-contiguous CUDA array (strided device arrays are not "
             "supported); make a contiguous copy first"
         )
+
+
+#: Checks that live in the sibling modules, reachable here too (``V.check_scale``): imported on
+#: first use (they import this module, so not at import time).
+_SIBLINGS = {
+    "nbqat._validate_qparams": (
+        "check_channel_qparams",
+        "check_float_zero_point",
+        "check_quant_range",
+        "check_scale",
+        "check_zero_point",
+    ),
+    "nbqat._validate_state": (
+        "check_built",
+        "check_channel_len",
+        "check_factory",
+        "check_flag",
+        "check_module_range",
+        "check_state_keys",
+        "check_state_qparams",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    for module, names in _SIBLINGS.items():
+        if name in names:
+            import importlib
+
+            return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module 'nbqat._validate' has no attribute {name!r}")

@@ -96,7 +96,11 @@ def test_not_an_array_is_a_type_error():
 
 
 def test_one_cuda_array_predicate(cuda_sim):
+    from nbqat import _validate_qparams, _validate_state
+
     assert V.is_cuda_array is _cuda.is_cuda_array
+    assert V.check_scale is _validate_qparams.check_scale  # the siblings reachable from V
+    assert V.check_state_qparams is _validate_state.check_state_qparams
     d = cuda_sim.to_device(np.zeros(3, np.float32))
     assert _cuda.is_cuda_array(d)
     assert not any(_cuda.is_cuda_array(a) for a in (np.zeros(3), 1.0, None, [1.0]))
