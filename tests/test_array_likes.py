@@ -123,9 +123,11 @@ def test_kernel_cache_keys_cover_the_formula_module():
     from nbqat.kernels import (
         fake_quant_cpu,
         fake_quant_formula,
+        half_cpu,
         int8_cpu,
         lstm_cpu,
         nn_cpu,
+        norm_cpu,
         qat_cpu,
         vmath_cpu,
     )
@@ -136,3 +138,4 @@ def test_kernel_cache_keys_cover_the_formula_module():
     closure = _jit.source_closure(nn_cpu.__file__)
     assert os.path.abspath(vmath_cpu.__file__) in closure
     assert os.path.abspath(lstm_cpu.__file__) in closure
+    assert os.path.abspath(half_cpu.__file__) in _jit.source_closure(norm_cpu.__file__)
