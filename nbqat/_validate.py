@@ -345,32 +345,16 @@ def check_device_contiguous(d: Any, name: str) -> None:
         )
 
 
-#: Checks that live in the sibling modules, reachable here too (``V.check_scale``): imported on
+#: The sibling modules whose checks are reachable here too (``V.check_scale``): imported on
 #: first use (they import this module, so not at import time).
-_SIBLINGS = {
-    "nbqat._validate_qparams": (
-        "check_channel_qparams",
-        "check_float_zero_point",
-        "check_quant_range",
-        "check_scale",
-        "check_zero_point",
-    ),
-    "nbqat._validate_state": (
-        "check_built",
-        "check_channel_len",
-        "check_factory",
-        "check_flag",
-        "check_module_range",
-        "check_state_keys",
-        "check_state_qparams",
-    ),
-}
+_SIBLINGS = ("nbqat._validate_qparams", "nbqat._validate_state")
 
 
 def __getattr__(name: str) -> Any:
-    for module, names in _SIBLINGS.items():
-        if name in names:
-            import importlib
+    import importlib
 
-            return getattr(importlib.import_module(module), name)
+    for module in _SIBLINGS:
+        mod = importlib.import_module(module)
+        if name in mod.__all__:
+            return getattr(mod, name)
     raise AttributeError(f"module 'nbqat._validate' has no attribute {name!r}")
