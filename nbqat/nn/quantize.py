@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from nbqat.nn.params import Module, ParameterBuffer
-from nbqat.nn.phases import CALIBRATION, QATPhases
+from nbqat.nn.phases import CALIBRATION, QATPhases, is_learnable
+from nbqat.nn.qat_state import QATCheckpoint
 
 __all__ = [
     "QAT_MODULE_MAPPINGS",
@@ -271,9 +272,6 @@ def prepare_qat(
 
 def _new_quantizer(qc: Any, kind: str, config: Any) -> Any:
     """``qc.<kind>()``, as a LearnableFakeQuantize (LSQ) with ``config.learnable_scales``."""
-    from nbqat.nn.phases import is_learnable
-    from nbqat.nn.qat import _to_learnable
-
     factory = getattr(qc, kind)
     fq = factory()
     if getattr(config, "learnable_scales", False) and not is_learnable(fq):
@@ -281,7 +279,20 @@ def _new_quantizer(qc: Any, kind: str, config: Any) -> Any:
     return fq
 
 
-class QATModel(QATPhases):
+def _to_learnable(factory: Any, kind: str) -> Any:
+    """A LearnableFakeQuantize with the observer and range of a FakeQuantize factory."""
+    from nbqat.fake_quantize import LearnableFakeQuantize
+
+    kw = getattr(getattr(factory, "p", None), "keywords", None)
+    if kw is None:
+        raise TypeError(
+            f"QATConfig.learnable_scales needs the qconfig's {kind} factory to be made with "
+            "FakeQuantize.with_args(...) (or to build LearnableFakeQuantize modules)"
+        )
+    return LearnableFakeQuantize(**dict(kw))
+
+
+class QATModel(QATCheckpoint, QATPhases):
     """A float model with quantizers in its layers' hooks (what :func:`prepare_qat` returns).
 
     Parameters
@@ -311,6 +322,10 @@ class QATModel(QATPhases):
     calibration_batches_seen : int
     params, grads : ndarray
         The flat buffers (of the copy, or of the caller's ParameterBuffer with ``inplace``).
+    step : int
+        Optimizer steps taken by :meth:`train_step`.
+    optimizer : optimizer or None
+        The optimizer of the last :meth:`train_step` (saved by :meth:`save` by default).
     """
 
     def __init__(self, model: Module, qconfig: Any, mapping: dict, config: Any, buf: Any):
@@ -334,6 +349,8 @@ class QATModel(QATPhases):
                 setattr(mod, hook, fq)
                 self.fake_quants[f"{name}.{hook}" if name else hook] = fq
         self._init_phases()
+        self.step = 0
+        self.optimizer: Any = None
         self._apply_flags()
 
     @property
@@ -406,3 +423,52 @@ class QATModel(QATPhases):
         The gradient w.r.t. the input(s).
         """
         return self.model.backward(grad)
+
+    def train_step(
+        self, batch: Any, optimizer: Any, max_norm: float | None = None, *, grad_hook: Any = None
+    ) -> tuple[float, float]:
+        """One QAT step of a forecaster: forward, pinball loss, backward (STE), clipping, update.
+
+        Parameters
+        ----------
+        batch : tuple
+            ``(static (B, m_s), historical (B, k, m_z), future (B, tau, m_x), target (B, tau))``.
+        optimizer : nbqat.SGD, nbqat.Adam or nbqat.AdamW
+            Built over :attr:`params` (``Adam(qat.params, lr=...)``). With LSQ quantizers
+            (``config.learnable_scales``) their scales and zero points are a parameter group of
+            it: :meth:`quantizer_param_group` (added with its own hyper-parameters if missing).
+        max_norm : float or None, default None
+            Clip the total 2-norm of the gradients to ``max_norm`` (pass ``qat.config.max_norm``
+            for the configured value); None (or ``math.inf``) does not clip. The norm is
+            computed and returned either way.
+        grad_hook : callable, optional
+            ``grad_hook(grads)`` with ``[qat.grads, *LSQ scale/zero-point gradients]``, called
+            after backward and before the norm (a data-parallel run's allreduce,
+            :func:`nbqat.distributed.allreduce_gradients`); it may change them in place.
+
+        Returns
+        -------
+        (loss, total_norm) : (float, float)
+            The mean pinball loss of this batch (before the update) and the 2-norm of all
+            gradients before clipping (``torch.nn.utils.clip_grad_norm_``'s return value).
+
+        Raises
+        ------
+        ValueError
+            On a malformed batch, a negative or NaN ``max_norm``, or an optimizer that does not
+            update :attr:`params`; raised before any state changes.
+
+        Notes
+        -----
+        :func:`nbqat.nn.step.step_once`: STE gradients first, then the norm over the STE-masked
+        gradients (the LSQ gradients included), then the update of every parameter group with
+        ``grad_scale = min(max_norm / (total + 1e-6), 1)`` folded in (torch's coefficient,
+        always applied: a NaN norm gives NaN updates, as torch's clipping gives NaN grads). The
+        gradient buffer keeps the unclipped gradients.
+        """
+        from nbqat.nn.step import step_once
+
+        out = step_once(self, batch, optimizer, max_norm, grad_hook)
+        self.step += 1
+        self.optimizer = optimizer
+        return out
