@@ -181,6 +181,32 @@ def _check_mapping(model: Module, qconfig: Any, qconfig_mapping: Any) -> dict:
     return dict(qconfig_mapping)
 
 
+def _check_modules(model: Module) -> None:
+    """Every module's hooks exist and are empty; no parameter-holding module lacks a mapping."""
+    for name, mod in model.named_modules():
+        hooks = hooks_for(mod)
+        for hook in hooks or ():
+            if not hasattr(mod, hook):
+                raise TypeError(
+                    f"prepare_qat: module {name or '<root>'} ({type(mod).__name__}) has no hook "
+                    f"attribute {hook!r} that its QAT mapping names: give the layer that "
+                    "attribute (None in float) or fix the mapping (register_qat_module)"
+                )
+            if getattr(mod, hook, None) is not None:
+                raise ValueError(
+                    f"prepare_qat: {name or '<root>'}.{hook} already holds a quantizer: the "
+                    "model is prepared already (prepare a fresh float model)"
+                )
+        if hooks is None and mod._param_specs:
+            raise TypeError(
+                f"prepare_qat: module {name or '<root>'} ({type(mod).__name__}) holds "
+                f"parameters {sorted(mod._param_specs)} but has no QAT mapping; register one "
+                f"with nbqat.nn.register_qat_module({type(mod).__name__}, "
+                "{'weight_fake_quant': 'weight', 'input_fake_quant': 'activation'}), or {} "
+                "to keep it in float"
+            )
+
+
 def prepare_qat(
     model: Module,
     qconfig: Any = None,
@@ -241,28 +267,7 @@ def prepare_qat(
         raise TypeError(f"`config` must be a nbqat.QATConfig, got {type(config).__name__}")
     qconfig = config.qconfig if qconfig is None else qconfig
     mapping = _check_mapping(model, qconfig, qconfig_mapping)
-    for name, mod in model.named_modules():
-        hooks = hooks_for(mod)
-        for hook in hooks or ():
-            if not hasattr(mod, hook):
-                raise TypeError(
-                    f"prepare_qat: module {name or '<root>'} ({type(mod).__name__}) has no hook "
-                    f"attribute {hook!r} that its QAT mapping names: give the layer that "
-                    "attribute (None in float) or fix the mapping (register_qat_module)"
-                )
-            if getattr(mod, hook, None) is not None:
-                raise ValueError(
-                    f"prepare_qat: {name or '<root>'}.{hook} already holds a quantizer: the "
-                    "model is prepared already (prepare a fresh float model)"
-                )
-        if hooks is None and mod._param_specs:
-            raise TypeError(
-                f"prepare_qat: module {name or '<root>'} ({type(mod).__name__}) holds "
-                f"parameters {sorted(mod._param_specs)} but has no QAT mapping; register one "
-                f"with nbqat.nn.register_qat_module({type(mod).__name__}, "
-                "{'weight_fake_quant': 'weight', 'input_fake_quant': 'activation'}), or {} "
-                "to keep it in float"
-            )
+    _check_modules(model)
     buf = getattr(model, "buffer", None)  # inplace: a model that owns its buffer keeps it
     buf = buf if isinstance(buf, ParameterBuffer) else None
     if not inplace:
