@@ -171,7 +171,16 @@ class ParamGroups:
         self._groups.append(_Group(src, hp))
 
     def has_param_group(self, source: Any) -> bool:
-        """Whether ``source`` is the ``"params"`` of one of this optimizer's groups."""
+        """Whether ``source`` is the ``"params"`` of one of this optimizer's groups.
+
+        Parameters
+        ----------
+        source : ParamSource
+
+        Returns
+        -------
+        bool
+        """
         return any(g.source is source for g in self._groups)
 
     def _step_groups(self, grad_scale: float) -> Any:
@@ -203,7 +212,8 @@ class ParamGroups:
                 inner = None
                 if st["state"] is not None:
                     p, _ = grp.source.gather()
-                    inner = type(self)(np.array(p, copy=True), **ghp)
+                    cls: Any = type(self)  # the optimizer class this mixin is part of
+                    inner = cls(np.array(p, copy=True), **ghp)
                     inner.load_state_dict(st["state"])
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"state_dict param_groups[{i}] does not fit: {e}") from e

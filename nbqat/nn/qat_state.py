@@ -95,7 +95,6 @@ class QATCheckpoint:
     attributes, ``step`` and ``optimizer`` (see the module docstring)."""
 
     model: Any
-    params: np.ndarray
     fake_quants: dict[str, Any]
     config: Any
     phase: str
@@ -104,6 +103,11 @@ class QATCheckpoint:
     _calibration_ended: bool
     step: int
     optimizer: Any
+
+    @property
+    def params(self) -> np.ndarray:  # pragma: no cover - the model's
+        """The flat parameter buffer (provided by the QAT model)."""
+        raise NotImplementedError
 
     def _state(self, optimizer: Any) -> dict:
         quantizers = {

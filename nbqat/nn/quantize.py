@@ -32,6 +32,7 @@ import numpy as np
 
 from nbqat.nn.params import Module, ParameterBuffer
 from nbqat.nn.phases import CALIBRATION, QATPhases, is_learnable
+from nbqat.nn.qat_mappings import QAT_MODULE_MAPPINGS, hooks_for, register_qat_module
 from nbqat.nn.qat_state import QATCheckpoint
 
 __all__ = [
@@ -41,72 +42,6 @@ __all__ = [
     "prepare_qat",
     "register_qat_module",
 ]
-
-
-def _default_mappings() -> dict[type, dict[str, str]]:
-    from nbqat.nn.layers import (
-        LSTM,
-        InterpretableMultiHeadAttention,
-        LayerNorm,
-        Linear,
-        VariableEmbedding,
-    )
-
-    return {
-        Linear: {"weight_fake_quant": "weight", "input_fake_quant": "activation"},
-        LSTM: {
-            "weight_ih_fake_quant": "weight",
-            "weight_hh_fake_quant": "weight",
-            "input_fake_quant": "activation",
-            "hidden_fake_quant": "activation",
-        },
-        InterpretableMultiHeadAttention: {"attention_fake_quant": "activation"},
-        LayerNorm: {},  # float by design (as torch eager QAT and ModelOpt)
-        VariableEmbedding: {},  # element-wise w_j x_j + b_j: no matmul to quantize
-    }
-
-
-#: Float layer type -> ``{hook attribute: "weight" | "activation"}`` (public and extensible).
-QAT_MODULE_MAPPINGS: dict[type, dict[str, str]] = _default_mappings()
-
-
-def register_qat_module(layer_type: type, hooks: Mapping[str, str]) -> None:
-    """Teach :func:`prepare_qat` a layer type.
-
-    Parameters
-    ----------
-    layer_type : type
-        A :class:`~nbqat.nn.Module` subclass whose ``forward`` calls quantization hooks held
-        in attributes (``self.weight_fake_quant(self.weight)``, ...) and whose ``backward``
-        calls their ``backward(grad, ctx)`` (see :class:`~nbqat.nn.Linear`'s Notes).
-    hooks : mapping of str to {"weight", "activation"}
-        Hook attribute name -> which qconfig factory builds its quantizer; ``{}`` keeps the
-        layer in float on purpose.
-
-    Raises
-    ------
-    TypeError
-        ``layer_type`` is not a Module subclass.
-    ValueError
-        A hook kind other than "weight" / "activation".
-    """
-    if not (isinstance(layer_type, type) and issubclass(layer_type, Module)):
-        raise TypeError(
-            f"register_qat_module: layer_type must be a Module subclass, got {layer_type!r}"
-        )
-    bad = {k: v for k, v in hooks.items() if v not in ("weight", "activation")}
-    if bad:
-        raise ValueError(f"register_qat_module: hook kinds must be 'weight'/'activation': {bad}")
-    QAT_MODULE_MAPPINGS[layer_type] = dict(hooks)
-
-
-def hooks_for(mod: Module) -> dict[str, str] | None:
-    """The hook mapping of ``mod``'s type (or of its nearest mapped base class); None when
-    the type has no mapping."""
-    for cls in type(mod).__mro__:
-        if cls in QAT_MODULE_MAPPINGS:
-            return QAT_MODULE_MAPPINGS[cls]
-    return None
 
 
 def _qconfig_for(name: str, mod: Module, qconfig: Any, mapping: Mapping[Any, Any]) -> Any:
@@ -428,6 +363,44 @@ class QATModel(QATCheckpoint, QATPhases):
         The gradient w.r.t. the input(s).
         """
         return self.model.backward(grad)
+
+    def predict(self, *inputs: Any) -> Any:
+        """:meth:`forward` without updating any observer or the calibration count (evaluation
+        with the current qparams and phase).
+
+        Parameters
+        ----------
+        *inputs : ndarray
+            The model's inputs.
+
+        Returns
+        -------
+        The model's output.
+        """
+        saved = [(fq, fq.observer_enabled) for fq in self.fake_quants.values()]
+        try:
+            for fq, _ in saved:
+                fq.enable_observer(False)
+            return self.model.forward(*inputs)
+        finally:
+            for fq, flag in saved:
+                fq.enable_observer(bool(flag))
+
+    def to_int8(self) -> Any:
+        """The integer model (:func:`nbqat.nn.convert`; this model is not changed).
+
+        Returns
+        -------
+        Int8Model
+
+        Raises
+        ------
+        RuntimeError
+            A quantizer has never observed data (calibrate first).
+        """
+        from nbqat.nn.convert import convert_model
+
+        return convert_model(self)
 
     def train_step(
         self, batch: Any, optimizer: Any, max_norm: float | None = None, *, grad_hook: Any = None
