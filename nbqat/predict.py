@@ -225,7 +225,7 @@ def predict(
         When ``run_dir`` or ``csv_path`` does not exist.
     """
     from nbqat.data import SplitWindows
-    from nbqat.nn.qat import QATTemporalFusionTransformer
+    from nbqat.nn.forecasters import load_qat_forecaster
 
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")
@@ -246,9 +246,7 @@ def predict(
     # it: another observer type would not take the checkpoint's observer state
     obs = cfg.get("observer", "minmax")
     qconfig = activation_qconfig("minmax" if obs == "all" else obs)
-    qat = QATTemporalFusionTransformer.from_checkpoint(
-        run / "checkpoint" / "qat.npz", qconfig=qconfig
-    )
+    qat = load_qat_forecaster(run / "checkpoint" / "qat.npz", qconfig=qconfig)  # tft | lstm
     w, lengths = _windows(cfg, csv_path)
     _check_columns(w, run, qat)
     _check_scaling(w, run)

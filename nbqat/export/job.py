@@ -114,9 +114,10 @@ def summary_lines(parity: Mapping[str, Any]) -> list[str]:
     ):
         if key in pr:
             v = pr[key]
+            steps = v["max_diff_output_steps"]  # None: no output quantizer (a generic model)
+            diff = f"{v['max_abs_diff']:.3g}" if steps is None else f"{steps:.3f} output steps"
             lines.append(
-                f"ONNX ({label}) vs int8 on {v['rows']} windows: max "
-                f"{v['max_diff_output_steps']:.3f} output steps, "
+                f"ONNX ({label}) vs int8 on {v['rows']} windows: max {diff}, "
                 f"{100 * v['bit_identical_fraction']:.1f}% bit-identical"
             )
     d = parity.get("division_vs_reciprocal")

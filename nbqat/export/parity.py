@@ -123,7 +123,8 @@ def check_parity(
     Returns
     -------
     dict
-        ``output_scale`` (the output quantization step), ``rows``, ``engines`` (per engine:
+        ``output_scale`` (the output quantization step; None without an output quantizer),
+        ``rows``, ``engines`` (per engine:
         rows run and, with ``target``, the q-risk), ``pairs`` (per pair: max abs difference,
         in output steps, bit-identical and within-one-step fractions, over the rows both ran),
         and ``_predictions`` (engine -> float32 (rows, tau, Q) array; not JSON).
@@ -157,7 +158,9 @@ def check_parity(
     preds = _run_engines(fake, int8, proto, inputs, nref, batch_size)
     scale = getattr(int8, "output_scale", None)
     step = float("nan") if scale is None else float(scale)
-    out: dict[str, Any] = {"output_scale": step, "rows": n, "engines": {}, "pairs": {}}
+    # no output quantizer (a converted generic model): no step, reported as None (strict JSON)
+    out: dict[str, Any] = {"output_scale": None if scale is None else step, "rows": n}
+    out.update(engines={}, pairs={})
     for name in ENGINES:
         if name not in preds:
             continue

@@ -239,32 +239,6 @@ class QATTemporalFusionTransformer(QATModel):
     #: The Rust original's name for :meth:`from_float` (``new_from_fp32``).
     new_from_fp32 = from_float
 
-    # ------------------------------------------------------------------ phases
-    def calibrate(self, batches: Any) -> int:
-        """Run calibration forwards over ``batches`` until :attr:`is_calibrated`, then end the
-        calibration phase.
-
-        Parameters
-        ----------
-        batches : iterable of tuples
-            ``(static, historical, future, ...)``; extra items (a target) are ignored.
-
-        Returns
-        -------
-        int
-            The number of batches used (at most ``config.calibration_batches``).
-        """
-        if self.phase != CALIBRATION:
-            self.enable_calibration()
-        used = 0
-        for batch in batches:
-            if self.calibration_batches_seen >= self.config.calibration_batches:
-                break
-            self.forward(batch[0], batch[1], batch[2])
-            used += 1
-        self.disable_calibration()
-        return used
-
     # ------------------------------------------------------------------ buffers
     @property
     def params(self) -> np.ndarray:

@@ -266,6 +266,10 @@ class QATModel(QATCheckpoint, QATPhases):
         Optimizer steps taken by :meth:`train_step`.
     optimizer : optimizer or None
         The optimizer of the last :meth:`train_step` (saved by :meth:`save` by default).
+    num_inputs : int or None
+        The inputs of ``forward`` in a :meth:`calibrate` batch: 3 for a forecaster (a model
+        whose config has a ``prediction_horizon``: static, historical, future; the target
+        after them is ignored), None (the whole batch) otherwise.
     """
 
     def __init__(self, model: Module, qconfig: Any, mapping: dict, config: Any, buf: Any):
@@ -291,6 +295,8 @@ class QATModel(QATCheckpoint, QATPhases):
         self._init_phases()
         self.step = 0
         self.optimizer: Any = None
+        forecaster = hasattr(getattr(model, "config", None), "prediction_horizon")
+        self.num_inputs: int | None = 3 if forecaster else None
         self._apply_flags()
 
     @property
@@ -363,6 +369,32 @@ class QATModel(QATCheckpoint, QATPhases):
         The gradient w.r.t. the input(s).
         """
         return self.model.backward(grad)
+
+    def calibrate(self, batches: Any) -> int:
+        """Run calibration forwards over ``batches`` until :attr:`is_calibrated`, then end the
+        calibration phase.
+
+        Parameters
+        ----------
+        batches : iterable of tuples
+            Each holds the model's inputs first; items after :attr:`num_inputs` (a target)
+            are ignored.
+
+        Returns
+        -------
+        int
+            The number of batches used (at most ``config.calibration_batches``).
+        """
+        if self.phase != CALIBRATION:
+            self.enable_calibration()
+        used, n = 0, self.config.calibration_batches
+        for batch in batches:
+            if self.calibration_batches_seen >= n or used >= n:
+                break
+            self.forward(*batch[: self.num_inputs])
+            used += 1
+        self.disable_calibration()
+        return used
 
     def predict(self, *inputs: Any) -> Any:
         """:meth:`forward` without updating any observer or the calibration count (evaluation

@@ -233,9 +233,9 @@ class Run:
     def new_qat(self) -> None:
         """A fresh QAT model from the float model, its observers synced over the ranks."""
         from nbqat import distributed as dist
-        from nbqat.nn.qat import QATTemporalFusionTransformer
+        from nbqat.nn.forecasters import prepare_forecaster
 
-        self.qat = QATTemporalFusionTransformer.from_float(self.model, config=self.qat_config())
+        self.qat = prepare_forecaster(self.model, self.qat_config())
         dist.sync_observers(self.qat.fake_quants, self.par.group)
 
     def new_qat_optimizer(self) -> None:
