@@ -305,15 +305,11 @@ class QATTemporalFusionTransformer(QATModel):
         ndarray (B, prediction_horizon, num_quantiles)
             The forecast quantiles with the current qparams and phase, in the model's dtype.
         """
-        saved = [(fq, fq.observer_enabled) for fq in self.fake_quants.values()]
-        try:
-            for fq, _ in saved:
-                fq.enable_observer(False)
-            out = self.model.forward(static, historical, future)
-            return self.output_fake_quant.forward(out)
-        finally:
-            for fq, flag in saved:
-                fq.enable_observer(bool(flag))
+        return QATModel.predict(self, static, historical, future)
+
+    def _network_forward(self, *inputs: Any) -> Any:
+        """The network, then the output quantizer (what :meth:`predict` runs, observers off)."""
+        return self.output_fake_quant.forward(self.model.forward(*inputs))
 
     def backward(self, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Backpropagate ``grad_out`` (B, tau, Q) through every STE mask into :attr:`grads`.

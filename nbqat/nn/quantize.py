@@ -413,10 +413,13 @@ class QATModel(QATCheckpoint, QATPhases):
         try:
             for fq, _ in saved:
                 fq.enable_observer(False)
-            return self.model.forward(*inputs)
+            return self._network_forward(*inputs)
         finally:
             for fq, flag in saved:
                 fq.enable_observer(bool(flag))
+
+    def _network_forward(self, *inputs: Any) -> Any:
+        return self.model.forward(*inputs)
 
     def to_int8(self) -> Any:
         """The integer model (:func:`nbqat.nn.convert`; this model is not changed).
