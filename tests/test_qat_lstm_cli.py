@@ -72,3 +72,15 @@ def test_unknown_model_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as ei:
         main(["train", "--model", "gru"])
     assert ei.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_lstm_run_resumes_in_the_qat_phase_to_the_same_metrics(runs, tmp_path):
+    """Stopped after its first QAT step (6 float steps), resumed from the checkpoint (the
+    generic QAT model's own save/load): the same metrics.json as the uninterrupted run."""
+    full, _ = runs["lstm"]
+    out = tmp_path / "r"
+    argv = ["train", *TINY, "--model", "lstm", "--out", str(out), "--stop-after-steps", "7"]
+    assert main(argv) == 130
+    assert (out / "checkpoint" / "qat.npz").is_file()
+    assert main(["train", "--resume", str(out / "checkpoint")]) == 0
+    assert (out / "metrics.json").read_bytes() == (full / "metrics.json").read_bytes()

@@ -184,14 +184,12 @@ class QuantizerParameters:
 
     def gather(self) -> tuple[np.ndarray, np.ndarray]:
         """``(params, grads)``: flat float32 copies, ``2 * sum(scale.size)`` long."""
+        from nbqat.optim_groups import ArrayGroup
+
         qs = self.owner.learnable_quantizers()
         p = [a for fq in qs for a in (fq.scale, fq.zero_point)]
         g = [a for fq in qs for a in (fq.grad_scale, fq.grad_zero_point)]
-        empty = [np.zeros(0, np.float32)]
-        return (
-            np.concatenate([np.asarray(a, np.float32).ravel() for a in p] or empty),
-            np.concatenate([np.asarray(a, np.float32).ravel() for a in g] or empty),
-        )
+        return ArrayGroup(p, g).gather()  # float32 (LSQ keeps its qparams in float32)
 
     def scatter(self, params: np.ndarray) -> None:
         """Write the updated flat ``params`` back (see the class docstring)."""
