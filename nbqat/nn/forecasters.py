@@ -183,9 +183,8 @@ def load_qat_forecaster(path: str | os.PathLike, qconfig: Any = None, config: An
     """
     from nbqat.nn.lstm_forecaster import LSTMForecaster, LSTMForecasterConfig
     from nbqat.nn.qat import QATTemporalFusionTransformer
-    from nbqat.nn.qat_state import read_checkpoint
+    from nbqat.nn.qat_state import read_checkpoint, saved_network
     from nbqat.npz_state import CheckpointError
-    from nbqat.qconfig import QATConfig
 
     st = read_checkpoint(path)
     cls = st["model"].get("class", "TemporalFusionTransformer")
@@ -193,14 +192,8 @@ def load_qat_forecaster(path: str | os.PathLike, qconfig: Any = None, config: An
         return QATTemporalFusionTransformer.from_checkpoint(path, qconfig=qconfig, config=config)
     if cls != "LSTMForecaster":
         raise CheckpointError(f"{os.fspath(path)!r} holds a {cls}, not an nbqat forecaster")
-    try:
-        mcfg = dict(st["model"]["config"])
-        mcfg["quantiles"] = tuple(mcfg["quantiles"])
-        dtype = np.dtype(st["model"]["dtype"])
-        config = QATConfig(**dict(st["qat"]["config"])) if config is None else config
-        model = LSTMForecaster(LSTMForecasterConfig(**mcfg), dtype=dtype)
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{os.fspath(path)!r}: corrupt checkpoint ({e})") from e
+    lcfg, dtype, config = saved_network(path, LSTMForecasterConfig, config)
+    model = LSTMForecaster(lcfg, dtype=dtype)
     qat = prepare_forecaster(model, config, qconfig, inplace=True)
     qat.load(path)
     return qat

@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.nn.phases import CALIBRATION
-from nbqat.nn.qat_state import read_checkpoint
+from nbqat.nn.qat_state import saved_network
 from nbqat.nn.quantize import QATModel, hooks_for
 from nbqat.nn.step import check_step_args
 from nbqat.npz_state import CheckpointError
@@ -384,21 +384,9 @@ class QATTemporalFusionTransformer(QATModel):
             For a corrupt, truncated or foreign file or another format version.
         """
         from nbqat.nn.tft import TemporalFusionTransformer, TFTConfig
-        from nbqat.qconfig import QATConfig
 
-        path = os.fspath(path)
-        st = read_checkpoint(path)
-        try:
-            mcfg = dict(st["model"]["config"])
-            dtype = np.dtype(st["model"]["dtype"])
-            saved = dict(st["qat"]["config"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{path!r}: corrupt checkpoint ({e})") from e
-        if "quantiles" in mcfg:
-            mcfg["quantiles"] = tuple(mcfg["quantiles"])
-        model = TemporalFusionTransformer(TFTConfig(**mcfg), dtype=dtype)
-        if config is None:
-            config = QATConfig(**saved)
+        tcfg, dtype, config = saved_network(path, TFTConfig, config)
+        model = TemporalFusionTransformer(tcfg, dtype=dtype)
         qat = cls(model, qconfig=qconfig, config=config)
         qat.load(path)
         return qat

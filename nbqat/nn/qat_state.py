@@ -20,7 +20,7 @@ import numpy as np
 from nbqat.nn.phases import CALIBRATION, QAT
 from nbqat.npz_state import CheckpointError, load_state, save_state
 
-__all__ = ["FORMAT", "VERSION", "QATCheckpoint", "read_checkpoint"]
+__all__ = ["FORMAT", "VERSION", "QATCheckpoint", "read_checkpoint", "saved_network"]
 
 #: Format name and version of QAT checkpoints.
 FORMAT = "nbqat.qat"
@@ -50,6 +50,41 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     if not isinstance(st, dict) or not all(k in st for k in ("model", "qat", "quantizers")):
         raise CheckpointError(f"{path!r}: corrupt checkpoint (missing model/qat/quantizers)")
     return st
+
+
+def saved_network(path: str | os.PathLike, config_cls: type, qat_config: Any) -> tuple:
+    """The network config, dtype and QATConfig a checkpoint was saved with.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A QAT checkpoint.
+    config_cls : type
+        The network's config dataclass (``TFTConfig``, ``LSTMForecasterConfig``).
+    qat_config : QATConfig or None
+        Returned as is when given; None: the saved QATConfig's scalar fields.
+
+    Returns
+    -------
+    (config, dtype, QATConfig)
+
+    Raises
+    ------
+    FileNotFoundError, CheckpointError
+        An unreadable file, or saved fields that do not build the configs.
+    """
+    from nbqat.qconfig import QATConfig
+
+    st = read_checkpoint(path)
+    try:
+        mcfg = dict(st["model"]["config"])
+        if "quantiles" in mcfg:
+            mcfg["quantiles"] = tuple(mcfg["quantiles"])
+        dtype = np.dtype(st["model"]["dtype"])
+        qcfg = QATConfig(**dict(st["qat"]["config"])) if qat_config is None else qat_config
+        return config_cls(**mcfg), dtype, qcfg
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{os.fspath(path)!r}: corrupt checkpoint ({e})") from e
 
 
 def _config_dict(mcfg: Any) -> dict | None:
