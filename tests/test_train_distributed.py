@@ -19,6 +19,7 @@ import pytest
 from test_cli import TINY
 from test_distributed import _mpirun
 
+from nbqat import distributed as dist
 from nbqat.cli import main
 
 
@@ -179,3 +180,65 @@ def test_a_failing_rank_ends_every_rank_and_keeps_the_checkpoint(tmp_path):
     assert not (run / "metrics.json").exists()
     shutil.rmtree(tmp_path / "rec")
     assert main(["train", "--resume", str(ck), "--check"]) == 0  # still loadable
+
+
+# ------------------------------------------------------------------- in-process, no mpiexec
+class _Rank(dist.ProcessGroup):
+    """Rank ``rank`` of a pretend 2-process group (collectives never reached here)."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank, self.size = rank, 2
+
+    def abort(self, code: int = 1) -> None:
+        raise SystemExit(code)
+
+
+@pytest.mark.parametrize("m", [1, 3])  # rows per batch row in the layer's leading axis
+def test_dropout_rows_take_the_global_batch_mask(m):
+    from nbqat.nn import Dropout
+
+    g, d = 7, 5
+    x = np.random.default_rng(0).standard_normal((g * m, d)).astype(np.float32)
+    full = Dropout(0.4)
+    full.training, full.seed = True, (3, 1, 2)
+    y = full.forward(x)
+    for rank in range(2):
+        sl = dist.shard(g, _Rank(rank))
+        part = Dropout(0.4)
+        part.training, part.seed, part.rows = True, (3, 1, 2), (g, sl.start, sl.stop)
+        rows = slice(sl.start * m, sl.stop * m)
+        np.testing.assert_array_equal(part.forward(x[rows]), y[rows])
+        np.testing.assert_array_equal(part.backward(np.ones_like(x[rows])), full.mask[rows])
+
+
+def test_compare_clipping_is_refused_on_several_processes(tmp_path, capsys):
+    from nbqat.train import TrainConfig, run
+
+    cfg = TrainConfig(quick=True, compare_clipping=True, out=str(tmp_path / "o"))
+    with pytest.raises(SystemExit) as e:
+        run(cfg, group=_Rank(1))
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "nbqat: rank 1 of 2 failed: ValueError: --compare-clipping runs on one process" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_stop_on_one_rank_is_a_stop_on_every_rank():
+    from nbqat.train.loop import Interrupt
+
+    class Sum(_Rank):  # the other rank's flag is `other`
+        other = 0.0
+
+        def allreduce_sum(self, buf):
+            buf += self.other
+            return buf
+
+    from nbqat.train.parallel import Parallel
+
+    g = Sum(0)
+    par = Parallel(g)
+    intr = Interrupt(None, par.agree)
+    assert not intr.step_done()
+    g.other = 1.0  # the other rank got Ctrl-C
+    assert intr.step_done() and intr.flag
