@@ -194,11 +194,6 @@ class Run:
         bar.close()
         return np.concatenate(outs)
 
-    # the names recipe.fair_rows and report.from_run read
-    _epoch_order = epoch_order
-    _predict = predict
-    _steps_per_epoch = steps_per_epoch
-
     def val_loss(self, fwd: Callable) -> tuple[float, float]:
         """(mean pinball loss, P50 q-risk on the unscaled target) of the validation split."""
         val = self.w.val
