@@ -109,6 +109,17 @@ def test_two_processes_equal_one_process(one, two):
     np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5)
 
 
+def test_two_process_runs_repeat_bit_for_bit(two, tmp_path):
+    run = tmp_path / "run"
+    r = _mpi_train(tmp_path / "rec", *TINY, "--out", str(run))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (run / "metrics.json").read_bytes() == (two[0] / "metrics.json").read_bytes()
+    a, b = _qat_arrays(two[0]), _qat_arrays(run)
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(b[k], a[k], err_msg=k)
+
+
 def test_only_rank_0_writes(two):
     out, rec = two
     w0 = json.loads((rec / "writes0.json").read_text())
