@@ -164,17 +164,35 @@ def test_a_one_process_checkpoint_continued_by_two_calibrates_the_same(tmp_path)
     assert m2["world_size"] == 2
 
 
-def test_a_two_process_checkpoint_continued_by_one(one, tmp_path):
+def test_a_two_process_checkpoint_in_qat_continued_by_one_and_by_two(one, two, tmp_path):
     run = tmp_path / "run"
-    r = _mpi_train(tmp_path / "rec", *TINY, "--out", str(run), "--stop-after-steps", "4")
+    # 6 float steps, then 1 of the 3 QAT steps: the checkpoint holds the synced QAT state
+    r = _mpi_train(tmp_path / "rec", *TINY, "--out", str(run), "--stop-after-steps", "7")
     assert r.returncode == 130, r.stderr[-3000:]
-    assert "continue with `nbqat train --resume" in r.stderr
-    assert _state(run)["batch_pos"] == 1  # 3 steps per epoch: stopped in the second epoch
-    assert main(["train", "--resume", str(run / "checkpoint")]) == 0
+    assert r.stderr.count("continue with `nbqat train --resume") == 1  # rank 0 says it
+    st = _state(run)
+    assert (st["phase"], st["batch_pos"]) == ("qat", 1)
+    again = tmp_path / "again"
+    shutil.copytree(run, again)
+    assert main(["train", "--resume", str(run / "checkpoint")]) == 0  # on one process
     m = _metrics(run)
     assert "world_size" not in m  # the last session ran on one process
     _close_steps(_state(one), _state(run))
     _close_q_risk(_metrics(one), m)
+    # on two processes again: the uninterrupted 2-process run's bytes
+    r = _mpi_train(tmp_path / "rec2", "--resume", str(again / "checkpoint"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (again / "metrics.json").read_bytes() == (two[0] / "metrics.json").read_bytes()
+
+
+def test_a_batch_smaller_than_the_process_count_is_refused(tmp_path, capsys):
+    from nbqat.train import TrainConfig, run
+
+    cfg = TrainConfig(quick=True, batch_size=1, out=str(tmp_path / "o"))
+    with pytest.raises(SystemExit):
+        run(cfg, group=_Rank(0))
+    assert "--batch-size 1 is smaller than the 2 processes" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_failing_rank_ends_every_rank_and_keeps_the_checkpoint(tmp_path):

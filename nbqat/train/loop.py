@@ -238,10 +238,16 @@ class Run:
         self.qat_opt = make_optimizer(self.qat.model, self.cfg.qat_lr, self.cfg, qat=True)
 
     def reset_qat(self, path: Path) -> None:
-        """Load a saved QAT state (model, observers, optimizer) into a fresh QAT model."""
+        """Load a saved QAT state (model, observers, optimizer) into a fresh QAT model.
+
+        The observers stay synced over the ranks (the checkpoint holds no per-rank state).
+        """
+        from nbqat import distributed as dist
+
         self.new_qat()
         self.new_qat_optimizer()
         self.qat.load(path, optimizer=self.qat_opt)
+        dist.sync_observers(self.qat.fake_quants, self.par.group)
 
     # ------------------------------------------------------------------ batches
     def calibration_batches(self, progress: bool = False) -> Iterator[tuple]:
