@@ -242,7 +242,7 @@ def predict(
     run, cfg = load_run(run_dir)
     from nbqat.report import activation_qconfig
 
-    # the run's activation observer (--observer; "all" trains with min/max), as train.py builds
+    # the run's activation observer (--observer; "all" trains with min/max), as nbqat.train builds
     # it: another observer type would not take the checkpoint's observer state
     obs = cfg.get("observer", "minmax")
     qconfig = activation_qconfig("minmax" if obs == "all" else obs)

@@ -363,7 +363,7 @@ def from_run(r: Any, test: Any) -> dict:
 
     Parameters
     ----------
-    r : nbqat.train._Run (after QAT)
+    r : nbqat.train.loop.Run (after QAT)
     test : SplitWindows, the test split
 
     Returns
@@ -375,11 +375,11 @@ def from_run(r: Any, test: Any) -> dict:
 
     cfg, w = r.cfg, r.w
     y = test.target_raw()
-    order = r._epoch_order(2, 0)[: max(1, min(cfg.calibration_batches, 8))]
+    order = r.epoch_order(2, 0)[: max(1, min(cfg.calibration_batches, 8))]
     batches = [w.train.batch(i) for i in order]
 
     def evaluate(predict: Callable) -> float:
-        return q_risk(test.unscale(r._predict(predict, test)), y, w.quantiles)["P50"]
+        return q_risk(test.unscale(r.predict(predict, test)), y, w.quantiles)["P50"]
 
     report: dict[str, Any] = {
         "observer": cfg.observer,

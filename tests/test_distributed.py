@@ -118,11 +118,12 @@ def test_sync_observers_rejects_what_cannot_merge():
 
 
 # ----------------------------------------------------------------------------- 2 processes
-def _mpirun(mode, out, n=2, timeout=600):
+def _mpirun(mode, out, n=2, timeout=600, args=()):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), *sys.path]))
     env.pop("NBQAT_FORCE_SINGLE", None)
+    worker = [sys.executable, str(HERE / "mpi_worker.py"), mode, str(out), *map(str, args)]
     return subprocess.run(
-        [MPIEXEC, "-n", str(n), sys.executable, str(HERE / "mpi_worker.py"), mode, str(out)],
+        [MPIEXEC, "-n", str(n), *worker],
         env=env,
         capture_output=True,
         text=True,

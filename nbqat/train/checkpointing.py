@@ -107,9 +107,7 @@ def load_checkpoint(r: Run, ck: Path, meta: dict) -> None:
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ckpt.CheckpointError(f"{ck / 'float.npz'}: field 'opt': {e}") from None
     if (ck / "qat.npz").exists():
-        r.new_qat()
-        r.new_qat_optimizer()
-        r.qat.load(ck / "qat.npz", optimizer=r.qat_opt)
+        r.reset_qat(ck / "qat.npz")
     elif st.phase in QAT_PHASES:
         raise ckpt.CheckpointError(f"{ck / 'qat.npz'}: missing for phase {st.phase!r}")
     r.model.params[...] = z["params"]

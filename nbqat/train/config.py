@@ -103,7 +103,7 @@ class TrainConfig:
         "patience": 5,
         "calibration_batches": 100,
         "windows_per_epoch": 4096,
-        "history": None,  # auto: max(24, the seasonal-naive period), see _load_data
+        "history": None,  # auto: max(24, the seasonal-naive period), see load_data
         "horizon": 24,
         "eval_stride": 6,
         "weight_decay": 0.1,
@@ -112,24 +112,15 @@ class TrainConfig:
         "qat_skip_lr_scale": 0.1,
         "dropout": 0.1,
     }
-    QUICK = {
+    QUICK = {  # --quick: the full run's options but these
+        **FULL,
         "epochs": 4,
         "qat_epochs": 1,
-        "batch_size": 64,
-        "hidden_dim": 16,
-        "heads": 4,
-        "lr": 3e-3,
         "patience": 2,
         "calibration_batches": 10,
         "windows_per_epoch": 1024,
-        "history": None,  # auto: max(24, the seasonal-naive period), see _load_data
-        "horizon": 24,
         "eval_stride": 24,
-        "weight_decay": 0.1,
         "warmup_steps": 10,
-        "skip_lr_scale": 1e-2 / 3,
-        "qat_skip_lr_scale": 0.1,
-        "dropout": 0.1,
     }
 
     @classmethod

@@ -99,6 +99,11 @@ def _config(cfg: TrainConfig, resume: str | Path | None, par: Parallel) -> tuple
             f"--compare-clipping runs on one process only (this run has {par.size}): "
             "drop it, or run without mpiexec"
         )
+    if par.distributed and cast(int, cfg.batch_size) < par.size:
+        raise ValueError(
+            f"--batch-size {cfg.batch_size} is smaller than the {par.size} processes (each "
+            "takes a slice of every batch): raise --batch-size or start fewer processes"
+        )
     check_device(cfg.device)
     _threads(cfg.threads, par)
     return cfg, meta

@@ -194,11 +194,6 @@ class Run:
         bar.close()
         return np.concatenate(outs)
 
-    # the names recipe.fair_rows and report.from_run read
-    _epoch_order = epoch_order
-    _predict = predict
-    _steps_per_epoch = steps_per_epoch
-
     def val_loss(self, fwd: Callable) -> tuple[float, float]:
         """(mean pinball loss, P50 q-risk on the unscaled target) of the validation split."""
         val = self.w.val
@@ -243,10 +238,16 @@ class Run:
         self.qat_opt = make_optimizer(self.qat.model, self.cfg.qat_lr, self.cfg, qat=True)
 
     def reset_qat(self, path: Path) -> None:
-        """Load a saved QAT state (model, observers, optimizer) into a fresh QAT model."""
+        """Load a saved QAT state (model, observers, optimizer) into a fresh QAT model.
+
+        The observers stay synced over the ranks (the checkpoint holds no per-rank state).
+        """
+        from nbqat import distributed as dist
+
         self.new_qat()
         self.new_qat_optimizer()
         self.qat.load(path, optimizer=self.qat_opt)
+        dist.sync_observers(self.qat.fake_quants, self.par.group)
 
     # ------------------------------------------------------------------ batches
     def calibration_batches(self, progress: bool = False) -> Iterator[tuple]:

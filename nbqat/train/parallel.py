@@ -139,9 +139,7 @@ class Parallel:
         """
         if not self.distributed or self.local_only:
             return [one(i) for i in range(n_batches)]
-        g = dist.ProcessGroup()
-        g.rank, g.size = self.rank, self.size
-        mine = range(n_batches)[dist.shard(n_batches, g)]
+        mine = range(n_batches)[dist.shard(n_batches, self.group)]
         parts = self.group.allgather([one(i) for i in mine])
         return [p for part in parts for p in part]
 
@@ -163,8 +161,10 @@ class Parallel:
     def guard(self) -> Iterator[None]:
         """Any error on this rank ends every rank with ``nbqat: rank R of N failed: ...``.
 
-        ``TrainingInterrupted`` passes through (every rank agreed on the stop). With one
-        process nothing changes.
+        The traceback is printed too, except for a user error (bad options or data: a
+        ValueError or FileNotFoundError, whose message says what to fix). ``MPI_Abort`` then
+        ends every rank with exit status 1. ``TrainingInterrupted`` passes through (every rank
+        agreed on the stop). With one process nothing changes.
         """
         from nbqat.train.config import TrainingInterrupted
 
@@ -177,7 +177,8 @@ class Parallel:
                 raise
             import traceback
 
-            traceback.print_exc()
+            if not isinstance(e, (ValueError, FileNotFoundError)):  # not a user error
+                traceback.print_exc()
             msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             print(f"nbqat: rank {self.rank} of {self.size} failed: {msg}", file=sys.stderr)
             self.group.abort(1)
