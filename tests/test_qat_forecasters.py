@@ -188,3 +188,27 @@ def test_npz_state_round_trip_and_refusals(tmp_path):
     with pytest.raises(TypeError, match="cannot checkpoint a set at '/bad'"):
         save_state(tmp_path / "x.npz", {"bad": {1, 2}}, format="f")
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_a_prepared_sequential_saves_and_loads(tmp_path, rng):
+    """The checkpoint of any prepare_qat model (no config dataclass): params, quantizer state
+    and phase come back; another architecture is refused."""
+    from nbqat.nn import ELU, ParameterBuffer, Sequential
+
+    def make(seed, width=5):
+        m = Sequential(Linear(3, width), ELU(), Linear(width, 2))
+        ParameterBuffer(m, seed=seed)
+        return prepare_qat(m, config=nbqat.QATConfig(calibration_batches=1))
+
+    a = make(0)
+    x = rng.standard_normal((7, 3)).astype(np.float32)
+    a(x)
+    a.disable_calibration()
+    a.freeze_observers()
+    a.save(tmp_path / "seq.npz")
+    b = make(1)
+    b.load(tmp_path / "seq.npz")
+    assert np.array_equal(a.params, b.params) and b.phase == "qat" and b.observers_frozen
+    assert np.array_equal(a.predict(x), b.predict(x))
+    with pytest.raises(CheckpointError, match="parameters"):
+        make(0, width=6).load(tmp_path / "seq.npz")
