@@ -146,3 +146,24 @@ def test_plain_fake_quantize_adds_no_group(rng):
     opt = nbqat.Adam(qat.params, lr=1e-3)
     qat.train_step(_batch(rng), opt)
     assert len(opt.param_groups) == 1 and "param_groups" not in opt.state_dict()
+
+
+def test_a_host_group_beside_a_cuda_buffer(cuda_sim, small_cuda_blocks, rng):
+    """A CUDA weight buffer (simulator) with a host group (e.g. the LSQ scales): the group is
+    updated on the host with the same rule, bit for bit as an all-host optimizer's group."""
+    p0 = rng.standard_normal(9).astype(np.float32)
+    a_host, a_dev = (rng.standard_normal(4).astype(np.float32) for _ in range(2))
+    a_dev[...] = a_host
+    a0 = a_host.copy()
+    g = np.zeros(4, np.float32)
+    host = nbqat.Adam(p0.copy(), lr=1e-2)
+    dev = nbqat.Adam(cuda_sim.to_device(p0), lr=1e-2)
+    host.add_param_group({"params": ArrayGroup([a_host], [g]), "lr": 1e-3})
+    dev.add_param_group({"params": ArrayGroup([a_dev], [g]), "lr": 1e-3})
+    for _ in range(2):
+        gw = rng.standard_normal(9).astype(np.float32)
+        g[...] = rng.standard_normal(4).astype(np.float32)
+        host.step(gw, grad_scale=0.5)
+        dev.step(cuda_sim.to_device(gw), grad_scale=0.5)
+    assert np.array_equal(a_host, a_dev) and not np.array_equal(a_host, a0)
+    assert dev.state_dict()["param_groups"][0]["state"]["step"] == 2
