@@ -175,10 +175,8 @@ def _engine(engine: str, run: Path, qat: Any) -> Any:
         return lambda s, h, f: sess.run(None, {"static": s, "historical": h, "future": f})[0]
     if engine == "int8":
         return qat.to_int8().forward
-    from nbqat.nn import TemporalFusionTransformer
-
     z = np.load(run / "checkpoint" / "float.npz")
-    model = TemporalFusionTransformer(qat.model.config, dtype=np.float32)
+    model = type(qat.model)(qat.model.config, dtype=np.float32)  # the run's forecaster class
     model.params[...] = z["best_params"] if "best_params" in z.files else z["params"]
     if callable(getattr(model, "eval", None)):
         model.eval()  # inference mode (dropout, where a model has it, is the identity)

@@ -58,14 +58,15 @@ def test_lstm_run_has_the_tft_runs_layout(runs):
 def test_predict_reloads_the_lstm_run(runs, tmp_path):
     run, _ = runs["lstm"]
     rows = {}
-    for eng in ("int8", "onnx"):
+    for eng in ("int8", "onnx", "float"):
         p = tmp_path / f"{eng}.csv"
         assert main(["predict", str(run), "--engine", eng, "--out", str(p)]) == 0
         with open(p, newline="") as f:
             rows[eng] = [[float(r[q]) for q in ("p10", "p50", "p90")] for r in csv.DictReader(f)]
-    a, b = np.array(rows["int8"]), np.array(rows["onnx"])
+    a, b, c = (np.array(rows[k]) for k in ("int8", "onnx", "float"))
     assert a.shape[1] == 3 and a.shape[0] > 0 and np.all(np.isfinite(a))
     assert np.max(np.abs(a - b)) <= 1e-3 * max(1.0, float(np.max(np.abs(a))))
+    assert c.shape == a.shape and np.all(np.isfinite(c)) and not np.array_equal(a, c)
 
 
 def test_unknown_model_is_a_usage_error(capsys):
