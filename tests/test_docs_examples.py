@@ -19,5 +19,6 @@ def test_qat_own_model_page_runs(capsys):
     out = capsys.readouterr().out
     assert "register_qat_module(Scaled" in out
     assert "['encoder', 'fc', 'head']" in out
+    assert "\nTrue\n" in out  # onnxruntime agrees with the converted LSTM forecaster
     assert "2 True" in out  # the LSQ scales: a second parameter group, moved by one step
     assert ns["int8_mse"] == pytest.approx(ns["float_mse"], rel=0.5)
