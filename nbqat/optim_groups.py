@@ -83,8 +83,17 @@ class _Group:
 
     def __init__(self, source: Any, hparams: dict[str, Any]) -> None:
         self.source = source
-        self.hparams = hparams
+        self.group: dict[str, Any] = {"params": source, **hparams}  # the live param_groups dict
         self.inner: Any = None
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        return {k: v for k, v in self.group.items() if k != "params"}
+
+    @hparams.setter
+    def hparams(self, hp: dict[str, Any]) -> None:
+        self.group.clear()
+        self.group.update({"params": self.source, **hp})
 
     def prepare(self, owner: Any) -> tuple[Any, np.ndarray, np.ndarray]:
         """``(inner optimizer, params, grads)`` for this step (validated, nothing changed)."""
@@ -95,6 +104,7 @@ class _Group:
                 f"a parameter group's source gave params {p.dtype}{p.shape} and grads "
                 f"{g.dtype}{g.shape}: they must be flat float arrays of one size and dtype"
             )
+        owner._validate(**self.hparams)  # param_groups[i] may have been edited since
         inner = self.inner
         if inner is not None and inner.params.shape != p.shape:
             raise ValueError(
@@ -107,6 +117,8 @@ class _Group:
 
     def step(self, inner: Any, p: np.ndarray, g: np.ndarray, grad_scale: float) -> None:
         self.inner = inner
+        for k, v in self.hparams.items():  # the group's current hyper-parameters
+            setattr(inner, k, v)
         inner.params[...] = p
         inner.step(g, grad_scale=grad_scale)
         self.source.scatter(inner.params)
@@ -129,10 +141,13 @@ class ParamGroups:
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        """``[{"params": flat buffer, **hparams}, {"params": source, **hparams}, ...]`` (a new
-        list of new dicts: change hyper-parameters with :meth:`add_param_group`'s overrides)."""
+        """``[{"params": flat buffer, **hparams}, {"params": source, **hparams}, ...]``.
+
+        Group 0's dict is a copy (its hyper-parameters are the optimizer's attributes:
+        ``opt.lr = ...``); the extra groups' dicts are live, as torch's:
+        ``opt.param_groups[1]["lr"] = 1e-4`` takes effect at the next step (checked then)."""
         main = {"params": self.params, **self.hparams()}
-        return [main] + [{"params": g.source, **g.hparams} for g in self._groups]
+        return [main] + [g.group for g in self._groups]
 
     def add_param_group(self, group: dict[str, Any]) -> None:
         """Add a parameter group (torch's ``add_param_group``).

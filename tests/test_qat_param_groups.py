@@ -167,3 +167,32 @@ def test_a_host_group_beside_a_cuda_buffer(cuda_sim, small_cuda_blocks, rng):
         dev.step(cuda_sim.to_device(gw), grad_scale=0.5)
     assert np.array_equal(a_host, a_dev) and not np.array_equal(a_host, a0)
     assert dev.state_dict()["param_groups"][0]["state"]["step"] == 2
+
+
+def test_an_edited_group_learning_rate_applies_at_the_next_step(torch, rng):
+    """torch's habit (a schedule edits param_groups[i]["lr"]): the extra group's dict is live;
+    a bad value is refused at the next step before anything changes."""
+    a0 = rng.standard_normal(4).astype(np.float32)
+    a, g = a0.copy(), np.zeros(4, np.float32)
+    p = np.zeros(3, np.float32)
+    opt = nbqat.SGD(p, lr=0.1)
+    opt.add_param_group({"params": ArrayGroup([a], [g]), "lr": 0.5})
+    ta = torch.tensor(a0.copy(), requires_grad=True)
+    topt = torch.optim.SGD(
+        [{"params": [torch.zeros(3, requires_grad=True)]}, {"params": [ta]}], lr=0.1
+    )
+    topt.param_groups[1]["lr"] = 0.5
+    for lr in (0.5, 0.01):
+        opt.param_groups[1]["lr"] = lr
+        topt.param_groups[1]["lr"] = lr
+        g[...] = rng.standard_normal(4).astype(np.float32)
+        ta.grad = torch.tensor(g.copy())
+        opt.step(np.ones(3, np.float32))
+        topt.param_groups[0]["params"][0].grad = torch.ones(3)
+        topt.step()
+    np.testing.assert_array_equal(a, ta.detach().numpy())
+    opt.param_groups[1]["lr"] = -1.0
+    before = (p.copy(), a.copy())
+    with pytest.raises(ValueError, match="learning rate"):
+        opt.step(np.ones(3, np.float32))
+    assert np.array_equal(p, before[0]) and np.array_equal(a, before[1])
