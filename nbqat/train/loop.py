@@ -350,12 +350,10 @@ class Run:
 
     def calibrate_phase(self) -> None:
         """Observers on, fake quantization off, over the calibration batches (sharded)."""
+        from nbqat import distributed as dist
+
         self.new_qat()
-        self.qat.enable_calibration()
-        for batch in self.calibration_batches(progress=self.progress()):
-            s, h, f, _ = self.par.local_slice(batch)
-            self.qat.forward(s, h, f)
-        self.qat.disable_calibration()
+        dist.calibrate(self.qat, self.calibration_batches(self.progress()), self.par.group)
         set_dropout_mode(self.qat.model, False)
         self.new_qat_optimizer()
         self.st.phase = "qat"
