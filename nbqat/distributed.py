@@ -445,7 +445,13 @@ def data_parallel_step(
     return loss, total
 
 
-def calibrate(qat: Any, batches: Iterable[Sequence[np.ndarray]], group: ProcessGroup) -> int:
+def calibrate(
+    qat: Any,
+    batches: Iterable[Sequence[np.ndarray]],
+    group: ProcessGroup,
+    *,
+    quantizers: Any = None,
+) -> int:
     """Distributed calibration: each rank forwards its slice of every global batch through
     observers kept in sync, so every rank ends with the qparams of one process fed it all.
 
@@ -457,6 +463,10 @@ def calibrate(qat: Any, batches: Iterable[Sequence[np.ndarray]], group: ProcessG
     batches : iterable of (static, historical, future, ...)
         The GLOBAL batches, identical on every rank (extra items, a target, are ignored).
     group : ProcessGroup
+    quantizers : mapping or iterable, optional
+        The quantizers to sync (default: all of ``qat.fake_quants``); a weight quantizer sees
+        the same weights on every rank, so passing only the activation quantizers saves
+        their collectives.
 
     Returns
     -------
@@ -477,7 +487,7 @@ def calibrate(qat: Any, batches: Iterable[Sequence[np.ndarray]], group: ProcessG
     of the same rows in the whole batch (BLAS may round a row differently with another row
     count, see docs/distributed.md).
     """
-    sync_observers(qat.fake_quants, group)
+    sync_observers(qat.fake_quants if quantizers is None else quantizers, group)
 
     def local() -> Iterable[tuple]:
         for b in batches:
