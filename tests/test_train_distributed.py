@@ -129,6 +129,7 @@ def test_only_rank_0_writes(two):
     for name in ("metrics.json", "timings.json", "summary.txt", "model.onnx", "checkpoint"):
         assert name in written, sorted(written)  # the recorder sees rank 0's writes
     assert (out / "loss_curves.png").exists() and (out / "quant_report.json").exists()
+    assert "data-parallel over 2 processes (MPI)" in (out / "summary.txt").read_text()
 
 
 def test_a_one_process_checkpoint_continued_by_two_calibrates_the_same(tmp_path):

@@ -225,13 +225,30 @@ class Run:
         """The activation observer of the main QAT run (``all`` runs min/max there)."""
         return self.cfg.observer if self.cfg.observer != "all" else "minmax"
 
+    def activation_quantizers(self) -> dict:
+        """The QAT model's quantizers that observe activations (the ones to sync over ranks).
+
+        A weight quantizer (``*.weight*_fake_quant``) observes the same weights on every rank,
+        so its statistics need no collective: it stays on the fused single-call path.
+        """
+        return {
+            name: fq
+            for name, fq in self.qat.fake_quants.items()
+            if not name.rsplit(".", 1)[-1].startswith("weight")
+        }
+
+    def sync_observers(self) -> None:
+        """Attach the activation quantizers to the run's process group."""
+        from nbqat import distributed as dist
+
+        dist.sync_observers(self.activation_quantizers(), self.par.group)
+
     def new_qat(self) -> None:
         """A fresh QAT model from the float model, its observers synced over the ranks."""
-        from nbqat import distributed as dist
         from nbqat.nn.forecasters import prepare_forecaster
 
-        self.qat = prepare_forecaster(self.model, self.qat_config())
-        dist.sync_observers(self.qat.fake_quants, self.par.group)
+        self.qat = prepare_forecaster(self.model, self.qat_config())  # --model tft | lstm
+        self.sync_observers()
 
     def new_qat_optimizer(self) -> None:
         """The QAT phase's optimizer over the QAT model."""
@@ -242,12 +259,10 @@ class Run:
 
         The observers stay synced over the ranks (the checkpoint holds no per-rank state).
         """
-        from nbqat import distributed as dist
-
         self.new_qat()
         self.new_qat_optimizer()
         self.qat.load(path, optimizer=self.qat_opt)
-        dist.sync_observers(self.qat.fake_quants, self.par.group)
+        self.sync_observers()
 
     # ------------------------------------------------------------------ batches
     def calibration_batches(self, progress: bool = False) -> Iterator[tuple]:
@@ -350,12 +365,12 @@ class Run:
 
     def calibrate_phase(self) -> None:
         """Observers on, fake quantization off, over the calibration batches (sharded)."""
+        from nbqat import distributed as dist
+
         self.new_qat()
-        self.qat.enable_calibration()
-        for batch in self.calibration_batches(progress=self.progress()):
-            s, h, f, _ = self.par.local_slice(batch)
-            self.qat.forward(s, h, f)
-        self.qat.disable_calibration()
+        quantizers = self.activation_quantizers()
+        batches = self.calibration_batches(self.progress())
+        dist.calibrate(self.qat, batches, self.par.group, quantizers=quantizers)
         set_dropout_mode(self.qat.model, False)
         self.new_qat_optimizer()
         self.st.phase = "qat"

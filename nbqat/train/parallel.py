@@ -11,7 +11,7 @@ support existed). Under ``mpiexec -n N``:
 * dropout masks are drawn for the global batch and sliced by this rank's rows
   (:attr:`nbqat.nn.Dropout.rows`), so a rank drops exactly what the 1-process run drops;
 * calibration forwards this rank's slice through observers kept in sync
-  (:func:`nbqat.distributed.sync_observers`);
+  (:func:`nbqat.distributed.calibrate`);
 * evaluation splits the streamed prediction batches over the ranks and gathers them in order
   (the same batches as one process: the same bits);
 * a stop (Ctrl-C, ``--stop-after-steps``) is agreed by all ranks after every step, and any
@@ -108,13 +108,6 @@ class Parallel:
         finally:
             if self.distributed:
                 set_dropout_rows(dropout_model, None)
-
-    def local_slice(self, batch: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
-        """This rank's rows of a global batch (all of it with one process)."""
-        if not self.distributed:
-            return tuple(batch)
-        sl = dist.shard(len(batch[0]), self.group)
-        return tuple(a[sl] for a in batch)
 
     def agree(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is True on any rank (one tiny allreduce)."""

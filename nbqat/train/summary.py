@@ -80,6 +80,8 @@ def summary_table(metrics: dict, timings: dict) -> str:
         from nbqat.export import summary_lines
 
         lines += summary_lines(metrics["onnx_parity"])
+    if "world_size" in metrics:
+        lines.append(f"data-parallel over {metrics['world_size']} processes (MPI)")
     ph = timings["phases_s"]
     lines.append("time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in ph.items()))
     return "\n".join(lines)
