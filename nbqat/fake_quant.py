@@ -31,7 +31,11 @@ ValueError/TypeError naming the argument, nothing written into ``out`` or ``mask
 shape (0-d and empty too), non-contiguous and negative-stride views (computed through a
 contiguous copy; ``out`` is always honoured, ``out=x`` works in place), and NumPy arrays (CPU
 kernels, NumPy results) or C-contiguous float32/float64 CUDA device arrays (``@cuda.jit``
-kernels, Numba device array results; a RuntimeError when CUDA is unavailable).
+kernels, Numba device array results; a RuntimeError when CUDA is unavailable). Host array-likes
+(anything with ``__array__`` or ``__dlpack__``, e.g. torch CPU tensors, for ``x``, ``scale``,
+``zero_point`` and an input mask) are converted as :func:`nbqat._validate.as_array` does, without
+a copy where possible, and give NumPy results; a tensor that requires grad is a TypeError that
+says ``.detach()``.
 
 The learnable (LSQ) functions live in :mod:`nbqat.fake_quant_learnable` and are re-exported
 here; the scalar arithmetic of every kernel is :mod:`nbqat.kernels.fake_quant_formula`.
