@@ -117,6 +117,10 @@ def test_device_functions_are_the_cpu_formulas(cuda_sim):
         (G._quantize_code, F.quantize_code),
     ]:
         assert dev.py_func.__code__ is cpu.py_func.__code__
+    # nested helpers resolve to their device twins, not to the CPU dispatchers (which the
+    # simulator would also run, so only this check sees a missing rebinding)
+    for dev in (G._gpu_fq, G._gpu_lsq_terms):
+        assert dev.py_func.__globals__["quantize_code"] is G._quantize_code
 
 
 def test_kernel_cache_keys_cover_the_formula_module():
