@@ -108,6 +108,14 @@ def _add_training(t: Any) -> Any:
     )
     g.add_argument("--batch-size", type=_positive_int, default=None, help="[default: 64]")
     g.add_argument(
+        "--model",
+        choices=("tft", "lstm"),
+        default="tft",
+        help="the forecaster: tft (the TFT-like network) or lstm (an LSTM encoder + MLP "
+        "quantile head, nbqat.nn.LSTMForecaster; --heads, --dropout and the linear skip are "
+        "the TFT's) [default: tft]",
+    )
+    g.add_argument(
         "--hidden-dim",
         type=_positive_int,
         default=None,

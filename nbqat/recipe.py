@@ -272,7 +272,7 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
         ``{"float_finetuned": q-risks, "ptq_int8": q-risks}`` (P10/P50/P90 on the test split).
     """
     from nbqat.nn import set_dropout
-    from nbqat.nn.qat import QATTemporalFusionTransformer
+    from nbqat.nn.forecasters import prepare_forecaster
     from nbqat.train import q_risk
 
     cfg, w, test = run.cfg, run.w, run.w.test
@@ -294,7 +294,7 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
     out["float_finetuned"] = q_risk(test.unscale(run.predict(ft.forward, test)), y, w.quantiles)
     base = build_model()
     base.params[...] = run.best_params
-    ptq = QATTemporalFusionTransformer.from_float(base, config=run.qat_config(), inplace=True)
+    ptq = prepare_forecaster(base, run.qat_config(), inplace=True)  # the TFT's or the LSTM's
     ptq.enable_calibration()
     for s, h, f, _ in run.calibration_batches():
         ptq.forward(s, h, f)

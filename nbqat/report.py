@@ -410,13 +410,13 @@ def from_run(r: Any, test: Any) -> dict:
 def _observer_table(r: Any, batches: list, evaluate: Callable) -> dict:
     """Post-training fake-quant P50 q-risk for each activation observer (same calibration
     batches, the best float weights, no QAT)."""
-    from nbqat.nn.qat import QATTemporalFusionTransformer
+    from nbqat.nn.forecasters import prepare_forecaster
     from nbqat.qconfig import QATConfig
 
     table = {}
     for name in OBSERVERS:
         qcfg = QATConfig(calibration_batches=len(batches), qconfig=activation_qconfig(name))
-        qat = QATTemporalFusionTransformer.from_float(r.model, config=qcfg)
+        qat = prepare_forecaster(r.model, qcfg)
         qat.calibrate(batches)
         rows = quantizer_report(qat, batches[:2])
         sq = [q["sqnr_db"] for q in rows if q["sqnr_db"] is not None and q["kind"] == "activation"]

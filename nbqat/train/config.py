@@ -12,6 +12,7 @@ __all__ = [
     "DEFAULT_CALENDAR",
     "MIN_HISTORY",
     "NOT_IN_METRICS",
+    "NOT_IN_METRICS_AT_DEFAULT",
     "QUANTILES",
     "SIDE_FILES",
     "TrainConfig",
@@ -29,6 +30,8 @@ SIDE_FILES = ("qat_start.npz", "qat_clipped.npz")
 #: Options that do not change any result, left out of metrics.json so that two runs with the
 #: same seed in different folders give the same file.
 NOT_IN_METRICS = ("out", "progress", "stop_after_steps", "overwrite")
+#: Options left out of metrics.json at their default (a default run's file stays as it was).
+NOT_IN_METRICS_AT_DEFAULT = {"model": "tft"}
 
 
 class TrainingInterrupted(Exception):
@@ -88,6 +91,7 @@ class TrainConfig:
     observer: str = "minmax"  # activation observer (nbqat.report.OBSERVERS, or "all")
     sensitivity: bool = False
     float_fallback: int = 0
+    model: str = "tft"  # the forecaster (nbqat.nn.forecasters.FORECASTERS)
 
     FULL = {
         "epochs": 20,
@@ -146,7 +150,9 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the option for an inconsistent configuration."""
-        if self.hidden_dim % self.heads:  # type: ignore[operator]
+        if self.model not in ("tft", "lstm"):
+            raise ValueError(f"--model must be 'tft' or 'lstm', got {self.model!r}")
+        if self.model == "tft" and self.hidden_dim % self.heads:  # type: ignore[operator]
             raise ValueError(
                 f"--heads {self.heads} must divide --hidden-dim {self.hidden_dim} "
                 "(each head gets hidden_dim / heads features)"

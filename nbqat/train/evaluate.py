@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.baselines import seasonal_naive_forecast
-from nbqat.train.config import NOT_IN_METRICS
+from nbqat.train.config import NOT_IN_METRICS, NOT_IN_METRICS_AT_DEFAULT
 from nbqat.train.loop import Run
 from nbqat.train.metrics import grad_stats, loss_stats, q_risk
 from nbqat.train.model import build_model, make_optimizer, to_host
@@ -159,6 +159,32 @@ def _compare_clipping(r: Run) -> dict:
     return runs
 
 
+def _metrics_config(cfg: Any) -> dict:
+    """The run's options in metrics.json (without NOT_IN_METRICS, and without the options of
+    NOT_IN_METRICS_AT_DEFAULT at their default)."""
+    return {
+        k: v
+        for k, v in cfg.to_json().items()
+        if k not in NOT_IN_METRICS
+        and not (k in NOT_IN_METRICS_AT_DEFAULT and NOT_IN_METRICS_AT_DEFAULT[k] == v)
+    }
+
+
+def _model_summary(r: Run) -> dict:
+    """metrics.json's ``model`` block (the TFT's as before; ``name`` for another forecaster)."""
+    cfg = r.cfg
+    out: dict[str, Any] = {
+        "num_parameters": int(to_host(r.model.params).size),
+        "hidden_dim": cfg.hidden_dim,
+        "heads": cfg.heads,
+        "quantiles": list(r.w.quantiles),
+    }
+    if cfg.model != "tft":
+        out = {"name": cfg.model, **out}
+        del out["heads"]
+    return out
+
+
 def evaluate(r: Run) -> dict:
     """Evaluate every model on the test split; returns metrics.json's content.
 
@@ -194,14 +220,9 @@ def evaluate(r: Run) -> dict:
     p50 = {k: v["P50"] for k, v in qr.items()}
     metrics: dict[str, Any] = {
         "nbqat_version": __version__,
-        "config": {k: v for k, v in cfg.to_json().items() if k not in NOT_IN_METRICS},
+        "config": _metrics_config(cfg),
         "data": w.summary(),
-        "model": {
-            "num_parameters": int(to_host(r.model.params).size),
-            "hidden_dim": cfg.hidden_dim,
-            "heads": cfg.heads,
-            "quantiles": list(w.quantiles),
-        },
+        "model": _model_summary(r),
         "q_risk_test": qr,
         "comparisons": _comparisons(p50, p["int8"], p["qat"]),
         "quality_table": {

@@ -144,7 +144,7 @@ def _run(cfg: TrainConfig, resume: str | Path | None, check_only: bool, par: Par
     if check_only:
         return {"data": w.summary(), "config": cfg.to_json()}
     r.ridge = RidgeBaseline(lam=1.0, quantiles=w.quantiles).fit_split(w.train)
-    if meta is None and cfg.linear_skip:
+    if meta is None and cfg.linear_skip and getattr(r.model, "linear_skip", None) is not None:
         from nbqat.recipe import init_linear_skip_from_ridge
 
         init_linear_skip_from_ridge(r.model, r.ridge)

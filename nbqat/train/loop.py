@@ -245,9 +245,9 @@ class Run:
 
     def new_qat(self) -> None:
         """A fresh QAT model from the float model, its observers synced over the ranks."""
-        from nbqat.nn.qat import QATTemporalFusionTransformer
+        from nbqat.nn.forecasters import prepare_forecaster
 
-        self.qat = QATTemporalFusionTransformer.from_float(self.model, config=self.qat_config())
+        self.qat = prepare_forecaster(self.model, self.qat_config())  # --model tft | lstm
         self.sync_observers()
 
     def new_qat_optimizer(self) -> None:

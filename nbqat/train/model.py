@@ -23,7 +23,7 @@ __all__ = [
 
 
 def build_model(cfg: Any, w: Windows) -> Any:
-    """A fresh float32 :class:`~nbqat.nn.TemporalFusionTransformer` for the run's windows.
+    """A fresh float32 forecaster (``cfg.model``: ``"tft"`` or ``"lstm"``) for the run's windows.
 
     Parameters
     ----------
@@ -33,24 +33,12 @@ def build_model(cfg: Any, w: Windows) -> Any:
 
     Returns
     -------
-    TemporalFusionTransformer
-        Initialised from ``cfg.seed``.
+    TemporalFusionTransformer or LSTMForecaster
+        Initialised from ``cfg.seed`` (:func:`nbqat.nn.build_forecaster`).
     """
-    from nbqat.nn import TemporalFusionTransformer, TFTConfig
+    from nbqat.nn.forecasters import build_forecaster
 
-    tcfg = TFTConfig(
-        num_static_features=w.static.shape[1],
-        num_known_features=w.future_features.shape[1],
-        num_unknown_features=w.hist_features.shape[1],
-        hidden_dim=cfg.hidden_dim,
-        sequence_length=w.history,
-        prediction_horizon=w.horizon,
-        quantiles=w.quantiles,
-        num_heads=cfg.heads,
-        linear_skip=bool(cfg.linear_skip),
-        dropout=cfg.dropout,
-    )
-    return TemporalFusionTransformer(tcfg, seed=cfg.seed, dtype=np.float32)
+    return build_forecaster(getattr(cfg, "model", "tft"), cfg, w, seed=cfg.seed)
 
 
 def make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):

@@ -69,10 +69,11 @@ def plots(r: Run, y: np.ndarray, naive_point: Any, pred_float: np.ndarray,
     files = [pl.plot_loss_curves(curves, out / "loss_curves.png")]
     preds = {"int8": ("int8 model", pred_int8), "float": ("float model", pred_float)}
     files += _fans(r, test, y, naive_point, preds, ridge_p50)
-    groups, attn = interpretation(r, test)
-    files.append(pl.plot_variable_importance(groups, out / "variable_importance.png"))
-    unit = pl.step_unit(w.step)
-    files.append(pl.plot_attention(attn, out / "attention.png", history=w.history, unit=unit))
+    if r.cfg.model == "tft":  # the TFT's interpretation (the LSTM has none)
+        groups, attn = interpretation(r, test)
+        files.append(pl.plot_variable_importance(groups, out / "variable_importance.png"))
+        unit = pl.step_unit(w.step)
+        files.append(pl.plot_attention(attn, out / "attention.png", history=w.history, unit=unit))
     if "qat_noclip" in st.grad_norms:
         runs = {
             f"clipped (max_norm={r.cfg.max_norm})": {
