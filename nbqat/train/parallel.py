@@ -178,7 +178,7 @@ class Parallel:
             raise
 
     def default_threads(self) -> int | None:
-        """Numba threads per rank under MPI: the CPUs shared by the ranks of this host.
+        """Numba threads per rank under MPI: this process's CPUs shared by the host's ranks.
 
         Returns
         -------
@@ -188,4 +188,5 @@ class Parallel:
         if not self.distributed:
             return None
         local = int(os.environ.get("MPI_LOCALNRANKS", self.size))
-        return max(1, (os.cpu_count() or 1) // max(1, local))
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return max(1, (cpus or 1) // max(1, local))
