@@ -176,7 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--skip-lr-scale",
         type=_positive_float,
         default=None,
-        help="learning rate of the linear skip relative to --lr [default: 1/300]",
+        help="learning rate of the linear skip relative to --lr [default: 0.1]",
+    )
+    g.add_argument(
+        "--ema-decay",
+        type=_nonneg_float,
+        default=None,
+        help="exponential moving average of the float weights (decay per step; 0: off), "
+        "evaluated, early-stopped and kept as the model [default: 0, off]",
     )
     g.add_argument(
         "--qat-skip-lr-scale",

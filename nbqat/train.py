@@ -50,7 +50,7 @@ from nbqat import preflight
 from nbqat.baselines import RidgeBaseline, seasonal_naive_forecast
 from nbqat.data import SplitWindows, Windows, load_csv, load_tmy3, make_windows, tmy3_path
 from nbqat.nn.step import train_step
-from nbqat.recipe import lr_at
+from nbqat.recipe import lr_at, swap_average
 
 __all__ = [
     "TrainConfig",
@@ -126,6 +126,7 @@ class TrainConfig:
     skip_lr_scale: float | None = None
     qat_skip_lr_scale: float | None = None
     dropout: float | None = None
+    ema_decay: float | None = None  # EMA of the float weights, evaluated and kept (0: off)
     overwrite: bool = False
     observer: str = "minmax"  # activation observer (nbqat.report.OBSERVERS, or "all")
     sensitivity: bool = False
@@ -146,9 +147,10 @@ class TrainConfig:
         "eval_stride": 6,
         "weight_decay": 0.1,
         "warmup_steps": 100,
-        "skip_lr_scale": 1e-2 / 3,
+        "skip_lr_scale": 0.1,
         "qat_skip_lr_scale": 0.1,
         "dropout": 0.1,
+        "ema_decay": 0.0,
     }
     QUICK = {
         "epochs": 4,
@@ -165,9 +167,10 @@ class TrainConfig:
         "eval_stride": 24,
         "weight_decay": 0.1,
         "warmup_steps": 10,
-        "skip_lr_scale": 1e-2 / 3,
+        "skip_lr_scale": 0.1,
         "qat_skip_lr_scale": 0.1,
         "dropout": 0.1,
+        "ema_decay": 0.0,
     }
 
     @classmethod
@@ -204,6 +207,8 @@ class TrainConfig:
             )
         if not 0.0 <= self.dropout < 1.0:  # type: ignore[operator]
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout!r}")
+        if not 0.0 <= self.ema_decay < 1.0:  # type: ignore[operator]
+            raise ValueError(f"--ema-decay must be in [0, 1) (0: off), got {self.ema_decay!r}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.max_norm is not None and not self.max_norm > 0:
@@ -341,7 +346,7 @@ def _make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
     ``qat=True``: the QAT phase's (and the equally fine-tuned float model's) optimizer, whose
     skip group moves faster (``qat_skip_lr_scale``) so that the skip's int8 weights can adapt.
     """
-    from nbqat.recipe import GroupedAdamW, skip_offset
+    from nbqat.recipe import AveragedOptimizer, GroupedAdamW, skip_offset
 
     kw = dict(
         lr=lr,
@@ -350,8 +355,10 @@ def _make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
         skip_lr_scale=cfg.qat_skip_lr_scale if qat else cfg.skip_lr_scale,
     )
     if cfg.device == "cuda":
-        return DeviceAdam(model.params, **kw)
-    return GroupedAdamW(model.params, **kw)
+        opt: Any = DeviceAdam(model.params, **kw)
+    else:
+        opt = GroupedAdamW(model.params, **kw)
+    return opt if qat or not cfg.ema_decay else AveragedOptimizer(opt, cfg.ema_decay)
 
 
 class DeviceAdam:
@@ -672,6 +679,7 @@ class _Run:
             bar.close()
             train_loss = st.epoch_loss_sum / max(1, len(order))
             _set_dropout_mode(model, False)
+            swap_average(opt)  # --ema-decay: the averaged weights are evaluated and kept
             val_loss, val = self._val_loss(model.forward)  # early stopping on the P50 q-risk
             st.curves["float"]["train"].append(train_loss)
             st.curves["float"]["val"].append(val_loss)
@@ -683,6 +691,7 @@ class _Run:
                 st.bad_epochs += 1
                 if st.bad_epochs >= cfg.patience:
                     st.stopped_early = True
+            swap_average(opt)  # training continues from its own weights
             if cfg.progress:
                 print(
                     f"float epoch {st.epoch + 1}: train {train_loss:.4f}  val {val_loss:.4f}  "

@@ -280,3 +280,46 @@ def test_averaged_optimizer_state_round_trip():
     whole, resumed = run(None), run(3)
     assert np.array_equal(whole[0], resumed[0]) and np.array_equal(whole[1], resumed[1])
     assert not np.array_equal(whole[0], whole[1])
+
+
+_TINY = ["train", "--epochs", "2", "--qat-epochs", "1", "--batch-size", "16", "--hidden-dim",
+         "4", "--heads", "1", "--history", "24", "--horizon", "6", "--windows-per-epoch", "48",
+         "--calibration-batches", "2", "--eval-stride", "96", "--no-progress", "--no-plots",
+         "--ema-decay", "0.5", "--warmup-steps", "1"]  # fmt: skip
+
+
+def test_main_job_evaluates_and_keeps_the_weight_average(tmp_path, monkeypatch):
+    # --ema-decay: each epoch's validation sees the EMA of the float weights, and the kept
+    # (best) weights are that EMA, computed here by hand in float64 from every step's weights
+    import json
+
+    from nbqat.cli import main
+
+    seen = []
+    orig = GroupedAdamW.step
+
+    def step(self, grads, grad_scale=1.0):
+        orig(self, grads, grad_scale)
+        seen.append(np.array(self.params, dtype=np.float64))
+
+    monkeypatch.setattr(GroupedAdamW, "step", step)
+    assert main([*_TINY, "--out", str(tmp_path)]) == 0
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())["state"]
+    n = 3 * (state["best_epoch"] + 1)  # 3 float steps an epoch
+    ema = seen[0]
+    for p in seen[1:n]:
+        ema = 0.5 * ema + 0.5 * p
+    best = np.load(tmp_path / "checkpoint" / "float.npz")["best_params"]
+    np.testing.assert_allclose(best, ema, rtol=1e-5, atol=1e-6)
+    assert np.max(np.abs(best - seen[n - 1])) > 1e-3  # not the last step's own weights
+
+
+def test_main_job_weight_average_survives_resume(tmp_path):
+    # the average lives in the optimizer state: an interrupted run resumes it exactly
+    from nbqat.cli import main
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main([*_TINY, "--out", str(a)]) == 0
+    assert main([*_TINY, "--out", str(b), "--stop-after-steps", "4"]) == 130
+    assert main(["train", "--resume", str(b / "checkpoint")]) == 0
+    assert (a / "metrics.json").read_bytes() == (b / "metrics.json").read_bytes()
