@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--weight-decay",
         type=_nonneg_float,
         default=None,
-        help="AdamW decoupled weight decay of the network body [default: 0.1]",
+        help="AdamW decoupled weight decay of the network body [default: 0.3; --quick: 0.1]",
     )
     g.add_argument(
         "--warmup-steps",

@@ -145,7 +145,7 @@ class TrainConfig:
         "history": None,  # auto: max(24, the seasonal-naive period), see _load_data
         "horizon": 24,
         "eval_stride": 6,
-        "weight_decay": 0.1,
+        "weight_decay": 0.3,
         "warmup_steps": 100,
         "skip_lr_scale": 0.1,
         "qat_skip_lr_scale": 0.1,
