@@ -81,6 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
             "dry-bulb temperature 24 h ahead from one day of history)."
         ),
     )
+    g = _add_training(t)
+    _add_model_options(g)
+    _add_report_options(t, g)
+    _add_output_options(t)
+    _add_data_options(t)
+    _add_predict(sub)
+    return p
+
+
+def _add_training(t: Any) -> Any:
+    """The training group's schedule options; returns the group."""
     g = t.add_argument_group("training")
     g.add_argument(
         "--epochs",
@@ -96,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="QAT fine-tuning epochs [default: 2; --quick: 1]",
     )
     g.add_argument("--batch-size", type=_positive_int, default=None, help="[default: 64]")
+    g.add_argument(
+        "--model",
+        choices=("tft", "lstm"),
+        default="tft",
+        help="the forecaster: tft (the TFT-like network) or lstm (an LSTM encoder + MLP "
+        "quantile head, nbqat.nn.LSTMForecaster; --heads, --dropout and the linear skip are "
+        "the TFT's) [default: tft]",
+    )
     g.add_argument(
         "--hidden-dim",
         type=_positive_int,
@@ -145,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="training windows drawn per epoch (0 = all) [default: 4096; --quick: 1024]",
     )
+    return g
+
+
+def _add_model_options(g: Any) -> None:
+    """The training group's model, optimizer and run options."""
     g.add_argument(
         "--linear-skip",
         action=argparse.BooleanOptionalAction,
@@ -156,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--weight-decay",
         type=_nonneg_float,
         default=None,
-        help="AdamW decoupled weight decay of the network body [default: 0.3; --quick: 0.1]",
+        help="AdamW decoupled weight decay of the network body [default: 0.3]",
     )
     g.add_argument(
         "--warmup-steps",
@@ -213,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run QAT without clipping from the same start and seed and compare",
     )
+
+
+def _add_report_options(t: Any, g: Any) -> None:
+    """The quantization report group, then the training group's run controls."""
     q = t.add_argument_group("quantization report (OUT/quant_report.json)")
     q.add_argument(
         "--observer",
@@ -238,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--stop-after-steps", type=_positive_int, default=None, help=argparse.SUPPRESS
     )  # testing: behave as if Ctrl-C came after N steps
+
+
+def _add_output_options(t: Any) -> None:
     o = t.add_argument_group("output")
     o.add_argument(
         "--out",
@@ -262,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only validate the data, the options (and a --resume checkpoint); write nothing",
     )
+
+
+def _add_data_options(t: Any) -> None:
     d = t.add_argument_group("data (default: the shipped NREL TMY3 dataset)")
     d.add_argument(
         "--csv",
@@ -311,8 +345,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="steps between validation/test windows [default: 6; --quick: 24]",
     )
-    _add_predict(sub)
-    return p
 
 
 #: Options a ``--resume`` may give: they change no result.
@@ -374,6 +406,13 @@ def _add_predict(sub: Any) -> None:
     pr.add_argument("--out", default="forecasts.csv", help="output CSV [default: forecasts.csv]")
 
 
+def _root() -> bool:
+    """True unless this is a rank other than 0 of an MPI run (which prints nothing)."""
+    from nbqat.distributed import init_process_group
+
+    return init_process_group().rank == 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nbqat`` console script; returns the exit status.
 
@@ -411,14 +450,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.resume is not None:
                 _resume_conflicts(parser, args)
             res = run(cfg, resume=args.resume, check_only=args.check)
-            if args.check:
+            if args.check and _root():
                 d = res["data"]
                 print(
                     f"nbqat train --check: OK: {len(d['entities'])} series, windows "
                     f"{d['windows']}, filled {d['filled'] or 0}; nothing written"
                 )
         except TrainingInterrupted as e:
-            print(f"\n{e}", file=sys.stderr)
+            if _root():  # under MPI every rank stopped at the same step: one message
+                print(f"\n{e}", file=sys.stderr)
             return 130
         except (DataError, ValueError, FileNotFoundError, RuntimeError) as e:
             if isinstance(e, RuntimeError) and not getattr(e, "nbqat_user_error", False):

@@ -42,6 +42,7 @@ __all__ = [
     "MPIProcessGroup",
     "ProcessGroup",
     "allreduce_gradients",
+    "calibrate",
     "data_parallel_step",
     "init_process_group",
     "install_abort_handler",
@@ -442,3 +443,53 @@ def data_parallel_step(
         lb = np.array([loss * n_local / rows if n_local else 0.0])
         loss = float(group.allreduce_sum(lb)[0])
     return loss, total
+
+
+def calibrate(
+    qat: Any, batches: Iterable[Sequence], group: ProcessGroup, *, quantizers: Any = None
+) -> int:
+    """Distributed calibration: each rank forwards its slice of every global batch through
+    observers kept in sync, so every rank ends with the qparams of one process fed it all.
+
+    Parameters
+    ----------
+    qat : QATTemporalFusionTransformer (or a model with ``fake_quants`` and ``calibrate``)
+        Its quantizers are attached to ``group`` (:func:`sync_observers`), then its
+        ``calibrate`` runs over this rank's slices (:func:`shard`).
+    batches : iterable of (static, historical, future, ...)
+        The GLOBAL batches, identical on every rank (extra items, a target, are ignored).
+    group : ProcessGroup
+    quantizers : mapping or iterable, optional
+        The quantizers to sync (default all of ``qat.fake_quants``; the activation ones
+        suffice: a weight quantizer sees the same weights on every rank).
+
+    Returns
+    -------
+    int
+        The number of global batches used (``qat.calibrate``'s, <= its calibration_batches).
+
+    Raises
+    ------
+    ValueError
+        A global batch of fewer rows than processes (a rank would get an empty slice): raised
+        on every rank at once, before that batch's collectives.
+
+    Notes
+    -----
+    The statistics merge exactly; the qparams equal one process's wherever a slice's
+    activations are the same bits as those rows of the whole batch (docs/distributed.md).
+    """
+    sync_observers(qat.fake_quants if quantizers is None else quantizers, group)
+
+    def local() -> Iterable[tuple]:
+        for b in batches:
+            rows = int(np.shape(b[0])[0])
+            if rows < group.size:
+                raise ValueError(
+                    f"calibrate: a global batch has {rows} rows, fewer than the "
+                    f"{group.size} processes: pass batches of >= group.size rows"
+                )
+            sl = shard(rows, group)
+            yield tuple(a[sl] for a in b[:3])
+
+    return int(qat.calibrate(local()))
