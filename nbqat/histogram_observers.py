@@ -32,17 +32,15 @@ from typing import Any
 import numpy as np
 
 from nbqat import _cuda, _jit
+from nbqat import _observer_args as _args
+from nbqat._observer_args import DTYPES, check_int
+from nbqat._observer_stats import check_input as _check_input
+from nbqat._observer_stats import decode as _decode
+from nbqat._observer_stats import stats_cpu_tensor as _stats_cpu_tensor
+from nbqat._observer_stats import stats_cuda as _stats_cuda
 from nbqat.kernels import histogram_cpu as _hk
 from nbqat.kernels import observe_cpu as _ok
-from nbqat.observers import (
-    _DTYPES,
-    EPS,
-    _check_input,
-    _decode,
-    _MinMaxBase,
-    _stats_cpu_tensor,
-    _stats_cuda,
-)
+from nbqat.observers import _MinMaxBase
 
 __all__ = ["HistogramObserver"]
 
@@ -171,35 +169,12 @@ class HistogramObserver(_MinMaxBase):
     ``norm_minimization.cc`` (``NonlinearQuantizationParamsSearch``).
     """
 
-    def __init__(
-        self,
-        bins: int = 2048,
-        upsample_rate: int = 16,
-        dtype: str = "quint8",
-        qscheme: str = "per_tensor_affine",
-        reduce_range: bool = False,
-        quant_min: int | None = None,
-        quant_max: int | None = None,
-        eps: float = EPS,
-        nonfinite: str = "raise",
-    ) -> None:
-        for name, v in (("bins", bins), ("upsample_rate", upsample_rate)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise TypeError(f"{name} must be a positive int, got {v!r}")
-            if v < 1:
-                raise ValueError(f"{name} must be >= 1, got {v}")
-        self.bins = int(bins)
-        self.upsample_rate = int(upsample_rate)
-        super().__init__(
-            dtype=dtype,
-            qscheme=qscheme,
-            reduce_range=reduce_range,
-            quant_min=quant_min,
-            quant_max=quant_max,
-            eps=eps,
-            nonfinite=nonfinite,
-        )
-        lo, hi, _ = _DTYPES[self.dtype]
+    OWN_PARAMS = (("bins", int, 2048), ("upsample_rate", int, 16))
+
+    def _configure_own(self, a: dict[str, Any]) -> None:
+        self.bins = check_int(a["bins"], "bins", 1)
+        self.upsample_rate = check_int(a["upsample_rate"], "upsample_rate", 1)
+        lo, hi, _ = DTYPES[_args.norm_name(a["dtype"], "dtype", tuple(DTYPES))]
         self.dst_nbins = hi - lo + 1
 
     def reset_min_max_vals(self) -> None:
@@ -373,16 +348,7 @@ class HistogramObserver(_MinMaxBase):
         ValueError
             Different dtype, qscheme, range, bins or upsample_rate.
         """
-        if type(other) is not type(self):
-            raise TypeError(
-                f"merge needs another {type(self).__name__}, got {type(other).__name__}"
-            )
-        mine = (self.dtype, self.qscheme, self.quant_min, self.quant_max, self.bins)
-        theirs = (other.dtype, other.qscheme, other.quant_min, other.quant_max, other.bins)
-        if mine + (self.upsample_rate,) != theirs + (other.upsample_rate,):
-            raise ValueError(
-                f"cannot merge observers with different configurations: {mine} vs {theirs}"
-            )
+        self._check_mergeable(other)
         if other._min[()] == np.inf:
             return self
         if self._min[()] == np.inf:
@@ -395,6 +361,9 @@ class HistogramObserver(_MinMaxBase):
         self.histogram = (ha + hb).astype(_F32)
         self._min, self._max = np.array(lo, _F32), np.array(hi, _F32)
         return self
+
+    def _merge_key(self) -> tuple[object, ...]:
+        return super()._merge_key() + (self.bins, self.upsample_rate)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of torch's buffers: ``eps`` (1,), ``min_val``/``max_val`` (), ``histogram``."""

@@ -28,8 +28,12 @@ from typing import Any
 import numpy as np
 
 from nbqat import _cuda, _jit
+from nbqat._observer_args import check_int
+from nbqat._observer_stats import decode as _decode
+from nbqat._observer_stats import device as _device
+from nbqat._observer_stats import outer_inner as _outer_inner
 from nbqat.kernels import keygrid_cpu as _kg
-from nbqat.observers import EPS, _decode, _device, _MinMaxBase, _outer_inner
+from nbqat.observers import _MinMaxBase
 
 __all__ = ["MSEObserver", "PercentileObserver"]
 
@@ -54,20 +58,16 @@ def _grid_edges(shift: int) -> tuple[np.ndarray, np.ndarray]:
 class _KeyHistBase(_MinMaxBase):
     """Order-key grid counts + exact min/max; subclasses choose the range in :meth:`_range`."""
 
-    def __init__(self, *, mantissa_bits: int, **kw: Any) -> None:
-        if isinstance(mantissa_bits, bool) or not isinstance(mantissa_bits, (int, np.integer)):
-            raise TypeError(f"mantissa_bits must be an int in [0, 10], got {mantissa_bits!r}")
-        if not 0 <= mantissa_bits <= 10:
-            raise ValueError(f"mantissa_bits must be in [0, 10], got {mantissa_bits}")
-        if str(kw.get("nonfinite", "raise")).removeprefix("torch.") == "propagate":
+    def _configure_own(self, a: dict[str, Any]) -> None:
+        super()._configure_own(a)
+        self.mantissa_bits = check_int(a["mantissa_bits"], "mantissa_bits", 0, 10)
+        if str(a["nonfinite"]).removeprefix("torch.") == "propagate":
             raise ValueError(
                 f"{type(self).__name__}: nonfinite='propagate' has no meaning for a histogram of "
                 "finite values: use 'raise' (default) or 'ignore'"
             )
-        self.mantissa_bits = int(mantissa_bits)
         self._shift = 23 - self.mantissa_bits
         self.nbins = 1 << (32 - self._shift)
-        super().__init__(**kw)
 
     def reset_min_max_vals(self) -> None:
         """Forget the statistics (no counts, min/max unset)."""
@@ -170,16 +170,15 @@ class _KeyHistBase(_MinMaxBase):
         ValueError
             Different configuration, ``mantissa_bits`` or channel count.
         """
-        if type(other) is type(self) and other.mantissa_bits != self.mantissa_bits:
-            raise ValueError(
-                f"cannot merge mantissa_bits={self.mantissa_bits} with {other.mantissa_bits}"
-            )
         mine, theirs = self.histogram, other.histogram
         super().merge(other)  # checks the configuration and merges min/max exactly
         if theirs.size == 0:
             return self
         self.histogram = theirs.copy() if mine.size == 0 else mine + theirs
         return self
+
+    def _merge_key(self) -> tuple[object, ...]:
+        return super()._merge_key() + (self.mantissa_bits,)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """``eps``, ``min_val``, ``max_val`` (as the min/max observers) and the grid counts,
@@ -255,33 +254,16 @@ class PercentileObserver(_KeyHistBase):
     ``"percentile"``); Wu et al. 2020, "Integer Quantization for Deep Learning Inference".
     """
 
-    def __init__(
-        self,
-        percentile: float = 99.99,
-        mantissa_bits: int = 7,
-        dtype: str = "quint8",
-        qscheme: str = "per_tensor_affine",
-        reduce_range: bool = False,
-        quant_min: int | None = None,
-        quant_max: int | None = None,
-        eps: float = EPS,
-        nonfinite: str = "raise",
-    ) -> None:
+    OWN_PARAMS = (("percentile", float, 99.99), ("mantissa_bits", int, 7))
+
+    def _configure_own(self, a: dict[str, Any]) -> None:
+        percentile = a["percentile"]
         if isinstance(percentile, bool) or not isinstance(percentile, (int, float, np.number)):
             raise TypeError(f"percentile must be a float in (50, 100], got {percentile!r}")
         if not 50.0 < float(percentile) <= 100.0:
             raise ValueError(f"percentile must be in (50, 100], got {percentile}")
         self.percentile = float(percentile)
-        super().__init__(
-            mantissa_bits=mantissa_bits,
-            dtype=dtype,
-            qscheme=qscheme,
-            reduce_range=reduce_range,
-            quant_min=quant_min,
-            quant_max=quant_max,
-            eps=eps,
-            nonfinite=nonfinite,
-        )
+        super()._configure_own(a)
 
     def quantile(self, q: float) -> np.float32:
         """The ``q``-quantile (``0 <= q <= 1``) of the observed values from the grid counts.
@@ -349,38 +331,18 @@ class MSEObserver(_KeyHistBase):
     convolution networks for rapid-deployment" (MSE-optimal clipping).
     """
 
-    def __init__(
-        self,
-        num_candidates: int = 100,
-        ch_axis: int = 0,
-        mantissa_bits: int | None = None,
-        dtype: str = "quint8",
-        qscheme: str = "per_tensor_affine",
-        reduce_range: bool = False,
-        quant_min: int | None = None,
-        quant_max: int | None = None,
-        eps: float = EPS,
-        nonfinite: str = "raise",
-    ) -> None:
-        if isinstance(num_candidates, bool) or not isinstance(num_candidates, (int, np.integer)):
-            raise TypeError(f"num_candidates must be a positive int, got {num_candidates!r}")
-        if num_candidates < 1:
-            raise ValueError(f"num_candidates must be >= 1, got {num_candidates}")
-        self.num_candidates = int(num_candidates)
-        self._per_channel = str(qscheme).removeprefix("torch.").startswith("per_channel")
-        if mantissa_bits is None:
-            mantissa_bits = 5 if self._per_channel else 7
-        super().__init__(
-            mantissa_bits=mantissa_bits,
-            dtype=dtype,
-            qscheme=qscheme,
-            reduce_range=reduce_range,
-            quant_min=quant_min,
-            quant_max=quant_max,
-            eps=eps,
-            nonfinite=nonfinite,
-            ch_axis=ch_axis if self._per_channel else None,
-        )
+    OWN_PARAMS = (
+        ("num_candidates", int, 100),
+        ("ch_axis", int, 0),
+        ("mantissa_bits", int | None, None),
+    )
+
+    def _configure_own(self, a: dict[str, Any]) -> None:
+        self.num_candidates = check_int(a["num_candidates"], "num_candidates", 1)
+        self._per_channel = str(a["qscheme"]).removeprefix("torch.").startswith("per_channel")
+        if a["mantissa_bits"] is None:
+            a["mantissa_bits"] = 5 if self._per_channel else 7
+        super()._configure_own(a)
 
     def _range(self) -> tuple[np.ndarray, np.ndarray]:
         h, mins, maxs = self._bins_2d()
