@@ -63,46 +63,114 @@ def bin_f32(v, lo, hi, bins, wide):  # pragma: no cover
 
 #: Elements per block of the counting loops (bins computed into a buffer, then scattered).
 BLOCK = 2048
+#: Interleaved sub-histograms per counting row (runs of equal bins do not serialise on one
+#: counter).
+SUB = 4
 
 
 @cpu_kernel(parallel=False, error_model="numpy")
-def _count_block(x, s, m, lo, hi, bins, buf, acc):  # pragma: no cover
-    """Add the float32 bins of ``x[s:s+m]`` (``m <= BLOCK``) into ``acc`` (4, bins + 1).
+def _bins_block(xs, bs, lo, hi, bins, keys, buf, mn, mx):  # pragma: no cover
+    """torch's float32 bins of the block ``xs`` (``xs.size <= BLOCK``) into ``buf``; with
+    ``keys``, also fold the order keys of its int32 view ``bs`` into ``(mn, mx)``.
 
-    The bins are computed first, branch-free (SIMD), into ``buf``: torch's float32
-    ``(v - lo) * bins / (hi - lo)`` capped at ``bins - 1`` and truncated, or the dummy bin
-    ``bins`` for values outside ``[lo, hi]`` and NaN; then scattered into 4 interleaved
-    sub-histograms (runs of equal bins do not serialise on one counter).
+    The bin is torch's ``(v - lo) * bins / (hi - lo)`` in float32, capped at ``bins - 1`` and
+    truncated, or the dummy bin ``bins`` for values outside ``[lo, hi]`` and NaN; computed
+    branch-free so that the loop is vectorised. ``xs`` and ``bs`` are slices starting at 0:
+    a loop over ``range(start, stop)`` indexes with a possibly negative start, whose
+    wraparound check keeps LLVM from vectorising (measured: 4x slower).
     """
     d = hi - lo
     fb = _F32(bins)
     top = _F32(bins - 1)
-    for j in range(m):
-        v = x[s + j]
-        t = min((v - lo) * fb / d, top)
-        buf[j] = np.int32(t if (v >= lo) & (v <= hi) else fb)
-    m4 = m // 4 * 4
-    for j in range(0, m4, 4):
-        acc[0, buf[j]] += 1
-        acc[1, buf[j + 1]] += 1
-        acc[2, buf[j + 2]] += 1
-        acc[3, buf[j + 3]] += 1
-    for j in range(m4, m):
-        acc[0, buf[j]] += 1
+    if keys:
+        for j in range(xs.size):
+            w = bs[j]
+            k = np.int32(w ^ ((w >> _S) & _M))
+            mn = min(k, mn)
+            mx = max(k, mx)
+            v = xs[j]
+            t = min((v - lo) * fb / d, top)
+            buf[j] = np.int32(t if (v >= lo) & (v <= hi) else fb)
+    else:
+        for j in range(xs.size):
+            v = xs[j]
+            t = min((v - lo) * fb / d, top)
+            buf[j] = np.int32(t if (v >= lo) & (v <= hi) else fb)
+    return mn, mx
 
 
 @cpu_kernel(parallel=False)
-def _count_span(x, s, e, lo, hi, bins, wide, acc):  # pragma: no cover
-    """Add the :func:`bin_f32` bins of ``x[s:e]`` into ``acc`` (4, bins + 1)."""
+def _scatter(buf, m, sub):  # pragma: no cover
+    """Count ``buf[:m]`` into the ``SUB`` interleaved int32 rows of ``sub`` (unsigned indices:
+    no wraparound check)."""
+    m4 = m // SUB * SUB
+    for j in range(0, m4, SUB):
+        sub[0, np.uint64(buf[j])] += 1
+        sub[1, np.uint64(buf[j + 1])] += 1
+        sub[2, np.uint64(buf[j + 2])] += 1
+        sub[3, np.uint64(buf[j + 3])] += 1
+    for j in range(m4, m):
+        sub[0, np.uint64(buf[j])] += 1
+
+
+@cpu_kernel(parallel=False)
+def _flush(sub, acc):  # pragma: no cover
+    """``acc += sum of the rows of sub`` (int64 (bins + 1,)); ``sub`` is cleared."""
+    for q in range(sub.shape[0]):
+        for i in range(acc.size):
+            acc[i] += sub[q, i]
+            sub[q, i] = 0
+
+
+@cpu_kernel(parallel=False, error_model="numpy")
+def _count_span(x, b, s, e, lo, hi, bins, wide, keys, acc):  # pragma: no cover
+    """Add the :func:`bin_f32` bins of ``x[s:e]`` into ``acc`` ((bins + 1,) int64, the last
+    entry the dummy bin); with ``keys``, return the min/max order keys of ``b[s:e]``."""
+    mn = np.int32(0x7FFFFFFF)
+    mx = np.int32(-0x80000000)
     if wide or hi == lo:
         for i in range(s, e):
+            if keys:
+                w = b[i]
+                k = np.int32(w ^ ((w >> _S) & _M))
+                mn = min(k, mn)
+                mx = max(k, mx)
             p = bin_f32(x[i], lo, hi, bins, wide)
             if p >= 0:
-                acc[i & 3, p] += 1
-        return
+                acc[p] += 1
+        return mn, mx
     buf = np.empty(BLOCK, np.int32)
-    for b in range(s, e, BLOCK):
-        _count_block(x, b, min(BLOCK, e - b), lo, hi, bins, buf, acc)
+    sub = np.zeros((SUB, bins + 1), np.int32)  # int32: half the L1 footprint of int64
+    for c in range(s, e, CHUNK):  # flushed every CHUNK (< 2 ** 31) elements
+        ce = min(e, c + CHUNK)
+        for blk in range(c, ce, BLOCK):
+            be = min(ce, blk + BLOCK)
+            mn, mx = _bins_block(x[blk:be], b[blk:be], lo, hi, bins, keys, buf, mn, mx)
+            _scatter(buf, be - blk, sub)
+        _flush(sub, acc)
+    return mn, mx
+
+
+@cpu_kernel(parallel=True)
+def _counts(x, b, lo, hi, bins, wide, keys):  # pragma: no cover
+    """Counts of ``x`` over ``MAX_ROWS`` fixed spans (one row each, added in order) and, with
+    ``keys``, the min/max order keys of ``b``: (kmin, kmax, (bins,) int64)."""
+    n = x.size
+    nch = (n + CHUNK - 1) // CHUNK
+    rows = max(1, min(nch, MAX_ROWS))
+    acc = np.zeros((rows, bins + 1), np.int64)
+    kmins = np.empty(rows, np.int32)
+    kmaxs = np.empty(rows, np.int32)
+    per = (nch + rows - 1) // rows
+    for r in prange(rows):
+        s = min(n, r * per * CHUNK)
+        e = min(n, s + per * CHUNK)
+        kmins[r], kmaxs[r] = _count_span(x, b, s, e, lo, hi, bins, wide, keys, acc[r])
+    out = np.zeros(bins, np.int64)
+    for r in range(rows):
+        for q in range(bins):
+            out[q] += acc[r, q]
+    return kmins.min(), kmaxs.max(), out
 
 
 @cpu_kernel(parallel=True)
@@ -120,21 +188,7 @@ def histc_counts(x, lo, hi, bins, wide):  # pragma: no cover
     -------
     (bins,) int64
     """
-    n = x.size
-    nch = (n + CHUNK - 1) // CHUNK
-    rows = max(1, min(nch, MAX_ROWS))
-    acc = np.zeros((rows, 4, bins + 1), np.int64)
-    per = (nch + rows - 1) // rows
-    for r in prange(rows):
-        s = r * per * CHUNK
-        e = min(n, s + per * CHUNK)
-        _count_span(x, s, e, lo, hi, bins, wide, acc[r])
-    out = np.zeros(bins, np.int64)
-    for r in range(rows):
-        for j in range(4):
-            for b in range(bins):
-                out[b] += acc[r, j, b]
-    return out
+    return _counts(x, x.view(np.int32), lo, hi, bins, wide, False)[2]
 
 
 @cpu_kernel(parallel=True)
@@ -153,35 +207,7 @@ def minmax_histc(x, b, lo, hi, bins):  # pragma: no cover
     -------
     (int32 kmin, int32 kmax, (bins,) int64 counts)
     """
-    n = x.size
-    nch = (n + CHUNK - 1) // CHUNK
-    rows = max(1, min(nch, MAX_ROWS))
-    acc = np.zeros((rows, 4, bins + 1), np.int64)
-    kmins = np.empty(rows, np.int32)
-    kmaxs = np.empty(rows, np.int32)
-    per = (nch + rows - 1) // rows
-    for r in prange(rows):
-        s = r * per * CHUNK
-        e = min(n, s + per * CHUNK)
-        buf = np.empty(BLOCK, np.int32)
-        mn = np.int32(0x7FFFFFFF)
-        mx = np.int32(-0x80000000)
-        for blk in range(s, e, BLOCK):  # keys and counts of one block while it is in L1
-            m = min(BLOCK, e - blk)
-            for i in range(blk, blk + m):
-                w = b[i]
-                k = np.int32(w ^ ((w >> _S) & _M))
-                mn = min(k, mn)
-                mx = max(k, mx)
-            _count_block(x, blk, m, lo, hi, bins, buf, acc[r])
-        kmins[r] = mn
-        kmaxs[r] = mx
-    out = np.zeros(bins, np.int64)
-    for r in range(rows):
-        for j in range(4):
-            for q in range(bins):
-                out[q] += acc[r, j, q]
-    return kmins.min(), kmaxs.max(), out
+    return _counts(x, b, lo, hi, bins, False, True)
 
 
 @cpu_kernel(parallel=False)
