@@ -211,6 +211,15 @@ def minmax_histc(x, b, lo, hi, bins):  # pragma: no cover
 
 
 @cpu_kernel(parallel=False)
+def _add_row(acc, v, o, w):  # pragma: no cover
+    """``acc[0, k] += v[o + k * w : o + (k + 1) * w]`` for the 4 rows ``k`` (one step of
+    torch's ``multi_row_sum``, in its order)."""
+    for k in range(4):
+        for q in range(w):
+            acc[0, k, q] += v[o + k * w + q]
+
+
+@cpu_kernel(parallel=False)
 def _multi_row_sum(v, base, size, w):  # pragma: no cover
     """torch's ``multi_row_sum`` (4 rows, 4 levels) over ``size`` rows of 4 elements of ``w``
     lanes starting at ``v[base]``; returns (4, w) partials."""
@@ -229,10 +238,7 @@ def _multi_row_sum(v, base, size, w):  # pragma: no cover
     i = 0
     while i + step <= size:
         for _ in range(step):
-            for k in range(4):
-                o = base + (i * 4 + k) * w
-                for q in range(w):
-                    acc[0, k, q] += v[o + q]
+            _add_row(acc, v, base + i * 4 * w, w)
             i += 1
         for j in range(1, nlev):
             for k in range(4):
@@ -242,10 +248,7 @@ def _multi_row_sum(v, base, size, w):  # pragma: no cover
             if (i & (mask0 << (j * lp))) != 0:
                 break
     while i < size:
-        for k in range(4):
-            o = base + (i * 4 + k) * w
-            for q in range(w):
-                acc[0, k, q] += v[o + q]
+        _add_row(acc, v, base + i * 4 * w, w)
         i += 1
     for j in range(1, nlev):
         for k in range(4):
