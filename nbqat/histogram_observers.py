@@ -199,10 +199,9 @@ class HistogramObserver(_MinMaxBase):
 
         Raises
         ------
-        TypeError
-            Non-array or non-float input.
-        ValueError
-            NaN/Inf under ``nonfinite="raise"`` (NaN under ``"propagate"``); state unchanged.
+        TypeError, ValueError
+            As :meth:`nbqat.MinMaxObserver.forward`; under ``"propagate"`` a NaN raises too
+            (torch's ``histc`` fails on it).
         """
         who = f"{type(self).__name__}.forward"
         cur_min, cur_max = self._min[()], self._max[()]
@@ -339,14 +338,14 @@ class HistogramObserver(_MinMaxBase):
 
         Returns
         -------
-        self
+        HistogramObserver
+            ``self``, holding both histograms.
 
         Raises
         ------
-        TypeError
-            ``other`` is not a HistogramObserver.
-        ValueError
-            Different dtype, qscheme, range, bins or upsample_rate.
+        TypeError, ValueError
+            As :meth:`nbqat.MinMaxObserver.merge`; ``bins`` and ``upsample_rate`` are part of
+            the configuration.
         """
         self._check_mergeable(other)
         if other._min[()] == np.inf:
@@ -378,15 +377,13 @@ class HistogramObserver(_MinMaxBase):
         ----------
         state : mapping with ``min_val``, ``max_val``, ``histogram`` (``eps`` optional)
         strict : bool, default True
-            Reject other keys.
+            Whether keys beyond those (and ``eps``) are an error.
 
         Raises
         ------
-        KeyError
-            A required key is missing.
-        ValueError
-            Unexpected keys (strict), wrong shapes, ``min_val > max_val``, or a histogram that is
-            not ``(bins,)`` of finite non-negative values. Nothing is changed on error.
+        KeyError, ValueError
+            As :meth:`nbqat.MinMaxObserver.load_state_dict`, and for a histogram that is not
+            ``(bins,)`` finite non-negative counts. Nothing is changed on error.
         """
         if not hasattr(state, "keys"):
             raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")

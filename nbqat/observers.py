@@ -447,7 +447,8 @@ class PerChannelMinMaxObserver(_MinMaxBase):
 
     References
     ----------
-    ``torch.ao.quantization.observer.PerChannelMinMaxObserver`` (torch 2.13).
+    ``torch.ao.quantization.observer.PerChannelMinMaxObserver`` (torch 2.13); nbqat reduces
+    in place for any ``ch_axis`` (no transposed copy of ``x``).
     """
 
     _per_channel = True
@@ -463,11 +464,12 @@ class MovingAveragePerChannelMinMaxObserver(_MinMaxBase):
     averaging_constant : float in (0, 1], default 0.01
     ch_axis : int, default 0
     dtype, qscheme, reduce_range, quant_min, quant_max, eps, nonfinite
-        As :class:`PerChannelMinMaxObserver`.
+        As :class:`PerChannelMinMaxObserver` (per-channel qschemes).
 
     References
     ----------
-    ``torch.ao.quantization.observer.MovingAveragePerChannelMinMaxObserver`` (torch 2.13).
+    ``torch.ao.quantization.observer.MovingAveragePerChannelMinMaxObserver`` (torch 2.13):
+    :class:`MovingAverageMinMaxObserver`'s average, channel by channel.
     """
 
     _per_channel = True

@@ -85,7 +85,8 @@ class _KeyHistBase(_MinMaxBase):
 
         Returns
         -------
-        x : the same object
+        x : ndarray or CUDA device array
+            ``x`` itself, unchanged (not a copy).
 
         Raises
         ------
@@ -157,7 +158,8 @@ class _KeyHistBase(_MinMaxBase):
 
         Parameters
         ----------
-        other : observer of the same class and configuration (left unchanged)
+        other : observer of the same class, configuration and ``mantissa_bits``
+            Its counts are added (it is left unchanged).
 
         Returns
         -------
@@ -165,10 +167,9 @@ class _KeyHistBase(_MinMaxBase):
 
         Raises
         ------
-        TypeError
-            Another class.
-        ValueError
-            Different configuration, ``mantissa_bits`` or channel count.
+        TypeError, ValueError
+            As :meth:`nbqat.MinMaxObserver.merge` (``mantissa_bits`` is part of the
+            configuration).
         """
         mine, theirs = self.histogram, other.histogram
         super().merge(other)  # checks the configuration and merges min/max exactly
@@ -199,15 +200,13 @@ class _KeyHistBase(_MinMaxBase):
         state : mapping with ``min_val``, ``max_val``, ``histogram_index``,
             ``histogram_count`` (``eps`` optional)
         strict : bool, default True
-            Reject other keys.
+            Whether other keys (but ``eps``) are an error.
 
         Raises
         ------
-        KeyError
-            A required key is missing.
-        ValueError
-            Indices not ascending or out of range, non-positive counts, bad shapes; nothing is
-            changed on error.
+        KeyError, ValueError
+            As :meth:`nbqat.MinMaxObserver.load_state_dict`; also for indices not ascending or
+            out of range and non-positive counts. Nothing is changed on error.
         """
         keys = ("histogram_index", "histogram_count")
         if not hasattr(state, "keys") or any(k not in state for k in keys):
