@@ -161,7 +161,7 @@ class HistogramObserver(_MinMaxBase):
     whatever ``reduce_range`` or a custom range says), as torch. ``calculate_qparams`` finds
     ``[new_min, new_max]`` and then applies :meth:`nbqat.MinMaxObserver.calculate_qparams`'s
     formula. float32 ``torch.sum`` order is reproduced with 8 lanes, as torch 2.13's x86 CPU build
-    (:data:`nbqat.kernels.histogram_cpu.LANES`).
+    (:data:`nbqat.kernels.histogram_search_cpu.LANES`).
 
     References
     ----------
