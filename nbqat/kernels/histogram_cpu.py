@@ -29,6 +29,7 @@ from nbqat.kernels.histogram_search_cpu import (  # re-exported: the observer's 
     quant_error,
     torch_sum_f32,
 )
+from nbqat.kernels.observe_cpu import order_key
 
 __all__ = [
     "BLOCK",
@@ -52,8 +53,6 @@ CHUNK = 1 << 18
 MAX_ROWS = 16
 
 _F32 = np.float32
-_M = np.int32(0x7FFFFFFF)
-_S = np.int32(31)
 
 
 @cpu_kernel(parallel=False)
@@ -103,8 +102,7 @@ def _bins_block(xs, bs, lo, hi, bins, keys, buf, mn, mx):  # pragma: no cover
     top = _F32(bins - 1)
     if keys:
         for j in range(xs.size):
-            w = bs[j]
-            k = np.int32(w ^ ((w >> _S) & _M))
+            k = order_key(bs[j])
             mn = min(k, mn)
             mx = max(k, mx)
             v = xs[j]
@@ -150,8 +148,7 @@ def _count_span(x, b, s, e, lo, hi, bins, wide, keys, acc):  # pragma: no cover
     if wide or hi == lo:
         for i in range(s, e):
             if keys:
-                w = b[i]
-                k = np.int32(w ^ ((w >> _S) & _M))
+                k = order_key(b[i])
                 mn = min(k, mn)
                 mx = max(k, mx)
             p = bin_f32(x[i], lo, hi, bins, wide)

@@ -13,9 +13,7 @@ from numba import prange
 
 from nbqat._jit import cpu_kernel
 from nbqat.kernels.histogram_cpu import CHUNK, MAX_ROWS
-
-_M = np.int32(0x7FFFFFFF)
-_S = np.int32(31)
+from nbqat.kernels.observe_cpu import order_key
 
 
 @cpu_kernel(parallel=False)
@@ -23,7 +21,7 @@ def _key_bin(w, shift):  # pragma: no cover
     """Bin of float32 bits ``w``: ``(order_key >> shift) + offset``, or -1 for NaN/Inf."""
     if (w & np.int32(0x7F800000)) == np.int32(0x7F800000):
         return -1
-    k = np.int32(w ^ ((w >> _S) & _M))
+    k = order_key(w)
     return np.int64(k >> np.int32(shift)) + (np.int64(1) << np.int64(31 - shift))
 
 
