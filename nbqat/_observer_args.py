@@ -49,6 +49,7 @@ COMMON_PARAMS: tuple[tuple[str, Any, Any], ...] = (
 )
 
 
+@functools.cache
 def constructor_signature(own: tuple[tuple[str, Any, Any], ...], qscheme: str) -> inspect.Signature:
     """The public constructor signature: ``own`` (name, annotation, default) then the common
     arguments, every one positional-or-keyword (torch's)."""
@@ -58,6 +59,18 @@ def constructor_signature(own: tuple[tuple[str, Any, Any], ...], qscheme: str) -
         for name, a, d in own + COMMON_PARAMS
     ]
     return inspect.Signature(params, return_annotation=None)
+
+
+class ConstructorSignature:
+    """Class attribute ``__signature__`` of the observers: on the class (what
+    ``inspect.signature(cls)`` reads) the constructor's signature from the class's
+    ``OWN_PARAMS`` and ``DEFAULT_QSCHEME``; absent on instances (``inspect.signature(obs)``
+    then describes ``obs(x)``)."""
+
+    def __get__(self, obj: Any, cls: Any) -> inspect.Signature:
+        if obj is not None:
+            raise AttributeError("__signature__")
+        return constructor_signature(cls.OWN_PARAMS, cls.DEFAULT_QSCHEME)
 
 
 def bind_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -60,7 +60,7 @@ class _MinMaxBase:
     OWN_PARAMS: tuple[tuple[str, Any, Any], ...] = ()
     #: The constructor's default ``qscheme``.
     DEFAULT_QSCHEME = "per_tensor_affine"
-    __signature__ = _args.constructor_signature((), "per_tensor_affine")
+    __signature__ = _args.ConstructorSignature()
     # set by _args.check_common (the common arguments) and _configure_own
     dtype: str
     qscheme: str
@@ -73,10 +73,6 @@ class _MinMaxBase:
     nonfinite: str
     averaging_constant: float
     ch_axis: int
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.__signature__ = _args.constructor_signature(cls.OWN_PARAMS, cls.DEFAULT_QSCHEME)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         a = _args.bind_arguments(type(self), args, kwargs)

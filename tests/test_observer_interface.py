@@ -39,6 +39,7 @@ def test_signature_follows_torch(torch, cls, tname):
     for name in shared:
         assert _norm(ours[name].default) == _norm(theirs[name].default), name
     assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in ours.values())
+    assert list(inspect.signature(cls()).parameters) == ["x"]  # an instance: obs(x)
 
 
 def test_positional_and_keyword_arguments_bind_alike(rng):
