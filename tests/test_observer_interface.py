@@ -14,6 +14,7 @@ import pytest
 import nbqat
 from nbqat._observer_stats import decode
 from nbqat.kernels import histogram_cpu as hk
+from nbqat.kernels import keygrid_cpu as kg
 
 # nbqat class -> torch class name; nbqat's extra arguments (not in torch's signature)
 CLASSES = [
@@ -172,3 +173,28 @@ def test_counting_at_bin_edges_equals_torch_histc(torch, rng, n, bins, lo, hi):
     finally:
         numba.set_num_threads(old)
     np.testing.assert_array_equal(one, ref)
+
+
+def _numpy_key_counts(x, shift):
+    """Slow obvious reference: the order key of every finite value, shifted, counted."""
+    w = x.reshape(-1).view(np.int32).astype(np.int64)
+    k = np.where(w >= 0, w, w ^ 0x7FFFFFFF)[np.isfinite(x.reshape(-1))]
+    return np.bincount((k >> shift) + (1 << (31 - shift)), minlength=1 << (32 - shift))
+
+
+@pytest.mark.parametrize("n", [kg.BLOCK - 1, kg.BLOCK * 3 + 5, hk.CHUNK * 2 + 9])
+def test_key_grid_counts_blocks_and_rows(rng, n):
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)).astype(np.float32)
+    x[rng.integers(0, n, 5)] = [np.nan, np.inf, -np.inf, -0.0, 0.0]
+    np.testing.assert_array_equal(kg.key_counts(x.view(np.int32), 20), _numpy_key_counts(x, 20))
+
+
+@pytest.mark.parametrize(("shape", "axis"), [((3, 5, 700), 1), ((2, 4100), 0), ((9, 6), 1)])
+def test_key_grid_counts_per_channel(rng, shape, axis):
+    x = rng.standard_normal(shape).astype(np.float32)
+    x.reshape(-1)[::97] = np.nan
+    outer = int(np.prod(shape[:axis]))
+    inner = int(np.prod(shape[axis + 1 :]))
+    got = kg.key_counts_channel(x.reshape(-1).view(np.int32), outer, shape[axis], inner, 22)
+    for c in range(shape[axis]):
+        np.testing.assert_array_equal(got[c], _numpy_key_counts(np.take(x, c, axis=axis), 22))
