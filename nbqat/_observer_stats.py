@@ -10,6 +10,7 @@ channel.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -184,7 +185,7 @@ def batch_stats(x: Any, is_cuda: bool, axis: int | None) -> tuple[np.ndarray, ..
     """The statistics of a batch, per tensor (``axis`` None) or per channel; an empty batch
     gives "nothing seen" (``+inf``, ``-inf``, zero counts), as a data-parallel rank needs."""
     shape = tuple(x.shape)
-    if int(np.prod(shape, dtype=np.int64)) == 0:
+    if math.prod(shape) == 0:
         c = 1 if axis is None else shape[axis]
         z = np.zeros(c, np.int64)
         return (np.full(c, np.inf, np.float32), np.full(c, -np.inf, np.float32), z, z, z)

@@ -26,6 +26,7 @@ Where torch is wrong, nbqat is not:
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -80,7 +81,7 @@ def _flat_data(x: Any, is_cuda: bool) -> Any:
 def _batch_stats(obs: Any, x: Any, who: str) -> tuple[Any, np.float32, np.float32] | None:
     """Flat float32 host data (or device array) and its finite-policy min/max; None to skip."""
     is_cuda = _check_input(x, who)
-    if int(np.prod(x.shape, dtype=np.int64)) == 0:
+    if math.prod(x.shape) == 0:
         return None
     if is_cuda:
         fmin, fmax, nnan, npinf, nninf = _stats_cuda(x, None)
@@ -231,7 +232,7 @@ class HistogramObserver(_MinMaxBase):
         the integer counts are summed, so every rank holds the histogram of one observer fed
         the global batch (exact), the empty shard included."""
         is_cuda = _check_input(x, who)
-        n = int(np.prod(x.shape, dtype=np.int64))
+        n = math.prod(x.shape)
         stats: tuple[np.ndarray, ...]
         if n == 0:
             z = np.zeros(1, np.int64)

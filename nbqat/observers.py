@@ -25,6 +25,7 @@ or an assertion fires much later). Every observer here takes ``nonfinite=``:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -170,7 +171,7 @@ class _MinMaxBase:
             axis = _st.channel_axis(tuple(x.shape), self.ch_axis, self._min.size, who)
         pg = self.process_group
         synced = pg is not None and pg.distributed
-        if int(np.prod(x.shape, dtype=np.int64)) == 0 and not synced:
+        if math.prod(x.shape) == 0 and not synced:
             return x
         # empty: still take part in the ranks' collective, with nothing observed
         stats = _st.batch_stats(x, is_cuda, axis)
@@ -197,7 +198,10 @@ class _MinMaxBase:
             old_min, old_max = self._min.reshape(1), self._max.reshape(1)
         c = self.averaging_constant if self._moving else None
         new_min, new_max = _mm.fold_batch(old_min, old_max, cur_min, cur_max, c)
-        self.set_min_max(new_min, new_max)
+        if self._per_channel:  # fold_batch's (C,) float32 results: the state's own shapes
+            self._min, self._max = new_min, new_max
+        else:
+            self._min, self._max = new_min.reshape(()), new_max.reshape(())
 
     # -- the state of nbqat.FakeQuantize's fused path ----------------------------------------
     def set_min_max(self, min_val: Any, max_val: Any) -> None:

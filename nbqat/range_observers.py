@@ -23,6 +23,7 @@ and is refused.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -96,7 +97,7 @@ class _KeyHistBase(_MinMaxBase):
         super().forward(x)  # validates, applies the policy and updates min/max (or raises)
         pg = self.process_group
         synced = pg is not None and pg.distributed
-        empty = int(np.prod(x.shape, dtype=np.int64)) == 0
+        empty = math.prod(x.shape) == 0
         if empty and not synced:
             return x
         if empty:  # take part in the ranks' sum with nothing observed
