@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from nbqat import _cuda, _jit
+from nbqat._validate import split_axis
 from nbqat.kernels import observe_cpu as _k
 
 __all__ = [
@@ -23,7 +24,6 @@ __all__ = [
     "check_input",
     "decode",
     "device",
-    "outer_inner",
     "stats_cpu_channel",
     "stats_cpu_tensor",
     "stats_cuda",
@@ -58,12 +58,6 @@ def stats_cpu_tensor(x: np.ndarray) -> tuple[np.ndarray, ...]:
     return (decode(r[0:1]), decode(r[1:2]), r[2:3].copy(), r[3:4].copy(), r[4:5].copy())
 
 
-def outer_inner(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
-    outer = int(np.prod(shape[:axis], dtype=np.int64))
-    inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
-    return outer, int(shape[axis]), inner
-
-
 def stats_cpu_channel(x: np.ndarray, axis: int) -> tuple[np.ndarray, ...]:
     """Per-channel (fmin, fmax, n_nan, n_pinf, n_ninf), each (C,), over a (outer, C, inner) view."""
     x32 = as_f32_host(x)
@@ -73,7 +67,7 @@ def stats_cpu_channel(x: np.ndarray, axis: int) -> tuple[np.ndarray, ...]:
         v, ax = x32.T, x32.ndim - 1 - axis
     else:  # arbitrary strides: one contiguous copy
         v, ax = np.ascontiguousarray(x32), axis
-    outer, c, inner = outer_inner(v.shape, ax)
+    outer, c, inner = split_axis(v.shape, ax)
     b = v.reshape(-1).view(np.int32)
     kern = _k.minmax_keys_3d if b.size >= _jit.PARALLEL_MIN else _k.minmax_keys_3d_serial
     kmin, kmax = kern(b, outer, c, inner)
@@ -110,7 +104,7 @@ def stats_cuda(x: Any, axis: int | None) -> tuple[np.ndarray, ...]:
         ocnt = cuda.device_array((1, 3), np.int64)
         _kc.minmax_final_kernel[1, 1](pmin, pmax, pcnt, omin, omax, ocnt)
     else:
-        outer, c, inner = outer_inner(tuple(d.shape), axis)
+        outer, c, inner = split_axis(tuple(d.shape), axis)
         blocks = max(1, min(_cuda.MAX_BLOCKS, c))
         omin = cuda.device_array(c, np.float32)
         omax = cuda.device_array(c, np.float32)

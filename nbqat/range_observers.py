@@ -32,7 +32,7 @@ from nbqat import _cuda, _jit
 from nbqat._observer_args import check_int
 from nbqat._observer_stats import decode as _decode
 from nbqat._observer_stats import device as _device
-from nbqat._observer_stats import outer_inner as _outer_inner
+from nbqat._validate import split_axis
 from nbqat.kernels import keygrid_cpu as _kg
 from nbqat.observers import _MinMaxBase
 
@@ -126,7 +126,7 @@ class _KeyHistBase(_MinMaxBase):
         with _jit.threads_for(b.size):
             if not self._per_channel:
                 return _kg.key_counts(b, self._shift)
-            outer, c, inner = _outer_inner(x32.shape, self.ch_axis % x32.ndim)
+            outer, c, inner = split_axis(x32.shape, self.ch_axis % x32.ndim)
             return _kg.key_counts_channel(b, outer, c, inner, self._shift)
 
     def _range(self) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - abstract

@@ -13,6 +13,7 @@ from ref_observers import RefObserver, ref_batch_minmax, ref_channel_values, ref
 
 import nbqat
 from nbqat import _observer_stats as S
+from nbqat._validate import split_axis
 from nbqat.kernels import observe_cpu as K
 
 KINDS = {
@@ -290,7 +291,7 @@ def test_per_channel_kernel_paths(rng, shape_axis):
     np.testing.assert_array_equal(fmax, x.max(axis=other))
     assert not nn.any()
     # small inputs take the serial twin; the threaded kernel must give the same keys
-    outer, c, inner = S.outer_inner(x.shape, axis)
+    outer, c, inner = split_axis(x.shape, axis)
     b = x.reshape(-1).view(np.int32)
     for a, bb in zip(
         K.minmax_keys_3d(b, outer, c, inner), K.minmax_keys_3d_serial(b, outer, c, inner)
