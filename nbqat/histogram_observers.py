@@ -173,6 +173,7 @@ class HistogramObserver(_MinMaxBase):
     OWN_PARAMS = (("bins", int, 2048), ("upsample_rate", int, 16))
 
     def _configure_own(self, a: dict[str, Any]) -> None:
+        super()._configure_own(a)
         self.bins = check_int(a["bins"], "bins", 1)
         self.upsample_rate = check_int(a["upsample_rate"], "upsample_rate", 1)
         lo, hi, _ = DTYPES[_args.norm_name(a["dtype"], "dtype", tuple(DTYPES))]
