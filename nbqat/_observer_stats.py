@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from nbqat import _cuda, _jit
-from nbqat._validate import split_axis
+from nbqat._validate import as_array, split_axis
 from nbqat.kernels import observe_cpu as _k
 
 __all__ = [
@@ -120,8 +120,20 @@ def stats_cuda(x: Any, axis: int | None) -> tuple[np.ndarray, ...]:
     )
 
 
-def check_input(x: Any, who: str) -> bool:
-    """Validate an observed batch; return True for a CUDA array."""
+def check_input(x: Any, who: str) -> tuple[Any, bool]:
+    """Validate an observed batch: ``(array, is_cuda)``.
+
+    ``array`` is ``x`` itself for NumPy and CUDA arrays, else ``x`` as a NumPy array
+    (:func:`nbqat._validate.as_array`: anything with ``__array__`` or ``__dlpack__``, such as a
+    torch CPU tensor, the way every public function takes array-likes).
+
+    Raises
+    ------
+    TypeError
+        Not an array-like, or not a float16/float32/float64 one.
+    ValueError
+        A CUDA array that is not C-contiguous.
+    """
     if _cuda.is_cuda_array(x) or hasattr(x, "copy_to_host"):  # + the simulator's arrays
         _cuda.require_cuda(who)
         d = device(x)
@@ -135,18 +147,17 @@ def check_input(x: Any, who: str) -> bool:
                 f"{who}: CUDA input must be C-contiguous; make a contiguous copy first "
                 "(numba.cuda.device_array + copy, or cupy.ascontiguousarray)"
             )
-        return True
-    if not isinstance(x, np.ndarray):
+        return x, True
+    try:
+        a = as_array(x, "x")
+    except TypeError as err:
+        raise TypeError(f"{who}: {err}") from None
+    if a.dtype not in (np.float16, np.float32, np.float64):
         raise TypeError(
-            f"{who}: x must be a NumPy array or a CUDA device array, got {type(x).__name__}: "
-            "wrap it with np.asarray(x, dtype=np.float32)"
-        )
-    if x.dtype not in (np.float16, np.float32, np.float64):
-        raise TypeError(
-            f"{who}: x must be a float16/float32/float64 array, got dtype {x.dtype}: "
+            f"{who}: x must be a float16/float32/float64 array, got dtype {a.dtype}: "
             "convert it first (x.astype(np.float32))"
         )
-    return False
+    return a, False
 
 
 def channel_axis(shape: tuple[int, ...], ch_axis: int, seen: int, who: str) -> int:

@@ -35,10 +35,9 @@ import numpy as np
 from nbqat import _cuda, _jit
 from nbqat import _observer_args as _args
 from nbqat._observer_args import DTYPES, check_int
+from nbqat._observer_stats import batch_stats as _batch_stats_any
 from nbqat._observer_stats import check_input as _check_input
 from nbqat._observer_stats import decode as _decode
-from nbqat._observer_stats import stats_cpu_tensor as _stats_cpu_tensor
-from nbqat._observer_stats import stats_cuda as _stats_cuda
 from nbqat.kernels import histogram_cpu as _hk
 from nbqat.kernels import observe_cpu as _ok
 from nbqat.observers import _MinMaxBase
@@ -80,13 +79,10 @@ def _flat_data(x: Any, is_cuda: bool) -> Any:
 
 def _batch_stats(obs: Any, x: Any, who: str) -> tuple[Any, np.float32, np.float32] | None:
     """Flat float32 host data (or device array) and its finite-policy min/max; None to skip."""
-    is_cuda = _check_input(x, who)
+    x, is_cuda = _check_input(x, who)
     if math.prod(x.shape) == 0:
         return None
-    if is_cuda:
-        fmin, fmax, nnan, npinf, nninf = _stats_cuda(x, None)
-    else:
-        fmin, fmax, nnan, npinf, nninf = _stats_cpu_tensor(x)
+    fmin, fmax, nnan, npinf, nninf = _batch_stats_any(x, is_cuda, None)
     _apply_policy(obs, fmin, fmax, nnan, npinf, nninf, who)
     if fmin[0] > fmax[0]:  # no finite value at all
         return None
@@ -232,14 +228,9 @@ class HistogramObserver(_MinMaxBase):
         min/max are combined first, every rank counts its shard over the same global range and
         the integer counts are summed, so every rank holds the histogram of one observer fed
         the global batch (exact), the empty shard included."""
-        is_cuda = _check_input(x, who)
+        x, is_cuda = _check_input(x, who)
         n = math.prod(x.shape)
-        stats: tuple[np.ndarray, ...]
-        if n == 0:
-            z = np.zeros(1, np.int64)
-            stats = (np.full(1, np.inf, _F32), np.full(1, -np.inf, _F32), z, z, z)
-        else:
-            stats = _stats_cuda(x, None) if is_cuda else _stats_cpu_tensor(x)
+        stats = _batch_stats_any(x, is_cuda, None)  # an empty shard: "nothing seen"
         fmin, fmax, nnan, npinf, nninf = pg.combine_minmax_stats(stats, who)
         _apply_policy(self, fmin, fmax, nnan, npinf, nninf, who)
         cur_min, cur_max = self._min[()], self._max[()]

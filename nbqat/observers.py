@@ -148,9 +148,10 @@ class _MinMaxBase:
 
         Parameters
         ----------
-        x : ndarray or CUDA device array, float16/float32/float64, any shape
-            float16/float64 data is observed as ``x.astype(float32)`` (torch's ``x.to(float32)``).
-            An empty batch is returned without observing (torch's rule).
+        x : ndarray, CUDA device array or array-like, float16/float32/float64, any shape
+            float16/float64 data is observed as ``x.astype(float32)`` (torch's ``x.to(float32)``);
+            an array-like (a torch CPU tensor, anything with ``__array__`` or ``__dlpack__``)
+            as ``np.asarray(x)``. An empty batch is returned without observing (torch's rule).
 
         Returns
         -------
@@ -159,31 +160,36 @@ class _MinMaxBase:
         Raises
         ------
         TypeError
-            Non-array or non-float input.
+            Non-array or non-float input (a tensor that requires grad: pass ``x.detach()``).
         ValueError
             ``ch_axis`` out of range, the channel count differs from the observed one, or (with
             ``nonfinite="raise"``) the batch holds NaN/Inf. The state is unchanged on any error.
         """
+        self._observe(x)
+        return x
+
+    def _observe(self, x: Any) -> Any:
+        """:meth:`forward`'s work; returns the batch as an array (:func:`_check_input`)."""
         who = f"{type(self).__name__}.forward"
-        is_cuda = _check_input(x, who)
+        a, is_cuda = _check_input(x, who)
         axis = None
         if self._per_channel:
-            axis = _st.channel_axis(tuple(x.shape), self.ch_axis, self._min.size, who)
+            axis = _st.channel_axis(tuple(a.shape), self.ch_axis, self._min.size, who)
         pg = self.process_group
         synced = pg is not None and pg.distributed
-        if math.prod(x.shape) == 0 and not synced:
-            return x
+        if math.prod(a.shape) == 0 and not synced:
+            return a
         # empty: still take part in the ranks' collective, with nothing observed
-        stats = _st.batch_stats(x, is_cuda, axis)
+        stats = _st.batch_stats(a, is_cuda, axis)
         if synced:  # the global batch's statistics, identical on every rank
             stats = pg.combine_minmax_stats(stats, who)
             seen_any = np.any(np.isfinite(stats[0])) or any(np.any(n) for n in stats[2:])
             if not seen_any:  # every rank's batch was empty: as one process, observe nothing
-                return x
+                return a
         fmin, fmax, nnan, npinf, nninf = stats
         cur_min, cur_max = self._apply_policy(who, fmin, fmax, nnan, npinf, nninf)
         self._update(cur_min, cur_max)
-        return x
+        return a
 
     def _apply_policy(self, who, fmin, fmax, nnan, npinf, nninf):
         """Batch (C,) min/max under the non-finite policy (raises before any state change)."""

@@ -94,17 +94,17 @@ class _KeyHistBase(_MinMaxBase):
         TypeError, ValueError
             As :meth:`nbqat.MinMaxObserver.forward`; the state is unchanged on any error.
         """
-        super().forward(x)  # validates, applies the policy and updates min/max (or raises)
+        a = self._observe(x)  # validates, applies the policy and updates min/max (or raises)
         pg = self.process_group
         synced = pg is not None and pg.distributed
-        empty = math.prod(x.shape) == 0
+        empty = math.prod(a.shape) == 0
         if empty and not synced:
             return x
         if empty:  # take part in the ranks' sum with nothing observed
-            c = x.shape[self.ch_axis % len(x.shape)] if self._per_channel else 0
+            c = a.shape[self.ch_axis % len(a.shape)] if self._per_channel else 0
             counts = np.zeros((c, self.nbins) if self._per_channel else self.nbins, np.int64)
         else:
-            counts = self._count(x)
+            counts = self._count(a)
         if synced:  # every rank adds every rank's counts: exact below 2**53 per bin
             counts = pg.allreduce_sum(counts.astype(np.float64)).astype(np.int64)
         if self._per_channel and self.histogram.shape[0] == 0:

@@ -198,3 +198,27 @@ def test_key_grid_counts_per_channel(rng, shape, axis):
     got = kg.key_counts_channel(x.reshape(-1).view(np.int32), outer, shape[axis], inner, 22)
     for c in range(shape[axis]):
         np.testing.assert_array_equal(got[c], _numpy_key_counts(np.take(x, c, axis=axis), 22))
+
+
+OBSERVERS = [
+    lambda: nbqat.MinMaxObserver(),
+    lambda: nbqat.PerChannelMinMaxObserver(ch_axis=1),
+    lambda: nbqat.HistogramObserver(bins=64),
+    lambda: nbqat.PercentileObserver(percentile=99.0),
+    lambda: nbqat.MSEObserver(qscheme="per_channel_symmetric", dtype="qint8"),
+]
+
+
+@pytest.mark.parametrize("make", OBSERVERS)
+def test_array_likes_are_observed_as_numpy(torch, rng, make):
+    """A torch CPU tensor or a nested list is observed as np.asarray(x) and returned itself."""
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    ref, tensor_obs, list_obs = make(), make(), make()
+    ref(x)
+    t = torch.from_numpy(x)
+    assert tensor_obs(t) is t
+    rows = x.tolist()
+    assert list_obs(rows) is rows  # float64 values, observed as float32 (torch's x.to(float32))
+    for obs in (tensor_obs, list_obs):
+        for a, b in zip(obs.calculate_qparams(), ref.calculate_qparams()):
+            np.testing.assert_array_equal(a, b)

@@ -571,7 +571,8 @@ def test_bad_input_leaves_state(rng):
     before = obs.state_dict()
     cases = [
         (np.ones((2, 3), np.int32), TypeError, "float16/float32/float64"),
-        ([[1.0, 2.0, 3.0]], TypeError, "NumPy array"),
+        (None, TypeError, "must be an array"),
+        ([["a", "b", "c"]], TypeError, "float16/float32/float64"),
         (np.ones((2, 4), np.float32), ValueError, "has seen 3"),
         (np.ones(3, np.float32), ValueError, "out of range"),
         (np.array(1.0, np.float32), ValueError, "ndim >= 1"),
