@@ -188,7 +188,7 @@ class HistogramObserver(_MinMaxBase):
 
         Parameters
         ----------
-        x : ndarray or CUDA device array, float16/float32/float64, any shape
+        x : ndarray, CUDA device array or array-like (as :meth:`nbqat.MinMaxObserver.forward`)
             Observed as float32; an empty batch is returned without observing.
 
         Returns

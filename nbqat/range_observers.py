@@ -81,12 +81,12 @@ class _KeyHistBase(_MinMaxBase):
 
         Parameters
         ----------
-        x : ndarray or CUDA device array, float16/float32/float64, any shape
+        x : ndarray, CUDA device array or array-like (as :meth:`nbqat.MinMaxObserver.forward`)
             Observed as float32 (per channel, CUDA input is counted on the host).
 
         Returns
         -------
-        x : ndarray or CUDA device array
+        x : the type of the input
             ``x`` itself, unchanged (not a copy).
 
         Raises
