@@ -109,8 +109,8 @@ class _KeyHistBase(_MinMaxBase):
             counts = pg.allreduce_sum(counts.astype(np.float64)).astype(np.int64)
         if self._per_channel and self.histogram.shape[0] == 0:
             self.histogram = counts
-        else:
-            self.histogram = self.histogram + counts
+        else:  # in place: the counts are complete, nothing below can fail
+            self.histogram += counts
         return x
 
     def _count(self, x: Any) -> np.ndarray:

@@ -65,8 +65,8 @@ def key_counts(b, shift):  # pragma: no cover
         s = min(n, r * per * CHUNK)
         buf = np.empty(BLOCK, np.int32)
         _count_keys(b[s : min(n, s + per * CHUNK)], shift, buf, acc[r])
-    out = np.zeros(nb, np.int64)
-    for r in range(rows):
+    out = acc[0, :nb]  # rows added in order into the first
+    for r in range(1, rows):
         for j in range(nb):
             out[j] += acc[r, j]
     return out
