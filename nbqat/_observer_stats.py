@@ -134,7 +134,7 @@ def check_input(x: Any, who: str) -> tuple[Any, bool]:
     ValueError
         A CUDA array that is not C-contiguous.
     """
-    if _cuda.is_cuda_array(x) or hasattr(x, "copy_to_host"):  # + the simulator's arrays
+    if _cuda.is_cuda_array(x):  # the simulator's arrays included
         _cuda.require_cuda(who)
         d = device(x)
         if np.dtype(d.dtype) not in (np.float16, np.float32, np.float64):

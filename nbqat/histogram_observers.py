@@ -102,7 +102,7 @@ def _edges(lo: np.float32, hi: np.float32, bins: int) -> tuple[np.float32, np.fl
 def _histc(data: Any, bins: int, lo: Any, hi: Any) -> np.ndarray:
     """float32 counts of ``torch.histc(data, bins, min=lo, max=hi)`` (host or CUDA data)."""
     elo, ehi, wide = _edges(lo, hi, bins)
-    if hasattr(data, "copy_to_host"):
+    if _cuda.is_cuda_array(data):
         from nbqat.kernels import histogram_cuda as _hc
 
         counts = _hc.histc_counts(data, elo, ehi, bins, wide)

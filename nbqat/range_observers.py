@@ -114,7 +114,7 @@ class _KeyHistBase(_MinMaxBase):
         return x
 
     def _count(self, x: Any) -> np.ndarray:
-        is_dev = hasattr(x, "copy_to_host") or _cuda.is_cuda_array(x)
+        is_dev = _cuda.is_cuda_array(x)
         if is_dev and not self._per_channel and np.dtype(x.dtype) == np.float32:
             from nbqat.kernels import histogram_cuda as _hc
 
