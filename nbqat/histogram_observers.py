@@ -38,6 +38,7 @@ from nbqat._observer_args import DTYPES, check_int
 from nbqat._observer_stats import batch_stats as _batch_stats_any
 from nbqat._observer_stats import check_input as _check_input
 from nbqat._observer_stats import decode as _decode
+from nbqat._observer_stats import device as _device
 from nbqat.kernels import histogram_cpu as _hk
 from nbqat.kernels import observe_cpu as _ok
 from nbqat.observers import _MinMaxBase
@@ -72,7 +73,7 @@ def _apply_policy(obs: Any, fmin, fmax, nnan, npinf, nninf, who: str) -> None:
 def _flat_data(x: Any, is_cuda: bool) -> Any:
     """The batch as flat float32 host data, or a flat device array (converted per element)."""
     if is_cuda:
-        data = x if hasattr(x, "copy_to_host") else _cuda.as_device_array(x)
+        data = _device(x)
         return data.reshape(data.size)
     return np.ravel(x if x.dtype == _F32 else x.astype(_F32), order="K")
 
