@@ -163,7 +163,7 @@ def resolve_range(
     return qmin, qmax, True
 
 
-def check_int(value: Any, name: str, lo: int, hi: int | None = None) -> int:
+def int_in_range(value: Any, name: str, lo: int, hi: int | None = None) -> int:
     """``int(value)`` for an int in ``[lo, hi]`` (TypeError for a non-int or a bool,
     ValueError outside the range)."""
     what = f"an int >= {lo}" if hi is None else f"an int in [{lo}, {hi}]"

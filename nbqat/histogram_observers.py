@@ -34,7 +34,7 @@ import numpy as np
 
 from nbqat import _cuda, _jit
 from nbqat import _observer_args as _args
-from nbqat._observer_args import DTYPES, check_int
+from nbqat._observer_args import DTYPES, int_in_range
 from nbqat._observer_stats import batch_stats as _batch_stats_any
 from nbqat._observer_stats import check_input as _check_input
 from nbqat._observer_stats import decode as _decode
@@ -171,8 +171,8 @@ class HistogramObserver(_MinMaxBase):
 
     def _configure_own(self, a: dict[str, Any]) -> None:
         super()._configure_own(a)
-        self.bins = check_int(a["bins"], "bins", 1)
-        self.upsample_rate = check_int(a["upsample_rate"], "upsample_rate", 1)
+        self.bins = int_in_range(a["bins"], "bins", 1)
+        self.upsample_rate = int_in_range(a["upsample_rate"], "upsample_rate", 1)
         lo, hi, _ = DTYPES[_args.norm_name(a["dtype"], "dtype", tuple(DTYPES))]
         self.dst_nbins = hi - lo + 1
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from nbqat import _cuda, _jit
-from nbqat._observer_args import check_int
+from nbqat._observer_args import int_in_range
 from nbqat._observer_stats import decode as _decode
 from nbqat._observer_stats import device as _device
 from nbqat._validate import split_axis
@@ -61,7 +61,7 @@ class _KeyHistBase(_MinMaxBase):
 
     def _configure_own(self, a: dict[str, Any]) -> None:
         super()._configure_own(a)
-        self.mantissa_bits = check_int(a["mantissa_bits"], "mantissa_bits", 0, 10)
+        self.mantissa_bits = int_in_range(a["mantissa_bits"], "mantissa_bits", 0, 10)
         if str(a["nonfinite"]).removeprefix("torch.") == "propagate":
             raise ValueError(
                 f"{type(self).__name__}: nonfinite='propagate' has no meaning for a histogram of "
@@ -338,7 +338,7 @@ class MSEObserver(_KeyHistBase):
     )
 
     def _configure_own(self, a: dict[str, Any]) -> None:
-        self.num_candidates = check_int(a["num_candidates"], "num_candidates", 1)
+        self.num_candidates = int_in_range(a["num_candidates"], "num_candidates", 1)
         self._per_channel = str(a["qscheme"]).removeprefix("torch.").startswith("per_channel")
         if a["mantissa_bits"] is None:
             a["mantissa_bits"] = 5 if self._per_channel else 7
