@@ -314,7 +314,7 @@ def read_run_config(ck: str | Path) -> Any:
     -------
     nbqat.train.TrainConfig
         Resolved options; ``out`` is the checkpoint's parent folder and ``csv`` the absolute
-        data path (``None``: the shipped dataset). ``nbqat.train._load_data(cfg)`` rebuilds
+        data path (``None``: the shipped dataset). ``nbqat.train.load_data(cfg)`` rebuilds
         the run's windows (scaling, column names) from it.
 
     Raises

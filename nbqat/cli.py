@@ -81,6 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
             "dry-bulb temperature 24 h ahead from one day of history)."
         ),
     )
+    g = _add_training(t)
+    _add_model_options(g)
+    _add_report_options(t, g)
+    _add_output_options(t)
+    _add_data_options(t)
+    _add_predict(sub)
+    return p
+
+
+def _add_training(t: Any) -> Any:
+    """The training group's schedule options; returns the group."""
     g = t.add_argument_group("training")
     g.add_argument(
         "--epochs",
@@ -96,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="QAT fine-tuning epochs [default: 2; --quick: 1]",
     )
     g.add_argument("--batch-size", type=_positive_int, default=None, help="[default: 64]")
+    g.add_argument(
+        "--model",
+        choices=("tft", "lstm"),
+        default="tft",
+        help="the forecaster: tft (the TFT-like network) or lstm (an LSTM encoder + MLP "
+        "quantile head, nbqat.nn.LSTMForecaster; --heads, --dropout and the linear skip are "
+        "the TFT's) [default: tft]",
+    )
     g.add_argument(
         "--hidden-dim",
         type=_positive_int,
@@ -145,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="training windows drawn per epoch (0 = all) [default: 4096; --quick: 1024]",
     )
+    return g
+
+
+def _add_model_options(g: Any) -> None:
+    """The training group's model, optimizer and run options."""
     g.add_argument(
         "--linear-skip",
         action=argparse.BooleanOptionalAction,
@@ -206,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run QAT without clipping from the same start and seed and compare",
     )
+
+
+def _add_report_options(t: Any, g: Any) -> None:
+    """The quantization report group, then the training group's run controls."""
     q = t.add_argument_group("quantization report (OUT/quant_report.json)")
     q.add_argument(
         "--observer",
@@ -231,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--stop-after-steps", type=_positive_int, default=None, help=argparse.SUPPRESS
     )  # testing: behave as if Ctrl-C came after N steps
+
+
+def _add_output_options(t: Any) -> None:
     o = t.add_argument_group("output")
     o.add_argument(
         "--out",
@@ -255,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only validate the data, the options (and a --resume checkpoint); write nothing",
     )
+
+
+def _add_data_options(t: Any) -> None:
     d = t.add_argument_group("data (default: the shipped NREL TMY3 dataset)")
     d.add_argument(
         "--csv",
@@ -304,8 +338,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="steps between validation/test windows [default: 6; --quick: 24]",
     )
-    _add_predict(sub)
-    return p
 
 
 #: Options a ``--resume`` may give: they change no result.
@@ -411,7 +443,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{d['windows']}, filled {d['filled'] or 0}; nothing written"
                 )
         except TrainingInterrupted as e:
-            print(f"\n{e}", file=sys.stderr)
+            from nbqat.distributed import init_process_group
+
+            if init_process_group().rank == 0:  # every rank stopped at the same step
+                print(f"\n{e}", file=sys.stderr)
             return 130
         except (DataError, ValueError, FileNotFoundError, RuntimeError) as e:
             if isinstance(e, RuntimeError) and not getattr(e, "nbqat_user_error", False):

@@ -42,6 +42,7 @@ __all__ = [
     "MPIProcessGroup",
     "ProcessGroup",
     "allreduce_gradients",
+    "calibrate",
     "data_parallel_step",
     "init_process_group",
     "install_abort_handler",
@@ -442,3 +443,62 @@ def data_parallel_step(
         lb = np.array([loss * n_local / rows if n_local else 0.0])
         loss = float(group.allreduce_sum(lb)[0])
     return loss, total
+
+
+def calibrate(
+    qat: Any,
+    batches: Iterable[Sequence[np.ndarray]],
+    group: ProcessGroup,
+    *,
+    quantizers: Any = None,
+) -> int:
+    """Distributed calibration: each rank forwards its slice of every global batch through
+    observers kept in sync, so every rank ends with the qparams of one process fed it all.
+
+    Parameters
+    ----------
+    qat : QATTemporalFusionTransformer (or a model with ``fake_quants`` and ``calibrate``)
+        Its quantizers are attached to ``group`` (:func:`sync_observers`), then its
+        ``calibrate`` runs over this rank's slices (:func:`shard`).
+    batches : iterable of (static, historical, future, ...)
+        The GLOBAL batches, identical on every rank (extra items, a target, are ignored).
+    group : ProcessGroup
+    quantizers : mapping or iterable, optional
+        The quantizers to sync (default: all of ``qat.fake_quants``); a weight quantizer sees
+        the same weights on every rank, so passing only the activation quantizers saves
+        their collectives.
+
+    Returns
+    -------
+    int
+        The number of global batches used (``qat.calibrate``'s count, at most
+        ``config.calibration_batches``).
+
+    Raises
+    ------
+    ValueError
+        A global batch of fewer rows than processes (a rank would get an empty slice): raised
+        on every rank at once, before that batch's collectives.
+
+    Notes
+    -----
+    The observers' statistics merge exactly (min of minima, max of maxima, in rank order);
+    the qparams then equal a single process's wherever each slice's activations are the bits
+    of the same rows in the whole batch (BLAS may round a row differently with another row
+    count, see docs/distributed.md).
+    """
+    sync_observers(qat.fake_quants if quantizers is None else quantizers, group)
+
+    def local() -> Iterable[tuple]:
+        for b in batches:
+            rows = int(np.shape(b[0])[0])
+            if rows < group.size:
+                raise ValueError(
+                    f"calibrate: a global batch has {rows} rows, fewer than the {group.size} "
+                    "processes (a rank would get an empty slice): pass batches of at least "
+                    "group.size rows"
+                )
+            sl = shard(rows, group)
+            yield tuple(a[sl] for a in b[:3])
+
+    return int(qat.calibrate(local()))

@@ -10,6 +10,15 @@ clipping folds in (llm.c style)::
 
 gives the same bits as ``clip_grad_norm_(grads, max_norm); opt.step(grads)`` but reads the
 gradients once less and leaves them unscaled.
+
+Parameter groups (torch's ``param_groups`` / ``add_param_group``): the flat buffer is group 0;
+:meth:`~_Optimizer.add_param_group` adds a group of other parameters -- e.g. the LSQ scales and
+zero points of a QAT model (:meth:`nbqat.nn.QATModel.quantizer_param_group`) -- with their own
+hyper-parameters (default: the optimizer's) and their own state. A group's ``"params"`` is a
+:class:`ParamSource`: ``gather()`` returns its parameters and gradients as two flat arrays,
+``scatter(flat)`` writes updated values back; :class:`ArrayGroup` is one over a list of arrays.
+Each ``step`` updates every group with the same update rule and ``grad_scale`` (so clipping
+covers them together).
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import numpy as np
 from nbqat import _cuda
 from nbqat._jit import threads_for
 from nbqat.kernels import optim_cpu as _k
+from nbqat.optim_groups import ArrayGroup, ParamGroups, ParamSource, _Group
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -67,7 +77,7 @@ def _hparam(value: Any, name: str, lo: float = 0.0, hi: float | None = None) -> 
     return v
 
 
-class _Optimizer:
+class _Optimizer(ParamGroups):
     """Shared machinery: the parameter buffer, state buffers, validation of ``grads``."""
 
     _state_names: tuple[str, ...] = ()
@@ -78,6 +88,7 @@ class _Optimizer:
         self.params = params
         self.step_count = 0
         self._buffers: dict[str, Any] = {}
+        self._groups: list[_Group] = []
 
     # -- buffers ---------------------------------------------------------------------------
     def _zeros(self) -> Any:
@@ -126,6 +137,8 @@ class _Optimizer:
         """Forget the optimizer state: step count 0, moment buffers cleared."""
         self.step_count = 0
         self._buffers.clear()
+        for g in self._groups:
+            g.inner = None
 
     def state_dict(self) -> dict[str, Any]:
         """Step count, hyper-parameters and state buffers (NumPy copies).
@@ -141,6 +154,14 @@ class _Optimizer:
             out[k] = getattr(self, k)
         for k, b in self._buffers.items():
             out[k] = b.copy_to_host() if self._cuda else b.copy()
+        if self._groups:
+            out["param_groups"] = [
+                {
+                    "hparams": dict(g.hparams),
+                    "state": None if g.inner is None else g.inner.state_dict(),
+                }
+                for g in self._groups
+            ]
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -154,7 +175,8 @@ class _Optimizer:
         Raises
         ------
         ValueError
-            Another optimizer type, missing keys, or buffers of the wrong shape/dtype.
+            Another optimizer type, missing keys, buffers of the wrong shape/dtype, or another
+            number of parameter groups (add them with :meth:`add_param_group` first).
         """
         if state.get("type", type(self).__name__) != type(self).__name__:
             raise ValueError(f"state_dict is for {state.get('type')}, not {type(self).__name__}")
@@ -177,6 +199,9 @@ class _Optimizer:
         hp = {k: state[k] for k in self._hparam_names}
         probe = type(self).__new__(type(self))  # validate the hyper-parameters without side effects
         probe._validate(**hp)
+        groups = self._checked_groups(state.get("param_groups"))
+        for grp, (ghp, inner) in zip(self._groups, groups):
+            grp.hparams, grp.inner = ghp, inner
         for k, v in hp.items():
             setattr(self, k, v)
         self.step_count = step
@@ -277,6 +302,7 @@ class SGD(_Optimizer):
             ``grads`` on another device, of another shape/dtype, or not contiguous.
         """
         gs = self._check_grads(grads, grad_scale)
+        groups = self._step_groups(gs)
         t = self._t
         first = "momentum_buffer" not in self._buffers
         buf = self._buffer("momentum_buffer") if self.momentum != 0 else self.params[:0]
@@ -286,6 +312,7 @@ class SGD(_Optimizer):
         )  # fmt: skip
         self._launch("sgd_step", args)
         self.step_count += 1
+        groups()
 
 
 class Adam(_Optimizer):
@@ -364,6 +391,7 @@ class Adam(_Optimizer):
             ``grads`` on another device, of another shape/dtype, or not contiguous.
         """
         gs = self._check_grads(grads, grad_scale)
+        groups = self._step_groups(gs)
         t = self._t
         b1, b2 = self.betas
         step = self.step_count + 1
@@ -379,6 +407,7 @@ class Adam(_Optimizer):
         )  # fmt: skip
         self._launch("adam_step", args)
         self.step_count = step
+        groups()
 
 
 class AdamW(Adam):
@@ -415,4 +444,4 @@ class AdamW(Adam):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
-__all__ = ["SGD", "Adam", "AdamW"]
+__all__ = ["SGD", "Adam", "AdamW", "ArrayGroup", "ParamSource"]

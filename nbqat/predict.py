@@ -175,10 +175,8 @@ def _engine(engine: str, run: Path, qat: Any) -> Any:
         return lambda s, h, f: sess.run(None, {"static": s, "historical": h, "future": f})[0]
     if engine == "int8":
         return qat.to_int8().forward
-    from nbqat.nn import TemporalFusionTransformer
-
     z = np.load(run / "checkpoint" / "float.npz")
-    model = TemporalFusionTransformer(qat.model.config, dtype=np.float32)
+    model = type(qat.model)(qat.model.config, dtype=np.float32)  # the run's forecaster class
     model.params[...] = z["best_params"] if "best_params" in z.files else z["params"]
     if callable(getattr(model, "eval", None)):
         model.eval()  # inference mode (dropout, where a model has it, is the identity)
@@ -225,7 +223,7 @@ def predict(
         When ``run_dir`` or ``csv_path`` does not exist.
     """
     from nbqat.data import SplitWindows
-    from nbqat.nn.qat import QATTemporalFusionTransformer
+    from nbqat.nn.forecasters import load_qat_forecaster
 
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")
@@ -242,13 +240,11 @@ def predict(
     run, cfg = load_run(run_dir)
     from nbqat.report import activation_qconfig
 
-    # the run's activation observer (--observer; "all" trains with min/max), as train.py builds
+    # the run's activation observer (--observer; "all" trains with min/max), as nbqat.train builds
     # it: another observer type would not take the checkpoint's observer state
     obs = cfg.get("observer", "minmax")
     qconfig = activation_qconfig("minmax" if obs == "all" else obs)
-    qat = QATTemporalFusionTransformer.from_checkpoint(
-        run / "checkpoint" / "qat.npz", qconfig=qconfig
-    )
+    qat = load_qat_forecaster(run / "checkpoint" / "qat.npz", qconfig=qconfig)  # tft | lstm
     w, lengths = _windows(cfg, csv_path)
     _check_columns(w, run, qat)
     _check_scaling(w, run)

@@ -259,7 +259,7 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
 
     Parameters
     ----------
-    run : nbqat.train._Run
+    run : nbqat.train.loop.Run
         The finished run (``cfg``, ``w``, ``best_params``, the batch generators, ``_predict``).
     build_model : callable () -> TemporalFusionTransformer
         A fresh model of the run's configuration.
@@ -272,7 +272,7 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
         ``{"float_finetuned": q-risks, "ptq_int8": q-risks}`` (P10/P50/P90 on the test split).
     """
     from nbqat.nn import set_dropout
-    from nbqat.nn.qat import QATTemporalFusionTransformer
+    from nbqat.nn.forecasters import prepare_forecaster
     from nbqat.train import q_risk
 
     cfg, w, test = run.cfg, run.w, run.w.test
@@ -280,7 +280,7 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
     out = {}
     ft = build_model()
     ft.params[...] = run.best_params
-    total = cfg.qat_epochs * run._steps_per_epoch()
+    total = cfg.qat_epochs * run.steps_per_epoch()
     finetune_float(
         ft,
         make_optimizer(ft),
@@ -291,16 +291,16 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
         dropout_seed=lambda i: (cfg.seed, 3, i),  # the QAT phase's masks
     )
     set_dropout(ft, False)
-    out["float_finetuned"] = q_risk(test.unscale(run._predict(ft.forward, test)), y, w.quantiles)
+    out["float_finetuned"] = q_risk(test.unscale(run.predict(ft.forward, test)), y, w.quantiles)
     base = build_model()
     base.params[...] = run.best_params
-    ptq = QATTemporalFusionTransformer.from_float(base, config=run.qat_config(), inplace=True)
+    ptq = prepare_forecaster(base, run.qat_config(), inplace=True)  # the TFT's or the LSTM's
     ptq.enable_calibration()
     for s, h, f, _ in run.calibration_batches():
         ptq.forward(s, h, f)
     ptq.disable_calibration()
     int8 = ptq.to_int8()
-    out["ptq_int8"] = q_risk(test.unscale(run._predict(int8.forward, test)), y, w.quantiles)
+    out["ptq_int8"] = q_risk(test.unscale(run.predict(int8.forward, test)), y, w.quantiles)
     return out
 
 

@@ -363,7 +363,7 @@ def from_run(r: Any, test: Any) -> dict:
 
     Parameters
     ----------
-    r : nbqat.train._Run (after QAT)
+    r : nbqat.train.loop.Run (after QAT)
     test : SplitWindows, the test split
 
     Returns
@@ -375,11 +375,11 @@ def from_run(r: Any, test: Any) -> dict:
 
     cfg, w = r.cfg, r.w
     y = test.target_raw()
-    order = r._epoch_order(2, 0)[: max(1, min(cfg.calibration_batches, 8))]
+    order = r.epoch_order(2, 0)[: max(1, min(cfg.calibration_batches, 8))]
     batches = [w.train.batch(i) for i in order]
 
     def evaluate(predict: Callable) -> float:
-        return q_risk(test.unscale(r._predict(predict, test)), y, w.quantiles)["P50"]
+        return q_risk(test.unscale(r.predict(predict, test)), y, w.quantiles)["P50"]
 
     report: dict[str, Any] = {
         "observer": cfg.observer,
@@ -410,13 +410,13 @@ def from_run(r: Any, test: Any) -> dict:
 def _observer_table(r: Any, batches: list, evaluate: Callable) -> dict:
     """Post-training fake-quant P50 q-risk for each activation observer (same calibration
     batches, the best float weights, no QAT)."""
-    from nbqat.nn.qat import QATTemporalFusionTransformer
+    from nbqat.nn.forecasters import prepare_forecaster
     from nbqat.qconfig import QATConfig
 
     table = {}
     for name in OBSERVERS:
         qcfg = QATConfig(calibration_batches=len(batches), qconfig=activation_qconfig(name))
-        qat = QATTemporalFusionTransformer.from_float(r.model, config=qcfg)
+        qat = prepare_forecaster(r.model, qcfg)
         qat.calibrate(batches)
         rows = quantizer_report(qat, batches[:2])
         sq = [q["sqnr_db"] for q in rows if q["sqnr_db"] is not None and q["kind"] == "activation"]

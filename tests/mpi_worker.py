@@ -5,11 +5,19 @@ MODE ``train``: data-parallel calibration + QAT steps of a tiny TFT; rank 0 save
 norms, parameters, qparams and the int8 model's output.
 MODE ``fail``: rank 1 raises; the others wait in a collective (they must not hang).
 Every rank writes ``OUT/rank<r>.npz``.
+
+MODE ``main`` (``mpi_worker.py main REC train ARGS...``): ``nbqat train ARGS`` under an audit
+hook that records every file this rank creates, changes or removes below ``--out``; each rank
+writes the list to ``REC/writes<r>.json`` and exits with the command's status. MODE
+``main_fail``: the same, and rank 1's third training step raises.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -74,9 +82,67 @@ def run_train(group, steps=4):
     return tiny_run(group, steps)
 
 
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_CHANGES = ("os.rename", "os.mkdir", "os.remove", "os.rmdir", "shutil.rmtree", "shutil.copyfile")
+
+
+def record_writes(below: Path, seen: list) -> None:
+    """Append ``(event, path)`` to ``seen`` for each write below the folder ``below``."""
+    root = str(below.resolve())
+
+    def inside(p) -> bool:
+        return isinstance(p, (str, bytes, os.PathLike)) and os.path.abspath(
+            os.fsdecode(p)
+        ).startswith(root)
+
+    def hook(event, args):
+        if event == "open":
+            path, mode, flags = args
+            writes = any(c in mode for c in "wax+") if isinstance(mode, str) else None
+            if writes is None:
+                writes = bool(flags & _WRITE_FLAGS)
+            if writes and inside(path):
+                seen.append((event, os.fsdecode(path)))
+        elif event in _CHANGES:
+            paths = [a for a in args[:2] if inside(a)]
+            if paths:
+                seen.append((event, os.fsdecode(paths[-1])))
+
+    sys.addaudithook(hook)
+
+
+def run_main(mode, rec, argv, group):
+    """``nbqat train`` under the write recorder (and, for ``main_fail``, rank 1 failing)."""
+    from nbqat import cli
+    from nbqat.nn import step
+
+    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else None
+    if out is None:  # --resume CKPT: the run folder is the checkpoint's parent
+        out = Path(argv[argv.index("--resume") + 1]).parent
+    if mode == "main_fail" and group.rank == 1:
+        real, calls = step.train_step, []
+
+        def failing(*a, **k):
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("deliberate failure in a training step")
+            return real(*a, **k)
+
+        step.train_step = failing
+    seen: list = []
+    record_writes(out, seen)
+    try:
+        rc = cli.main(argv)
+    finally:
+        Path(rec, f"writes{group.rank}.json").write_text(json.dumps(seen))
+    sys.exit(rc)
+
+
 def main():
     mode, out = sys.argv[1], sys.argv[2]
     group = dist.init_process_group()
+    if mode in ("main", "main_fail"):
+        return run_main(mode, out, sys.argv[3:], group)
     dist.install_abort_handler(group)
     if mode == "observers":
         res = run_observers(group)

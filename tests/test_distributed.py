@@ -118,11 +118,12 @@ def test_sync_observers_rejects_what_cannot_merge():
 
 
 # ----------------------------------------------------------------------------- 2 processes
-def _mpirun(mode, out, n=2, timeout=600):
+def _mpirun(mode, out, n=2, timeout=600, args=()):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), *sys.path]))
     env.pop("NBQAT_FORCE_SINGLE", None)
+    worker = [sys.executable, str(HERE / "mpi_worker.py"), mode, str(out), *map(str, args)]
     return subprocess.run(
-        [MPIEXEC, "-n", str(n), sys.executable, str(HERE / "mpi_worker.py"), mode, str(out)],
+        [MPIEXEC, "-n", str(n), *worker],
         env=env,
         capture_output=True,
         text=True,
@@ -223,3 +224,41 @@ def test_shard_refuses_negative_or_fractional_row_counts():
     with pytest.raises(TypeError, match="global_batch"):
         dist.shard(3.7, g)
     assert dist.shard(np.int64(5), g) == slice(0, 5)
+
+
+def test_calibrate_single_process_equals_the_models_calibrate():
+    from worker_common import CFG, batch
+
+    from nbqat.nn import TemporalFusionTransformer
+    from nbqat.nn.qat import QATTemporalFusionTransformer
+
+    rng = np.random.default_rng(4)
+    batches = [batch(rng) for _ in range(3)]
+    a = QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(CFG, seed=1))
+    b = QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(CFG, seed=1))
+    assert dist.calibrate(a, batches, dist.ProcessGroup()) == 3
+    assert b.calibrate(batches) == 3
+    assert a.fake_quants.keys() == b.fake_quants.keys()
+    for name, fq in a.fake_quants.items():
+        np.testing.assert_array_equal(fq.scale, b.fake_quants[name].scale, err_msg=name)
+        np.testing.assert_array_equal(fq.zero_point, b.fake_quants[name].zero_point)
+
+
+def test_calibrate_refuses_a_batch_smaller_than_the_group():
+    from worker_common import CFG, batch
+
+    from nbqat.nn import TemporalFusionTransformer
+    from nbqat.nn.qat import QATTemporalFusionTransformer
+
+    class Two(dist.ProcessGroup):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rank, self.size = 1, 2
+
+    qat = QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(CFG, seed=1))
+    before = {k: np.array(fq.scale) for k, fq in qat.fake_quants.items()}
+    small = tuple(x[:1] for x in batch(np.random.default_rng(0)))
+    with pytest.raises(ValueError, match="fewer than the 2 processes"):
+        dist.calibrate(qat, [small], Two())
+    for k, fq in qat.fake_quants.items():  # nothing observed
+        np.testing.assert_array_equal(fq.scale, before[k])

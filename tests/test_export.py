@@ -149,6 +149,16 @@ def test_parity_real_windows_qrisk(tmp_path):
     assert eng["int8"]["q_risk"] == ref
     props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
     assert json.loads(props["feature_names"]) == w.static_names
+    # the split read batch by batch (batches smaller than the split) gives the same report
+    streamed = check_parity(
+        q, path, test, target=y, unscale=test.unscale, reference_rows=3, batch_size=5
+    )
+    for name, p in rep["_predictions"].items():
+        np.testing.assert_array_equal(streamed["_predictions"][name], p, err_msg=name)
+    assert streamed["engines"] == rep["engines"] and streamed["pairs"] == rep["pairs"]
+    assert division_study(path, test, batch_size=5) == division_study(path, s, h, f)
+    with pytest.raises(TypeError, match="three input arrays"):
+        check_parity(q, path, s, h)
 
 
 # ----------------------------------------------------------------------------- structure

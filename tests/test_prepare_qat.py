@@ -394,7 +394,6 @@ def test_learnable_scales_config_builds_lsq_quantizers(rng):
     """QATConfig(learnable_scales=True) was silently ignored by prepare_qat (plain FakeQuantize,
     scales never learned)."""
     from nbqat.fake_quantize import LearnableFakeQuantize
-    from nbqat.nn.phases import lsq_step
 
     model = Sequential(Linear(4, 8), ELU(), Linear(8, 2))
     ParameterBuffer(model, seed=0)
@@ -415,9 +414,12 @@ def test_learnable_scales_config_builds_lsq_quantizers(rng):
     qat.backward(np.ones_like(y) / y.size)
     g = {n: fq.grad_scale.copy() for n, fq in qat.fake_quants.items()}
     assert any(np.any(v != 0) for v in g.values())
-    lsq_step(qat.learnable_quantizers(), nbqat.SGD(qat.params, lr=0.5), 1.0)
-    for n, fq in qat.fake_quants.items():  # p -= lr * grad (float32)
-        np.testing.assert_array_equal(fq.scale, np.maximum(s0[n] - np.float32(0.5) * g[n], fq.eps))
+    opt = nbqat.SGD(qat.params, lr=0.5)  # the scales: a parameter group of the same optimizer
+    opt.add_param_group(qat.quantizer_param_group(lr=0.25))
+    opt.step(qat.grads)
+    for n, fq in qat.fake_quants.items():  # p -= lr * grad, rounded once to float32
+        want = np.maximum(s0[n].astype(np.float64) - 0.25 * g[n].astype(np.float64), fq.eps)
+        np.testing.assert_allclose(fq.scale, want.astype(np.float32), rtol=2e-7, atol=0)
 
 
 def test_zero_grad_of_an_inplace_model_clears_the_callers_gradients(rng):

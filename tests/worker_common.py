@@ -39,13 +39,7 @@ def tiny_run(group, steps, optimizer=nbqat.SGD):
         losses.append(loss)
         norms.append(total)
     out["float_params"] = model.params.copy()
-    dist.sync_observers(qat.fake_quants, group)
-    qat.enable_calibration()
-    for _ in range(3):
-        s, h, f, _ = batch(rng)
-        sl = dist.shard(len(s), group)
-        qat.forward(s[sl], h[sl], f[sl])
-    qat.disable_calibration()
+    assert dist.calibrate(qat, [batch(rng) for _ in range(3)], group) == 3
     for name, fq in qat.fake_quants.items():
         out[f"cal.{name}"] = np.concatenate([np.ravel(fq.scale), np.ravel(fq.zero_point)])
     s, h, f, _ = batch(np.random.default_rng(9), 5)

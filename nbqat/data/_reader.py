@@ -52,6 +52,25 @@ class _ArrowColumns:
             self.table = self.table.drop_columns([col])
         return s
 
+    def numeric_into(self, col: str, out: np.ndarray) -> bool:
+        """Fill ``out`` (float64, one row per value) from a numeric column with no nulls,
+        chunk by chunk, without a pandas Series in between; ``False`` (``out`` unspecified,
+        the column kept) when the column is not of that kind, so the caller takes the
+        checked path."""
+        import pyarrow.types as pat
+
+        column = self.table.column(col)
+        kind = column.type
+        if column.null_count or not (pat.is_floating(kind) or pat.is_integer(kind)):
+            return False
+        off = 0
+        for chunk in column.chunks:
+            n = len(chunk)
+            out[off : off + n] = chunk.to_numpy(zero_copy_only=False)
+            off += n
+        self.table = self.table.drop_columns([col])
+        return True
+
 
 def _read_table(path: Path, cols: list[str], entity_col: str | None, parquet: bool) -> Any:
     """The needed columns of a CSV / Parquet file (pyarrow; pandas' C parser without it)."""
@@ -73,8 +92,9 @@ def _read_table(path: Path, cols: list[str], entity_col: str | None, parquet: bo
     conv = pacsv.ConvertOptions(include_columns=cols, column_types=types)
     try:
         # Streamed in 4 MB blocks: the peak memory is the table plus one block, not the
-        # whole-file parse buffers of pyarrow.csv.read_csv (measured 263 MB against 487 MB on
-        # benchmarks/bench_data.py's 1.75 M-row file, for the same 185 MB table).
+        # whole-file parse buffers of pyarrow.csv.read_csv (load_csv's peak on
+        # benchmarks/bench_data.py's 1.75 M-row file: 1.2x a bare pandas.read_csv streamed,
+        # 1.6x read whole, for 0.1-0.4 s less time).
         opts = pacsv.ReadOptions(block_size=_BLOCK_BYTES)
         reader = pacsv.open_csv(path, read_options=opts, convert_options=conv)
         return _ArrowColumns(pa.Table.from_batches(list(reader), schema=reader.schema))
@@ -382,6 +402,23 @@ def _numeric(s: Any, col: str, where: Callable[[int], str], allow_missing: bool)
     return x
 
 
+def _numeric_into(
+    df: Any, col: str, out: np.ndarray, where: Callable[[int], str], allow_missing: bool
+) -> None:
+    """``out[:] = _numeric(df[col], ...)``; an Arrow column of plain numbers is copied
+    straight into ``out`` and checked there (two reductions, no temporaries), and only a
+    column that fails that check is read again through :func:`_numeric` for its message."""
+    if isinstance(df, _ArrowColumns) and df.numeric_into(col, out):
+        lo, hi = out.min(), out.max()  # NaN fails both comparisons
+        if -MAX_ABS_VALUE <= lo and hi <= MAX_ABS_VALUE:
+            return
+        import pandas as pd
+
+        _numeric(pd.Series(out), col, where, allow_missing)  # raises, naming the row
+        return
+    out[:] = _numeric(df[col], col, where, allow_missing)
+
+
 def _frame_to_series(
     df, where, src, time_col, target_col, entity_col, observed, known, static, fill_gaps
 ) -> SeriesData:
@@ -404,10 +441,10 @@ def _frame_to_series(
     # Column-major (one contiguous row per column): filled and read column by column.
     vals = np.empty((len(numeric_cols), len(df)))
     for j, c in enumerate(numeric_cols):
-        vals[j] = _numeric(df[c], c, where, fill_gaps)
+        _numeric_into(df, c, vals[j], where, fill_gaps)
     stat = np.empty((len(static), len(df)))
     for j, c in enumerate(static):
-        stat[j] = _numeric(df[c], c, where, False)
+        _numeric_into(df, c, stat[j], where, False)
     return regularise(
         t, codes, names, vals, stat, where, src, target_col, observed, known, static, fill_gaps
     )

@@ -47,9 +47,43 @@ def ort_session(proto: Any, optimize: bool) -> Any:
     return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def _batched(fn: Callable, inputs: Sequence[np.ndarray], bs: int) -> np.ndarray:
-    n = inputs[0].shape[0]
-    outs = [fn(*(x[i : i + bs] for x in inputs)) for i in range(0, n, bs)]
+class _Rows:
+    """The windows compared: three arrays, or a :class:`nbqat.data.SplitWindows` read batch
+    by batch (so the memory of a parity check does not grow with the number of windows)."""
+
+    def __init__(self, static: Any, historical: Any, future: Any) -> None:
+        self.split = static if historical is None and hasattr(static, "batch") else None
+        if self.split is not None:
+            if future is not None:
+                raise ValueError("with a SplitWindows as static, pass historical=future=None")
+            self.n = len(self.split)
+            self.arrays: list[np.ndarray] = []
+            return
+        if historical is None or future is None:
+            raise TypeError(
+                "pass the three input arrays (static, historical, future) or one SplitWindows"
+            )
+        self.arrays = [
+            np.ascontiguousarray(x, dtype=np.float32) for x in (static, historical, future)
+        ]
+        self.n = self.arrays[0].shape[0]
+        if any(x.shape[0] != self.n for x in self.arrays):
+            raise ValueError(
+                f"static, historical and future must share the batch size, got "
+                f"{[x.shape[0] for x in self.arrays]}"
+            )
+
+    def get(self, i0: int, i1: int) -> list[np.ndarray]:
+        i1 = min(i1, self.n)
+        if self.split is None:
+            return [x[i0:i1] for x in self.arrays]
+        s, h, f, _ = self.split.batch(np.arange(i0, i1))
+        return [np.ascontiguousarray(x, dtype=np.float32) for x in (s, h, f)]
+
+
+def _batched(fn: Callable, rows: _Rows, bs: int, n: int | None = None) -> np.ndarray:
+    n = rows.n if n is None else n
+    outs = [fn(*rows.get(i, min(i + bs, n))) for i in range(0, n, bs)]
     return np.concatenate(outs).astype(np.float32)
 
 
@@ -78,9 +112,9 @@ def _pair_stats(a: np.ndarray, b: np.ndarray, step: float) -> dict:
 def check_parity(
     model: Any,
     onnx_model: Any,
-    static: np.ndarray,
-    historical: np.ndarray,
-    future: np.ndarray,
+    static: Any,
+    historical: np.ndarray | None = None,
+    future: np.ndarray | None = None,
     *,
     int8: Any = None,
     target: np.ndarray | None = None,
@@ -103,7 +137,9 @@ def check_parity(
     onnx_model : str, pathlib.Path or onnx.ModelProto
         The exported model (:func:`~nbqat.export.to_onnx`).
     static, historical, future : ndarray float32
-        Inputs (B, m_s), (B, k, m_z), (B, tau, m_x).
+        Inputs (B, m_s), (B, k, m_z), (B, tau, m_x). Or ``static`` a
+        :class:`nbqat.data.SplitWindows` and the other two omitted: its windows are read
+        ``batch_size`` at a time (memory independent of the number of windows).
     int8 : Int8TemporalFusionTransformer or Int8Model, optional
         Default :func:`nbqat.nn.convert` of ``model`` (``to_int8()`` for the forecaster), or
         ``model`` itself when it is an integer model. Without an output quantizer (a generic
@@ -123,7 +159,8 @@ def check_parity(
     Returns
     -------
     dict
-        ``output_scale`` (the output quantization step), ``rows``, ``engines`` (per engine:
+        ``output_scale`` (the output quantization step; None without an output quantizer),
+        ``rows``, ``engines`` (per engine:
         rows run and, with ``target``, the q-risk), ``pairs`` (per pair: max abs difference,
         in output steps, bit-identical and within-one-step fractions, over the rows both ran),
         and ``_predictions`` (engine -> float32 (rows, tau, Q) array; not JSON).
@@ -132,17 +169,14 @@ def check_parity(
     ------
     ValueError
         On inputs whose batch sizes differ, or a ``target`` of another shape than (B, tau).
+    TypeError
+        When only some of the three input arrays are given.
     """
     import json
 
+    rows = _Rows(static, historical, future)
+    n = rows.n
     proto = _load(onnx_model)
-    inputs = [np.ascontiguousarray(x, dtype=np.float32) for x in (static, historical, future)]
-    n = inputs[0].shape[0]
-    if any(x.shape[0] != n for x in inputs):
-        raise ValueError(
-            f"static, historical and future must share the batch size, got "
-            f"{[x.shape[0] for x in inputs]}"
-        )
     if int8 is None:
         from nbqat.nn.convert import convert
 
@@ -154,10 +188,12 @@ def check_parity(
     q = tuple(quantiles) if quantiles is not None else tuple(json.loads(props["quantiles"]))
     fake = None if _is_int8(model) else model
     nref = n if reference_rows is None else min(int(reference_rows), n)
-    preds = _run_engines(fake, int8, proto, inputs, nref, batch_size)
+    preds = _run_engines(fake, int8, proto, rows, nref, batch_size)
     scale = getattr(int8, "output_scale", None)
     step = float("nan") if scale is None else float(scale)
-    out: dict[str, Any] = {"output_scale": step, "rows": n, "engines": {}, "pairs": {}}
+    # no output quantizer (a converted generic model): no step, reported as None (strict JSON)
+    out: dict[str, Any] = {"output_scale": None if scale is None else step, "rows": n}
+    out.update(engines={}, pairs={})
     for name in ENGINES:
         if name not in preds:
             continue
@@ -178,13 +214,13 @@ def check_parity(
 
 
 def _run_engines(
-    fake: Any, int8: Any, proto: Any, inputs: list[np.ndarray], nref: int, batch_size: int
+    fake: Any, int8: Any, proto: Any, rows: _Rows, nref: int, batch_size: int
 ) -> dict[str, np.ndarray]:
     """float32 predictions of every engine (the reference evaluator on the first ``nref``)."""
     preds: dict[str, np.ndarray] = {}
     if fake is not None:  # predict: no observer update (a generic QATModel: frozen forward)
-        preds["fake_quant"] = _batched(getattr(fake, "predict", fake.forward), inputs, batch_size)
-    preds["int8"] = _batched(int8.forward, inputs, batch_size)
+        preds["fake_quant"] = _batched(getattr(fake, "predict", fake.forward), rows, batch_size)
+    preds["int8"] = _batched(int8.forward, rows, batch_size)
     names = ("static", "historical", "future")
     for name, opt in (("ort_disable_all", False), ("ort_default", True)):
         sess = ort_session(proto, opt)
@@ -192,7 +228,7 @@ def _run_engines(
         def _ort(*xs: np.ndarray, sess: Any = sess) -> np.ndarray:
             return sess.run(None, dict(zip(names, xs)))[0]
 
-        preds[name] = _batched(_ort, inputs, batch_size)
+        preds[name] = _batched(_ort, rows, batch_size)
     if nref > 0:
         from onnx.reference import ReferenceEvaluator
 
@@ -202,7 +238,7 @@ def _run_engines(
             res: Any = ev.run(None, dict(zip(names, xs)))
             return res[0]
 
-        preds["reference"] = _batched(_ref, [x[:nref] for x in inputs], batch_size)
+        preds["reference"] = _batched(_ref, rows, batch_size, nref)
     return preds
 
 
@@ -234,9 +270,9 @@ def _quantize_points(proto: Any) -> list[tuple[str, str, float, int, np.dtype, i
 
 def division_study(
     onnx_model: Any,
-    static: np.ndarray,
-    historical: np.ndarray,
-    future: np.ndarray,
+    static: Any,
+    historical: np.ndarray | None = None,
+    future: np.ndarray | None = None,
     batch_size: int = 256,
 ) -> dict:
     """How often ONNX's ``round(x / scale)`` and PyTorch's ``round(x * float32(1 / scale))``
@@ -251,7 +287,8 @@ def division_study(
     ----------
     onnx_model : str, pathlib.Path or onnx.ModelProto
     static, historical, future : ndarray float32
-        Inputs (B, m_s), (B, k, m_z), (B, tau, m_x).
+        Inputs (B, m_s), (B, k, m_z), (B, tau, m_x), or a SplitWindows as in
+        :func:`check_parity`.
     batch_size : int, default 256
 
     Returns
@@ -277,11 +314,9 @@ def division_study(
     names = [o.name for o in m.graph.output]
     total = recip = div = maxd = 0
     affected: set[str] = set()
-    inputs = [np.ascontiguousarray(v, dtype=np.float32) for v in (static, historical, future)]
-    for i in range(0, inputs[0].shape[0], batch_size):
-        feed = dict(
-            zip(("static", "historical", "future"), (v[i : i + batch_size] for v in inputs))
-        )
+    rows = _Rows(static, historical, future)
+    for i in range(0, rows.n, batch_size):
+        feed = dict(zip(("static", "historical", "future"), rows.get(i, i + batch_size)))
         vals = dict(zip(names, sess.run(names, feed)))
         for x, qo, s, zp, _, lo, hi in pts:
             xv = vals[x].astype(np.float32)

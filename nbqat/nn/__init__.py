@@ -6,6 +6,7 @@ gradients). Parameters of a whole model live in one flat buffer (:class:`Paramet
 """
 
 from nbqat.nn.convert import Int8Model, convert
+from nbqat.nn.forecasters import build_forecaster, load_qat_forecaster, prepare_forecaster
 from nbqat.nn.layers import (
     ELU,
     LSTM,
@@ -61,6 +62,9 @@ __all__ = [
     "TemporalFusionTransformer",
     "VariableEmbedding",
     "VariableSelectionNetwork",
+    "build_forecaster",
+    "load_qat_forecaster",
+    "prepare_forecaster",
     "q_risk",
     "quantile_loss",
     "quantile_loss_grad",

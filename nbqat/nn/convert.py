@@ -154,8 +154,9 @@ def convert(qat_model: Any) -> Any:
 
     Returns
     -------
-    Int8Model
-        (``qat_model.to_int8()`` for the TFT's QAT model.)
+    Int8Model or Int8TemporalFusionTransformer
+        ``qat_model.to_int8()``: :func:`convert_model` for a generic prepared model, the TFT's
+        own integer twin for a QATTemporalFusionTransformer.
 
     Raises
     ------
@@ -164,17 +165,38 @@ def convert(qat_model: Any) -> Any:
     RuntimeError
         A quantizer has never observed data.
     """
-    from nbqat.fake_quantize import FakeQuantize
-    from nbqat.nn.int8 import FrozenFakeQuantize
-    from nbqat.nn.layers import LSTM, Linear
-
-    if hasattr(qat_model, "to_int8"):
-        return qat_model.to_int8()
-    if not isinstance(qat_model, QATModel):
+    if not isinstance(qat_model, QATModel) and not hasattr(qat_model, "to_int8"):
         raise TypeError(
             f"convert: expects the result of prepare_qat, got {type(qat_model).__name__} "
             "(prepare and calibrate it first: qat = prepare_qat(model))"
         )
+    return qat_model.to_int8()
+
+
+def convert_model(qat_model: QATModel) -> Int8Model:
+    """:func:`convert` of a generic prepared model (:meth:`QATModel.to_int8
+    <nbqat.nn.quantize.QATModel.to_int8>`): a deep copy of its network whose quantized
+    ``Linear`` / ``LSTM`` layers become :class:`QuantizedLinear` / :class:`QuantizedLSTM` and
+    whose other quantizers are frozen.
+
+    Parameters
+    ----------
+    qat_model : QATModel
+        Calibrated; not changed.
+
+    Returns
+    -------
+    Int8Model
+
+    Raises
+    ------
+    RuntimeError
+        A quantizer has never observed data.
+    """
+    from nbqat.fake_quantize import FakeQuantize
+    from nbqat.nn.int8 import FrozenFakeQuantize
+    from nbqat.nn.layers import LSTM, Linear
+
     net = copy.deepcopy(qat_model.model)
     layers: dict[str, Module] = {}
     for name, mod in list(net.named_modules()):

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CALIBRATION", "QAT", "QATPhases", "is_learnable", "lsq_step"]
+__all__ = ["CALIBRATION", "QAT", "QATPhases", "QuantizerParameters", "is_learnable"]
 
 #: Phase names.
 CALIBRATION = "calibration"
@@ -55,6 +55,30 @@ class QATPhases:
         return [fq for fq in self.fake_quants.values() if is_learnable(fq)]
 
     _learnable = learnable_quantizers
+
+    def quantizer_parameters(self) -> QuantizerParameters:
+        """The LSQ scales and zero points as one optimizer parameter group source (the same
+        object every call; see :class:`QuantizerParameters`)."""
+        src = self.__dict__.get("_quantizer_parameters")
+        if src is None:
+            src = self.__dict__["_quantizer_parameters"] = QuantizerParameters(self)
+        return src
+
+    def quantizer_param_group(self, **hparams: Any) -> dict[str, Any]:
+        """``{"params": self.quantizer_parameters(), **hparams}`` for the optimizer's
+        ``add_param_group`` (torch's habit: ``Adam([weights, {"params": scales, "lr": ..}])``).
+
+        Parameters
+        ----------
+        **hparams
+            Hyper-parameter overrides of the group (e.g. ``lr=1e-4``); the rest are the
+            optimizer's.
+
+        Returns
+        -------
+        dict
+        """
+        return {"params": self.quantizer_parameters(), **hparams}
 
     def _apply_flags(self) -> None:
         observe = (self.phase == CALIBRATION or not self.observers_frozen) and self.training
@@ -139,24 +163,41 @@ class QATPhases:
         return self.train(False)
 
 
-def lsq_step(learn: list, optimizer: Any, coef: float) -> None:
-    """Plain SGD on the LSQ scales / zero points: ``p -= lr * coef * grad`` (float32), scales
-    kept ``>= eps`` (torch's LSQ clamps the same way in forward).
+class QuantizerParameters:
+    """The learnable (LSQ) scales and zero points of a QAT model as one parameter source for
+    the optimizer's parameter groups (:meth:`nbqat.optim.SGD.add_param_group`).
+
+    ``gather()`` concatenates ``[scale, zero_point]`` of every learnable quantizer (in
+    ``fake_quants`` order) and their gradients into two flat float32 arrays; ``scatter(flat)``
+    writes them back into the quantizers whose learning is enabled (a quantizer in the
+    calibration phase, frozen, or in eval mode keeps its values) and clamps each scale to
+    ``>= eps`` as torch's LSQ forward does.
 
     Parameters
     ----------
-    learn : list of LearnableFakeQuantize
-        Those with ``learning_enabled`` are updated.
-    optimizer : nbqat optimizer
-        Its ``lr`` is used.
-    coef : float
-        The clipping coefficient of the step.
+    owner : QATPhases
+        The QAT model (its :meth:`~QATPhases.learnable_quantizers` are read at every call).
     """
-    lr = np.float32(getattr(optimizer, "lr", 0.0))
-    c = np.float32(coef)
-    for fq in learn:
-        if not getattr(fq, "learning_enabled", True):
-            continue
-        fq.scale -= lr * (fq.grad_scale * c)
-        fq.zero_point -= lr * (fq.grad_zero_point * c)
-        np.maximum(fq.scale, fq.eps, out=fq.scale)
+
+    def __init__(self, owner: QATPhases) -> None:
+        self.owner = owner
+
+    def gather(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(params, grads)``: flat float32 copies, ``2 * sum(scale.size)`` long."""
+        from nbqat.optim_groups import ArrayGroup
+
+        qs = self.owner.learnable_quantizers()
+        p = [a for fq in qs for a in (fq.scale, fq.zero_point)]
+        g = [a for fq in qs for a in (fq.grad_scale, fq.grad_zero_point)]
+        return ArrayGroup(p, g).gather()  # float32 (LSQ keeps its qparams in float32)
+
+    def scatter(self, params: np.ndarray) -> None:
+        """Write the updated flat ``params`` back (see the class docstring)."""
+        off = 0
+        for fq in self.owner.learnable_quantizers():
+            n = fq.scale.size
+            if getattr(fq, "learning_enabled", True):
+                fq.scale[...] = params[off : off + n].reshape(fq.scale.shape)
+                fq.zero_point[...] = params[off + n : off + 2 * n].reshape(fq.zero_point.shape)
+                np.maximum(fq.scale, fq.eps, out=fq.scale)
+            off += 2 * n

@@ -31,7 +31,9 @@ from typing import Any
 import numpy as np
 
 from nbqat.nn.params import Module, ParameterBuffer
-from nbqat.nn.phases import CALIBRATION, QATPhases
+from nbqat.nn.phases import CALIBRATION, QATPhases, is_learnable
+from nbqat.nn.qat_mappings import QAT_MODULE_MAPPINGS, hooks_for, register_qat_module
+from nbqat.nn.qat_state import QATCheckpoint
 
 __all__ = [
     "QAT_MODULE_MAPPINGS",
@@ -40,72 +42,6 @@ __all__ = [
     "prepare_qat",
     "register_qat_module",
 ]
-
-
-def _default_mappings() -> dict[type, dict[str, str]]:
-    from nbqat.nn.layers import (
-        LSTM,
-        InterpretableMultiHeadAttention,
-        LayerNorm,
-        Linear,
-        VariableEmbedding,
-    )
-
-    return {
-        Linear: {"weight_fake_quant": "weight", "input_fake_quant": "activation"},
-        LSTM: {
-            "weight_ih_fake_quant": "weight",
-            "weight_hh_fake_quant": "weight",
-            "input_fake_quant": "activation",
-            "hidden_fake_quant": "activation",
-        },
-        InterpretableMultiHeadAttention: {"attention_fake_quant": "activation"},
-        LayerNorm: {},  # float by design (as torch eager QAT and ModelOpt)
-        VariableEmbedding: {},  # element-wise w_j x_j + b_j: no matmul to quantize
-    }
-
-
-#: Float layer type -> ``{hook attribute: "weight" | "activation"}`` (public and extensible).
-QAT_MODULE_MAPPINGS: dict[type, dict[str, str]] = _default_mappings()
-
-
-def register_qat_module(layer_type: type, hooks: Mapping[str, str]) -> None:
-    """Teach :func:`prepare_qat` a layer type.
-
-    Parameters
-    ----------
-    layer_type : type
-        A :class:`~nbqat.nn.Module` subclass whose ``forward`` calls quantization hooks held
-        in attributes (``self.weight_fake_quant(self.weight)``, ...) and whose ``backward``
-        calls their ``backward(grad, ctx)`` (see :class:`~nbqat.nn.Linear`'s Notes).
-    hooks : mapping of str to {"weight", "activation"}
-        Hook attribute name -> which qconfig factory builds its quantizer; ``{}`` keeps the
-        layer in float on purpose.
-
-    Raises
-    ------
-    TypeError
-        ``layer_type`` is not a Module subclass.
-    ValueError
-        A hook kind other than "weight" / "activation".
-    """
-    if not (isinstance(layer_type, type) and issubclass(layer_type, Module)):
-        raise TypeError(
-            f"register_qat_module: layer_type must be a Module subclass, got {layer_type!r}"
-        )
-    bad = {k: v for k, v in hooks.items() if v not in ("weight", "activation")}
-    if bad:
-        raise ValueError(f"register_qat_module: hook kinds must be 'weight'/'activation': {bad}")
-    QAT_MODULE_MAPPINGS[layer_type] = dict(hooks)
-
-
-def hooks_for(mod: Module) -> dict[str, str] | None:
-    """The hook mapping of ``mod``'s type (or of its nearest mapped base class); None when
-    the type has no mapping."""
-    for cls in type(mod).__mro__:
-        if cls in QAT_MODULE_MAPPINGS:
-            return QAT_MODULE_MAPPINGS[cls]
-    return None
 
 
 def _qconfig_for(name: str, mod: Module, qconfig: Any, mapping: Mapping[Any, Any]) -> Any:
@@ -180,6 +116,32 @@ def _check_mapping(model: Module, qconfig: Any, qconfig_mapping: Any) -> dict:
     return dict(qconfig_mapping)
 
 
+def _check_modules(model: Module) -> None:
+    """Every module's hooks exist and are empty; no parameter-holding module lacks a mapping."""
+    for name, mod in model.named_modules():
+        hooks = hooks_for(mod)
+        for hook in hooks or ():
+            if not hasattr(mod, hook):
+                raise TypeError(
+                    f"prepare_qat: module {name or '<root>'} ({type(mod).__name__}) has no hook "
+                    f"attribute {hook!r} that its QAT mapping names: give the layer that "
+                    "attribute (None in float) or fix the mapping (register_qat_module)"
+                )
+            if getattr(mod, hook, None) is not None:
+                raise ValueError(
+                    f"prepare_qat: {name or '<root>'}.{hook} already holds a quantizer: the "
+                    "model is prepared already (prepare a fresh float model)"
+                )
+        if hooks is None and mod._param_specs:
+            raise TypeError(
+                f"prepare_qat: module {name or '<root>'} ({type(mod).__name__}) holds "
+                f"parameters {sorted(mod._param_specs)} but has no QAT mapping; register one "
+                f"with nbqat.nn.register_qat_module({type(mod).__name__}, "
+                "{'weight_fake_quant': 'weight', 'input_fake_quant': 'activation'}), or {} "
+                "to keep it in float"
+            )
+
+
 def prepare_qat(
     model: Module,
     qconfig: Any = None,
@@ -240,28 +202,7 @@ def prepare_qat(
         raise TypeError(f"`config` must be a nbqat.QATConfig, got {type(config).__name__}")
     qconfig = config.qconfig if qconfig is None else qconfig
     mapping = _check_mapping(model, qconfig, qconfig_mapping)
-    for name, mod in model.named_modules():
-        hooks = hooks_for(mod)
-        for hook in hooks or ():
-            if not hasattr(mod, hook):
-                raise TypeError(
-                    f"prepare_qat: module {name or '<root>'} ({type(mod).__name__}) has no hook "
-                    f"attribute {hook!r} that its QAT mapping names: give the layer that "
-                    "attribute (None in float) or fix the mapping (register_qat_module)"
-                )
-            if getattr(mod, hook, None) is not None:
-                raise ValueError(
-                    f"prepare_qat: {name or '<root>'}.{hook} already holds a quantizer: the "
-                    "model is prepared already (prepare a fresh float model)"
-                )
-        if hooks is None and mod._param_specs:
-            raise TypeError(
-                f"prepare_qat: module {name or '<root>'} ({type(mod).__name__}) holds "
-                f"parameters {sorted(mod._param_specs)} but has no QAT mapping; register one "
-                f"with nbqat.nn.register_qat_module({type(mod).__name__}, "
-                "{'weight_fake_quant': 'weight', 'input_fake_quant': 'activation'}), or {} "
-                "to keep it in float"
-            )
+    _check_modules(model)
     buf = getattr(model, "buffer", None)  # inplace: a model that owns its buffer keeps it
     buf = buf if isinstance(buf, ParameterBuffer) else None
     if not inplace:
@@ -271,9 +212,6 @@ def prepare_qat(
 
 def _new_quantizer(qc: Any, kind: str, config: Any) -> Any:
     """``qc.<kind>()``, as a LearnableFakeQuantize (LSQ) with ``config.learnable_scales``."""
-    from nbqat.nn.phases import is_learnable
-    from nbqat.nn.qat import _to_learnable
-
     factory = getattr(qc, kind)
     fq = factory()
     if getattr(config, "learnable_scales", False) and not is_learnable(fq):
@@ -281,7 +219,20 @@ def _new_quantizer(qc: Any, kind: str, config: Any) -> Any:
     return fq
 
 
-class QATModel(QATPhases):
+def _to_learnable(factory: Any, kind: str) -> Any:
+    """A LearnableFakeQuantize with the observer and range of a FakeQuantize factory."""
+    from nbqat.fake_quantize import LearnableFakeQuantize
+
+    kw = getattr(getattr(factory, "p", None), "keywords", None)
+    if kw is None:
+        raise TypeError(
+            f"QATConfig.learnable_scales needs the qconfig's {kind} factory to be made with "
+            "FakeQuantize.with_args(...) (or to build LearnableFakeQuantize modules)"
+        )
+    return LearnableFakeQuantize(**dict(kw))
+
+
+class QATModel(QATCheckpoint, QATPhases):
     """A float model with quantizers in its layers' hooks (what :func:`prepare_qat` returns).
 
     Parameters
@@ -311,6 +262,14 @@ class QATModel(QATPhases):
     calibration_batches_seen : int
     params, grads : ndarray
         The flat buffers (of the copy, or of the caller's ParameterBuffer with ``inplace``).
+    step : int
+        Optimizer steps taken by :meth:`train_step`.
+    optimizer : optimizer or None
+        The optimizer of the last :meth:`train_step` (saved by :meth:`save` by default).
+    num_inputs : int or None
+        The inputs of ``forward`` in a :meth:`calibrate` batch: 3 for a forecaster (a model
+        whose config has a ``prediction_horizon``: static, historical, future; the target
+        after them is ignored), None (the whole batch) otherwise.
     """
 
     def __init__(self, model: Module, qconfig: Any, mapping: dict, config: Any, buf: Any):
@@ -334,6 +293,10 @@ class QATModel(QATPhases):
                 setattr(mod, hook, fq)
                 self.fake_quants[f"{name}.{hook}" if name else hook] = fq
         self._init_phases()
+        self.step = 0
+        self.optimizer: Any = None
+        forecaster = hasattr(getattr(model, "config", None), "prediction_horizon")
+        self.num_inputs: int | None = 3 if forecaster else None
         self._apply_flags()
 
     @property
@@ -406,3 +369,119 @@ class QATModel(QATPhases):
         The gradient w.r.t. the input(s).
         """
         return self.model.backward(grad)
+
+    def calibrate(self, batches: Any) -> int:
+        """Run calibration forwards over ``batches`` until :attr:`is_calibrated`, then end the
+        calibration phase.
+
+        Parameters
+        ----------
+        batches : iterable of tuples
+            Each holds the model's inputs first; items after :attr:`num_inputs` (a target)
+            are ignored.
+
+        Returns
+        -------
+        int
+            The number of batches used (at most ``config.calibration_batches``).
+        """
+        if self.phase != CALIBRATION:
+            self.enable_calibration()
+        used, n = 0, self.config.calibration_batches
+        for batch in batches:
+            if self.calibration_batches_seen >= n or used >= n:
+                break
+            self.forward(*batch[: self.num_inputs])
+            used += 1
+        self.disable_calibration()
+        return used
+
+    def predict(self, *inputs: Any) -> Any:
+        """:meth:`forward` without updating any observer or the calibration count (evaluation
+        with the current qparams and phase).
+
+        Parameters
+        ----------
+        *inputs : ndarray
+            The model's inputs.
+
+        Returns
+        -------
+        The model's output.
+        """
+        saved = [(fq, fq.observer_enabled) for fq in self.fake_quants.values()]
+        try:
+            for fq, _ in saved:
+                fq.enable_observer(False)
+            return self._network_forward(*inputs)
+        finally:
+            for fq, flag in saved:
+                fq.enable_observer(bool(flag))
+
+    def _network_forward(self, *inputs: Any) -> Any:
+        return self.model.forward(*inputs)
+
+    def to_int8(self) -> Any:
+        """The integer model (:func:`nbqat.nn.convert`; this model is not changed).
+
+        Returns
+        -------
+        Int8Model
+
+        Raises
+        ------
+        RuntimeError
+            A quantizer has never observed data (calibrate first).
+        """
+        from nbqat.nn.convert import convert_model
+
+        return convert_model(self)
+
+    def train_step(
+        self, batch: Any, optimizer: Any, max_norm: float | None = None, *, grad_hook: Any = None
+    ) -> tuple[float, float]:
+        """One QAT step of a forecaster: forward, pinball loss, backward (STE), clipping, update.
+
+        Parameters
+        ----------
+        batch : tuple
+            ``(static (B, m_s), historical (B, k, m_z), future (B, tau, m_x), target (B, tau))``.
+        optimizer : nbqat.SGD, nbqat.Adam or nbqat.AdamW
+            Built over :attr:`params` (``Adam(qat.params, lr=...)``). With LSQ quantizers
+            (``config.learnable_scales``) their scales and zero points are a parameter group of
+            it: :meth:`quantizer_param_group` (added with its own hyper-parameters if missing).
+        max_norm : float or None, default None
+            Clip the total 2-norm of the gradients to ``max_norm`` (pass ``qat.config.max_norm``
+            for the configured value); None (or ``math.inf``) does not clip. The norm is
+            computed and returned either way.
+        grad_hook : callable, optional
+            ``grad_hook(grads)`` with ``[qat.grads, *LSQ scale/zero-point gradients]``, called
+            after backward and before the norm (a data-parallel run's allreduce,
+            :func:`nbqat.distributed.allreduce_gradients`); it may change them in place.
+
+        Returns
+        -------
+        (loss, total_norm) : (float, float)
+            The mean pinball loss of this batch (before the update) and the 2-norm of all
+            gradients before clipping (``torch.nn.utils.clip_grad_norm_``'s return value).
+
+        Raises
+        ------
+        ValueError
+            On a malformed batch, a negative or NaN ``max_norm``, or an optimizer that does not
+            update :attr:`params`; raised before any state changes.
+
+        Notes
+        -----
+        :func:`nbqat.nn.step.step_once`: STE gradients first, then the norm over the STE-masked
+        gradients (the LSQ gradients included), then the update of every parameter group with
+        ``grad_scale = min(max_norm / (total + 1e-6), 1)`` folded in (torch's coefficient,
+        always applied: a NaN norm gives NaN updates, as torch's clipping gives NaN grads). The
+        gradient buffer keeps the unclipped gradients.
+        """
+        from nbqat.nn.step import step_once
+
+        out = step_once(self, batch, optimizer, max_norm, grad_hook)
+        self.step += 1
+        self.optimizer = optimizer
+        return out

@@ -1,12 +1,17 @@
 """One training step for the forecasters: forward, quantile loss, backward, hook, clip, update.
 
-:func:`train_step` is the step of a float :class:`~nbqat.nn.TemporalFusionTransformer` and of a
-:class:`~nbqat.nn.qat.QATTemporalFusionTransformer` alike (the QAT model's own
-:meth:`~nbqat.nn.qat.QATTemporalFusionTransformer.train_step` adds the STE masks and the LSQ
-parameters). Between backward and the gradient norm it calls ``grad_hook(grads)`` with the
-flat gradient buffer first: the place where a data-parallel run sums the gradients over its
-processes (:func:`nbqat.distributed.allreduce_gradients`), so that ``clip_grad_norm_`` sees the
-global gradient.
+:func:`train_step` is the one step of a float forecaster
+(:class:`~nbqat.nn.TemporalFusionTransformer`,
+:class:`~nbqat.nn.LSTMForecaster`) and of every QAT model
+(:class:`~nbqat.nn.qat.QATTemporalFusionTransformer`, a :func:`~nbqat.nn.prepare_qat` model):
+in a QAT model the backward pass applies the STE masks, and its LSQ scales / zero points (if
+any) are a parameter group of the same optimizer
+(:meth:`~nbqat.nn.phases.QATPhases.quantizer_param_group`; added with the optimizer's
+hyper-parameters when missing). Between
+backward and the gradient norm it calls ``grad_hook(grads)`` with the flat gradient buffer
+first: the place where a data-parallel run sums the gradients over its processes
+(:func:`nbqat.distributed.allreduce_gradients`), so that ``clip_grad_norm_`` sees the global
+gradient.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["train_step"]
+__all__ = ["check_step_args", "step_once", "train_step"]
 
 
 def train_step(
@@ -35,9 +40,10 @@ def train_step(
     model : forecaster
         A :class:`~nbqat.nn.TemporalFusionTransformer`, an
         :class:`~nbqat.nn.LSTMForecaster`, their :func:`~nbqat.nn.prepare_qat` models, or a
-        :class:`~nbqat.nn.qat.QATTemporalFusionTransformer` (its own :meth:`train_step`):
+        :class:`~nbqat.nn.qat.QATTemporalFusionTransformer`:
         ``forward(static, historical, future) -> (B, tau, Q)``, ``backward``, ``params``,
-        ``grads``, ``zero_grad`` and ``config`` (``quantiles``, ``prediction_horizon``).
+        ``grads``, ``zero_grad`` and ``config`` (``quantiles``, ``prediction_horizon``). A QAT
+        model's own ``train_step`` runs (it counts its steps).
     batch : (static (B, m_s), historical (B, k, m_z), future (B, tau, m_x), target (B, tau))
     optimizer : nbqat.SGD, nbqat.Adam or nbqat.AdamW
         Built over ``model.params``.
@@ -45,8 +51,8 @@ def train_step(
         Clip the total 2-norm of the gradients (after ``grad_hook``) to ``max_norm``; None does
         not clip.
     grad_hook : callable, optional
-        ``grad_hook(grads)``, called with ``[model.grads, *extra]`` after backward and before
-        the norm; it may change the arrays in place (e.g. an allreduce).
+        ``grad_hook(grads)``, called with ``[model.grads, *LSQ gradients]`` after backward and
+        before the norm; it may change the arrays in place (e.g. an allreduce).
 
     Returns
     -------
@@ -65,22 +71,62 @@ def train_step(
     The update folds torch's coefficient ``min(max_norm / (total + 1e-6), 1)``
     (:func:`nbqat.clip.clip_coef`, in the gradients' dtype) into the fused optimizer step.
     """
-    if hasattr(model, "train_step"):  # the TFT's QAT model (its output quantizer, its checks)
+    if hasattr(model, "train_step"):  # a QAT model: its step count and optimizer
         return model.train_step(batch, optimizer, max_norm, grad_hook=grad_hook)
+    return step_once(model, batch, optimizer, max_norm, grad_hook)
+
+
+def _lsq_group(model: Any, optimizer: Any) -> list[Any]:
+    """The learnable quantizers of ``model``; their parameter group added to ``optimizer``
+    (with its own hyper-parameters) when it has none yet."""
+    learn = model.learnable_quantizers() if hasattr(model, "learnable_quantizers") else []
+    if learn:
+        src = model.quantizer_parameters()
+        if not callable(getattr(optimizer, "add_param_group", None)):
+            raise ValueError(
+                "learnable quantizers (LSQ) need an nbqat optimizer with parameter groups "
+                f"(nbqat.SGD/Adam/AdamW), got {type(optimizer).__name__}"
+            )
+        if not optimizer.has_param_group(src):
+            optimizer.add_param_group({"params": src})
+    return learn
+
+
+def step_once(
+    model: Any,
+    batch: Sequence[np.ndarray],
+    optimizer: Any,
+    max_norm: float | None = None,
+    grad_hook: Callable[[list[np.ndarray]], None] | None = None,
+) -> tuple[float, float]:
+    """The body of :func:`train_step` (without a QAT model's bookkeeping).
+
+    Parameters
+    ----------
+    model, batch, optimizer, max_norm, grad_hook
+        As :func:`train_step`.
+
+    Returns
+    -------
+    (loss, total_norm) : (float, float)
+
+    Raises
+    ------
+    ValueError
+        As :func:`train_step`.
+    """
     from nbqat.clip import clip_coef, get_total_norm
     from nbqat.nn.loss import quantile_loss, quantile_loss_grad
-    from nbqat.nn.phases import lsq_step
-    from nbqat.nn.qat import check_step_args
 
     static, historical, future, target, max_norm = check_step_args(
         model, batch, optimizer, max_norm
     )
-    q = getattr(model, "model", model).config.quantiles  # a prepared model wraps the float one
+    q = getattr(model, "model", model).config.quantiles  # a QAT model wraps the float one
+    learn = _lsq_group(model, optimizer)
     model.zero_grad()
     out = model.forward(static, historical, future)
     loss = quantile_loss(out, target, q)
     model.backward(quantile_loss_grad(out, target, q))
-    learn = model.learnable_quantizers() if hasattr(model, "learnable_quantizers") else []
     grads = [model.grads] + [g for fq in learn for g in (fq.grad_scale, fq.grad_zero_point)]
     if grad_hook is not None:
         grad_hook(grads)
@@ -88,7 +134,71 @@ def train_step(
     coef = 1.0
     if max_norm is not None and not math.isinf(max_norm):
         coef = float(clip_coef(total, max_norm, model.grads.dtype))
-    optimizer.step(model.grads, grad_scale=coef)
-    if learn:
-        lsq_step(learn, optimizer, coef)
+    optimizer.step(model.grads, grad_scale=coef)  # every parameter group, one coefficient
     return float(loss), total
+
+
+def _check_batch(batch: Any) -> tuple[Any, Any, Any, np.ndarray]:
+    if not isinstance(batch, tuple | list) or len(batch) != 4:
+        raise ValueError(
+            "batch must be a tuple (static, historical, future, target) with target of shape "
+            f"(B, prediction_horizon), got {type(batch).__name__}"
+            + (f" of length {len(batch)}" if isinstance(batch, tuple | list) else "")
+        )
+    static, historical, future, target = batch
+    if not isinstance(target, np.ndarray) or target.dtype.kind not in "fiu":
+        raise ValueError("batch target must be a real NumPy array of shape (B, tau)")
+    return static, historical, future, target
+
+
+def check_step_args(model: Any, batch: Any, optimizer: Any, max_norm: Any) -> tuple:
+    """Validate a forecaster training step's batch, optimizer and ``max_norm``.
+
+    Parameters
+    ----------
+    model : TemporalFusionTransformer or QATTemporalFusionTransformer
+    batch : (static (B, m_s), historical, future, target (B, prediction_horizon))
+    optimizer : nbqat optimizer
+        Must update ``model.params``.
+    max_norm : float or None
+
+    Returns
+    -------
+    (static, historical, future, target, max_norm)
+        ``max_norm`` as a float (or None).
+
+    Raises
+    ------
+    ValueError
+        A malformed batch or target, a NaN / Inf in the batch, a negative or NaN ``max_norm``,
+        an optimizer over other parameters.
+    """
+    static, historical, future, target = _check_batch(batch)
+    cfg = getattr(model, "model", model).config
+    nb = np.shape(static)[0] if np.ndim(static) >= 1 else -1
+    if target.shape != (nb, cfg.prediction_horizon):
+        raise ValueError(
+            f"batch target must have shape (B, prediction_horizon) = "
+            f"({nb}, {cfg.prediction_horizon}), got {target.shape}"
+        )
+    for label, arr in zip(("static", "historical", "future", "target"), batch):
+        a = np.asarray(arr)
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ValueError(
+                f"batch {label} holds {int(np.count_nonzero(~np.isfinite(a)))} NaN/Inf "
+                "value(s): one would turn every parameter into NaN; fix or drop those windows"
+            )
+    if max_norm is not None:
+        max_norm = float(max_norm)
+        if not max_norm >= 0:
+            raise ValueError(f"max_norm must be >= 0 (or None), got {max_norm}")
+    if not callable(getattr(optimizer, "step", None)):
+        raise ValueError(f"optimizer must be an nbqat optimizer, got {type(optimizer)}")
+    p = getattr(optimizer, "params", None)
+    if isinstance(p, np.ndarray) and not np.shares_memory(p, model.params):
+        name = "qat" if hasattr(model, "fake_quants") else "model"
+        raise ValueError(
+            f"optimizer does not update this model's parameters: build it over {name}.params "
+            f"(e.g. nbqat.Adam({name}.params, lr=1e-3))"
+        )
+    return static, historical, future, target, max_norm

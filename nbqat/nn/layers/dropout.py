@@ -42,6 +42,11 @@ class Dropout(Module):
         This layer's index among the model's dropout layers.
     mask : ndarray or None
         After a training-mode forward: the scaled mask ``m / (1 - p)`` (x's shape and dtype).
+    rows : (global_rows, start, stop) or None
+        Data-parallel runs: ``x`` holds rows ``start:stop`` of a global batch of
+        ``global_rows``; the mask is drawn for the global batch's shape and sliced, so each
+        rank drops what a single process would (a leading axis of ``m`` rows per batch row
+        keeps its ``m``-row blocks).
 
     Raises
     ------
@@ -59,6 +64,7 @@ class Dropout(Module):
         self.seed: tuple[int, ...] = (0,)
         self.stream = 0
         self.mask: np.ndarray | None = None
+        self.rows: tuple[int, int, int] | None = None
         self._seen = False
 
     def active(self) -> bool:
@@ -83,7 +89,13 @@ class Dropout(Module):
             self._cache = None
             return x
         rng = np.random.default_rng([*self.seed, self.stream])
-        keep = rng.random(x.shape, dtype=x.dtype) >= x.dtype.type(self.p)
+        shape, sl = x.shape, slice(None)
+        if self.rows is not None and x.ndim and self.rows[2] > self.rows[1]:
+            g, a, b = self.rows
+            m, rem = divmod(x.shape[0], b - a)
+            if rem == 0:  # the global batch's mask, this rank's rows
+                shape, sl = (g * m, *x.shape[1:]), slice(a * m, b * m)
+        keep = rng.random(shape, dtype=x.dtype)[sl] >= x.dtype.type(self.p)
         scale = x.dtype.type(1.0) / (x.dtype.type(1.0) - x.dtype.type(self.p))
         self.mask = keep.astype(x.dtype) * scale
         self._cache = self.mask

@@ -1,0 +1,84 @@
+"""The public mapping from float layer types to their QAT hooks (:data:`QAT_MODULE_MAPPINGS`).
+
+Each float layer type maps to ``{hook attribute: "weight" | "activation"}``: the attributes its
+``forward`` calls quantizers through and the qconfig factory that builds each. A ``Linear``
+gets a per-channel weight quantizer and a per-tensor input quantizer, an ``LSTM`` both weights,
+its input and its hidden state at every step, the attention its probabilities; LayerNorm and
+the variable embeddings hold parameters but no matmul and map to ``{}`` (float by design).
+:func:`register_qat_module` adds a user's layer type; :func:`~nbqat.nn.prepare_qat` reads the
+mapping (through :func:`hooks_for`) for every model, the TFT's QAT model included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from nbqat.nn.params import Module
+
+__all__ = ["QAT_MODULE_MAPPINGS", "hooks_for", "register_qat_module"]
+
+
+def _default_mappings() -> dict[type, dict[str, str]]:
+    from nbqat.nn.layers import (
+        LSTM,
+        InterpretableMultiHeadAttention,
+        LayerNorm,
+        Linear,
+        VariableEmbedding,
+    )
+
+    return {
+        Linear: {"weight_fake_quant": "weight", "input_fake_quant": "activation"},
+        LSTM: {
+            "weight_ih_fake_quant": "weight",
+            "weight_hh_fake_quant": "weight",
+            "input_fake_quant": "activation",
+            "hidden_fake_quant": "activation",
+        },
+        InterpretableMultiHeadAttention: {"attention_fake_quant": "activation"},
+        LayerNorm: {},  # float by design (as torch eager QAT and ModelOpt)
+        VariableEmbedding: {},  # element-wise w_j x_j + b_j: no matmul to quantize
+    }
+
+
+#: Float layer type -> ``{hook attribute: "weight" | "activation"}`` (public and extensible).
+QAT_MODULE_MAPPINGS: dict[type, dict[str, str]] = _default_mappings()
+
+
+def register_qat_module(layer_type: type, hooks: Mapping[str, str]) -> None:
+    """Teach :func:`prepare_qat` a layer type.
+
+    Parameters
+    ----------
+    layer_type : type
+        A :class:`~nbqat.nn.Module` subclass whose ``forward`` calls quantization hooks held
+        in attributes (``self.weight_fake_quant(self.weight)``, ...) and whose ``backward``
+        calls their ``backward(grad, ctx)`` (see :class:`~nbqat.nn.Linear`'s Notes).
+    hooks : mapping of str to {"weight", "activation"}
+        Hook attribute name -> which qconfig factory builds its quantizer; ``{}`` keeps the
+        layer in float on purpose.
+
+    Raises
+    ------
+    TypeError
+        ``layer_type`` is not a Module subclass.
+    ValueError
+        A hook kind other than "weight" / "activation".
+    """
+    if not (isinstance(layer_type, type) and issubclass(layer_type, Module)):
+        raise TypeError(
+            f"register_qat_module: layer_type must be a Module subclass, got {layer_type!r}"
+        )
+    bad = {k: v for k, v in hooks.items() if v not in ("weight", "activation")}
+    if bad:
+        raise ValueError(f"register_qat_module: hook kinds must be 'weight'/'activation': {bad}")
+    QAT_MODULE_MAPPINGS[layer_type] = dict(hooks)
+
+
+def hooks_for(mod: Module) -> dict[str, str] | None:
+    """The hook mapping of ``mod``'s type (or of its nearest mapped base class); None when
+    the type has no mapping."""
+    for cls in type(mod).__mro__:
+        if cls in QAT_MODULE_MAPPINGS:
+            return QAT_MODULE_MAPPINGS[cls]
+    return None

@@ -1,0 +1,236 @@
+"""Parameter groups of nbqat's optimizers (torch's ``param_groups`` / ``add_param_group``).
+
+Group 0 is the optimizer's flat buffer. An extra group holds a :class:`ParamSource` (e.g. the
+LSQ scales and zero points of a QAT model, :meth:`nbqat.nn.QATModel.quantizer_parameters`)
+with its own hyper-parameters and state: at every ``step`` the source's parameters and
+gradients are gathered into flat arrays, updated by an optimizer of the same class (the same
+fused kernel) with the same ``grad_scale``, and scattered back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["ArrayGroup", "ParamGroups", "ParamSource"]
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class ParamSource(Protocol):
+    """What a parameter group's ``"params"`` provides (see the module docstring)."""
+
+    def gather(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(params, grads)``: two flat float arrays of one size and dtype (copies)."""
+        ...
+
+    def scatter(self, params: np.ndarray) -> None:
+        """Write the updated flat ``params`` back into the parameters."""
+        ...
+
+
+class ArrayGroup:
+    """A :class:`ParamSource` over NumPy arrays and their gradient arrays.
+
+    Parameters
+    ----------
+    params, grads : sequence of ndarray
+        Pairwise the same shape; all of one float dtype (float32 or float64). The arrays are
+        updated in place (they must stay the same objects).
+
+    Raises
+    ------
+    TypeError
+        A non-array or another dtype.
+    ValueError
+        A different count or shape of gradients.
+    """
+
+    def __init__(self, params: Any, grads: Any) -> None:
+        params, grads = list(params), list(grads)
+        if len(params) != len(grads):
+            raise ValueError(f"ArrayGroup: {len(params)} params but {len(grads)} grads")
+        for i, (p, g) in enumerate(zip(params, grads)):
+            if not (isinstance(p, np.ndarray) and isinstance(g, np.ndarray)):
+                raise TypeError(f"ArrayGroup: params[{i}] and grads[{i}] must be NumPy arrays")
+            if p.shape != g.shape or p.dtype != g.dtype or p.dtype != params[0].dtype:
+                raise ValueError(
+                    f"ArrayGroup: params[{i}] {p.dtype}{p.shape} and grads[{i}] "
+                    f"{g.dtype}{g.shape} must match (one dtype for the group)"
+                )
+        self.params, self.grads = params, grads
+
+    def gather(self) -> tuple[np.ndarray, np.ndarray]:
+        """The parameters and gradients, each concatenated into one flat array."""
+        dt = self.params[0].dtype if self.params else np.dtype(np.float32)
+        cat = [np.ravel(a) for a in self.params]
+        return np.concatenate(cat or [np.zeros(0, dt)]), np.concatenate(
+            [np.ravel(g) for g in self.grads] or [np.zeros(0, dt)]
+        )
+
+    def scatter(self, params: np.ndarray) -> None:
+        """Copy the flat ``params`` back into the arrays, in order."""
+        off = 0
+        for p in self.params:
+            p[...] = params[off : off + p.size].reshape(p.shape)
+            off += p.size
+
+
+class _Group:
+    """An extra parameter group: its source, hyper-parameters and (lazily) its own optimizer
+    of the owner's class over a flat copy of the parameters."""
+
+    def __init__(self, source: Any, hparams: dict[str, Any]) -> None:
+        self.source = source
+        self.group: dict[str, Any] = {"params": source, **hparams}  # the live param_groups dict
+        self.inner: Any = None
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        return {k: v for k, v in self.group.items() if k != "params"}
+
+    @hparams.setter
+    def hparams(self, hp: dict[str, Any]) -> None:
+        self.group.clear()
+        self.group.update({"params": self.source, **hp})
+
+    def prepare(self, owner: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+        """``(inner optimizer, params, grads)`` for this step (validated, nothing changed)."""
+        p, g = self.source.gather()
+        p, g = np.asarray(p), np.asarray(g)
+        if p.ndim != 1 or p.shape != g.shape or p.dtype != g.dtype or p.dtype not in _DTYPES:
+            raise ValueError(
+                f"a parameter group's source gave params {p.dtype}{p.shape} and grads "
+                f"{g.dtype}{g.shape}: they must be flat float arrays of one size and dtype"
+            )
+        owner._validate(**self.hparams)  # param_groups[i] may have been edited since
+        inner = self.inner
+        if inner is not None and inner.params.shape != p.shape:
+            raise ValueError(
+                f"a parameter group changed size ({inner.params.shape[0]} -> {p.size}) since "
+                "its first step: add groups after calibration (the quantizers' shapes are set)"
+            )
+        if inner is None:
+            inner = type(owner)(np.zeros_like(p), **self.hparams)
+        return inner, p, np.ascontiguousarray(g)
+
+    def step(self, inner: Any, p: np.ndarray, g: np.ndarray, grad_scale: float) -> None:
+        self.inner = inner
+        for k, v in self.hparams.items():  # the group's current hyper-parameters
+            setattr(inner, k, v)
+        inner.params[...] = p
+        inner.step(g, grad_scale=grad_scale)
+        self.source.scatter(inner.params)
+
+
+class ParamGroups:
+    """The parameter-group half of nbqat's optimizers (mixed into ``nbqat.optim._Optimizer``)."""
+
+    params: Any
+    _hparam_names: tuple[str, ...]
+    _groups: list[_Group]
+
+    def _validate(self, **hp: Any) -> None:  # pragma: no cover - the optimizer's
+        raise NotImplementedError
+
+    # -- parameter groups ------------------------------------------------------------------
+    def hparams(self) -> dict[str, Any]:
+        """The hyper-parameters of group 0 (the constructor's keyword arguments)."""
+        return {k: getattr(self, k) for k in self._hparam_names}
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """``[{"params": flat buffer, **hparams}, {"params": source, **hparams}, ...]``.
+
+        Group 0's dict is a copy (its hyper-parameters are the optimizer's attributes:
+        ``opt.lr = ...``); the extra groups' dicts are live, as torch's:
+        ``opt.param_groups[1]["lr"] = 1e-4`` takes effect at the next step (checked then)."""
+        main = {"params": self.params, **self.hparams()}
+        return [main] + [g.group for g in self._groups]
+
+    def add_param_group(self, group: dict[str, Any]) -> None:
+        """Add a parameter group (torch's ``add_param_group``).
+
+        Parameters
+        ----------
+        group : dict
+            ``{"params": ParamSource, <hyper-parameter overrides>}``; the others default to
+            this optimizer's (e.g. ``{"params": qat.quantizer_parameters(), "lr": 1e-4}``).
+
+        Raises
+        ------
+        TypeError
+            ``group`` is not a dict, or its ``"params"`` has no ``gather`` / ``scatter``.
+        ValueError
+            An unknown or invalid hyper-parameter, or a source already in a group.
+        """
+        if not isinstance(group, dict) or "params" not in group:
+            raise TypeError("add_param_group: group must be a dict with a 'params' entry")
+        src = group["params"]
+        if not (callable(getattr(src, "gather", None)) and callable(getattr(src, "scatter", None))):
+            raise TypeError(
+                "add_param_group: 'params' must be a ParamSource (gather/scatter), e.g. "
+                f"nbqat.optim.ArrayGroup(params, grads), got {type(src).__name__}"
+            )
+        if any(g.source is src for g in self._groups):
+            raise ValueError("add_param_group: these parameters are in a group already")
+        extra = sorted(set(group) - {"params", *self._hparam_names})
+        if extra:
+            raise ValueError(
+                f"add_param_group: unknown hyper-parameters {extra} for {type(self).__name__} "
+                f"(it has {list(self._hparam_names)})"
+            )
+        hp = {**self.hparams(), **{k: v for k, v in group.items() if k != "params"}}
+        self._validate(**hp)
+        self._groups.append(_Group(src, hp))
+
+    def has_param_group(self, source: Any) -> bool:
+        """Whether ``source`` is the ``"params"`` of one of this optimizer's groups.
+
+        Parameters
+        ----------
+        source : ParamSource
+
+        Returns
+        -------
+        bool
+        """
+        return any(g.source is source for g in self._groups)
+
+    def _step_groups(self, grad_scale: float) -> Any:
+        """Validate every extra group now; returns the callable that updates them."""
+        ready = [(grp, *grp.prepare(self)) for grp in self._groups]
+
+        def run() -> None:
+            for grp, inner, p, g in ready:
+                grp.step(inner, p, g, grad_scale)
+
+        return run
+
+    def _checked_groups(self, saved: Any) -> list[tuple[dict, Any]]:
+        """The extra groups' ``(hparams, inner optimizer or None)`` of a saved state, validated
+        against this optimizer's groups (nothing changed); no saved groups: fresh states."""
+        if saved is None:
+            return [(g.hparams, None) for g in self._groups]
+        if not isinstance(saved, list | tuple) or len(saved) != len(self._groups):
+            n = len(saved) if isinstance(saved, list | tuple) else "?"
+            raise ValueError(
+                f"state_dict holds {n} extra parameter group(s), this optimizer has "
+                f"{len(self._groups)}: add the same groups (add_param_group) before loading"
+            )
+        out = []
+        for i, (grp, st) in enumerate(zip(self._groups, saved)):
+            try:
+                ghp = dict(st["hparams"])
+                self._validate(**ghp)
+                inner = None
+                if st["state"] is not None:
+                    p, _ = grp.source.gather()
+                    cls: Any = type(self)  # the optimizer class this mixin is part of
+                    inner = cls(np.array(p, copy=True), **ghp)
+                    inner.load_state_dict(st["state"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"state_dict param_groups[{i}] does not fit: {e}") from e
+            out.append((ghp, inner))
+        return out

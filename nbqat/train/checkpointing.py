@@ -1,0 +1,175 @@
+"""The main job's checkpoint: write (rank 0, atomically) and restore (:mod:`nbqat.checkpoint`
+validates the files; this module maps them onto a :class:`~nbqat.train.loop.Run`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nbqat import checkpoint as ckpt
+from nbqat._io import atomic_open
+from nbqat.train.config import SIDE_FILES
+from nbqat.train.loop import FLOAT, Run, RunState
+from nbqat.train.model import to_host
+
+__all__ = ["flatten", "load_checkpoint", "save_checkpoint", "unflatten"]
+
+#: Phases whose checkpoint holds the QAT model (qat.npz).
+QAT_PHASES = ("qat", "qat_noclip", "evaluate", "done")
+
+
+def save_checkpoint(r: Run) -> Path:
+    """Write ``OUT/checkpoint/`` (a complete folder replaces the old one); rank 0 only.
+
+    The files are written into ``checkpoint.tmp/`` (each one flushed and fsynced by
+    :func:`nbqat._io.atomic_open`), then the folder is renamed over ``checkpoint/``: a reader
+    finds the old checkpoint or the new one, never a half-written one. The checkpoint holds no
+    per-rank state (every rank holds the same model, optimizer and observers), so it resumes
+    under any number of processes.
+
+    Parameters
+    ----------
+    r : Run
+
+    Returns
+    -------
+    Path
+        The checkpoint folder (also on the ranks that write nothing).
+    """
+    ck = r.out / "checkpoint"
+    if not r.par.root:
+        return ck
+    tmp = r.out / "checkpoint.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    arrays: dict[str, np.ndarray] = {"params": to_host(r.model.params)}
+    if r.best_params is not None:
+        arrays["best_params"] = r.best_params
+    if r.opt is not None:
+        for k, v in flatten(r.opt.state_dict()).items():
+            arrays["opt." + k] = v
+    with atomic_open(tmp / "float.npz", "wb") as fh:
+        np.savez(fh, **arrays)  # type: ignore[arg-type]
+    if r.qat is not None and r.st.phase in QAT_PHASES:
+        r.qat.save(tmp / "qat.npz", optimizer=r.qat_opt)
+    for side in SIDE_FILES:
+        if (r.out / side).exists():
+            shutil.copyfile(r.out / side, tmp / side)
+    text = ckpt.state_json(r.cfg.to_json(), asdict(r.st), r.data_fp)
+    with atomic_open(tmp / "state.json", "w") as fh:
+        fh.write(text)
+    old = r.out / "checkpoint.old"
+    if ck.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(ck, old)
+    os.replace(tmp, ck)
+    if old.exists():
+        shutil.rmtree(old)
+    return ck
+
+
+def load_checkpoint(r: Run, ck: Path, meta: dict) -> None:
+    """Restore ``r`` from a validated checkpoint (:func:`nbqat.checkpoint.read_state`).
+
+    Parameters
+    ----------
+    r : Run
+        Built with the checkpoint's configuration (model and optimizer created).
+    ck : Path
+        The checkpoint folder (never written to).
+    meta : dict
+        :func:`nbqat.checkpoint.read_state`'s result.
+
+    Raises
+    ------
+    CheckpointError
+        A field or file that does not fit this data and configuration.
+    """
+    st = RunState(**meta["state"])
+    nb = len(r.epoch_order(FLOAT, 0))
+    if st.batch_pos > nb:
+        raise ckpt.CheckpointError(
+            f"{ck / 'state.json'}: field 'state.batch_pos': {st.batch_pos} exceeds the "
+            f"{nb} batches of an epoch of this data and configuration"
+        )
+    z = ckpt.read_float_arrays(ck, int(to_host(r.model.params).size), meta["state"])
+    opt_state = unflatten({k[4:]: v for k, v in z.items() if k.startswith("opt.")})
+    try:
+        if opt_state:
+            r.opt.load_state_dict(opt_state)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise ckpt.CheckpointError(f"{ck / 'float.npz'}: field 'opt': {e}") from None
+    if (ck / "qat.npz").exists():
+        r.reset_qat(ck / "qat.npz")
+    elif st.phase in QAT_PHASES:
+        raise ckpt.CheckpointError(f"{ck / 'qat.npz'}: missing for phase {st.phase!r}")
+    r.model.params[...] = z["params"]
+    if "best_params" in z:
+        r.best_params = z["best_params"].copy()
+    r.st = st
+    for side in SIDE_FILES:
+        if (ck / side).exists() and (ck / side).resolve() != (r.out / side).resolve():
+            shutil.copyfile(ck / side, r.out / side)
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, np.ndarray]:
+    """A nested optimizer state (dicts, lists, arrays, scalars) as ``{"a/0/b": array}``.
+
+    Parameters
+    ----------
+    d : dict, list, tuple, array or scalar
+    prefix : str, default ""
+
+    Returns
+    -------
+    dict of str -> ndarray
+        Lists keep their length under ``<path>/__list__``; inverted by :func:`unflatten`.
+    """
+    out: dict[str, np.ndarray] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}/"))
+    elif isinstance(d, (list, tuple)):
+        out[prefix + "__list__"] = np.asarray(len(d))
+        for i, v in enumerate(d):
+            out.update(flatten(v, f"{prefix}{i}/"))
+    else:
+        out[prefix.rstrip("/")] = np.asarray(to_host(d) if not np.isscalar(d) else d)
+    return out
+
+
+def unflatten(flat: dict[str, np.ndarray]) -> dict:
+    """The nested state of :func:`flatten`'s ``flat`` (0-d arrays become Python scalars).
+
+    Parameters
+    ----------
+    flat : dict of str -> ndarray
+
+    Returns
+    -------
+    dict
+    """
+    root: dict = {}
+    for key, v in flat.items():
+        parts = key.split("/")
+        node = root
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = v
+
+    def fix(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node.item() if node.ndim == 0 else node
+        if "__list__" in node:
+            n = int(node["__list__"])
+            return [fix(node[str(i)]) for i in range(n)]
+        return {k: fix(v) for k, v in node.items()}
+
+    return fix(root)

@@ -1,0 +1,174 @@
+"""The main job's options (:class:`TrainConfig`), its constants and its interrupt exception."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from nbqat import checkpoint as ckpt
+
+__all__ = [
+    "CHECKPOINT_VERSION",
+    "DEFAULT_CALENDAR",
+    "MIN_HISTORY",
+    "NOT_IN_METRICS",
+    "NOT_IN_METRICS_AT_DEFAULT",
+    "QUANTILES",
+    "SIDE_FILES",
+    "TrainConfig",
+    "TrainingInterrupted",
+]
+
+QUANTILES = (0.1, 0.5, 0.9)
+#: The default history (steps) when the seasonal-naive period is shorter (``--history``).
+MIN_HISTORY = 24
+#: Derived known inputs used by default (see ``--calendar``).
+DEFAULT_CALENDAR = "hour,dow"
+CHECKPOINT_VERSION = ckpt.CHECKPOINT_VERSION
+#: QAT states kept beside the checkpoint by --compare-clipping (copied into checkpoint/).
+SIDE_FILES = ("qat_start.npz", "qat_clipped.npz")
+#: Options that do not change any result, left out of metrics.json so that two runs with the
+#: same seed in different folders give the same file.
+NOT_IN_METRICS = ("out", "progress", "stop_after_steps", "overwrite")
+#: Options left out of metrics.json at their default (a default run's file stays as it was).
+NOT_IN_METRICS_AT_DEFAULT = {"model": "tft"}
+
+
+class TrainingInterrupted(Exception):
+    """Raised after Ctrl-C once the checkpoint is written (the CLI exits with status 130)."""
+
+
+# ------------------------------------------------------------------------------------- config
+
+
+@dataclass
+class TrainConfig:
+    """All options of a training run (``nbqat train --help`` documents each).
+
+    ``None`` means "the default of the mode": :meth:`resolved` fills in the full-run defaults or,
+    with ``quick=True``, the quick ones.
+    """
+
+    epochs: int | None = None
+    qat_epochs: int | None = None
+    batch_size: int | None = None
+    hidden_dim: int | None = None
+    heads: int | None = None
+    lr: float | None = None
+    qat_lr: float | None = None
+    max_norm: float | None = 1.0
+    patience: int | None = None
+    calibration_batches: int | None = None
+    windows_per_epoch: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+    compare_clipping: bool = False
+    quick: bool = False
+    progress: bool = True
+    plots: bool = True
+    out: str = "nbqat-run"
+    csv: str | None = None
+    time_col: str | None = None
+    target_col: str | None = None
+    entity_col: str | None = None
+    known_cols: str | None = None
+    static_cols: str | None = None
+    observed_cols: str | None = None
+    fill_gaps: bool = False
+    history: int | None = None
+    horizon: int | None = None
+    eval_stride: int | None = None
+    calendar: str = DEFAULT_CALENDAR
+    threads: int | None = None
+    stop_after_steps: int | None = None
+    linear_skip: bool = True  # the ridge-started linear skip (--no-linear-skip)
+    weight_decay: float | None = None
+    warmup_steps: int | None = None
+    skip_lr_scale: float | None = None
+    qat_skip_lr_scale: float | None = None
+    dropout: float | None = None
+    overwrite: bool = False
+    observer: str = "minmax"  # activation observer (nbqat.report.OBSERVERS, or "all")
+    sensitivity: bool = False
+    float_fallback: int = 0
+    model: str = "tft"  # the forecaster (nbqat.nn.forecasters.FORECASTERS)
+
+    FULL = {
+        "epochs": 20,
+        "qat_epochs": 2,
+        "batch_size": 64,
+        "hidden_dim": 16,
+        "heads": 4,
+        "lr": 3e-3,
+        "patience": 5,
+        "calibration_batches": 100,
+        "windows_per_epoch": 4096,
+        "history": None,  # auto: max(24, the seasonal-naive period), see load_data
+        "horizon": 24,
+        "eval_stride": 6,
+        "weight_decay": 0.1,
+        "warmup_steps": 100,
+        "skip_lr_scale": 1e-2 / 3,
+        "qat_skip_lr_scale": 0.1,
+        "dropout": 0.1,
+    }
+    QUICK = {  # --quick: the full run's options but these
+        **FULL,
+        "epochs": 4,
+        "qat_epochs": 1,
+        "patience": 2,
+        "calibration_batches": 10,
+        "windows_per_epoch": 1024,
+        "eval_stride": 24,
+        "warmup_steps": 10,
+    }
+
+    @classmethod
+    def from_args(cls, args: Any) -> TrainConfig:
+        """Build from parsed ``nbqat train`` arguments (argparse.Namespace)."""
+        kw = {
+            f.name: getattr(args, f.name)
+            for f in fields(cls)
+            if hasattr(args, f.name) and (getattr(args, f.name) is not None or f.name == "max_norm")
+        }
+        kw["progress"] = not getattr(args, "no_progress", False)
+        kw["plots"] = not getattr(args, "no_plots", False)
+        return cls(**kw)
+
+    def resolved(self) -> TrainConfig:
+        """A copy with every ``None`` option replaced by the mode's default, validated."""
+        base = self.QUICK if self.quick else self.FULL
+        kw = asdict(self)
+        for k, v in base.items():
+            if kw[k] is None:
+                kw[k] = v
+        if kw["qat_lr"] is None:
+            kw["qat_lr"] = kw["lr"] / 10.0
+        cfg = TrainConfig(**kw)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Raise ValueError naming the option for an inconsistent configuration."""
+        if self.model not in ("tft", "lstm"):
+            raise ValueError(f"--model must be 'tft' or 'lstm', got {self.model!r}")
+        if self.model == "tft" and self.hidden_dim % self.heads:  # type: ignore[operator]
+            raise ValueError(
+                f"--heads {self.heads} must divide --hidden-dim {self.hidden_dim} "
+                "(each head gets hidden_dim / heads features)"
+            )
+        if not 0.0 <= self.dropout < 1.0:  # type: ignore[operator]
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.max_norm is not None and not self.max_norm > 0:
+            raise ValueError(f"--max-norm must be positive or 'none', got {self.max_norm!r}")
+        if self.compare_clipping and self.max_norm is None:
+            raise ValueError("--compare-clipping needs a --max-norm (the clipped run)")
+        if self.observer not in ("minmax", "histogram", "percentile", "mse", "all"):
+            raise ValueError(
+                f"--observer must be minmax|histogram|percentile|mse|all, got {self.observer!r}"
+            )
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,207 @@
+"""The few places where the main job touches the nn / data APIs: the data, the model, the
+optimizer (:class:`DeviceAdam` for ``--device cuda``) and the dropout mode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from nbqat import preflight
+from nbqat.data import Windows, load_csv, load_tmy3, make_windows
+from nbqat.train.config import MIN_HISTORY, QUANTILES
+
+__all__ = [
+    "DeviceAdam",
+    "build_model",
+    "check_device",
+    "load_data",
+    "make_optimizer",
+    "set_dropout_mode",
+    "to_host",
+]
+
+
+def build_model(cfg: Any, w: Windows) -> Any:
+    """A fresh float32 forecaster (``cfg.model``: ``"tft"`` or ``"lstm"``) for the run's windows.
+
+    Parameters
+    ----------
+    cfg : TrainConfig (resolved)
+    w : Windows
+        Its feature counts, history, horizon and quantiles size the model.
+
+    Returns
+    -------
+    TemporalFusionTransformer or LSTMForecaster
+        Initialised from ``cfg.seed`` (:func:`nbqat.nn.build_forecaster`).
+    """
+    from nbqat.nn.forecasters import build_forecaster
+
+    return build_forecaster(getattr(cfg, "model", "tft"), cfg, w, seed=cfg.seed)
+
+
+def make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
+    """AdamW in two groups (body, linear skip), see :class:`nbqat.recipe.GroupedAdamW`.
+
+    ``qat=True``: the QAT phase's (and the equally fine-tuned float model's) optimizer, whose
+    skip group moves faster (``qat_skip_lr_scale``) so that the skip's int8 weights can adapt.
+
+    Parameters
+    ----------
+    model : forecaster
+        The optimizer updates ``model.params``.
+    lr : float
+    cfg : TrainConfig (resolved)
+        ``weight_decay``, the skip groups' learning-rate scales and ``device``.
+    qat : bool, default False
+
+    Returns
+    -------
+    GroupedAdamW or DeviceAdam
+    """
+    from nbqat.recipe import GroupedAdamW, skip_offset
+
+    kw = dict(
+        lr=lr,
+        offset=skip_offset(model),
+        weight_decay=cfg.weight_decay,
+        skip_lr_scale=cfg.qat_skip_lr_scale if qat else cfg.skip_lr_scale,
+    )
+    if cfg.device == "cuda":
+        return DeviceAdam(model.params, **kw)
+    return GroupedAdamW(model.params, **kw)
+
+
+class DeviceAdam:
+    """Adam whose fused update runs on a CUDA device copy of a host parameter buffer.
+
+    ``--device cuda`` uses it (the two AdamW groups of :class:`nbqat.recipe.GroupedAdamW`):
+    nbqat.nn's forward and backward passes run on the CPU (the
+    layer graph keeps its activations in NumPy), so each step uploads the flat gradient buffer
+    (and the parameters), runs :class:`nbqat.Adam`'s CUDA kernel there with the clipping
+    coefficient folded in, and downloads the parameters. It presents the host optimizer
+    interface (``params`` is the host buffer), so ``QATTemporalFusionTransformer.train_step``
+    and ``save``/``load`` accept it.
+    """
+
+    def __init__(self, params: np.ndarray, lr: float, **group_kw: Any) -> None:
+        from nbqat import _cuda
+        from nbqat.recipe import GroupedAdamW
+
+        _cuda.require_cuda("--device cuda")
+        self.params = params
+        self._d_params = _cuda.cuda.to_device(params)
+        self._d_grads = _cuda.cuda.to_device(np.zeros_like(params))
+        self.inner = GroupedAdamW(self._d_params, lr=lr, **group_kw)
+
+    @property
+    def lr(self) -> float:
+        return self.inner.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.inner.lr = value
+
+    def upload_grads(self, grads: np.ndarray) -> Any:
+        """Copy ``grads`` to the device buffer and return it."""
+        self._d_grads.copy_to_device(np.ascontiguousarray(grads))
+        return self._d_grads
+
+    def step(self, grads: np.ndarray, grad_scale: float = 1.0, *, uploaded: bool = False) -> None:
+        self._d_params.copy_to_device(self.params)  # the host buffer may have been reloaded
+        d_grads = self._d_grads if uploaded else self.upload_grads(grads)
+        self.inner.step(d_grads, grad_scale=grad_scale)
+        self._d_params.copy_to_host(self.params)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+
+
+def set_dropout_mode(model: Any, training: bool, seed: Any = None) -> None:
+    """Every dropout layer of ``model`` to training (masks from ``seed``) or evaluation mode.
+
+    Parameters
+    ----------
+    model : Module
+    training : bool
+    seed : tuple of int, optional
+        ``(run seed, phase, step)``: the masks of the next forwards.
+    """
+    from nbqat.nn.layers.dropout import set_dropout as _set
+
+    _set(model, training, seed)
+
+
+def to_host(x: Any) -> np.ndarray:
+    """A NumPy view or copy of ``x`` (a CUDA device array is copied to the host)."""
+    return x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
+
+
+def check_device(device: str) -> None:
+    """Raise a RuntimeError (a user error: the CLI prints it) for ``cuda`` without CUDA.
+
+    Parameters
+    ----------
+    device : {"cpu", "cuda"}
+    """
+    if device == "cuda":
+        from nbqat import _cuda
+
+        if not _cuda.cuda_available():
+            err = RuntimeError(
+                "--device cuda: CUDA is not available. Install the CUDA extra "
+                "(pip install 'nbqat[cuda]') on a machine with an NVIDIA GPU and driver, or "
+                "run with --device cpu."
+            )
+            err.nbqat_user_error = True  # type: ignore[attr-defined]
+            raise err
+
+
+def load_data(cfg: Any) -> Windows:
+    """The run's windows: ``--csv`` (or the shipped TMY3 dataset) cut into TFT windows.
+
+    Parameters
+    ----------
+    cfg : TrainConfig (resolved)
+        ``cfg.history`` None is set here: ``max(MIN_HISTORY, the seasonal-naive period)``.
+
+    Returns
+    -------
+    Windows
+
+    Raises
+    ------
+    DataError, ValueError
+        Bad data, or windows that do not fit the options (:func:`nbqat.preflight.check_windows`).
+    """
+    if cfg.csv is not None:
+        data = load_csv(
+            cfg.csv,
+            time_col=cfg.time_col,  # type: ignore[arg-type]
+            target_col=cfg.target_col,  # type: ignore[arg-type]
+            entity_col=cfg.entity_col,
+            known_cols=cfg.known_cols,
+            static_cols=cfg.static_cols,
+            observed_cols=cfg.observed_cols,
+            fill_gaps=cfg.fill_gaps,
+        )
+    else:
+        data = load_tmy3()
+    if cfg.history is None:  # one day of hours, and at least one season (the naive reads it)
+        from nbqat.data._calendar import default_season
+
+        cfg.history = max(MIN_HISTORY, default_season(data, cfg.horizon))
+    w = make_windows(
+        data,
+        history=cfg.history,
+        horizon=cfg.horizon,
+        eval_stride=cfg.eval_stride,
+        quantiles=QUANTILES,
+        calendar=[c.strip() for c in cfg.calendar.split(",") if c.strip()],
+    )
+    preflight.check_windows(cfg, w)
+    return w

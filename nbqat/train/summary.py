@@ -1,0 +1,87 @@
+"""The table printed at the end of ``nbqat train`` (and written to ``summary.txt``)."""
+
+from __future__ import annotations
+
+__all__ = ["summary_table"]
+
+
+def _versus(what: str, improvement: float, other: str) -> str:
+    """'<what> 23.3% better than <other>' (or 'worse') from a relative improvement."""
+    word = "better" if improvement >= 0 else "worse"
+    return f"{what} {100 * abs(improvement):.1f}% {word} than {other}"
+
+
+def summary_table(metrics: dict, timings: dict) -> str:
+    """The q-risk table, the comparisons, gradient-norm and timing lines of a finished run.
+
+    Parameters
+    ----------
+    metrics : dict
+        metrics.json's content.
+    timings : dict
+        timings.json's content (``phases_s``).
+
+    Returns
+    -------
+    str
+    """
+    qr = metrics["q_risk_test"]
+    rows = [
+        ("seasonal naive", qr["seasonal_naive"]),
+        ("ridge (window)", qr["ridge"]),
+        ("float", qr["float"]),
+        ("float fine-tuned", qr["float_finetuned"]),
+        ("PTQ int8", qr["ptq_int8"]),
+        ("QAT (fake quant)", qr["qat_fake_quant"]),
+        ("QAT int8", qr["int8"]),
+    ]
+    lines = [
+        "",
+        "q-risk on the test split (lower is better)",
+        f"{'model':<18}{'P10':>9}{'P50':>9}{'P90':>9}",
+    ]
+    for name, v in rows:
+        lines.append(f"{name:<18}{v['P10']:>9.4f}{v['P50']:>9.4f}{v['P90']:>9.4f}")
+    c = metrics["comparisons"]
+    for what, key in (("float", "float"), ("QAT int8", "int8")):
+        naive_key = "float_vs_naive" if key == "float" else f"{key}_vs_naive"
+        lines.append(
+            _versus(f"{what} P50", c[f"{naive_key}_P50_improvement"], "the seasonal naive")
+            + ", "
+            + _versus("", c[f"{key}_vs_ridge_P50_improvement"], "the ridge baseline").strip()
+        )
+    lines.append(
+        _versus("QAT int8 P50", -c["qat_int8_vs_float_finetuned_P50_relative_diff"], "")
+        + "the equally fine-tuned float; "
+        + _versus("PTQ int8", -c["ptq_int8_vs_float_finetuned_P50_relative_diff"], "it")
+        + "; int8 vs float (early-stopped): "
+        + f"{100 * c['int8_vs_float_P50_relative_diff']:+.1f}%"
+    )
+    g = metrics["grad_norm"]
+    for ph in ("float", "qat"):
+        if g[ph].get("steps"):
+            lines.append(
+                f"grad norm {ph}: mean {g[ph]['mean']:.3f}, max {g[ph]['max']:.3f}, clipped "
+                f"{g[ph]['clipped_steps']}/{g[ph]['steps']} steps"
+            )
+    if "compare_clipping" in metrics:
+        for label, v in metrics["compare_clipping"].items():
+            lines.append(
+                f"QAT {label:<9}: loss mean {v['loss']['mean']:.4f} std {v['loss']['std']:.4f} "
+                f"final {v['loss']['final']:.4f}; largest grad norm {v['largest_grad_norm']:.3f}"
+            )
+    filled = metrics["data"].get("filled") or {}
+    if filled:
+        parts = [
+            f"{e}: " + ", ".join(f"{c} {n}" for c, n in cols.items()) for e, cols in filled.items()
+        ]
+        lines.append("filled by --fill-gaps (cells): " + "; ".join(parts))
+    if "onnx_parity" in metrics:
+        from nbqat.export import summary_lines
+
+        lines += summary_lines(metrics["onnx_parity"])
+    if "world_size" in metrics:
+        lines.append(f"data-parallel over {metrics['world_size']} processes (MPI)")
+    ph = timings["phases_s"]
+    lines.append("time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in ph.items()))
+    return "\n".join(lines)

@@ -1,0 +1,214 @@
+"""The forecasters by name (nbqat.nn.forecasters), the TFT's QAT model as prepare_qat through the
+public mapping, checkpoints of a generic prepared forecaster, and the npz codec.
+
+Oracles: prepare_qat's own module walk (the TFT's quantizer set), the saved model's next step
+(bit for bit after load), and the codec's input (a round trip)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import nbqat
+from nbqat.fake_quantize import FakeQuantize
+from nbqat.nn import (
+    LSTMForecaster,
+    LSTMForecasterConfig,
+    QATModel,
+    QATTemporalFusionTransformer,
+    TemporalFusionTransformer,
+    TFTConfig,
+    prepare_qat,
+)
+from nbqat.nn.forecasters import (
+    build_forecaster,
+    forecaster_name,
+    load_qat_forecaster,
+    prepare_forecaster,
+)
+from nbqat.nn.layers import Linear
+from nbqat.nn.qat import tft_qconfig_mapping
+from nbqat.nn.quantize import QAT_MODULE_MAPPINGS
+from nbqat.npz_state import CheckpointError, load_state, save_state
+
+TCFG = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)
+
+
+def _windows():
+    return SimpleNamespace(
+        static=np.zeros((1, 2)),
+        future_features=np.zeros((1, 3)),
+        hist_features=np.zeros((1, 4)),
+        history=5,
+        horizon=3,
+        quantiles=(0.1, 0.5, 0.9),
+    )
+
+
+def _opts(**kw):
+    return SimpleNamespace(hidden_dim=6, heads=2, linear_skip=False, dropout=0.0, seed=4, **kw)
+
+
+def _batch(rng, nb=5):
+    return (
+        rng.standard_normal((nb, 2)).astype(np.float32),
+        rng.standard_normal((nb, 5, 4)).astype(np.float32),
+        rng.standard_normal((nb, 3, 3)).astype(np.float32),
+        rng.standard_normal((nb, 3)).astype(np.float32),
+    )
+
+
+# ------------------------------------------------------------------ the TFT through the mapping
+@pytest.mark.parametrize("head,attn", [(False, True), (True, False)])
+def test_tft_qat_is_prepare_qat_plus_the_output_quantizer(head, attn):
+    cfg = nbqat.QATConfig(quantize_output_head=head, quantize_attention=attn)
+    tft = TemporalFusionTransformer(TCFG, seed=2)
+    qat = QATTemporalFusionTransformer.from_float(tft, config=cfg)
+    ref = prepare_qat(tft, qconfig_mapping=tft_qconfig_mapping(tft, cfg), config=cfg)
+    assert isinstance(qat, QATModel)
+    assert list(qat.fake_quants) == [*ref.fake_quants, "output_fake_quant"]
+    for k, fq in ref.fake_quants.items():
+        other = qat.fake_quants[k]
+        assert type(other) is type(fq) and other.qscheme == fq.qscheme, k
+    assert ("output_layer" in qat.float_fallback) is (not head)
+    assert np.array_equal(qat.params, tft.params)
+
+
+def test_tft_qat_reads_a_registered_mapping():
+    """Changing the public mapping changes what the TFT's QAT model quantizes."""
+    saved = dict(QAT_MODULE_MAPPINGS[Linear])
+    try:
+        QAT_MODULE_MAPPINGS[Linear] = {"weight_fake_quant": "weight"}  # weights only
+        qat = QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(TCFG, seed=2))
+        assert not any(k.endswith(".input_fake_quant") and "lstm" not in k for k in qat.fake_quants)
+        assert any(k.endswith(".weight_fake_quant") for k in qat.fake_quants)
+    finally:
+        QAT_MODULE_MAPPINGS[Linear] = saved
+
+
+# ------------------------------------------------------------------------------- by name
+def test_build_forecaster_by_name():
+    w = _windows()
+    lstm, tft = build_forecaster("lstm", _opts(), w), build_forecaster("tft", _opts(), w)
+    assert isinstance(lstm, LSTMForecaster) and isinstance(tft, TemporalFusionTransformer)
+    assert lstm.config.hidden_dim == 6 and lstm.config.sequence_length == 5
+    assert (tft.config.num_heads, tft.config.prediction_horizon) == (2, 3)
+    again = build_forecaster("lstm", _opts(), w)
+    assert np.array_equal(again.params, lstm.params)  # cfg.seed
+    assert not np.array_equal(build_forecaster("lstm", _opts(), w, seed=5).params, lstm.params)
+    assert forecaster_name(lstm) == "lstm" and forecaster_name(prepare_forecaster(tft)) == "tft"
+    with pytest.raises(ValueError, match="unknown forecaster 'gru'"):
+        build_forecaster("gru", _opts(), w)
+    with pytest.raises(TypeError, match="not an nbqat forecaster"):
+        forecaster_name(object())
+
+
+def test_prepare_forecaster_lstm_keeps_the_head_float(rng):
+    m = build_forecaster("lstm", _opts(), _windows())
+    qat = prepare_forecaster(m, nbqat.QATConfig(calibration_batches=1))
+    assert isinstance(qat, QATModel) and qat.float_fallback == ["head"]
+    assert qat.model.head.weight_fake_quant is None
+    assert isinstance(qat.model.fc.weight_fake_quant, FakeQuantize)
+    head_q = prepare_forecaster(m, nbqat.QATConfig(quantize_output_head=True))
+    assert head_q.model.head.weight_fake_quant is not None
+    with pytest.raises(TypeError, match="QATConfig"):
+        prepare_forecaster(m, {"calibration_batches": 1})
+
+
+# ----------------------------------------------------------- checkpoints of a generic model
+@pytest.mark.parametrize("lsq", [False, True])
+def test_lstm_qat_checkpoint_reproduces_the_next_step(tmp_path, rng, lsq):
+    cfg = nbqat.QATConfig(calibration_batches=2, learnable_scales=lsq)
+    qat = prepare_forecaster(build_forecaster("lstm", _opts(), _windows()), cfg)
+    for _ in range(2):
+        qat(*_batch(rng)[:3])
+    opt = nbqat.Adam(qat.params, lr=1e-2)
+    for _ in range(2):
+        qat.train_step(_batch(rng), opt, max_norm=0.5)
+    path = tmp_path / "qat.npz"
+    qat.save(path)
+    batch = _batch(rng)
+    a = qat.train_step(batch, opt, max_norm=0.5)
+    other = prepare_forecaster(build_forecaster("lstm", _opts(), _windows(), seed=9), cfg)
+    opt_b = nbqat.Adam(other.params, lr=1e-2)
+    other.load(path, optimizer=opt_b)
+    assert other.step == 2 and other.phase == "qat"
+    b = other.train_step(batch, opt_b, max_norm=0.5)
+    assert a == b and np.array_equal(qat.params, other.params)
+    for k, fq in qat.fake_quants.items():
+        assert np.array_equal(fq.scale, other.fake_quants[k].scale), k
+    rebuilt = load_qat_forecaster(path)
+    assert isinstance(rebuilt, QATModel) and rebuilt.config.learnable_scales == lsq
+    assert rebuilt.step == 2 and list(rebuilt.fake_quants) == list(qat.fake_quants)
+    fresh = prepare_forecaster(build_forecaster("lstm", _opts(), _windows(), seed=11), cfg)
+    fresh.load(path)
+    s, h, f, _ = _batch(rng)
+    assert np.array_equal(rebuilt.predict(s, h, f), fresh.predict(s, h, f))
+    assert not np.array_equal(rebuilt.predict(s, h, f), other.predict(s, h, f))  # one step on
+
+
+def test_generic_checkpoint_errors(tmp_path, rng):
+    qat = prepare_forecaster(build_forecaster("lstm", _opts(), _windows()))
+    qat(*_batch(rng)[:3])
+    path = tmp_path / "lstm.npz"
+    qat.save(path)
+    tft_q = QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(TCFG))
+    with pytest.raises(CheckpointError, match="holds a LSTMForecaster"):
+        tft_q.load(path)
+    cfg7 = LSTMForecasterConfig(2, 3, 4, 7, 5, 3)
+    wider = prepare_forecaster(LSTMForecaster(cfg7))
+    with pytest.raises(CheckpointError, match="different network"):
+        wider.load(path)
+    tft_q.save(tmp_path / "tft.npz")
+    assert isinstance(load_qat_forecaster(tmp_path / "tft.npz"), QATTemporalFusionTransformer)
+    with pytest.raises(FileNotFoundError):
+        load_qat_forecaster(tmp_path / "missing.npz")
+
+
+# ------------------------------------------------------------------------------- the codec
+def test_npz_state_round_trip_and_refusals(tmp_path):
+    state = {
+        "a": np.arange(5, dtype=np.float32),
+        "t": (1, 2.5, "x", None, True),
+        "l": [np.int64(3), {"deep": np.zeros((2, 3), np.uint8)}],
+    }
+    path = tmp_path / "s.npz"
+    save_state(path, state, format="test.fmt", version=3)
+    back = load_state(path, format="test.fmt", version=3)
+    assert back["t"] == state["t"] and isinstance(back["t"], tuple)
+    assert np.array_equal(back["a"], state["a"]) and back["a"].dtype == np.float32
+    assert isinstance(back["l"][0], np.int64) and back["l"][0] == 3
+    assert back["l"][1]["deep"].shape == (2, 3)
+    with pytest.raises(CheckpointError, match="not a 'other' checkpoint"):
+        load_state(path, format="other", version=3)
+    with pytest.raises(CheckpointError, match="version 3"):
+        load_state(path, format="test.fmt", version=1)
+    with pytest.raises(TypeError, match="cannot checkpoint a set at '/bad'"):
+        save_state(tmp_path / "x.npz", {"bad": {1, 2}}, format="f")
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_a_prepared_sequential_saves_and_loads(tmp_path, rng):
+    """The checkpoint of any prepare_qat model (no config dataclass): params, quantizer state
+    and phase come back; another architecture is refused."""
+    from nbqat.nn import ELU, ParameterBuffer, Sequential
+
+    def make(seed, width=5):
+        m = Sequential(Linear(3, width), ELU(), Linear(width, 2))
+        ParameterBuffer(m, seed=seed)
+        return prepare_qat(m, config=nbqat.QATConfig(calibration_batches=1))
+
+    a = make(0)
+    x = rng.standard_normal((7, 3)).astype(np.float32)
+    a(x)
+    a.disable_calibration()
+    a.freeze_observers()
+    a.save(tmp_path / "seq.npz")
+    b = make(1)
+    b.load(tmp_path / "seq.npz")
+    assert np.array_equal(a.params, b.params) and b.phase == "qat" and b.observers_frozen
+    assert np.array_equal(a.predict(x), b.predict(x))
+    with pytest.raises(CheckpointError, match="parameters"):
+        make(0, width=6).load(tmp_path / "seq.npz")
