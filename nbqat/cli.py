@@ -180,7 +180,7 @@ def _add_model_options(g: Any) -> None:
         "--weight-decay",
         type=_nonneg_float,
         default=None,
-        help="AdamW decoupled weight decay of the network body [default: 0.1]",
+        help="AdamW decoupled weight decay of the network body [default: 0.3]",
     )
     g.add_argument(
         "--warmup-steps",
@@ -200,7 +200,14 @@ def _add_model_options(g: Any) -> None:
         "--skip-lr-scale",
         type=_positive_float,
         default=None,
-        help="learning rate of the linear skip relative to --lr [default: 1/300]",
+        help="learning rate of the linear skip relative to --lr [default: 0.1]",
+    )
+    g.add_argument(
+        "--ema-decay",
+        type=_nonneg_float,
+        default=None,
+        help="exponential moving average of the float weights (decay per step; 0: off), "
+        "evaluated, early-stopped and kept as the model [default: 0, off]",
     )
     g.add_argument(
         "--qat-skip-lr-scale",
@@ -399,6 +406,13 @@ def _add_predict(sub: Any) -> None:
     pr.add_argument("--out", default="forecasts.csv", help="output CSV [default: forecasts.csv]")
 
 
+def _root() -> bool:
+    """True unless this is a rank other than 0 of an MPI run (which prints nothing)."""
+    from nbqat.distributed import init_process_group
+
+    return init_process_group().rank == 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nbqat`` console script; returns the exit status.
 
@@ -436,16 +450,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.resume is not None:
                 _resume_conflicts(parser, args)
             res = run(cfg, resume=args.resume, check_only=args.check)
-            if args.check:
+            if args.check and _root():
                 d = res["data"]
                 print(
                     f"nbqat train --check: OK: {len(d['entities'])} series, windows "
                     f"{d['windows']}, filled {d['filled'] or 0}; nothing written"
                 )
         except TrainingInterrupted as e:
-            from nbqat.distributed import init_process_group
-
-            if init_process_group().rank == 0:  # every rank stopped at the same step
+            if _root():  # under MPI every rank stopped at the same step: one message
                 print(f"\n{e}", file=sys.stderr)
             return 130
         except (DataError, ValueError, FileNotFoundError, RuntimeError) as e:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -219,7 +220,9 @@ class MPIProcessGroup(ProcessGroup):
         self.comm.Barrier()
 
     def abort(self, code: int = 1) -> None:
+        sys.stdout.flush()
         sys.stderr.flush()
+        time.sleep(0.2)  # let mpiexec forward this rank's last output before it kills the job
         self.comm.Abort(code)
 
 
@@ -284,8 +287,9 @@ def install_abort_handler(group: ProcessGroup) -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        previous(kind, exc, tb)
         print(f"nbqat: rank {group.rank} of {group.size} failed: {exc}", file=sys.stderr)
+        sys.stderr.flush()  # the message first: MPI_Abort may cut what follows
+        previous(kind, exc, tb)
         group.abort(1)
 
     sys.excepthook = hook
@@ -446,11 +450,7 @@ def data_parallel_step(
 
 
 def calibrate(
-    qat: Any,
-    batches: Iterable[Sequence[np.ndarray]],
-    group: ProcessGroup,
-    *,
-    quantizers: Any = None,
+    qat: Any, batches: Iterable[Sequence], group: ProcessGroup, *, quantizers: Any = None
 ) -> int:
     """Distributed calibration: each rank forwards its slice of every global batch through
     observers kept in sync, so every rank ends with the qparams of one process fed it all.
@@ -464,15 +464,13 @@ def calibrate(
         The GLOBAL batches, identical on every rank (extra items, a target, are ignored).
     group : ProcessGroup
     quantizers : mapping or iterable, optional
-        The quantizers to sync (default: all of ``qat.fake_quants``); a weight quantizer sees
-        the same weights on every rank, so passing only the activation quantizers saves
-        their collectives.
+        The quantizers to sync (default all of ``qat.fake_quants``; the activation ones
+        suffice: a weight quantizer sees the same weights on every rank).
 
     Returns
     -------
     int
-        The number of global batches used (``qat.calibrate``'s count, at most
-        ``config.calibration_batches``).
+        The number of global batches used (``qat.calibrate``'s, <= its calibration_batches).
 
     Raises
     ------
@@ -482,10 +480,8 @@ def calibrate(
 
     Notes
     -----
-    The observers' statistics merge exactly (min of minima, max of maxima, in rank order);
-    the qparams then equal a single process's wherever each slice's activations are the bits
-    of the same rows in the whole batch (BLAS may round a row differently with another row
-    count, see docs/distributed.md).
+    The statistics merge exactly; the qparams equal one process's wherever a slice's
+    activations are the same bits as those rows of the whole batch (docs/distributed.md).
     """
     sync_observers(qat.fake_quants if quantizers is None else quantizers, group)
 
@@ -494,9 +490,8 @@ def calibrate(
             rows = int(np.shape(b[0])[0])
             if rows < group.size:
                 raise ValueError(
-                    f"calibrate: a global batch has {rows} rows, fewer than the {group.size} "
-                    "processes (a rank would get an empty slice): pass batches of at least "
-                    "group.size rows"
+                    f"calibrate: a global batch has {rows} rows, fewer than the "
+                    f"{group.size} processes: pass batches of >= group.size rows"
                 )
             sl = shard(rows, group)
             yield tuple(a[sl] for a in b[:3])

@@ -120,6 +120,20 @@ def test_two_process_runs_repeat_bit_for_bit(two, tmp_path):
         np.testing.assert_array_equal(b[k], a[k], err_msg=k)
 
 
+def test_lstm_with_histogram_observers_on_two_processes_equals_one(tmp_path):
+    # the other forecaster and the observers frozen after calibration (no QAT-phase sync)
+    extra = ("--model", "lstm", "--observer", "histogram")
+    ref = _ref(tmp_path / "one", *extra)
+    run = tmp_path / "two"
+    r = _mpi_train(tmp_path / "rec", *TINY, *extra, "--out", str(run))
+    assert r.returncode == 0, r.stderr[-3000:]
+    m1, m2 = _metrics(ref), _metrics(run)
+    assert m2["world_size"] == 2 and m2["config"] == m1["config"]
+    assert m2["model"] == m1["model"] and m1["model"]["name"] == "lstm"
+    _close_steps(_state(ref), _state(run))
+    _close_q_risk(m1, m2)
+
+
 def test_only_rank_0_writes(two):
     out, rec = two
     w0 = json.loads((rec / "writes0.json").read_text())

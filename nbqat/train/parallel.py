@@ -170,15 +170,17 @@ class Parallel:
                 raise
             import traceback
 
+            msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            # The one-line message first and flushed: MPI_Abort may cut what follows.
+            print(f"nbqat: rank {self.rank} of {self.size} failed: {msg}", file=sys.stderr)
+            sys.stderr.flush()
             if not isinstance(e, (ValueError, FileNotFoundError)):  # not a user error
                 traceback.print_exc()
-            msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            print(f"nbqat: rank {self.rank} of {self.size} failed: {msg}", file=sys.stderr)
             self.group.abort(1)
             raise
 
     def default_threads(self) -> int | None:
-        """Numba threads per rank under MPI: the CPUs shared by the ranks of this host.
+        """Numba threads per rank under MPI: this process's CPUs shared by the host's ranks.
 
         Returns
         -------
@@ -188,4 +190,5 @@ class Parallel:
         if not self.distributed:
             return None
         local = int(os.environ.get("MPI_LOCALNRANKS", self.size))
-        return max(1, (os.cpu_count() or 1) // max(1, local))
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return max(1, (cpus or 1) // max(1, local))
