@@ -222,3 +222,14 @@ def test_array_likes_are_observed_as_numpy(torch, rng, make):
     for obs in (tensor_obs, list_obs):
         for a, b in zip(obs.calculate_qparams(), ref.calculate_qparams()):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("make", OBSERVERS)
+def test_tensor_requiring_grad_is_refused_and_state_kept(torch, rng, make):
+    obs = make()
+    obs(rng.standard_normal((6, 5)).astype(np.float32))
+    before = obs.state_dict()
+    with pytest.raises(TypeError, match="detach"):
+        obs(torch.ones((6, 5), requires_grad=True))
+    for k, v in obs.state_dict().items():
+        np.testing.assert_array_equal(v, before[k])
