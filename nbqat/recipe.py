@@ -283,7 +283,7 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
     """
     from nbqat.nn import set_dropout
     from nbqat.nn.forecasters import prepare_forecaster
-    from nbqat.train import q_risk
+    from nbqat.nn.loss import q_risk_table as q_risk
 
     cfg, w, test = run.cfg, run.w, run.w.test
     y = test.target_raw()

@@ -229,7 +229,7 @@ def _engine_info(
     """Rows run and, with a target, the q-risk of one engine's predictions ``p``."""
     info: dict[str, Any] = {"rows": int(p.shape[0])}
     if target is not None:
-        from nbqat.train import q_risk
+        from nbqat.nn.loss import q_risk_table as q_risk
 
         un = unscale(p, np.arange(len(p))) if unscale is not None else p
         info["q_risk"] = q_risk(np.asarray(un, np.float64), np.asarray(target)[: len(p)], q)

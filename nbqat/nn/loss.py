@@ -128,3 +128,38 @@ def q_risk(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -
         raise ValueError("q_risk is undefined when sum(|target|) == 0")
     axes = tuple(range(terms.ndim - 1))
     return 2.0 * terms.sum(axis=axes) / denom
+
+
+def q_risk_table(
+    pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]
+) -> dict[str, float]:
+    """Normalised quantile loss ("q-risk") per quantile on the unscaled target.
+
+    ``q-risk_q = 2 * sum QL(y, yhat_q, q) / sum |y|`` over all windows and forecast steps
+    (Lim et al. 2021, Section 7), computed in float64 by :func:`q_risk`, one
+    quantile at a time (each quantile's sum runs over its own contiguous terms).
+
+    Parameters
+    ----------
+    pred : ndarray (n, tau, Q)
+        Unscaled quantile forecasts.
+    target : ndarray (n, tau)
+        Unscaled actual values.
+    quantiles : sequence of float
+
+    Returns
+    -------
+    dict
+        ``{"P10": ..., "P50": ..., "P90": ...}`` (keys ``P<round(100 q)>``).
+
+    Raises
+    ------
+    ValueError
+        Mismatched shapes, or a target that is zero everywhere (q-risk undefined).
+    """
+    p = np.asarray(pred, dtype=np.float64)
+    y = np.asarray(target, dtype=np.float64)
+    return {
+        f"P{round(100 * q)}": float(q_risk(p[..., j : j + 1], y, (q,))[0])
+        for j, q in enumerate(quantiles)
+    }
