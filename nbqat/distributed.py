@@ -187,7 +187,7 @@ class MPIProcessGroup(ProcessGroup):
     def allreduce_sum(self, buf: Any) -> Any:
         from nbqat import _cuda
 
-        if _cuda.is_cuda_array(buf) or hasattr(buf, "copy_to_host"):
+        if _cuda.is_cuda_array(buf):
             if os.environ.get("NBQAT_CUDA_AWARE_MPI") == "1":
                 self.comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
                 self.last_transport = "device"
