@@ -95,6 +95,26 @@ def test_resume_needs_a_checkpoint(tmp_path, capsys):
     assert "not a checkpoint folder" in capsys.readouterr().err
 
 
+def test_resume_refuses_an_option_given_at_its_default(tmp_path, capsys):
+    # An lstm run with --seed 3 stopped after one step: `--model tft` and `--seed 0` are the
+    # parser's defaults but not the checkpoint's values; they were silently ignored (the run
+    # went on as an lstm with seed 3). The oracle is the checkpoint's own state.json.
+    assert _train(tmp_path, "--model", "lstm", "--stop-after-steps", "1") == 130
+    ck = tmp_path / "checkpoint"
+    saved = json.loads((ck / "state.json").read_text())["config"]
+    assert (saved["model"], saved["seed"], saved["max_norm"]) == ("lstm", 3, 1.0)
+    before = (ck / "state.json").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(ck), "--model", "tft", "--seed", "0",
+                 "--max-norm", "1"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--model 'tft' (the checkpoint has 'lstm')" in err
+    assert "--seed 0 (the checkpoint has 3)" in err
+    assert "--max-norm" not in err  # the checkpoint's value given again is no conflict
+    assert (ck / "state.json").read_bytes() == before
+    assert main(["train", "--resume", str(ck), "--model", "lstm", "--seed", "3", "--check"]) == 0
+
+
 # ------------------------------------------------------------------------------ --csv errors
 
 
