@@ -196,3 +196,37 @@ def test_an_edited_group_learning_rate_applies_at_the_next_step(torch, rng):
     with pytest.raises(ValueError, match="learning rate"):
         opt.step(np.ones(3, np.float32))
     assert np.array_equal(p, before[0]) and np.array_equal(a, before[1])
+
+
+def test_a_parameter_in_two_groups_is_refused_as_torch_does(torch, rng):
+    # torch.optim raises for a parameter in two groups; nbqat updated such an array twice
+    # per step (once from each group). Nothing is added when it refuses.
+    p = rng.standard_normal(6).astype(np.float32)
+    a = rng.standard_normal(3).astype(np.float32)
+    t = torch.tensor(a.copy(), requires_grad=True)
+    topt = torch.optim.Adam([torch.tensor(p.copy(), requires_grad=True)], lr=1e-2)
+    topt.add_param_group({"params": [t]})
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        topt.add_param_group({"params": [t]})
+    opt = nbqat.Adam(p, lr=1e-2)
+    opt.add_param_group({"params": ArrayGroup([a], [np.zeros_like(a)])})
+    for other in (a, a[1:], p[2:4]):  # the same array, a view of it, a view of group 0
+        with pytest.raises(ValueError, match="more than one parameter group"):
+            opt.add_param_group({"params": ArrayGroup([other], [np.zeros_like(other)])})
+    assert len(opt.param_groups) == 2
+    qat = _lsq_qat(rng)
+    opt = nbqat.Adam(qat.params, lr=1e-3)
+    scale = qat.learnable_quantizers()[0].scale
+    opt.add_param_group({"params": ArrayGroup([scale], [np.zeros_like(scale)])})
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        opt.add_param_group(qat.quantizer_param_group())
+    # disjoint arrays are accepted, and the same update as torch's follows
+    b = rng.standard_normal(2).astype(np.float32)
+    gb = rng.standard_normal(2).astype(np.float32)
+    opt = nbqat.Adam(p, lr=1e-2)
+    opt.add_param_group({"params": ArrayGroup([b], [gb]), "lr": 1e-1})
+    tb = torch.tensor(b.copy(), requires_grad=True)
+    tb.grad = torch.tensor(gb)
+    torch.optim.Adam([tb], lr=1e-1).step()
+    opt.step(np.zeros_like(p))
+    np.testing.assert_array_equal(b, tb.detach().numpy())
