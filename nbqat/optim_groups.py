@@ -141,6 +141,7 @@ class ParamGroups:
     """The parameter-group half of nbqat's optimizers (mixed into ``nbqat.optim._Optimizer``)."""
 
     params: Any
+    defaults: dict[str, Any]  # the constructor's hyper-parameters (torch's ``defaults``)
     _hparam_names: tuple[str, ...]
     _groups: list[_Group]
 
@@ -169,7 +170,9 @@ class ParamGroups:
         ----------
         group : dict
             ``{"params": ParamSource, <hyper-parameter overrides>}``; the others default to
-            this optimizer's (e.g. ``{"params": qat.quantizer_parameters(), "lr": 1e-4}``).
+            the optimizer's constructor arguments (``defaults``, as torch: a later
+            ``opt.lr = ...`` of group 0 does not change them), e.g.
+            ``{"params": qat.quantizer_parameters(), "lr": 1e-4}``.
 
         Raises
         ------
@@ -195,7 +198,8 @@ class ParamGroups:
                 f"add_param_group: unknown hyper-parameters {extra} for {type(self).__name__} "
                 f"(it has {list(self._hparam_names)})"
             )
-        hp = {**self.hparams(), **{k: v for k, v in group.items() if k != "params"}}
+        base = getattr(self, "defaults", None) or self.hparams()  # the constructor's, as torch
+        hp = {**base, **{k: v for k, v in group.items() if k != "params"}}
         self._validate(**hp)
         self._groups.append(_Group(src, hp))
 
