@@ -210,7 +210,10 @@ def _add_model_options(g: Any) -> None:
         "equally fine-tuned float row) [default: 0.1]",
     )
     g.add_argument(
-        "--seed", type=int, default=0, help="seed of initialisation and shuffling [default: 0]"
+        "--seed",
+        type=_nonneg_int,
+        default=0,
+        help="seed of initialisation and shuffling (an integer >= 0) [default: 0]",
     )
     g.add_argument(
         "--device",

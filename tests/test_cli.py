@@ -62,6 +62,7 @@ def test_parser_defaults_and_values():
         (["train", "--epochs", "0"], "positive integer"),
         (["train", "--lr", "-1"], "positive"),
         (["train", "--device", "tpu"], "invalid choice"),
+        (["train", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
         (["train", "--time-col", "t"], "--time-col need --csv"),
         (["train", "--csv", "x.csv"], "--csv needs --time-col and --target-col"),
     ],
@@ -71,6 +72,20 @@ def test_parser_errors(argv, needle, capsys):
         main(argv)
     assert ei.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True])
+def test_a_bad_seed_is_refused_by_the_check(tmp_path, seed):
+    # numpy's default_rng(-1) raised "expected non-negative integer" (no option named) and a
+    # float seed passed --check; the oracle is numpy's own refusal of these seeds.
+    if not isinstance(seed, bool):
+        with pytest.raises((TypeError, ValueError)):
+            np.random.SeedSequence(seed)
+    from nbqat.train import run
+
+    with pytest.raises(ValueError, match="--seed must be an integer >= 0"):
+        run(TrainConfig(seed=seed, quick=True, out=str(tmp_path / "r")), check_only=True)
+    assert not (tmp_path / "r").exists()
 
 
 def test_heads_must_divide_hidden(tmp_path, capsys):
