@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -149,18 +150,27 @@ def _run(cfg: TrainConfig, resume: str | Path | None, check_only: bool, par: Par
 
         init_linear_skip_from_ridge(r.model, r.ridge)
     par.barrier()  # every rank validated its inputs before rank 0 creates or clears anything
+    new_dir = None  # the top-most folder this run creates (removed again if the run fails)
     if par.root:
         if cfg.overwrite and meta is None:
             preflight.clear_outputs(out)
+        new_dir = next((d for d in (*reversed(out.parents), out) if not d.exists()), None)
         out.mkdir(parents=True, exist_ok=True)
     r.tick("data", t0)
     try:
-        _phases(r)
+        try:
+            _phases(r)
+        except TrainingInterrupted:
+            save_checkpoint(r)  # after the interrupted phase's time was counted
+            par.barrier()  # no rank exits before the checkpoint is complete
+            raise
+        return _finish(r, t_start)
     except TrainingInterrupted:
-        save_checkpoint(r)  # after the interrupted phase's time was counted
-        par.barrier()  # no rank exits before the checkpoint is complete
         raise
-    return _finish(r, t_start)
+    except Exception:
+        if new_dir is not None:  # a failed run leaves no folder behind (README)
+            shutil.rmtree(new_dir, ignore_errors=True)
+        raise
 
 
 def _timed(r: Run, name: str, fn: Any, *args: Any) -> None:
