@@ -375,3 +375,7 @@ def test_diverged_float_training_is_a_clear_error(tmp_path, capsys):
     assert main(["train", *TINY, "--lr", "1e30", "--max-norm", "none",
                  "--out", str(tmp_path / "p" / "q")]) == 2  # fmt: skip
     assert not (tmp_path / "p").exists()  # nor the parents it created
+    capsys.readouterr()
+    assert main(["train", *TINY, "--lr", "1e30", "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err  # clipped already (--max-norm 1.0): no advice to set one
+    assert "lower --lr" in err and "--max-norm" not in err

@@ -189,7 +189,8 @@ def _phases(r: Run) -> None:
             if r.best_params is None or not np.all(np.isfinite(r.best_params)):
                 raise ValueError(
                     "the float training diverged: no epoch had a finite validation loss "
-                    f"(curve {r.st.curves['float']['val']}); lower --lr or set a --max-norm"
+                    f"(curve {r.st.curves['float']['val']}); lower --lr"
+                    + (" or set a --max-norm" if cfg.max_norm is None else "")
                 )
         if st.phase == "calibrate":
             _timed(r, "calibration", r.calibrate_phase)
