@@ -387,7 +387,11 @@ def _resume_conflicts(args: argparse.Namespace, argv: Sequence[str]) -> None:
         else:
             same = saved.get(k) == v
         if not same:
-            bad.append(f"--{k.replace('_', '-')} {v!r} (the checkpoint has {saved.get(k)!r})")
+            opt, was = "--" + k.replace("_", "-"), saved.get(k)
+            if isinstance(v, bool):  # the flag as typed: --no-plots, --compare-clipping
+                bad.append(f"{opt if v else '--no-' + opt[2:]} (the checkpoint has {k}={was})")
+            else:
+                bad.append(f"{opt} {v!r} (the checkpoint has {was!r})")
     if bad:
         raise ValueError(
             "--resume continues a run with the options it started with; these conflict with "

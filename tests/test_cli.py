@@ -127,6 +127,10 @@ def test_resume_refuses_an_option_given_at_its_default(tmp_path, capsys):
     assert "--seed 0 (the checkpoint has 3)" in err
     assert "--max-norm" not in err  # the checkpoint's value given again is no conflict
     assert (ck / "state.json").read_bytes() == before
+    assert main(["train", "--resume", str(ck), "--no-plots", "--compare-clipping"]) == 2
+    err = capsys.readouterr().err  # the flags as typed (it said "--plots False")
+    assert "--no-plots (the checkpoint has plots=True)" in err
+    assert "--compare-clipping (the checkpoint has compare_clipping=False)" in err
     assert main(["train", "--resume", str(ck), "--model", "lstm", "--seed", "3", "--check"]) == 0
 
 
