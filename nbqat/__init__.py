@@ -8,18 +8,9 @@ live in :mod:`nbqat.nn`, the shipped dataset in :mod:`nbqat.data`, the main job 
 :mod:`nbqat.train` (``nbqat train``).
 """
 
+from nbqat import fake_quant as _fake_quant
 from nbqat.clip import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm
-from nbqat.fake_quant import (
-    fake_quantize_backward,
-    fake_quantize_learnable_per_channel_affine,
-    fake_quantize_learnable_per_channel_affine_backward,
-    fake_quantize_learnable_per_tensor_affine,
-    fake_quantize_learnable_per_tensor_affine_backward,
-    fake_quantize_per_channel_affine,
-    fake_quantize_per_channel_affine_cachemask,
-    fake_quantize_per_tensor_affine,
-    fake_quantize_per_tensor_affine_cachemask,
-)
+from nbqat.fake_quant import *  # noqa: F403 - its __all__, re-exported below
 from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
 from nbqat.histogram_observers import HistogramObserver
 from nbqat.observers import (
@@ -53,14 +44,6 @@ __all__ = [
     "clip_grad_value_",
     "clip_grads_with_norm_",
     "default_qat_qconfig",
-    "fake_quantize_backward",
-    "fake_quantize_learnable_per_channel_affine",
-    "fake_quantize_learnable_per_channel_affine_backward",
-    "fake_quantize_learnable_per_tensor_affine",
-    "fake_quantize_learnable_per_tensor_affine_backward",
-    "fake_quantize_per_channel_affine",
-    "fake_quantize_per_channel_affine_cachemask",
-    "fake_quantize_per_tensor_affine",
-    "fake_quantize_per_tensor_affine_cachemask",
     "get_total_norm",
 ]
+__all__ += _fake_quant.__all__  # the fake-quantize functions, imported above

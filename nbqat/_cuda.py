@@ -10,6 +10,7 @@ CPU simulator (the test suite does this).
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import numpy as np
@@ -67,11 +68,54 @@ def is_cuda_array(x: Any) -> bool:
 
     Numba device arrays and any object exposing ``__cuda_array_interface__`` (CuPy, PyTorch CUDA
     tensors) count, and so do the CUDA simulator's arrays (which have ``copy_to_host`` but no
-    interface); NumPy arrays and Python scalars do not. Never imports :mod:`numba.cuda`.
+    interface); NumPy arrays, Python scalars and host array-likes (torch CPU tensors) do not.
+    The one such predicate of nbqat (:mod:`nbqat._validate` re-exports it). Never imports
+    :mod:`numba.cuda`.
+
+    Parameters
+    ----------
+    x : object
+
+    Returns
+    -------
+    bool
     """
     if x is None or isinstance(x, np.ndarray) or np.isscalar(x):
         return False
-    return hasattr(x, "__cuda_array_interface__") or hasattr(x, "copy_to_host")
+    try:
+        return hasattr(x, "__cuda_array_interface__") or hasattr(x, "copy_to_host")
+    except Exception:  # e.g. a torch CUDA tensor that requires grad refuses to export itself
+        return getattr(x, "is_cuda", False) is True
+
+
+def device_function(func: Any, **twins: Any) -> Any:
+    """Compile a CPU kernel helper's plain Python source as a CUDA device function.
+
+    The scalar formulas are written once (e.g. :mod:`nbqat.kernels.fake_quant_formula`) and
+    compiled for each target: the CPU with ``njit(inline="always")``, the GPU by this function.
+
+    Parameters
+    ----------
+    func : callable
+        A Numba CPU dispatcher (its ``.py_func`` is compiled) or a plain Python function; it may
+        use only what CUDA kernels may use (NumPy scalar arithmetic, ``np.rint`` ...).
+    **twins
+        Global names of ``func`` that are other helpers, bound to their device twins (themselves
+        results of this function), so helpers may call each other on both targets.
+
+    Returns
+    -------
+    numba.cuda dispatcher
+        ``cuda.jit(device=True, inline="always")`` of a copy of ``func`` (same code, same
+        name) whose globals have ``twins`` substituted.
+    """
+    f = getattr(func, "py_func", func)
+    g = dict(f.__globals__)
+    g.update(twins)
+    h = types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, f.__closure__)
+    h.__qualname__ = f.__qualname__
+    h.__doc__ = f.__doc__
+    return _load().jit(device=True, inline="always")(h)
 
 
 def require_cuda(what: str = "this call") -> None:
@@ -102,6 +146,15 @@ def device_empty(shape: Any, dtype: Any) -> Any:
     """Allocate an uninitialised device array."""
     require_cuda()
     return _load().device_array(shape, dtype=dtype)
+
+
+def check_reduction_threads(slots: int) -> int:
+    """:data:`THREADS_PER_BLOCK`, checked against a reduction's ``slots`` of shared memory per
+    block (ValueError when a test or user set it larger)."""
+    tpb = THREADS_PER_BLOCK
+    if tpb > slots:
+        raise ValueError(f"THREADS_PER_BLOCK must be <= {slots} for reductions, got {tpb}")
+    return tpb
 
 
 def grid_1d(n: int) -> tuple[int, int]:

@@ -4,21 +4,29 @@ Every public function validates its arguments with these helpers *before* any co
 runs, so bad input raises a clear :class:`ValueError` / :class:`TypeError` that names the
 argument and the fix, and nothing is written into caller buffers. Kernels assume clean input.
 
-The helpers accept NumPy arrays and CUDA device arrays (anything with ``shape`` and ``dtype``,
-see :func:`nbqat._cuda.is_cuda_array`); they never copy data between host and device, except
-:func:`host_vector`, which brings a small per-channel parameter vector to the host.
+The helpers accept NumPy arrays, CUDA device arrays (:func:`nbqat._cuda.is_cuda_array`, the one
+"is this a CUDA array" predicate, re-exported here) and host array-likes, converted the same way
+everywhere by :func:`as_array`: objects with ``__array__`` (``np.asarray``, no copy where
+possible) or only ``__dlpack__`` (``np.from_dlpack``), such as torch CPU tensors; a tensor that
+requires grad is a TypeError that says ``.detach()``. They never copy data between host and
+device, except :func:`host_vector`, which brings a small per-channel parameter vector to the
+host. Exceptions: TypeError for a wrong type or dtype, ValueError for a wrong value or shape.
 
 Helpers (general, for every nbqat module):
 
 * :func:`check_float_array` -- a float16/float32/float64 array (TypeError with an
   ``.astype(np.float32)`` hint otherwise).
 * :func:`check_same_shape` -- two arrays of the same shape.
-* :func:`check_int` / :func:`check_positive_finite` -- Python scalars.
-* :func:`check_quant_range`, :func:`check_scale`, :func:`check_zero_point`,
-  :func:`check_channel_qparams`, :func:`check_float_zero_point` -- quantization parameters.
+* :func:`check_same_dtype`, :func:`check_same_device`, :func:`check_device_contiguous`.
+* :func:`check_int` / :func:`check_positive_finite` / :func:`check_finite_real` -- scalars.
 * :func:`normalize_axis` -- an axis in ``[-ndim, ndim)`` to ``[0, ndim)``.
 * :func:`check_out`, :func:`check_mask` -- preallocated outputs.
 * :func:`split_axis` -- the ``(outer, C, inner)`` factorisation of a shape around an axis.
+
+Two sibling modules hold the checks of one domain each, built on these:
+:mod:`nbqat._validate_qparams` (quantization range, scales, zero points) and
+:mod:`nbqat._validate_state` (quantizer construction and state dicts); their names are
+reachable from this module as well (``_validate.check_scale``), imported on first use.
 """
 
 from __future__ import annotations
@@ -29,19 +37,7 @@ from typing import Any
 
 import numpy as np
 
-
-def is_cuda_array(x: Any) -> bool:
-    """Whether ``x`` is a CUDA device array, without importing :mod:`numba.cuda`.
-
-    Anything exposing ``__cuda_array_interface__`` (Numba device arrays, CuPy, PyTorch CUDA
-    tensors) counts, and so does the CUDA simulator's ``FakeCUDAArray`` (which has
-    ``copy_to_host`` but no interface); NumPy arrays and scalars do not. Agrees with
-    :func:`nbqat._cuda.is_cuda_array` on real devices.
-    """
-    if x is None or isinstance(x, np.ndarray) or np.isscalar(x):
-        return False
-    return hasattr(x, "__cuda_array_interface__") or hasattr(x, "copy_to_host")
-
+from nbqat._cuda import is_cuda_array
 
 #: Floating dtypes nbqat's kernels accept.
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -51,20 +47,19 @@ FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 QUANT_BOUND = 2**24
 
 __all__ = [
-    "FLOAT_DTYPES",
     "QUANT_BOUND",
+    "FLOAT_DTYPES",
     "as_array",
-    "check_channel_qparams",
     "check_float_array",
-    "check_float_zero_point",
+    "check_finite_real",
     "check_int",
     "check_mask",
     "check_out",
     "check_positive_finite",
-    "check_quant_range",
+    "check_device_contiguous",
+    "check_same_device",
+    "check_same_dtype",
     "check_same_shape",
-    "check_scale",
-    "check_zero_point",
     "host_vector",
     "is_cuda_array",
     "normalize_axis",
@@ -73,21 +68,57 @@ __all__ = [
 
 
 def as_array(x: Any, name: str) -> Any:
-    """Return ``x`` unchanged if it is a NumPy or CUDA array, else ``np.asarray(x)``.
+    """Return ``x`` unchanged if it is a NumPy or CUDA array, else as a NumPy array.
+
+    Parameters
+    ----------
+    x : array_like or CUDA array
+        Anything with ``__array__`` (lists, scalars, torch CPU tensors: ``np.asarray``, no copy
+        where possible) or only ``__dlpack__`` (``np.from_dlpack``, no copy).
+    name : str
+        The argument name used in error messages.
+
+    Returns
+    -------
+    numpy.ndarray or CUDA array
 
     Raises
     ------
     TypeError
-        When ``x`` cannot be converted to an array (e.g. ``None``).
+        When ``x`` is None, a tensor that requires grad (pass ``x.detach()``), or cannot be
+        converted to an array.
     """
-    if isinstance(x, np.ndarray) or is_cuda_array(x):
+    if isinstance(x, np.ndarray):
         return x
     if x is None:
         raise TypeError(f"`{name}` must be an array, got None")
+    if getattr(x, "requires_grad", False) is True:
+        raise TypeError(
+            f"`{name}` is a tensor that requires grad; nbqat computes its own gradients: pass "
+            f"`{name}.detach()`"
+        )
+    if is_cuda_array(x):
+        return x
     try:
+        if not hasattr(x, "__array__") and hasattr(x, "__dlpack__"):
+            return np.from_dlpack(x)
         return np.asarray(x)
-    except Exception as exc:  # pragma: no cover - exotic objects
-        raise TypeError(f"`{name}` must be an array, got {type(x).__name__}") from exc
+    except Exception as exc:
+        raise TypeError(
+            f"`{name}` must be an array (NumPy, CUDA, or anything with __array__ or "
+            f"__dlpack__), got {type(x).__name__}: {exc}"
+        ) from exc
+
+
+def _host_scalar_or_array(v: Any, name: str) -> Any:
+    """``v`` itself when it is a Python / NumPy scalar, else the host array of
+    :func:`as_array` (CUDA arrays copied to the host: parameters are small)."""
+    if isinstance(v, (numbers.Number, np.generic, np.ndarray)):
+        return v
+    v = as_array(v, name)
+    if is_cuda_array(v):
+        v = v.copy_to_host() if hasattr(v, "copy_to_host") else np.asarray(v)
+    return v
 
 
 def check_float_array(x: Any, name: str = "x", dtypes: tuple = FLOAT_DTYPES) -> Any:
@@ -163,238 +194,41 @@ def check_positive_finite(v: Any, name: str) -> float:
     return f
 
 
-def check_quant_range(quant_min: Any, quant_max: Any) -> tuple[int, int]:
-    """Validate the integer quantization range.
-
-    Returns
-    -------
-    (int, int)
-        ``(quant_min, quant_max)``.
+def check_finite_real(v: Any, name: str) -> float:
+    """Return ``v`` as a Python float, raising unless it is a finite real number.
 
     Raises
     ------
     TypeError
-        When a bound is not an integer.
+        For bools and non-real types.
     ValueError
-        When ``quant_min >= quant_max`` or a bound exceeds :data:`QUANT_BOUND` in magnitude.
+        For NaN and +-Inf.
     """
-    qmin = check_int(quant_min, "quant_min")
-    qmax = check_int(quant_max, "quant_max")
-    if qmin >= qmax:
-        raise ValueError(
-            f"`quant_min` ({qmin}) must be < `quant_max` ({qmax}), e.g. (-128, 127) for int8"
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.floating)):
+        raise TypeError(f"`{name}` must be a real number, got {type(v).__name__}")
+    f = float(v)
+    if not math.isfinite(f):
+        raise ValueError(f"`{name}` must be finite, got {f}")
+    return f
+
+
+def check_same_dtype(a: Any, b: Any, name_a: str, name_b: str) -> None:
+    """Raise TypeError unless ``a.dtype == b.dtype`` (the message says how to convert)."""
+    if np.dtype(a.dtype) != np.dtype(b.dtype):
+        raise TypeError(
+            f"`{name_b}` must have {name_a}'s dtype {np.dtype(a.dtype)}, got "
+            f"{np.dtype(b.dtype)}; use {name_b}.astype({name_a}.dtype)"
         )
-    if qmin < -QUANT_BOUND or qmax > QUANT_BOUND:
-        raise ValueError(
-            f"`quant_min`/`quant_max` must lie in [-2**24, 2**24] so that every grid point is "
-            f"exact in float32, got ({qmin}, {qmax})"
-        )
-    return qmin, qmax
-
-
-def _float32_scale_ok(s32: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", over="ignore"):
-        inv = np.float32(1.0) / s32
-    return np.isfinite(s32) & (s32 > 0) & np.isfinite(inv)
-
-
-def check_scale(scale: Any, name: str = "scale") -> np.float32:
-    """Validate a per-tensor scale and return it narrowed to float32 (as PyTorch does).
-
-    Parameters
-    ----------
-    scale : float, NumPy floating scalar or size-1 float array
-
-    Returns
-    -------
-    numpy.float32
-
-    Raises
-    ------
-    TypeError
-        When ``scale`` is not a real number / float array of size 1.
-    ValueError
-        When ``float32(scale)`` is <= 0, NaN, infinite, or so small that its float32
-        reciprocal overflows (below about 2.9e-39).
-    """
-    if is_cuda_array(scale):
-        scale = scale.copy_to_host() if hasattr(scale, "copy_to_host") else np.asarray(scale)
-    if isinstance(scale, np.ndarray):
-        if scale.size != 1:
-            raise ValueError(
-                f"`{name}` must be a scalar or a size-1 array for per-tensor "
-                f"quantization, got shape {scale.shape}"
-            )
-        if not np.issubdtype(scale.dtype, np.floating):
-            raise TypeError(
-                f"`{name}` must be a float array, got dtype {scale.dtype}; "
-                f"use `{name}.astype(np.float32)`"
-            )
-        scale = scale.reshape(-1)[0]
-    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (numbers.Real, np.floating)):
-        raise TypeError(f"`{name}` must be a positive float, got {type(scale).__name__}")
-    with np.errstate(over="ignore"):
-        s32 = np.float32(scale)
-    if not bool(_float32_scale_ok(np.asarray(s32))):
-        raise ValueError(
-            f"`{name}` must be finite and > 0 (and >= 2.9e-39 in float32), got {float(scale)!r}"
-        )
-    return s32
-
-
-def check_zero_point(zero_point: Any, quant_min: int, quant_max: int, name: str = "zero_point"):
-    """Validate an integer per-tensor zero point inside ``[quant_min, quant_max]``.
-
-    Accepts an int, a NumPy integer, an integral float, or a size-1 array of those.
-
-    Returns
-    -------
-    int
-
-    Raises
-    ------
-    TypeError
-        When it is not an integer (a float with a fractional part included).
-    ValueError
-        When it lies outside ``[quant_min, quant_max]``.
-    """
-    if is_cuda_array(zero_point):
-        zero_point = np.asarray(zero_point.copy_to_host())
-    zp = check_int(zero_point, name)
-    if not quant_min <= zp <= quant_max:
-        raise ValueError(
-            f"`{name}` ({zp}) must lie in [quant_min, quant_max] = [{quant_min}, {quant_max}]"
-        )
-    return zp
-
-
-def check_float_zero_point(zero_point: Any, name: str = "zero_point") -> np.float32:
-    """Validate a learnable (float) per-tensor zero point and return it as float32.
-
-    Raises
-    ------
-    TypeError
-        When it is not a real number / size-1 numeric array.
-    ValueError
-        When it is NaN or infinite.
-    """
-    if is_cuda_array(zero_point):
-        zero_point = np.asarray(zero_point.copy_to_host())
-    if isinstance(zero_point, np.ndarray):
-        if zero_point.size != 1:
-            raise ValueError(
-                f"`{name}` must be a scalar or a size-1 array, got shape {zero_point.shape}"
-            )
-        if not (
-            np.issubdtype(zero_point.dtype, np.floating)
-            or np.issubdtype(zero_point.dtype, np.integer)
-        ):
-            raise TypeError(f"`{name}` must be a float or int array, got {zero_point.dtype}")
-        zero_point = zero_point.reshape(-1)[0]
-    if isinstance(zero_point, (bool, np.bool_)) or not isinstance(
-        zero_point, (numbers.Real, np.floating, np.integer)
-    ):
-        raise TypeError(f"`{name}` must be a real number, got {type(zero_point).__name__}")
-    z = np.float32(zero_point)
-    if not np.isfinite(z):
-        raise ValueError(f"`{name}` must be finite, got {float(zero_point)!r}")
-    return z
 
 
 def host_vector(v: Any, name: str) -> np.ndarray:
     """Return a per-channel parameter vector as a 1-D NumPy array (device arrays are copied)."""
-    if is_cuda_array(v):
-        v = v.copy_to_host() if hasattr(v, "copy_to_host") else np.asarray(v)
-    v = as_array(v, name)
+    v = _host_scalar_or_array(v, name)
+    if not isinstance(v, np.ndarray):
+        v = np.asarray(v)
     if v.ndim != 1:
         raise ValueError(f"`{name}` must be a 1-D array of length C, got shape {v.shape}")
     return v
-
-
-def check_channel_qparams(
-    scale: Any,
-    zero_point: Any,
-    channels: int,
-    quant_min: int,
-    quant_max: int,
-    *,
-    float_zero_point: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Validate per-channel ``scale`` (float, (C,)) and ``zero_point`` ((C,)).
-
-    Parameters
-    ----------
-    scale : array of shape (C,), floating dtype
-        Every element must be finite and > 0 in float32.
-    zero_point : array of shape (C,)
-        Integer dtype (or integral floats) inside ``[quant_min, quant_max]``; with
-        ``float_zero_point=True`` any finite floats (learnable zero points).
-    channels : int
-        ``C = x.shape[axis]``.
-    quant_min, quant_max : int
-    float_zero_point : bool
-
-    Returns
-    -------
-    (numpy.ndarray, numpy.ndarray)
-        ``scale`` as contiguous float32 (C,), ``zero_point`` as contiguous int32 (C,) or,
-        with ``float_zero_point``, float32 (C,).
-
-    Raises
-    ------
-    TypeError, ValueError
-        On wrong dtypes, lengths other than C, non-positive/non-finite scales, out-of-range or
-        non-integral zero points.
-    """
-    s = host_vector(scale, "scale")
-    z = host_vector(zero_point, "zero_point")
-    if s.shape[0] != channels:
-        raise ValueError(f"`scale` must have length x.shape[axis] = {channels}, got {s.shape[0]}")
-    if z.shape[0] != channels:
-        raise ValueError(
-            f"`zero_point` must have length x.shape[axis] = {channels}, got {z.shape[0]}"
-        )
-    if not np.issubdtype(s.dtype, np.floating):
-        raise TypeError(
-            f"`scale` must be a float array, got dtype {s.dtype}; use `scale.astype(np.float32)`"
-        )
-    with np.errstate(over="ignore"):
-        s32 = np.ascontiguousarray(s, dtype=np.float32)
-    bad = ~_float32_scale_ok(s32)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(
-            f"`scale` must be finite and > 0 in every channel, got scale[{i}] = {s[i]!r}"
-        )
-    if float_zero_point:
-        if not (np.issubdtype(z.dtype, np.floating) or np.issubdtype(z.dtype, np.integer)):
-            raise TypeError(f"`zero_point` must be a float or int array, got dtype {z.dtype}")
-        z32 = np.ascontiguousarray(z, dtype=np.float32)
-        if not np.isfinite(z32).all():
-            raise ValueError("`zero_point` must be finite in every channel")
-        return s32, z32
-    if np.issubdtype(z.dtype, np.integer):
-        zi = z.astype(np.int64)
-    elif np.issubdtype(z.dtype, np.floating):
-        if not (np.isfinite(z).all() and (z == np.round(z)).all()):
-            raise TypeError(
-                "`zero_point` must hold integers, got non-integral floats; use "
-                "`np.rint(zero_point).astype(np.int32)`"
-            )
-        zi = z.astype(np.int64)
-    else:
-        raise TypeError(
-            f"`zero_point` must be an int32 array, got dtype {z.dtype}; "
-            "use `zero_point.astype(np.int32)`"
-        )
-    out = (zi < quant_min) | (zi > quant_max)
-    if out.any():
-        i = int(np.flatnonzero(out)[0])
-        raise ValueError(
-            f"`zero_point` must lie in [quant_min, quant_max] = [{quant_min}, {quant_max}], "
-            f"got zero_point[{i}] = {int(zi[i])}"
-        )
-    return s32, np.ascontiguousarray(zi, dtype=np.int32)
 
 
 def normalize_axis(axis: Any, ndim: int, name: str = "axis") -> int:
@@ -451,9 +285,15 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: Any, name: str = "out") -
 
 def check_mask(
     mask: Any, shape: tuple[int, ...], name: str = "mask", *, writeable: bool = True
-) -> None:
+) -> Any:
     """Check a boolean mask of exactly ``shape`` (an output by default; ``writeable=False``
-    for a mask that is only read, e.g. the STE backward's).
+    for a mask that is only read, e.g. the STE backward's, which may also be an array-like:
+    see :func:`as_array`).
+
+    Returns
+    -------
+    numpy.ndarray or CUDA array
+        ``mask`` (an input array-like converted by :func:`as_array`).
 
     Raises
     ------
@@ -462,6 +302,8 @@ def check_mask(
     ValueError
         When its shape differs (or, as an output, it is read-only).
     """
+    if not writeable:
+        mask = as_array(mask, name)
     if not (isinstance(mask, np.ndarray) or is_cuda_array(mask)):
         raise TypeError(f"`{name}` must be a bool array, got {type(mask).__name__}")
     if np.dtype(mask.dtype) != np.dtype(np.bool_):
@@ -472,3 +314,47 @@ def check_mask(
         raise ValueError(f"`{name}` must have shape {tuple(shape)}, got {tuple(mask.shape)}")
     if writeable and isinstance(mask, np.ndarray) and not mask.flags.writeable:
         raise ValueError(f"`{name}` is read-only; pass a writeable array")
+    return mask
+
+
+def check_same_device(arrays: dict[str, Any]) -> bool:
+    """Whether the arrays (name -> array; None entries skipped) are on the device; TypeError
+    when some are CUDA arrays and others are not.
+
+    Raises
+    ------
+    TypeError
+        Host and device arrays mixed (the message names them and how to move them).
+    """
+    where = {k: is_cuda_array(a) for k, a in arrays.items() if a is not None}
+    if any(where.values()) and not all(where.values()):
+        names = ", ".join(where)
+        raise TypeError(
+            f"mixing CUDA and NumPy arrays: pass {names} all on the host or all on the device "
+            "(cuda.to_device(a) / a.copy_to_host())"
+        )
+    return any(where.values())
+
+
+def check_device_contiguous(d: Any, name: str) -> None:
+    """Raise ValueError unless the Numba device array ``d`` is C-contiguous (or empty)."""
+    if d.size and not d.is_c_contiguous():
+        raise ValueError(
+            f"`{name}` must be a C-contiguous CUDA array (strided device arrays are not "
+            "supported); make a contiguous copy first"
+        )
+
+
+#: The sibling modules whose checks are reachable here too (``V.check_scale``): imported on
+#: first use (they import this module, so not at import time).
+_SIBLINGS = ("nbqat._validate_qparams", "nbqat._validate_state")
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    for module in _SIBLINGS:
+        mod = importlib.import_module(module)
+        if name in mod.__all__:
+            return getattr(mod, name)
+    raise AttributeError(f"module 'nbqat._validate' has no attribute {name!r}")

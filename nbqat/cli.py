@@ -180,7 +180,7 @@ def _add_model_options(g: Any) -> None:
         "--weight-decay",
         type=_nonneg_float,
         default=None,
-        help="AdamW decoupled weight decay of the network body [default: 0.1]",
+        help="AdamW decoupled weight decay of the network body [default: 0.3]",
     )
     g.add_argument(
         "--warmup-steps",
@@ -200,7 +200,14 @@ def _add_model_options(g: Any) -> None:
         "--skip-lr-scale",
         type=_positive_float,
         default=None,
-        help="learning rate of the linear skip relative to --lr [default: 1/300]",
+        help="learning rate of the linear skip relative to --lr [default: 0.1]",
+    )
+    g.add_argument(
+        "--ema-decay",
+        type=_nonneg_float,
+        default=None,
+        help="exponential moving average of the float weights (decay per step; 0: off), "
+        "evaluated, early-stopped and kept as the model [default: 0, off]",
     )
     g.add_argument(
         "--qat-skip-lr-scale",

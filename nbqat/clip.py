@@ -42,15 +42,8 @@ _OPMATH = {
 # argument handling
 
 
-def _is_cuda(x: Any) -> bool:
-    """CUDA device array (also the simulator's arrays, which lack ``__cuda_array_interface__``)."""
-    if isinstance(x, np.ndarray):
-        return False
-    return _cuda.is_cuda_array(x) or hasattr(x, "copy_to_host")
-
-
 def _as_list(grads: Any, name: str = "grads") -> list:
-    if isinstance(grads, np.ndarray) or _is_cuda(grads):
+    if isinstance(grads, np.ndarray) or _cuda.is_cuda_array(grads):
         return [grads]
     if isinstance(grads, (str, bytes)) or not hasattr(grads, "__iter__"):
         raise TypeError(
@@ -102,7 +95,7 @@ def _split(grads: list, what: str) -> bool:
     for i, g in enumerate(grads):
         if isinstance(g, np.ndarray):
             continue
-        if _is_cuda(g):
+        if _cuda.is_cuda_array(g):
             n_cuda += 1
             continue
         raise TypeError(
@@ -350,7 +343,7 @@ def _scale(grads: list, ctx: Any, coef: float) -> None:
     """Multiply every gradient by ``coef`` (a value of the result dtype), in place."""
     if coef == 1.0:
         return  # x * 1 == x for every x: torch's multiply changes nothing
-    if grads and _is_cuda(grads[0]):
+    if grads and _cuda.is_cuda_array(grads[0]):
         from nbqat.kernels import norm_cuda
 
         norm_cuda.apply(grads, ctx, _k.OP_SCALE, coef, 0.0)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -186,7 +187,7 @@ class MPIProcessGroup(ProcessGroup):
     def allreduce_sum(self, buf: Any) -> Any:
         from nbqat import _cuda
 
-        if _cuda.is_cuda_array(buf) or hasattr(buf, "copy_to_host"):
+        if _cuda.is_cuda_array(buf):
             if os.environ.get("NBQAT_CUDA_AWARE_MPI") == "1":
                 self.comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
                 self.last_transport = "device"
@@ -219,7 +220,9 @@ class MPIProcessGroup(ProcessGroup):
         self.comm.Barrier()
 
     def abort(self, code: int = 1) -> None:
+        sys.stdout.flush()
         sys.stderr.flush()
+        time.sleep(0.2)  # let mpiexec forward this rank's last output before it kills the job
         self.comm.Abort(code)
 
 
@@ -284,8 +287,9 @@ def install_abort_handler(group: ProcessGroup) -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        previous(kind, exc, tb)
         print(f"nbqat: rank {group.rank} of {group.size} failed: {exc}", file=sys.stderr)
+        sys.stderr.flush()  # the message first: MPI_Abort may cut what follows
+        previous(kind, exc, tb)
         group.abort(1)
 
     sys.excepthook = hook

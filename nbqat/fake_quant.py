@@ -31,7 +31,14 @@ ValueError/TypeError naming the argument, nothing written into ``out`` or ``mask
 shape (0-d and empty too), non-contiguous and negative-stride views (computed through a
 contiguous copy; ``out`` is always honoured, ``out=x`` works in place), and NumPy arrays (CPU
 kernels, NumPy results) or C-contiguous float32/float64 CUDA device arrays (``@cuda.jit``
-kernels, Numba device array results; a RuntimeError when CUDA is unavailable).
+kernels, Numba device array results; a RuntimeError when CUDA is unavailable). Host array-likes
+(anything with ``__array__`` or ``__dlpack__``, e.g. torch CPU tensors, for ``x``, ``scale``,
+``zero_point`` and an input mask) are converted as :func:`nbqat._validate.as_array` does, without
+a copy where possible, and give NumPy results; a tensor that requires grad is a TypeError that
+says ``.detach()``.
+
+The learnable (LSQ) functions live in :mod:`nbqat.fake_quant_learnable` and are re-exported
+here; the scalar arithmetic of every kernel is :mod:`nbqat.kernels.fake_quant_formula`.
 
 References
 ----------
@@ -42,14 +49,28 @@ S. K. Esser et al., "Learned Step Size Quantization", ICLR 2020 (LSQ).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numba
 import numpy as np
 
 from nbqat import _validate as V
+from nbqat._fake_quant_core import (
+    _F16,
+    _finish,
+    _flat_in,
+    _flat_out,
+    _gpu,
+    _is_gpu,
+    _per_channel,
+    _per_tensor,
+)
 from nbqat._jit import threads_for
+from nbqat.fake_quant_learnable import (
+    fake_quantize_learnable_per_channel_affine,
+    fake_quantize_learnable_per_channel_affine_backward,
+    fake_quantize_learnable_per_tensor_affine,
+    fake_quantize_learnable_per_tensor_affine_backward,
+)
 from nbqat.kernels import fake_quant_cpu as _k
 
 __all__ = [
@@ -64,136 +85,10 @@ __all__ = [
     "fake_quantize_per_tensor_affine_cachemask",
 ]
 
-_NO_MASK = np.zeros(1, np.bool_)  # dummy mask argument when no mask is wanted
-_F16 = np.dtype(np.float16)
-_F32 = np.dtype(np.float32)
-_F64 = np.dtype(np.float64)
-
-
-# ----------------------------------------------------------------------------------------------
-# helpers: dtypes, flat views, outputs
-# ----------------------------------------------------------------------------------------------
-def _compute_dtype(dt: np.dtype) -> np.dtype:
-    """float16 and float32 compute in float32, float64 in float64."""
-    return _F64 if np.dtype(dt) == _F64 else _F32
-
-
-def _flat_in(x: np.ndarray, t: np.dtype) -> np.ndarray:
-    """A flat C-contiguous ``t`` view of ``x`` (a copy when strided or of another dtype)."""
-    if x.dtype == t and x.flags.c_contiguous:
-        return x.reshape(-1)
-    return np.ascontiguousarray(x, dtype=t).reshape(-1)
-
-
-def _flat_out(dst: np.ndarray | None, t: np.dtype, n: int, inputs: tuple) -> np.ndarray:
-    """A flat buffer the kernel may write: ``dst`` itself when it is C-contiguous of dtype
-    ``t`` and is either exactly one of the flat ``inputs`` or overlaps none of them; else a
-    temporary (copied into ``dst`` afterwards by :func:`_finish`)."""
-    if dst is not None and dst.dtype == t and dst.flags.c_contiguous:
-        d = dst.reshape(-1)
-        ok = True
-        for a in inputs:
-            same = (
-                a.__array_interface__["data"][0] == d.__array_interface__["data"][0]
-                and a.dtype.itemsize == d.dtype.itemsize
-            )
-            if not same and np.may_share_memory(a, d):
-                ok = False
-        if ok:
-            return d
-    return np.empty(n, t)
-
-
-def _finish(dst: np.ndarray | None, buf: np.ndarray, shape: tuple, dtype: np.dtype) -> np.ndarray:
-    """Return the result of ``shape``/``dtype``: ``dst`` (filled from ``buf`` unless the kernel
-    wrote it directly) or a new array."""
-    if dst is None:
-        if buf.dtype == dtype:
-            return buf.reshape(shape)
-        return buf.astype(dtype).reshape(shape)
-    if not np.may_share_memory(buf, dst) or buf.size == 0:
-        dst[...] = buf.reshape(shape)  # float32 -> float16 rounds once here
-    return dst
-
-
-def _check_common_float(x: Any, out: Any, mask: Any, with_mask: bool) -> Any:
-    x = V.check_float_array(x, "x")
-    if out is not None:
-        V.check_out(out, x.shape, x.dtype, "out")
-    if with_mask and mask is not None:
-        V.check_mask(mask, x.shape, "mask")
-    return x
-
-
-def _is_gpu(*arrays: Any) -> bool:
-    """True when any of ``arrays`` is a CUDA array; then all non-None ones must be."""
-    flags = [V.is_cuda_array(a) for a in arrays if a is not None]
-    if any(flags) and not all(flags):
-        raise TypeError(
-            "mixing CUDA and NumPy arrays: pass x, out, mask (and grad_y) all on the host or "
-            "all on the device (cuda.to_device(a) / a.copy_to_host())"
-        )
-    return bool(flags) and flags[0]
-
-
-def _gpu():
-    """The CUDA twin module, imported only now (RuntimeError when CUDA is unavailable)."""
-    from nbqat import _cuda
-
-    _cuda.require_cuda("nbqat fake quantization")
-    from nbqat.kernels import fake_quant_cuda
-
-    return fake_quant_cuda
-
-
-def _tensor_scalars(t: np.dtype, s32: np.float32, zp: float, qmin: int, qmax: int) -> tuple:
-    T = t.type
-    inv32 = np.float32(1.0) / s32
-    return T(s32), T(inv32), T(zp), T(qmin), T(qmax)
-
-
-def _channel_arrays(t: np.dtype, s32: np.ndarray, zp: np.ndarray) -> tuple:
-    inv32 = np.float32(1.0) / s32
-    return (
-        np.ascontiguousarray(s32, dtype=t),
-        np.ascontiguousarray(inv32, dtype=t),
-        np.ascontiguousarray(zp, dtype=t),
-    )
-
-
-def _by_outer(outer: int, inner: int) -> bool:
-    return inner == 1 and outer >= 2 * numba.get_num_threads()
-
 
 # ----------------------------------------------------------------------------------------------
 # per tensor
 # ----------------------------------------------------------------------------------------------
-def _per_tensor(x, scale, zero_point, quant_min, quant_max, out, mask, with_mask, zp_float=False):
-    qmin, qmax = V.check_quant_range(quant_min, quant_max)
-    s32 = V.check_scale(scale)
-    if zp_float:
-        zp = float(min(max(np.rint(V.check_float_zero_point(zero_point)), qmin), qmax))
-    else:
-        zp = V.check_zero_point(zero_point, qmin, qmax)
-    x = _check_common_float(x, out, mask, with_mask)
-    if _is_gpu(x, out, mask if with_mask else None):
-        G = _gpu()
-        return G.per_tensor(x, s32, zp, qmin, qmax, out, mask, with_mask)
-    t = _compute_dtype(x.dtype)
-    n = x.size
-    xf = _flat_in(x, t)
-    of = _flat_out(out, t, n, (xf,))
-    mf = _flat_out(mask, np.dtype(np.bool_), n, (xf, of)) if with_mask else _NO_MASK
-    if n:
-        s, inv, z, lo, hi = _tensor_scalars(t, s32, zp, qmin, qmax)
-        with threads_for(n):
-            _k.fq_tensor_kernel(xf, of, mf, s, inv, z, lo, hi, with_mask)
-    y = _finish(out, of, x.shape, x.dtype)
-    if not with_mask:
-        return y
-    return y, _finish(mask, mf, x.shape, np.dtype(np.bool_))
-
-
 def fake_quantize_per_tensor_affine(
     x: Any,
     scale: Any,
@@ -286,50 +181,6 @@ def fake_quantize_per_tensor_affine_cachemask(
 # ----------------------------------------------------------------------------------------------
 # per channel
 # ----------------------------------------------------------------------------------------------
-def _per_channel(
-    x, scale, zero_point, axis, quant_min, quant_max, out, mask, with_mask, zp_float=False
-):
-    qmin, qmax = V.check_quant_range(quant_min, quant_max)
-    x = V.check_float_array(x, "x")
-    ax = V.normalize_axis(axis, x.ndim)
-    outer, C, inner = V.split_axis(tuple(x.shape), ax)
-    s32, zp = V.check_channel_qparams(scale, zero_point, C, qmin, qmax, float_zero_point=zp_float)
-    if zp_float:  # learnable zero point: round half to even, clamp (torch's round().clamp_())
-        zp = np.clip(np.rint(zp), qmin, qmax).astype(np.int32)
-    x = _check_common_float(x, out, mask, with_mask)
-    if _is_gpu(x, out, mask if with_mask else None):
-        G = _gpu()
-        return G.per_channel(x, s32, zp, outer, C, inner, qmin, qmax, out, mask, with_mask)
-    t = _compute_dtype(x.dtype)
-    n = x.size
-    xf = _flat_in(x, t)
-    of = _flat_out(out, t, n, (xf,))
-    mf = _flat_out(mask, np.dtype(np.bool_), n, (xf, of)) if with_mask else _NO_MASK
-    if n:
-        s, inv, z = _channel_arrays(t, s32, zp)
-        T = t.type
-        with threads_for(n):
-            _k.fq_channel_kernel(
-                xf,
-                of,
-                mf,
-                s,
-                inv,
-                z,
-                outer,
-                C,
-                inner,
-                T(qmin),
-                T(qmax),
-                with_mask,
-                _by_outer(outer, inner),
-            )
-    y = _finish(out, of, x.shape, x.dtype)
-    if not with_mask:
-        return y
-    return y, _finish(mask, mf, x.shape, np.dtype(np.bool_))
-
-
 def fake_quantize_per_channel_affine(
     x: Any,
     scale: Any,
@@ -459,10 +310,10 @@ def fake_quantize_backward(grad_y: Any, mask: Any, *, out: Any = None) -> Any:
     """
     g = V.check_float_array(grad_y, "grad_y")
     if mask is not None:
-        V.check_mask(mask, g.shape, "mask", writeable=False)
+        mask = V.check_mask(mask, g.shape, "mask", writeable=False)
     if out is not None:
         V.check_out(out, g.shape, g.dtype, "out")
-    if _is_gpu(g, mask, out):
+    if _is_gpu(grad_y=g, mask=mask, out=out):
         G = _gpu()
         return G.ste_backward(g, mask, out)
     if mask is None:
@@ -486,254 +337,3 @@ def fake_quantize_backward(grad_y: Any, mask: Any, *, out: Any = None) -> Any:
             else:
                 _k.ste_backward_kernel(gf, mf, of)
     return _finish(out, of, g.shape, g.dtype)
-
-
-# ----------------------------------------------------------------------------------------------
-# LSQ: learnable scale and zero point
-# ----------------------------------------------------------------------------------------------
-def _check_grad_factor(grad_factor: Any) -> float:
-    if isinstance(grad_factor, (bool, np.bool_)) or not isinstance(
-        grad_factor, (int, float, np.integer, np.floating)
-    ):
-        raise TypeError(f"`grad_factor` must be a real number, got {type(grad_factor).__name__}")
-    g = float(grad_factor)
-    if not math.isfinite(g):
-        raise ValueError(f"`grad_factor` must be finite, got {g}")
-    return g
-
-
-def fake_quantize_learnable_per_tensor_affine(
-    x: Any,
-    scale: Any,
-    zero_point: Any,
-    quant_min: int,
-    quant_max: int,
-    grad_factor: float = 1.0,
-) -> Any:
-    """Forward of learnable (LSQ) per-tensor fake quantization.
-
-    Parameters
-    ----------
-    x : float16/float32/float64 array (NumPy or CUDA), any shape
-    scale : float or size-1 float array (the learnable scale, e.g. float32 (1,))
-        Narrowed to float32; finite and > 0.
-    zero_point : float or size-1 float array (the learnable zero point)
-        The zero point used is ``clamp(rint(zero_point), quant_min, quant_max)``.
-    quant_min, quant_max : int
-    grad_factor : float, default 1.0
-        Unused by the forward (kept for torch's signature); see the backward.
-
-    Returns
-    -------
-    y : array of ``x``'s shape and dtype
-        :func:`fake_quantize_per_tensor_affine` with the rounded zero point.
-
-    Raises
-    ------
-    TypeError, ValueError, RuntimeError
-        As :func:`fake_quantize_per_tensor_affine`; also a NaN/Inf zero point.
-
-    Notes
-    -----
-    Matches ``torch._fake_quantize_learnable_per_tensor_affine``.
-    """
-    _check_grad_factor(grad_factor)
-    return _per_tensor(x, scale, zero_point, quant_min, quant_max, None, None, False, True)
-
-
-def fake_quantize_learnable_per_tensor_affine_backward(
-    grad_y: Any,
-    x: Any,
-    scale: Any,
-    zero_point: Any,
-    quant_min: int,
-    quant_max: int,
-    grad_factor: float = 1.0,
-) -> tuple[Any, Any, Any]:
-    """Backward of learnable (LSQ) per-tensor fake quantization.
-
-    With ``s`` the float32 scale, ``inv = 1/s`` (float32), ``z`` the rounded, clamped zero
-    point, ``g = grad_factor`` and ``xq = rint(x * inv) + z`` per element::
-
-        grad_x = grad_y * (quant_min <= xq <= quant_max)
-        xq < quant_min (or NaN): dS = grad_y * (quant_min - z) * g ; dZ = -grad_y * s * g
-        xq > quant_max:          dS = grad_y * (quant_max - z) * g ; dZ = -grad_y * s * g
-        otherwise:               dS = grad_y * ((xq - z) * s - x) * inv * g ; dZ = 0
-
-    ``grad_scale`` and ``grad_zero_point`` are the sums of dS and dZ over all elements.
-
-    Parameters
-    ----------
-    grad_y : float array of ``x``'s shape and dtype
-    x : float16/float32/float64 array (NumPy or CUDA), the forward's input
-    scale, zero_point, quant_min, quant_max
-        As :func:`fake_quantize_learnable_per_tensor_affine`.
-    grad_factor : float, default 1.0
-        LSQ gradient scale (torch's module uses ``1 / sqrt(x.numel() * quant_max)``).
-
-    Returns
-    -------
-    grad_x : array of ``x``'s shape and dtype
-    grad_scale : float32 array of shape (1,)
-    grad_zero_point : float32 array of shape (1,)
-        NumPy arrays for NumPy input, device arrays for CUDA input. Zeros for an empty ``x``.
-
-    Raises
-    ------
-    TypeError, ValueError, RuntimeError
-        As the forward; also ``grad_y`` of another shape or dtype than ``x``.
-
-    Notes
-    -----
-    Per-element terms equal ``torch._fake_quantize_learnable_per_tensor_affine_backward``'s
-    (``QuantizedOpKernels.cpp``) bit for bit on float32, with two documented differences:
-    torch's CPU backward rounds ``rint(z + x*inv)`` (adding first) and rounds the zero point as
-    ``trunc(zp + 0.5)``; nbqat uses the forward's rules (``rint(x*inv) + z``, ``rint(zp)``) so
-    the backward is the derivative of the forward actually computed. Sums are accumulated in
-    float64 (deterministic fixed-order chunks) and rounded to float32 once, where torch sums in
-    float32; they agree to float32 rounding of the sum.
-    """
-    gf = _check_grad_factor(grad_factor)
-    qmin, qmax = V.check_quant_range(quant_min, quant_max)
-    s32 = V.check_scale(scale)
-    zp = float(min(max(np.rint(V.check_float_zero_point(zero_point)), qmin), qmax))
-    x = V.check_float_array(x, "x")
-    g = V.check_float_array(grad_y, "grad_y")
-    V.check_same_shape(x, g, "x", "grad_y")
-    if np.dtype(g.dtype) != np.dtype(x.dtype):
-        raise TypeError(
-            f"`grad_y` must have x's dtype {x.dtype}, got {g.dtype}; use grad_y.astype(x.dtype)"
-        )
-    if _is_gpu(x, g):
-        G = _gpu()
-        return G.lsq_tensor_backward(g, x, s32, zp, qmin, qmax, gf)
-    t = _compute_dtype(x.dtype)
-    n = x.size
-    xf = _flat_in(x, t)
-    gfl = _flat_in(g, t)
-    gx = np.empty(n, t)
-    ds = dz = 0.0
-    if n:
-        s, inv, z, lo, hi = _tensor_scalars(t, s32, zp, qmin, qmax)
-        with threads_for(n):
-            ds, dz = _k.lsq_tensor_backward_kernel(xf, gfl, gx, s, inv, z, lo, hi, t.type(gf))
-    grad_x = gx.reshape(x.shape).astype(x.dtype, copy=False)
-    return grad_x, np.array([ds], np.float32), np.array([dz], np.float32)
-
-
-def fake_quantize_learnable_per_channel_affine(
-    x: Any,
-    scale: Any,
-    zero_point: Any,
-    axis: int,
-    quant_min: int,
-    quant_max: int,
-    grad_factor: float = 1.0,
-) -> Any:
-    """Forward of learnable (LSQ) per-channel fake quantization.
-
-    Parameters
-    ----------
-    x : float16/float32/float64 array (NumPy or CUDA), at least 1-D
-    scale : float array (C,), C = x.shape[axis]; narrowed to float32, finite and > 0
-    zero_point : float (or int) array (C,)
-        The zero points used are ``clamp(rint(zero_point), quant_min, quant_max)`` (torch's
-        ``round().clamp_()``, half to even).
-    axis : int (negative accepted)
-    quant_min, quant_max : int
-    grad_factor : float, default 1.0
-        Unused by the forward (torch's signature).
-
-    Returns
-    -------
-    y : array of ``x``'s shape and dtype
-
-    Raises
-    ------
-    TypeError, ValueError, RuntimeError
-        As :func:`fake_quantize_per_channel_affine`; also non-finite zero points.
-
-    Notes
-    -----
-    Matches ``torch._fake_quantize_learnable_per_channel_affine``.
-    """
-    _check_grad_factor(grad_factor)
-    return _per_channel(
-        x, scale, zero_point, axis, quant_min, quant_max, None, None, False, zp_float=True
-    )
-
-
-def fake_quantize_learnable_per_channel_affine_backward(
-    grad_y: Any,
-    x: Any,
-    scale: Any,
-    zero_point: Any,
-    axis: int,
-    quant_min: int,
-    quant_max: int,
-    grad_factor: float = 1.0,
-) -> tuple[Any, Any, Any]:
-    """Backward of learnable (LSQ) per-channel fake quantization.
-
-    The per-element rule of :func:`fake_quantize_learnable_per_tensor_affine_backward` with the
-    scale and zero point of each element's channel; ``grad_scale[c]`` and
-    ``grad_zero_point[c]`` sum over all axes but ``axis``.
-
-    Parameters
-    ----------
-    grad_y : float array of ``x``'s shape and dtype
-    x, scale, zero_point, axis, quant_min, quant_max
-        As :func:`fake_quantize_learnable_per_channel_affine`.
-    grad_factor : float, default 1.0
-
-    Returns
-    -------
-    grad_x : array of ``x``'s shape and dtype
-    grad_scale : float32 array (C,)
-    grad_zero_point : float32 array (C,)
-
-    Raises
-    ------
-    TypeError, ValueError, RuntimeError
-        As the forward; also ``grad_y`` of another shape or dtype than ``x``.
-
-    Notes
-    -----
-    Per-element terms match ``torch._fake_quantize_learnable_per_channel_affine_backward``
-    bit for bit on float32 except that torch rounds ``rint(z + x*inv)`` (adding first) where
-    nbqat uses the forward's ``rint(x*inv) + z``. Sums are float64, deterministic (fixed
-    chunks merged in order, independent of the thread count), rounded to float32 once.
-    """
-    gf = _check_grad_factor(grad_factor)
-    qmin, qmax = V.check_quant_range(quant_min, quant_max)
-    x = V.check_float_array(x, "x")
-    g = V.check_float_array(grad_y, "grad_y")
-    V.check_same_shape(x, g, "x", "grad_y")
-    if np.dtype(g.dtype) != np.dtype(x.dtype):
-        raise TypeError(
-            f"`grad_y` must have x's dtype {x.dtype}, got {g.dtype}; use grad_y.astype(x.dtype)"
-        )
-    ax = V.normalize_axis(axis, x.ndim)
-    outer, C, inner = V.split_axis(tuple(x.shape), ax)
-    s32, zpf = V.check_channel_qparams(scale, zero_point, C, qmin, qmax, float_zero_point=True)
-    zp = np.clip(np.rint(zpf), qmin, qmax).astype(np.int32)
-    if _is_gpu(x, g):
-        G = _gpu()
-        return G.lsq_channel_backward(g, x, s32, zp, outer, C, inner, qmin, qmax, gf)
-    t = _compute_dtype(x.dtype)
-    n = x.size
-    xf = _flat_in(x, t)
-    gfl = _flat_in(g, t)
-    gx = np.empty(n, t)
-    if n:
-        s, inv, z = _channel_arrays(t, s32, zp)
-        T = t.type
-        rows = max(64, -(-outer // 64)) if (inner < 16 and outer >= 256) else 0
-        with threads_for(n):
-            res = _k.lsq_channel_backward_kernel(
-                xf, gfl, gx, s, inv, z, outer, C, inner, T(qmin), T(qmax), T(gf), rows
-            )
-    else:
-        res = np.zeros((C, 2))
-    grad_x = gx.reshape(x.shape).astype(x.dtype, copy=False)
-    return grad_x, res[:, 0].astype(np.float32), res[:, 1].astype(np.float32)

@@ -26,23 +26,22 @@ Where torch is wrong, nbqat is not:
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
 import numpy as np
 
 from nbqat import _cuda, _jit
+from nbqat import _observer_args as _args
+from nbqat._observer_args import DTYPES, int_in_range
+from nbqat._observer_stats import batch_stats as _batch_stats_any
+from nbqat._observer_stats import check_input as _check_input
+from nbqat._observer_stats import decode as _decode
+from nbqat._observer_stats import device as _device
 from nbqat.kernels import histogram_cpu as _hk
 from nbqat.kernels import observe_cpu as _ok
-from nbqat.observers import (
-    _DTYPES,
-    EPS,
-    _check_input,
-    _decode,
-    _MinMaxBase,
-    _stats_cpu_tensor,
-    _stats_cuda,
-)
+from nbqat.observers import _MinMaxBase
 
 __all__ = ["HistogramObserver"]
 
@@ -74,20 +73,17 @@ def _apply_policy(obs: Any, fmin, fmax, nnan, npinf, nninf, who: str) -> None:
 def _flat_data(x: Any, is_cuda: bool) -> Any:
     """The batch as flat float32 host data, or a flat device array (converted per element)."""
     if is_cuda:
-        data = x if hasattr(x, "copy_to_host") else _cuda.as_device_array(x)
+        data = _device(x)
         return data.reshape(data.size)
     return np.ravel(x if x.dtype == _F32 else x.astype(_F32), order="K")
 
 
 def _batch_stats(obs: Any, x: Any, who: str) -> tuple[Any, np.float32, np.float32] | None:
     """Flat float32 host data (or device array) and its finite-policy min/max; None to skip."""
-    is_cuda = _check_input(x, who)
-    if int(np.prod(x.shape, dtype=np.int64)) == 0:
+    x, is_cuda = _check_input(x, who)
+    if math.prod(x.shape) == 0:
         return None
-    if is_cuda:
-        fmin, fmax, nnan, npinf, nninf = _stats_cuda(x, None)
-    else:
-        fmin, fmax, nnan, npinf, nninf = _stats_cpu_tensor(x)
+    fmin, fmax, nnan, npinf, nninf = _batch_stats_any(x, is_cuda, None)
     _apply_policy(obs, fmin, fmax, nnan, npinf, nninf, who)
     if fmin[0] > fmax[0]:  # no finite value at all
         return None
@@ -107,7 +103,7 @@ def _edges(lo: np.float32, hi: np.float32, bins: int) -> tuple[np.float32, np.fl
 def _histc(data: Any, bins: int, lo: Any, hi: Any) -> np.ndarray:
     """float32 counts of ``torch.histc(data, bins, min=lo, max=hi)`` (host or CUDA data)."""
     elo, ehi, wide = _edges(lo, hi, bins)
-    if hasattr(data, "copy_to_host"):
+    if _cuda.is_cuda_array(data):
         from nbqat.kernels import histogram_cuda as _hc
 
         counts = _hc.histc_counts(data, elo, ehi, bins, wide)
@@ -163,7 +159,7 @@ class HistogramObserver(_MinMaxBase):
     whatever ``reduce_range`` or a custom range says), as torch. ``calculate_qparams`` finds
     ``[new_min, new_max]`` and then applies :meth:`nbqat.MinMaxObserver.calculate_qparams`'s
     formula. float32 ``torch.sum`` order is reproduced with 8 lanes, as torch 2.13's x86 CPU build
-    (:data:`nbqat.kernels.histogram_cpu.LANES`).
+    (:data:`nbqat.kernels.histogram_search_cpu.LANES`).
 
     References
     ----------
@@ -171,35 +167,13 @@ class HistogramObserver(_MinMaxBase):
     ``norm_minimization.cc`` (``NonlinearQuantizationParamsSearch``).
     """
 
-    def __init__(
-        self,
-        bins: int = 2048,
-        upsample_rate: int = 16,
-        dtype: str = "quint8",
-        qscheme: str = "per_tensor_affine",
-        reduce_range: bool = False,
-        quant_min: int | None = None,
-        quant_max: int | None = None,
-        eps: float = EPS,
-        nonfinite: str = "raise",
-    ) -> None:
-        for name, v in (("bins", bins), ("upsample_rate", upsample_rate)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise TypeError(f"{name} must be a positive int, got {v!r}")
-            if v < 1:
-                raise ValueError(f"{name} must be >= 1, got {v}")
-        self.bins = int(bins)
-        self.upsample_rate = int(upsample_rate)
-        super().__init__(
-            dtype=dtype,
-            qscheme=qscheme,
-            reduce_range=reduce_range,
-            quant_min=quant_min,
-            quant_max=quant_max,
-            eps=eps,
-            nonfinite=nonfinite,
-        )
-        lo, hi, _ = _DTYPES[self.dtype]
+    OWN_PARAMS = (("bins", int, 2048), ("upsample_rate", int, 16))
+
+    def _configure_own(self, a: dict[str, Any]) -> None:
+        super()._configure_own(a)
+        self.bins = int_in_range(a["bins"], "bins", 1)
+        self.upsample_rate = int_in_range(a["upsample_rate"], "upsample_rate", 1)
+        lo, hi, _ = DTYPES[_args.norm_name(a["dtype"], "dtype", tuple(DTYPES))]
         self.dst_nbins = hi - lo + 1
 
     def reset_min_max_vals(self) -> None:
@@ -215,7 +189,7 @@ class HistogramObserver(_MinMaxBase):
 
         Parameters
         ----------
-        x : ndarray or CUDA device array, float16/float32/float64, any shape
+        x : ndarray, CUDA device array or array-like (as :meth:`nbqat.MinMaxObserver.forward`)
             Observed as float32; an empty batch is returned without observing.
 
         Returns
@@ -224,10 +198,9 @@ class HistogramObserver(_MinMaxBase):
 
         Raises
         ------
-        TypeError
-            Non-array or non-float input.
-        ValueError
-            NaN/Inf under ``nonfinite="raise"`` (NaN under ``"propagate"``); state unchanged.
+        TypeError, ValueError
+            As :meth:`nbqat.MinMaxObserver.forward`; under ``"propagate"`` a NaN raises too
+            (torch's ``histc`` fails on it).
         """
         who = f"{type(self).__name__}.forward"
         cur_min, cur_max = self._min[()], self._max[()]
@@ -256,14 +229,9 @@ class HistogramObserver(_MinMaxBase):
         min/max are combined first, every rank counts its shard over the same global range and
         the integer counts are summed, so every rank holds the histogram of one observer fed
         the global batch (exact), the empty shard included."""
-        is_cuda = _check_input(x, who)
-        n = int(np.prod(x.shape, dtype=np.int64))
-        stats: tuple[np.ndarray, ...]
-        if n == 0:
-            z = np.zeros(1, np.int64)
-            stats = (np.full(1, np.inf, _F32), np.full(1, -np.inf, _F32), z, z, z)
-        else:
-            stats = _stats_cuda(x, None) if is_cuda else _stats_cpu_tensor(x)
+        x, is_cuda = _check_input(x, who)
+        n = math.prod(x.shape)
+        stats = _batch_stats_any(x, is_cuda, None)  # an empty shard: "nothing seen"
         fmin, fmax, nnan, npinf, nninf = pg.combine_minmax_stats(stats, who)
         _apply_policy(self, fmin, fmax, nnan, npinf, nninf, who)
         cur_min, cur_max = self._min[()], self._max[()]
@@ -364,25 +332,16 @@ class HistogramObserver(_MinMaxBase):
 
         Returns
         -------
-        self
+        HistogramObserver
+            ``self``, holding both histograms.
 
         Raises
         ------
-        TypeError
-            ``other`` is not a HistogramObserver.
-        ValueError
-            Different dtype, qscheme, range, bins or upsample_rate.
+        TypeError, ValueError
+            As :meth:`nbqat.MinMaxObserver.merge`; ``bins`` and ``upsample_rate`` are part of
+            the configuration.
         """
-        if type(other) is not type(self):
-            raise TypeError(
-                f"merge needs another {type(self).__name__}, got {type(other).__name__}"
-            )
-        mine = (self.dtype, self.qscheme, self.quant_min, self.quant_max, self.bins)
-        theirs = (other.dtype, other.qscheme, other.quant_min, other.quant_max, other.bins)
-        if mine + (self.upsample_rate,) != theirs + (other.upsample_rate,):
-            raise ValueError(
-                f"cannot merge observers with different configurations: {mine} vs {theirs}"
-            )
+        self._check_mergeable(other)
         if other._min[()] == np.inf:
             return self
         if self._min[()] == np.inf:
@@ -395,6 +354,9 @@ class HistogramObserver(_MinMaxBase):
         self.histogram = (ha + hb).astype(_F32)
         self._min, self._max = np.array(lo, _F32), np.array(hi, _F32)
         return self
+
+    def _merge_key(self) -> tuple[object, ...]:
+        return super()._merge_key() + (self.bins, self.upsample_rate)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of torch's buffers: ``eps`` (1,), ``min_val``/``max_val`` (), ``histogram``."""
@@ -409,15 +371,13 @@ class HistogramObserver(_MinMaxBase):
         ----------
         state : mapping with ``min_val``, ``max_val``, ``histogram`` (``eps`` optional)
         strict : bool, default True
-            Reject other keys.
+            Whether keys beyond those (and ``eps``) are an error.
 
         Raises
         ------
-        KeyError
-            A required key is missing.
-        ValueError
-            Unexpected keys (strict), wrong shapes, ``min_val > max_val``, or a histogram that is
-            not ``(bins,)`` of finite non-negative values. Nothing is changed on error.
+        KeyError, ValueError
+            As :meth:`nbqat.MinMaxObserver.load_state_dict`, and for a histogram that is not
+            ``(bins,)`` finite non-negative counts. Nothing is changed on error.
         """
         if not hasattr(state, "keys"):
             raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")

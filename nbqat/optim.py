@@ -36,16 +36,9 @@ from nbqat.optim_groups import ArrayGroup, ParamGroups, ParamSource, _Group
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _is_cuda(x: Any) -> bool:
-    """CUDA device array (also the simulator's arrays, which lack ``__cuda_array_interface__``)."""
-    if isinstance(x, np.ndarray):
-        return False
-    return _cuda.is_cuda_array(x) or hasattr(x, "copy_to_host")
-
-
 def _check_params(params: Any) -> bool:
     """Validate the flat parameter buffer; returns True for a CUDA buffer."""
-    is_cuda = _is_cuda(params)
+    is_cuda = _cuda.is_cuda_array(params)
     if not is_cuda and not isinstance(params, np.ndarray):
         raise TypeError(f"params must be one flat NumPy or CUDA array, got {type(params).__name__}")
     if is_cuda:
@@ -104,7 +97,8 @@ class _Optimizer(ParamGroups):
         return self._buffers[name]
 
     def _check_grads(self, grads: Any, grad_scale: Any) -> float:
-        if self._cuda != _is_cuda(grads) or not (self._cuda or isinstance(grads, np.ndarray)):
+        on_device = _cuda.is_cuda_array(grads)
+        if self._cuda != on_device or not (self._cuda or isinstance(grads, np.ndarray)):
             raise TypeError(
                 "grads must be an array on the same device as params "
                 f"({'CUDA' if self._cuda else 'NumPy'}), got {type(grads).__name__}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -123,6 +124,14 @@ def plot_loss_curves(curves: Mapping[str, Mapping[str, Sequence[float]]], path: 
     return _save(fig, path)
 
 
+def _fan(ax: Any, tf: np.ndarray, pred: np.ndarray, q: np.ndarray, which: tuple) -> None:
+    """One window's band (lowest to highest quantile) and median line; ``pred`` (tau, Q)."""
+    lo, hi, mid = which
+    band = f"P{round(100 * q[lo])}-P{round(100 * q[hi])}"
+    ax.fill_between(tf, pred[:, lo], pred[:, hi], color="C0", alpha=0.3, label=band)
+    ax.plot(tf, pred[:, mid], color="C0", lw=1.6, label=f"P{round(100 * q[mid])}")
+
+
 def plot_forecast_fan(
     history: np.ndarray,
     actual: np.ndarray,
@@ -185,15 +194,7 @@ def plot_forecast_fan(
     for i in range(n):
         ax = fig.add_subplot(nrows, ncols, i + 1)
         ax.plot(th, history[i, -kh:], color="0.3", lw=1.2, label="history")
-        ax.fill_between(
-            tf,
-            pred[i, :, lo],
-            pred[i, :, hi],
-            color="C0",
-            alpha=0.3,
-            label=f"P{round(100 * q[lo])}-P{round(100 * q[hi])}",
-        )
-        ax.plot(tf, pred[i, :, mid], color="C0", lw=1.6, label=f"P{round(100 * q[mid])}")
+        _fan(ax, tf, pred[i], q, (lo, hi, mid))
         ax.plot(tf, actual[i], color="k", lw=1.2, label="actual")
         if naive is not None:
             ax.plot(tf, naive[i], color="C3", ls="--", lw=1.0, label="seasonal naive")

@@ -114,7 +114,7 @@ def check_windows(cfg: Any, w: Windows) -> None:
     ValueError
         ``--windows-per-epoch`` below ``--batch-size`` (an epoch without a batch).
     """
-    from nbqat.train import q_risk
+    from nbqat.nn.loss import q_risk_table as q_risk
 
     if len(w.train) < cfg.batch_size:
         raise DataError(

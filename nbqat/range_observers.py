@@ -23,13 +23,18 @@ and is refused.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import numpy as np
 
 from nbqat import _cuda, _jit
+from nbqat._observer_args import int_in_range
+from nbqat._observer_stats import decode as _decode
+from nbqat._observer_stats import device as _device
+from nbqat._validate import split_axis
 from nbqat.kernels import keygrid_cpu as _kg
-from nbqat.observers import EPS, _decode, _device, _MinMaxBase, _outer_inner
+from nbqat.observers import _MinMaxBase
 
 __all__ = ["MSEObserver", "PercentileObserver"]
 
@@ -54,20 +59,16 @@ def _grid_edges(shift: int) -> tuple[np.ndarray, np.ndarray]:
 class _KeyHistBase(_MinMaxBase):
     """Order-key grid counts + exact min/max; subclasses choose the range in :meth:`_range`."""
 
-    def __init__(self, *, mantissa_bits: int, **kw: Any) -> None:
-        if isinstance(mantissa_bits, bool) or not isinstance(mantissa_bits, (int, np.integer)):
-            raise TypeError(f"mantissa_bits must be an int in [0, 10], got {mantissa_bits!r}")
-        if not 0 <= mantissa_bits <= 10:
-            raise ValueError(f"mantissa_bits must be in [0, 10], got {mantissa_bits}")
-        if str(kw.get("nonfinite", "raise")).removeprefix("torch.") == "propagate":
+    def _configure_own(self, a: dict[str, Any]) -> None:
+        super()._configure_own(a)
+        self.mantissa_bits = int_in_range(a["mantissa_bits"], "mantissa_bits", 0, 10)
+        if str(a["nonfinite"]).removeprefix("torch.") == "propagate":
             raise ValueError(
                 f"{type(self).__name__}: nonfinite='propagate' has no meaning for a histogram of "
                 "finite values: use 'raise' (default) or 'ignore'"
             )
-        self.mantissa_bits = int(mantissa_bits)
         self._shift = 23 - self.mantissa_bits
         self.nbins = 1 << (32 - self._shift)
-        super().__init__(**kw)
 
     def reset_min_max_vals(self) -> None:
         """Forget the statistics (no counts, min/max unset)."""
@@ -80,39 +81,40 @@ class _KeyHistBase(_MinMaxBase):
 
         Parameters
         ----------
-        x : ndarray or CUDA device array, float16/float32/float64, any shape
+        x : ndarray, CUDA device array or array-like (as :meth:`nbqat.MinMaxObserver.forward`)
             Observed as float32 (per channel, CUDA input is counted on the host).
 
         Returns
         -------
-        x : the same object
+        x : the type of the input
+            ``x`` itself, unchanged (not a copy).
 
         Raises
         ------
         TypeError, ValueError
             As :meth:`nbqat.MinMaxObserver.forward`; the state is unchanged on any error.
         """
-        super().forward(x)  # validates, applies the policy and updates min/max (or raises)
+        a = self._observe(x)  # validates, applies the policy and updates min/max (or raises)
         pg = self.process_group
         synced = pg is not None and pg.distributed
-        empty = int(np.prod(x.shape, dtype=np.int64)) == 0
+        empty = math.prod(a.shape) == 0
         if empty and not synced:
             return x
         if empty:  # take part in the ranks' sum with nothing observed
-            c = x.shape[self.ch_axis % len(x.shape)] if self._per_channel else 0
+            c = a.shape[self.ch_axis % len(a.shape)] if self._per_channel else 0
             counts = np.zeros((c, self.nbins) if self._per_channel else self.nbins, np.int64)
         else:
-            counts = self._count(x)
+            counts = self._count(a)
         if synced:  # every rank adds every rank's counts: exact below 2**53 per bin
             counts = pg.allreduce_sum(counts.astype(np.float64)).astype(np.int64)
         if self._per_channel and self.histogram.shape[0] == 0:
             self.histogram = counts
-        else:
-            self.histogram = self.histogram + counts
+        else:  # in place: the counts are complete, nothing below can fail
+            self.histogram += counts
         return x
 
     def _count(self, x: Any) -> np.ndarray:
-        is_dev = hasattr(x, "copy_to_host") or _cuda.is_cuda_array(x)
+        is_dev = _cuda.is_cuda_array(x)
         if is_dev and not self._per_channel and np.dtype(x.dtype) == np.float32:
             from nbqat.kernels import histogram_cuda as _hc
 
@@ -124,7 +126,7 @@ class _KeyHistBase(_MinMaxBase):
         with _jit.threads_for(b.size):
             if not self._per_channel:
                 return _kg.key_counts(b, self._shift)
-            outer, c, inner = _outer_inner(x32.shape, self.ch_axis % x32.ndim)
+            outer, c, inner = split_axis(x32.shape, self.ch_axis % x32.ndim)
             return _kg.key_counts_channel(b, outer, c, inner, self._shift)
 
     def _range(self) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - abstract
@@ -157,7 +159,8 @@ class _KeyHistBase(_MinMaxBase):
 
         Parameters
         ----------
-        other : observer of the same class and configuration (left unchanged)
+        other : observer of the same class, configuration and ``mantissa_bits``
+            Its counts are added (it is left unchanged).
 
         Returns
         -------
@@ -165,21 +168,19 @@ class _KeyHistBase(_MinMaxBase):
 
         Raises
         ------
-        TypeError
-            Another class.
-        ValueError
-            Different configuration, ``mantissa_bits`` or channel count.
+        TypeError, ValueError
+            As :meth:`nbqat.MinMaxObserver.merge` (``mantissa_bits`` is part of the
+            configuration).
         """
-        if type(other) is type(self) and other.mantissa_bits != self.mantissa_bits:
-            raise ValueError(
-                f"cannot merge mantissa_bits={self.mantissa_bits} with {other.mantissa_bits}"
-            )
         mine, theirs = self.histogram, other.histogram
         super().merge(other)  # checks the configuration and merges min/max exactly
         if theirs.size == 0:
             return self
         self.histogram = theirs.copy() if mine.size == 0 else mine + theirs
         return self
+
+    def _merge_key(self) -> tuple[object, ...]:
+        return super()._merge_key() + (self.mantissa_bits,)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """``eps``, ``min_val``, ``max_val`` (as the min/max observers) and the grid counts,
@@ -200,15 +201,13 @@ class _KeyHistBase(_MinMaxBase):
         state : mapping with ``min_val``, ``max_val``, ``histogram_index``,
             ``histogram_count`` (``eps`` optional)
         strict : bool, default True
-            Reject other keys.
+            Whether other keys (but ``eps``) are an error.
 
         Raises
         ------
-        KeyError
-            A required key is missing.
-        ValueError
-            Indices not ascending or out of range, non-positive counts, bad shapes; nothing is
-            changed on error.
+        KeyError, ValueError
+            As :meth:`nbqat.MinMaxObserver.load_state_dict`; also for indices not ascending or
+            out of range and non-positive counts. Nothing is changed on error.
         """
         keys = ("histogram_index", "histogram_count")
         if not hasattr(state, "keys") or any(k not in state for k in keys):
@@ -255,33 +254,16 @@ class PercentileObserver(_KeyHistBase):
     ``"percentile"``); Wu et al. 2020, "Integer Quantization for Deep Learning Inference".
     """
 
-    def __init__(
-        self,
-        percentile: float = 99.99,
-        mantissa_bits: int = 7,
-        dtype: str = "quint8",
-        qscheme: str = "per_tensor_affine",
-        reduce_range: bool = False,
-        quant_min: int | None = None,
-        quant_max: int | None = None,
-        eps: float = EPS,
-        nonfinite: str = "raise",
-    ) -> None:
+    OWN_PARAMS = (("percentile", float, 99.99), ("mantissa_bits", int, 7))
+
+    def _configure_own(self, a: dict[str, Any]) -> None:
+        percentile = a["percentile"]
         if isinstance(percentile, bool) or not isinstance(percentile, (int, float, np.number)):
             raise TypeError(f"percentile must be a float in (50, 100], got {percentile!r}")
         if not 50.0 < float(percentile) <= 100.0:
             raise ValueError(f"percentile must be in (50, 100], got {percentile}")
         self.percentile = float(percentile)
-        super().__init__(
-            mantissa_bits=mantissa_bits,
-            dtype=dtype,
-            qscheme=qscheme,
-            reduce_range=reduce_range,
-            quant_min=quant_min,
-            quant_max=quant_max,
-            eps=eps,
-            nonfinite=nonfinite,
-        )
+        super()._configure_own(a)
 
     def quantile(self, q: float) -> np.float32:
         """The ``q``-quantile (``0 <= q <= 1``) of the observed values from the grid counts.
@@ -349,38 +331,18 @@ class MSEObserver(_KeyHistBase):
     convolution networks for rapid-deployment" (MSE-optimal clipping).
     """
 
-    def __init__(
-        self,
-        num_candidates: int = 100,
-        ch_axis: int = 0,
-        mantissa_bits: int | None = None,
-        dtype: str = "quint8",
-        qscheme: str = "per_tensor_affine",
-        reduce_range: bool = False,
-        quant_min: int | None = None,
-        quant_max: int | None = None,
-        eps: float = EPS,
-        nonfinite: str = "raise",
-    ) -> None:
-        if isinstance(num_candidates, bool) or not isinstance(num_candidates, (int, np.integer)):
-            raise TypeError(f"num_candidates must be a positive int, got {num_candidates!r}")
-        if num_candidates < 1:
-            raise ValueError(f"num_candidates must be >= 1, got {num_candidates}")
-        self.num_candidates = int(num_candidates)
-        self._per_channel = str(qscheme).removeprefix("torch.").startswith("per_channel")
-        if mantissa_bits is None:
-            mantissa_bits = 5 if self._per_channel else 7
-        super().__init__(
-            mantissa_bits=mantissa_bits,
-            dtype=dtype,
-            qscheme=qscheme,
-            reduce_range=reduce_range,
-            quant_min=quant_min,
-            quant_max=quant_max,
-            eps=eps,
-            nonfinite=nonfinite,
-            ch_axis=ch_axis if self._per_channel else None,
-        )
+    OWN_PARAMS = (
+        ("num_candidates", int, 100),
+        ("ch_axis", int, 0),
+        ("mantissa_bits", int | None, None),
+    )
+
+    def _configure_own(self, a: dict[str, Any]) -> None:
+        self.num_candidates = int_in_range(a["num_candidates"], "num_candidates", 1)
+        self._per_channel = str(a["qscheme"]).removeprefix("torch.").startswith("per_channel")
+        if a["mantissa_bits"] is None:
+            a["mantissa_bits"] = 5 if self._per_channel else 7
+        super()._configure_own(a)
 
     def _range(self) -> tuple[np.ndarray, np.ndarray]:
         h, mins, maxs = self._bins_2d()

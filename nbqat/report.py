@@ -371,7 +371,7 @@ def from_run(r: Any, test: Any) -> dict:
     dict
         A summary for metrics.json (the full report is in ``quant_report.json``).
     """
-    from nbqat.train import q_risk
+    from nbqat.nn.loss import q_risk_table as q_risk
 
     cfg, w = r.cfg, r.w
     y = test.target_raw()

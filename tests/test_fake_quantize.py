@@ -139,7 +139,7 @@ def test_state_dict_roundtrip_and_torch_keys(torch, rng):
     for bad, exc in [
         ({k: v for k, v in sd.items() if k != "scale"}, KeyError),
         ({**sd, "scale": sd["scale"][:2]}, ValueError),
-        ({**sd, "zero_point": sd["zero_point"].astype(np.float32)}, ValueError),
+        ({**sd, "zero_point": sd["zero_point"].astype(np.float32)}, TypeError),  # a dtype
         ({**sd, "activation_post_process.min_val": np.zeros(2, np.float32)}, ValueError),
         ({**sd, "extra": np.zeros(1)}, ValueError),
     ]:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import nbqat
+from nbqat._observer_stats import decode as decode_keys
 from nbqat.kernels import histogram_cpu as hk
 from nbqat.kernels import keygrid_cpu as kg
 
@@ -124,8 +125,8 @@ def test_counts_independent_of_thread_count(rng):
     np.testing.assert_array_equal(f1[2], one)
     np.testing.assert_array_equal(fn[2], one)
     assert f1[:2] == fn[:2]
-    assert nbqat.observers._decode([f1[0]])[0] == x.min()
-    assert nbqat.observers._decode([f1[1]])[0] == x.max()
+    assert decode_keys([f1[0]])[0] == x.min()
+    assert decode_keys([f1[1]])[0] == x.max()
     assert one.sum() == np.count_nonzero(np.abs(x) <= 4)
 
 
@@ -248,8 +249,8 @@ def test_bad_arguments():
         nbqat.HistogramObserver(upsample_rate=0)
     with pytest.raises(ValueError, match="per_tensor"):
         nbqat.HistogramObserver(qscheme="per_channel_affine")
-    with pytest.raises(TypeError, match="NumPy array"):
-        nbqat.HistogramObserver()([1.0, 2.0])
+    with pytest.raises(TypeError, match="must be an array"):
+        nbqat.HistogramObserver()(None)
     with pytest.warns(UserWarning, match="must run observer"):
         s, z = nbqat.HistogramObserver().calculate_qparams()
     assert s[0] == 1.0 and z[0] == 0

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import nbqat
-from nbqat import observers as O
+from nbqat import _observer_stats as S
 
 
 def _inject(rng, x, n_bad):
@@ -27,8 +27,8 @@ def test_per_tensor_stats_match_cpu(cuda_sim, small_cuda_blocks, rng, n, n_bad):
     x = rng.standard_normal(n).astype(np.float32)
     if n_bad and n >= n_bad:
         _inject(rng, x, n_bad)
-    got = O._stats_cuda(cuda_sim.to_device(x), None)
-    _same(got, O._stats_cpu_tensor(x))
+    got = S.stats_cuda(cuda_sim.to_device(x), None)
+    _same(got, S.stats_cpu_tensor(x))
 
 
 @pytest.mark.parametrize(("shape", "axis"), [((3, 5), 0), ((3, 5), 1), ((2, 3, 4), 1), ((7,), 0)])
@@ -36,15 +36,15 @@ def test_per_tensor_stats_match_cpu(cuda_sim, small_cuda_blocks, rng, n, n_bad):
 def test_per_channel_stats_match_cpu(cuda_sim, small_cuda_blocks, rng, shape, axis, n_bad):
     x = rng.standard_normal(shape).astype(np.float32)
     _inject(rng, x, n_bad)
-    got = O._stats_cuda(cuda_sim.to_device(x), axis)
-    _same(got, O._stats_cpu_channel(x, axis))
+    got = S.stats_cuda(cuda_sim.to_device(x), axis)
+    _same(got, S.stats_cpu_channel(x, axis))
 
 
 def test_float64_device_input_observed_as_float32(cuda_sim, small_cuda_blocks, rng):
     x = rng.standard_normal((4, 5)) * 1e3
     x[0, 0] = 1e-40  # underflows in float32
-    _same(O._stats_cuda(cuda_sim.to_device(x), None), O._stats_cpu_tensor(x))
-    _same(O._stats_cuda(cuda_sim.to_device(x), 1), O._stats_cpu_channel(x, 1))
+    _same(S.stats_cuda(cuda_sim.to_device(x), None), S.stats_cpu_tensor(x))
+    _same(S.stats_cuda(cuda_sim.to_device(x), 1), S.stats_cpu_channel(x, 1))
 
 
 @pytest.mark.parametrize(

@@ -226,3 +226,100 @@ def test_calibration_never_sees_dropout(rng):
     for k in quants[0]:
         for name, v in quants[0][k].items():
             np.testing.assert_array_equal(np.asarray(v), np.asarray(quants[1][k][name]), err_msg=k)
+
+
+def test_averaged_optimizer_is_torch_ema_averaged_model(torch, rng):
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    from nbqat.recipe import AveragedOptimizer, swap_average
+
+    n, decay = 30, 0.9
+    p0 = rng.normal(size=n).astype(np.float32)
+    p = p0.copy()
+    opt = AveragedOptimizer(AdamW(p, lr=1e-2, weight_decay=0.1), decay)
+    assert not swap_average(opt)  # nothing averaged yet: a no-op
+    lin = torch.nn.Linear(n, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor(p0.copy())[None])
+    topt = torch.optim.AdamW(lin.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+    ema = AveragedModel(lin, multi_avg_fn=get_ema_multi_avg_fn(decay))
+    for _ in range(5):
+        g = rng.normal(size=n).astype(np.float32)
+        opt.step(g)
+        lin.weight.grad = torch.tensor(g.copy())[None]
+        topt.step()
+        ema.update_parameters(lin)
+    np.testing.assert_allclose(p, lin.weight.detach().numpy()[0], rtol=2e-6, atol=2e-7)
+    want = ema.module.weight.detach().numpy()[0]
+    np.testing.assert_allclose(opt.average, want, rtol=2e-6, atol=2e-7)
+    assert opt.n_averaged == int(ema.n_averaged) == 5
+    live, avg = p.copy(), opt.average.copy()
+    assert swap_average(opt)  # the model holds the average, the optimizer the live weights
+    assert np.array_equal(p, avg) and np.array_equal(opt.average, live)
+    swap_average(opt)
+    assert np.array_equal(p, live) and np.array_equal(opt.average, avg)
+    with pytest.raises(ValueError, match="decay"):
+        AveragedOptimizer(AdamW(p, lr=1e-2), 1.0)
+
+
+def test_averaged_optimizer_state_round_trip():
+    from nbqat.recipe import AveragedOptimizer
+
+    def run(split):
+        p = np.linspace(-1, 1, 30, dtype=np.float32)
+        opt = AveragedOptimizer(GroupedAdamW(p, lr=1e-2, offset=20, skip_lr_scale=0.5), 0.8)
+        for i in range(5):
+            if i == split:
+                st = opt.state_dict()
+                opt = AveragedOptimizer(GroupedAdamW(p, lr=1.0, offset=20, skip_lr_scale=0.5), 0.8)
+                opt.load_state_dict(st)
+            opt.lr = 1e-2 / (i + 1)
+            opt.step(np.sin(np.arange(30, dtype=np.float32) * (i + 1)))
+        return p.copy(), opt.average.copy()
+
+    whole, resumed = run(None), run(3)
+    assert np.array_equal(whole[0], resumed[0]) and np.array_equal(whole[1], resumed[1])
+    assert not np.array_equal(whole[0], whole[1])
+
+
+_TINY = ["train", "--epochs", "2", "--qat-epochs", "1", "--batch-size", "16", "--hidden-dim",
+         "4", "--heads", "1", "--history", "24", "--horizon", "6", "--windows-per-epoch", "48",
+         "--calibration-batches", "2", "--eval-stride", "96", "--no-progress", "--no-plots",
+         "--ema-decay", "0.5", "--warmup-steps", "1"]  # fmt: skip
+
+
+def test_main_job_evaluates_and_keeps_the_weight_average(tmp_path, monkeypatch):
+    # --ema-decay: each epoch's validation sees the EMA of the float weights, and the kept
+    # (best) weights are that EMA, computed here by hand in float64 from every step's weights
+    import json
+
+    from nbqat.cli import main
+
+    seen = []
+    orig = GroupedAdamW.step
+
+    def step(self, grads, grad_scale=1.0):
+        orig(self, grads, grad_scale)
+        seen.append(np.array(self.params, dtype=np.float64))
+
+    monkeypatch.setattr(GroupedAdamW, "step", step)
+    assert main([*_TINY, "--out", str(tmp_path)]) == 0
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())["state"]
+    n = 3 * (state["best_epoch"] + 1)  # 3 float steps an epoch
+    ema = seen[0]
+    for p in seen[1:n]:
+        ema = 0.5 * ema + 0.5 * p
+    best = np.load(tmp_path / "checkpoint" / "float.npz")["best_params"]
+    np.testing.assert_allclose(best, ema, rtol=1e-5, atol=1e-6)
+    assert np.max(np.abs(best - seen[n - 1])) > 1e-3  # not the last step's own weights
+
+
+def test_main_job_weight_average_survives_resume(tmp_path):
+    # the average lives in the optimizer state: an interrupted run resumes it exactly
+    from nbqat.cli import main
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main([*_TINY, "--out", str(a)]) == 0
+    assert main([*_TINY, "--out", str(b), "--stop-after-steps", "4"]) == 130
+    assert main(["train", "--resume", str(b / "checkpoint")]) == 0
+    assert (a / "metrics.json").read_bytes() == (b / "metrics.json").read_bytes()

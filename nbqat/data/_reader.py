@@ -240,26 +240,41 @@ def load_csv(
         zones, or a static column that varies within an entity. The message names the line
         and column and says the fix.
     """
-    import pandas as pd
-
     path = Path(path)
     if not path.is_file():
         what = "a folder, not a file" if path.is_dir() else "no such file"
         raise DataError(f"--csv {str(path)!r}: {what}")
     parquet = path.suffix.lower() in (".parquet", ".pq")
-    if parquet:
-        try:
-            import pyarrow.parquet as pq
-
-            header = [str(c) for c in pq.read_schema(path).names]
-        except Exception as e:  # pyarrow raises ArrowInvalid/OSError for a corrupt file
-            raise DataError(f"{path}: cannot read it as Parquet ({e})") from None
-    else:
-        header = _read_header(path)
+    header = _parquet_header(path) if parquet else _read_header(path)
     known, static = _names(known_cols), _names(static_cols)
     roles = _roles(time_col, target_col, entity_col, known, static, observed_cols)
     observed = _check_columns(str(path), header, roles, observed_cols)
     cols = _unique([time_col, target_col] + observed + known + static + _opt(entity_col))
+    df = _read_checked(path, cols, entity_col, parquet, len(header))
+
+    def where(i: int) -> str:
+        return f"{path}, row {i}" if parquet else f"{path}, line {_line_of_row(path, i)}"
+
+    return _frame_to_series(
+        df, where, str(path), time_col, target_col, entity_col, observed, known, static, fill_gaps
+    )
+
+
+def _parquet_header(path: Path) -> list[str]:
+    try:
+        import pyarrow.parquet as pq
+
+        return [str(c) for c in pq.read_schema(path).names]
+    except Exception as e:  # pyarrow raises ArrowInvalid/OSError for a corrupt file
+        raise DataError(f"{path}: cannot read it as Parquet ({e})") from None
+
+
+def _read_checked(
+    path: Path, cols: list[str], entity_col: str | None, parquet: bool, ncol: int
+) -> Any:
+    """:func:`_read_table`, its errors turned into DataErrors that say the fix."""
+    import pandas as pd
+
     try:
         df = _read_table(path, cols, entity_col, parquet)
     except pd.errors.EmptyDataError:
@@ -267,7 +282,7 @@ def load_csv(
     except (*_READ_ERRORS, ValueError, pd.errors.ParserError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "Expected" in msg and "columns" in msg:  # pyarrow: a row with another field count
-            bad = _field_count_error(path, len(header))
+            bad = _field_count_error(path, ncol)
             raise DataError(
                 bad or f"{path}: {msg[:200]}; every row needs as many fields as the header has"
             ) from None
@@ -277,13 +292,7 @@ def load_csv(
         ) from None
     if len(df) == 0:
         raise DataError(f"{path}: the file has a header but no data rows")
-
-    def where(i: int) -> str:
-        return f"{path}, row {i}" if parquet else f"{path}, line {_line_of_row(path, i)}"
-
-    return _frame_to_series(
-        df, where, str(path), time_col, target_col, entity_col, observed, known, static, fill_gaps
-    )
+    return df
 
 
 def from_dataframe(

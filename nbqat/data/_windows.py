@@ -8,242 +8,15 @@ windows is ever made.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from nbqat.data._calendar import _CAL_GROUP, CALENDAR_FEATURES, calendar_features, default_season
 from nbqat.data._series import DataError, SeriesData
+from nbqat.data._splits import SplitWindows, Windows
 
 __all__ = ["SplitWindows", "Windows", "make_windows", "seasonal_naive_quantiles"]
-
-
-@dataclass
-class SplitWindows:
-    """The windows of one split (train, validation or test).
-
-    A window is an (entity, forecast start) pair; :meth:`batch` gathers its arrays from the
-    shared feature matrices of :class:`Windows`, so no window is stored twice.
-
-    Parameters
-    ----------
-    name : str
-        ``"train"``, ``"val"`` or ``"test"``.
-    rows : ndarray
-        int64 (n,): the global row (into the concatenated series) of each window's first
-        forecast step.
-    entity : ndarray
-        int64 (n,): the entity of each window.
-    parent : Windows
-        The windows' shared feature matrices.
-    """
-
-    name: str
-    rows: np.ndarray
-    entity: np.ndarray
-    parent: Windows = field(repr=False)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def batch(self, idx: np.ndarray | slice | None = None):
-        """Model inputs and standardised target of the windows ``idx``.
-
-        Parameters
-        ----------
-        idx : ndarray of int, slice or None
-            Which windows of the split (default: all; a large split then gathers large arrays,
-            so training and evaluation pass batches of indices).
-
-        Returns
-        -------
-        static : ndarray float32 (B, m_s)
-        historical : ndarray float32 (B, k, m_z)
-            Observed inputs (target first) and known inputs over the k history steps.
-        future : ndarray float32 (B, tau, m_x)
-            Known inputs over the tau forecast steps.
-        target : ndarray float32 (B, tau)
-            The standardised target (per-entity level/scale of the training split).
-        """
-        p = self.parent
-        rows = self.rows if idx is None else self.rows[idx]
-        ent = self.entity if idx is None else self.entity[idx]
-        hist_idx = rows[:, None] + np.arange(-p.history, 0)
-        fut_idx = rows[:, None] + np.arange(p.horizon)
-        return (
-            p.static[ent],
-            p.hist_features[hist_idx],
-            p.future_features[fut_idx],
-            p.target_std[fut_idx],
-        )
-
-    def target(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
-        """float32 (B, tau): the standardised target only (no input arrays gathered).
-
-        Parameters
-        ----------
-        idx : ndarray of int, slice or None
-            Which windows of the split (default: all).
-        """
-        rows = self.rows if idx is None else self.rows[idx]
-        return self.parent.target_std[rows[:, None] + np.arange(self.parent.horizon)]
-
-    def target_raw(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
-        """float64 (B, tau): the unscaled target over the forecast steps.
-
-        Parameters
-        ----------
-        idx : ndarray of int, slice or None
-            Which windows of the split (default: all).
-        """
-        rows = self.rows if idx is None else self.rows[idx]
-        return self.parent.target_raw[rows[:, None] + np.arange(self.parent.horizon)]
-
-    def history_raw(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
-        """float64 (B, k): the unscaled target over the history steps.
-
-        Parameters
-        ----------
-        idx : ndarray of int, slice or None
-            Which windows of the split (default: all).
-        """
-        rows = self.rows if idx is None else self.rows[idx]
-        return self.parent.target_raw[rows[:, None] + np.arange(-self.parent.history, 0)]
-
-    def unscale(self, pred: np.ndarray, idx: np.ndarray | slice | None = None) -> np.ndarray:
-        """Undo the per-entity standardisation of predictions (B, tau[, Q]) -> float64.
-
-        Parameters
-        ----------
-        pred : ndarray (B, tau) or (B, tau, Q)
-            Standardised values (model outputs).
-        idx : ndarray of int, slice or None
-            The windows ``pred`` belongs to (default: all of the split, in order).
-        """
-        ent = self.entity if idx is None else self.entity[idx]
-        lvl = self.parent.level[ent].reshape((-1,) + (1,) * (pred.ndim - 1))
-        scl = self.parent.scale[ent].reshape((-1,) + (1,) * (pred.ndim - 1))
-        return pred.astype(np.float64) * scl + lvl
-
-    def seasonal_naive(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
-        """float64 (B, tau): the seasonal-naive point forecast, ``y[t - season]``.
-
-        For forecast step h (0-based) it is the target ``season * ceil((h + 1) / season)``
-        steps earlier, i.e. the last observed season repeated; with hourly data, season 24 and
-        tau 24 it is the value 24 hours earlier.
-
-        Parameters
-        ----------
-        idx : ndarray of int, slice or None
-            Which windows of the split (default: all).
-        """
-        p = self.parent
-        rows = self.rows if idx is None else self.rows[idx]
-        h = np.arange(p.horizon)
-        lag = p.season * ((h // p.season) + 1)
-        return p.target_raw[rows[:, None] + h - lag]
-
-    def times(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
-        """The time stamps (B, tau) of the forecast steps.
-
-        Parameters
-        ----------
-        idx : ndarray of int, slice or None
-            Which windows of the split (default: all).
-        """
-        rows = self.rows if idx is None else self.rows[idx]
-        return self.parent.time[rows[:, None] + np.arange(self.parent.horizon)]
-
-
-@dataclass
-class Windows:
-    """TFT windows over :class:`SeriesData` (the output of :func:`make_windows`).
-
-    The series of all entities are concatenated row-wise into shared feature matrices;
-    the splits hold only row indices (see :class:`SplitWindows`).
-
-    Parameters
-    ----------
-    history, horizon, season : int
-        k (encoder steps), tau (forecast steps), seasonal-naive period (steps).
-    quantiles : tuple of float
-    static : ndarray float32 (n_entities, m_s)
-    hist_features : ndarray float32 (n_rows, m_z)
-    future_features : ndarray float32 (n_rows, m_x)
-    target_std : ndarray float32 (n_rows,)
-    target_raw : ndarray float64 (n_rows,)
-    time : ndarray (n_rows,)
-    level, scale : ndarray float64 (n_entities,)
-        Per-entity mean and standard deviation of the target on the training rows.
-    entity_names, static_names, historical_names, future_names : list of str
-    naive_residual_quantiles : ndarray float64 (n_entities, Q)
-        Empirical quantiles of the seasonal-naive residual ``y[t] - y[t - season]`` on the
-        training rows of each entity (see :func:`seasonal_naive_quantiles`).
-    cutoffs : tuple
-        The first time of the validation split and of the test split.
-    target_name, source : str
-        The target column and where the data came from.
-    filled : dict
-        ``SeriesData.filled``: the cells ``fill_gaps`` repaired per entity and column.
-    step : numpy.timedelta64 or float
-        The time step.
-    train_stride, eval_stride : int
-        Steps between consecutive windows of the training / evaluation splits.
-
-    Attributes
-    ----------
-    train, val, test : SplitWindows
-        The splits (set by :func:`make_windows`).
-    """
-
-    history: int
-    horizon: int
-    season: int
-    quantiles: tuple[float, ...]
-    static: np.ndarray
-    hist_features: np.ndarray
-    future_features: np.ndarray
-    target_std: np.ndarray
-    target_raw: np.ndarray
-    time: np.ndarray
-    level: np.ndarray
-    scale: np.ndarray
-    entity_names: list[str]
-    static_names: list[str]
-    historical_names: list[str]
-    future_names: list[str]
-    naive_residual_quantiles: np.ndarray
-    cutoffs: tuple
-    target_name: str
-    source: str
-    filled: dict = field(default_factory=dict)
-    step: object = None
-    train_stride: int = 1
-    eval_stride: int = 1
-    train: SplitWindows = field(init=False, repr=False)
-    val: SplitWindows = field(init=False, repr=False)
-    test: SplitWindows = field(init=False, repr=False)
-
-    def summary(self) -> dict:
-        """A JSON-friendly description (sizes, names, cutoffs)."""
-        return {
-            "source": self.source,
-            "target": self.target_name,
-            "entities": self.entity_names,
-            "history": self.history,
-            "horizon": self.horizon,
-            "season": self.season,
-            "train_stride": self.train_stride,
-            "eval_stride": self.eval_stride,
-            "static_inputs": self.static_names,
-            "historical_inputs": self.historical_names,
-            "future_inputs": self.future_names,
-            "windows": {"train": len(self.train), "val": len(self.val), "test": len(self.test)},
-            "val_start": str(self.cutoffs[0]),
-            "test_start": str(self.cutoffs[1]),
-            "step": str(self.step),
-            "filled": self.filled,
-        }
 
 
 def _zscore_fit(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -380,12 +153,71 @@ def _static_features(data, level, scale) -> tuple[np.ndarray, list[str]]:
     return s, static_names
 
 
-def _attach_splits(w: Windows, data: SeriesData, split_rows, split_ent, split) -> None:
-    """Set ``w.train``, ``w.val``, ``w.test``; a split without a window is a DataError."""
+@dataclass
+class _EntityPart:
+    """One entity's rows: its feature blocks, target statistics and split boundaries."""
+
+    level: float
+    scale: float
+    hist: np.ndarray  # float32 (n, m_z)
+    fut: np.ndarray  # float32 (n, m_x)
+    ystd: np.ndarray  # (n,)
+    naive_q: np.ndarray  # (Q,)
+    cal_names: list[str]
+    bounds: dict[str, tuple[int, int]]  # split -> [first row, end row) of the entity
+
+
+def _cut_points(data: SeriesData, split: tuple[float, float]) -> tuple[object, object, object]:
+    """``(t0, cut_val, cut_test)``: the first time and the cuts on the step grid,
+    ``t0 + round(fraction * span / step) * step``."""
+    t0 = min(t[0] for t in data.times)
+    t1 = max(t[-1] for t in data.times)
+    n_steps = (t1 - t0) / data.step
+    cut_val = t0 + int(round(float(n_steps) * split[0])) * data.step
+    cut_test = t0 + int(round(float(n_steps) * split[1])) * data.step
+    return t0, cut_val, cut_test
+
+
+def _entity_part(data: SeriesData, e: int, cuts: tuple, calendar, season, quantiles) -> _EntityPart:
+    """Entity ``e``'s standardised features (statistics of its training rows only)."""
+    t0, cut_val, cut_test = cuts
+    t, y = data.times[e], data.target[e]
+    i_val = int(np.searchsorted(t, cut_val, side="left"))
+    i_test = int(np.searchsorted(t, cut_test, side="left"))
+    if i_val < 2:
+        raise DataError(
+            f"entity {data.entity_names[e]!r} has {i_val} row(s) in the training split "
+            f"(before {cut_val}); each entity needs training rows to fit its standardisation"
+        )
+    lvl, scl = _zscore_fit(y[:i_val, None])
+    obs = np.concatenate([y[:, None], data.observed[e]], axis=1)
+    mu, sd = _zscore_fit(obs[:i_val])
+    known, cal_names = _known_inputs(data, e, i_val, calendar, t0, cut_val)
+    return _EntityPart(
+        level=float(lvl[0]),
+        scale=float(scl[0]),
+        hist=np.concatenate([(obs - mu) / sd, known], axis=1).astype(np.float32),
+        fut=known.astype(np.float32),
+        ystd=(y - lvl[0]) / scl[0],
+        naive_q=seasonal_naive_quantiles(y[:i_val], int(season), quantiles),
+        cal_names=cal_names,
+        bounds={"train": (0, i_val), "val": (i_val, i_test), "test": (i_test, len(t))},
+    )
+
+
+def _attach_splits(w: Windows, data: SeriesData, parts: list[_EntityPart], split) -> None:
+    """Set ``w.train``, ``w.val``, ``w.test`` (the forecast starts of every entity, global
+    rows); a split without a window is a DataError."""
+    offsets = np.concatenate([[0], np.cumsum(data.lengths)[:-1]]).astype(np.int64)
     for name in ("train", "val", "test"):
-        rows = np.concatenate(split_rows[name])
-        ent = np.concatenate(split_ent[name])
-        if len(rows) == 0:
+        stride = w.train_stride if name == "train" else w.eval_stride
+        rows, ent = [], []
+        for e, part in enumerate(parts):
+            lo, hi = part.bounds[name]
+            starts = np.arange(max(lo, w.history), hi - w.horizon + 1, stride, dtype=np.int64)
+            rows.append(starts + offsets[e])
+            ent.append(np.full(len(starts), e, dtype=np.int64))
+        if sum(len(r) for r in rows) == 0:
             lens = dict(zip(data.entity_names, data.lengths))
             raise DataError(
                 f"the {name} split has no window: a window needs history + horizon = "
@@ -394,7 +226,56 @@ def _attach_splits(w: Windows, data: SeriesData, split_rows, split_ent, split) -
                 f"(split fractions {split}, series lengths {lens}); use a longer series, a "
                 "shorter --history / --horizon, or other split fractions"
             )
-        setattr(w, name, SplitWindows(name=name, rows=rows, entity=ent, parent=w))
+        rows_e = np.concatenate(rows), np.concatenate(ent)
+        setattr(w, name, SplitWindows(name=name, rows=rows_e[0], entity=rows_e[1], parent=w))
+
+
+def _assemble(
+    data: SeriesData,
+    parts: list[_EntityPart],
+    cuts: tuple,
+    calendar: Sequence[str],
+    quantiles: tuple[float, ...],
+    history: int,
+    horizon: int,
+    season: int,
+) -> Windows:
+    """The :class:`Windows` of the entities' parts (without splits)."""
+    cal_names = parts[-1].cal_names
+    future_names = (
+        cal_names + (["time_index"] if "time_index" in calendar else []) + list(data.known_names)
+    )
+    if not future_names:
+        raise DataError(
+            "the decoder has no known input: keep a calendar feature or pass --known-cols"
+        )
+    level = np.array([p.level for p in parts])
+    scale = np.array([p.scale for p in parts])
+    static, static_names = _static_features(data, level, scale)
+    return Windows(
+        history=int(history),
+        horizon=int(horizon),
+        season=int(season),
+        quantiles=quantiles,
+        static=np.ascontiguousarray(static, dtype=np.float32),
+        hist_features=np.concatenate([p.hist for p in parts]),
+        future_features=np.concatenate([p.fut for p in parts]),
+        target_std=np.concatenate([p.ystd for p in parts]).astype(np.float32),
+        target_raw=np.concatenate(data.target).astype(np.float64),
+        time=np.concatenate(data.times),
+        level=level,
+        scale=scale,
+        entity_names=list(data.entity_names),
+        static_names=static_names,
+        historical_names=[data.target_name] + list(data.observed_names) + future_names,
+        future_names=future_names,
+        naive_residual_quantiles=np.array([p.naive_q for p in parts]).reshape(len(parts), -1),
+        cutoffs=cuts[1:],
+        target_name=data.target_name,
+        source=data.source,
+        filled={e: dict(c) for e, c in data.filled.items()},
+        step=data.step,
+    )
 
 
 def make_windows(
@@ -437,6 +318,7 @@ def make_windows(
     Returns
     -------
     Windows
+        Its docstring lists the inputs of a window.
 
     Raises
     ------
@@ -452,109 +334,17 @@ def make_windows(
     may reach back into earlier splits (those values are observed before the forecast time).
     Every statistic (target level/scale, input standardisation, the naive residual quantiles)
     is computed on training rows only.
-
-    Inputs of a window:
-
-    * static (per entity): entity id (scaled to [-1, 1]), the user's static columns, the
-      target's training level and scale; each standardised across entities (z-score; a column
-      constant across entities becomes 0).
-    * historical (k steps): the standardised target, the standardised observed inputs, then
-      the known inputs below (the encoder also sees the past values of known inputs).
-    * future (tau steps): the known inputs: for date times hour of day (sin, cos; only for
-      sub-daily steps), day of year (sin, cos), day of week (scaled to [-1, 1]); always the time
-      index (scaled so the training range maps to [-1, 1]) and the user's known columns
-      (standardised per entity on training rows).
-
-    A column with zero spread on the training rows (Sand Point's constant pressure) gets scale
-    1 (it is centred only).
     """
     season, calendar = _check_options(
         data, history, horizon, split, season, train_stride, eval_stride, calendar
     )
     quantiles = tuple(float(q) for q in quantiles)
-    t0 = min(t[0] for t in data.times)
-    t1 = max(t[-1] for t in data.times)
-    # Cut points on the step grid: t0 + round(fraction * span / step) * step.
-    n_steps = (t1 - t0) / data.step
-    cut_val = t0 + int(round(float(n_steps) * split[0])) * data.step
-    cut_test = t0 + int(round(float(n_steps) * split[1])) * data.step
-
-    n_ent = len(data.entity_names)
-    level = np.zeros(n_ent)
-    scale = np.ones(n_ent)
-    hist_blocks, fut_blocks, ystd_blocks = [], [], []
-    split_rows: dict[str, list[np.ndarray]] = {"train": [], "val": [], "test": []}
-    split_ent: dict[str, list[np.ndarray]] = {"train": [], "val": [], "test": []}
-    naive_q = np.zeros((n_ent, len(quantiles)))
-    offset = 0
-    cal_names: list[str] = []
-    for e in range(n_ent):
-        t = data.times[e]
-        y = data.target[e]
-        n = len(t)
-        i_val = int(np.searchsorted(t, cut_val, side="left"))
-        i_test = int(np.searchsorted(t, cut_test, side="left"))
-        if i_val < 2:
-            raise DataError(
-                f"entity {data.entity_names[e]!r} has {i_val} row(s) in the training split "
-                f"(before {cut_val}); each entity needs training rows to fit its standardisation"
-            )
-        lvl, scl = _zscore_fit(y[:i_val, None])
-        level[e], scale[e] = lvl[0], scl[0]
-        obs = np.concatenate([y[:, None], data.observed[e]], axis=1)
-        mu, sd = _zscore_fit(obs[:i_val])
-        obs_std = (obs - mu) / sd
-        known, cal_names = _known_inputs(data, e, i_val, calendar, t0, cut_val)
-        hist_blocks.append(np.concatenate([obs_std, known], axis=1).astype(np.float32))
-        fut_blocks.append(known.astype(np.float32))
-        ystd_blocks.append((y - level[e]) / scale[e])
-        naive_q[e] = seasonal_naive_quantiles(y[:i_val], int(season), quantiles)
-        # Forecast starts s (row index of the first forecast step) per split.
-        bounds = {"train": (0, i_val), "val": (i_val, i_test), "test": (i_test, n)}
-        for name, (lo, hi) in bounds.items():
-            stride = train_stride if name == "train" else eval_stride
-            first = max(lo, history)
-            starts = np.arange(first, hi - horizon + 1, stride, dtype=np.int64)
-            split_rows[name].append(starts + offset)
-            split_ent[name].append(np.full(len(starts), e, dtype=np.int64))
-        offset += n
-
-    s, static_names = _static_features(data, level, scale)
-
-    future_names = (
-        cal_names + (["time_index"] if "time_index" in calendar else []) + list(data.known_names)
-    )
-    if not future_names:
-        raise DataError(
-            "the decoder has no known input: keep a calendar feature or pass --known-cols"
-        )
-    historical_names = [data.target_name] + list(data.observed_names) + future_names
-
-    w = Windows(
-        history=int(history),
-        horizon=int(horizon),
-        season=int(season),
-        quantiles=quantiles,
-        static=np.ascontiguousarray(s, dtype=np.float32),
-        hist_features=np.ascontiguousarray(np.concatenate(hist_blocks), dtype=np.float32),
-        future_features=np.ascontiguousarray(np.concatenate(fut_blocks), dtype=np.float32),
-        target_std=np.concatenate(ystd_blocks).astype(np.float32),
-        target_raw=np.concatenate(data.target).astype(np.float64),
-        time=np.concatenate(data.times),
-        level=level,
-        scale=scale,
-        entity_names=list(data.entity_names),
-        static_names=static_names,
-        historical_names=historical_names,
-        future_names=future_names,
-        naive_residual_quantiles=naive_q,
-        cutoffs=(cut_val, cut_test),
-        target_name=data.target_name,
-        source=data.source,
-        filled={e: dict(c) for e, c in data.filled.items()},
-        step=data.step,
-        train_stride=int(train_stride),
-        eval_stride=int(eval_stride),
-    )
-    _attach_splits(w, data, split_rows, split_ent, split)
+    cuts = _cut_points(data, split)
+    parts = [
+        _entity_part(data, e, cuts, calendar, season, quantiles)
+        for e in range(len(data.entity_names))
+    ]
+    w = _assemble(data, parts, cuts, calendar, quantiles, history, horizon, season)
+    w.train_stride, w.eval_stride = int(train_stride), int(eval_stride)
+    _attach_splits(w, data, parts, split)
     return w

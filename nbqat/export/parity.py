@@ -192,46 +192,69 @@ def check_parity(
         When only some of the three input arrays are given, or a non-integer ``batch_size``
         or ``reference_rows``.
     """
-    import json
-
     rows = _Rows(static, historical, future)
     n = rows.n
     batch_size = _check_rows(rows, batch_size, reference_rows)
     proto = _load(onnx_model)
-    if int8 is None:
-        from nbqat.nn.convert import convert
-
-        int8 = model if _is_int8(model) else convert(model)
+    int8 = _int8_of(model, int8)
     tau = int8.model.config.prediction_horizon
     if target is not None and np.shape(target) != (n, tau):
         raise ValueError(f"target must have shape {(n, tau)}, got {np.shape(target)}")
-    props = {p.key: p.value for p in proto.metadata_props}
-    q = tuple(quantiles) if quantiles is not None else tuple(json.loads(props["quantiles"]))
+    q = _quantiles_of(proto, quantiles)
     fake = None if _is_int8(model) else model
     nref = n if reference_rows is None else min(int(reference_rows), n)
     preds = _run_engines(fake, int8, proto, rows, nref, batch_size)
-    scale = getattr(int8, "output_scale", None)
+    return _report(preds, getattr(int8, "output_scale", None), n, target, unscale, q)
+
+
+def _report(
+    preds: dict[str, np.ndarray], scale: Any, n: int, target: Any, unscale: Any, q: tuple
+) -> dict[str, Any]:
+    """check_parity's result from the engines' predictions."""
     step = float("nan") if scale is None else float(scale)
     # no output quantizer (a converted generic model): no step, reported as None (strict JSON)
     out: dict[str, Any] = {"output_scale": None if scale is None else step, "rows": n}
-    out.update(engines={}, pairs={})
-    for name in ENGINES:
-        if name not in preds:
-            continue
-        p = preds[name]
-        info: dict[str, Any] = {"rows": int(p.shape[0])}
-        if target is not None:
-            from nbqat.train import q_risk
-
-            un = unscale(p, np.arange(len(p))) if unscale is not None else p
-            info["q_risk"] = q_risk(np.asarray(un, np.float64), np.asarray(target)[: len(p)], q)
-        out["engines"][name] = info
+    out["engines"] = {
+        name: _engine_info(preds[name], target, unscale, q) for name in ENGINES if name in preds
+    }
+    out["pairs"] = {}
     for a, b in PAIRS:
         if a in preds and b in preds:
             m = min(len(preds[a]), len(preds[b]))
             out["pairs"][f"{a}_vs_{b}"] = _pair_stats(preds[a][:m], preds[b][:m], step)
     out["_predictions"] = preds
     return out
+
+
+def _int8_of(model: Any, int8: Any) -> Any:
+    """The integer model compared: ``int8``, or ``model`` itself, or ``convert(model)``."""
+    if int8 is not None:
+        return int8
+    from nbqat.nn.convert import convert
+
+    return model if _is_int8(model) else convert(model)
+
+
+def _quantiles_of(proto: Any, quantiles: Sequence[float] | None) -> tuple[float, ...]:
+    import json
+
+    if quantiles is not None:
+        return tuple(quantiles)
+    props = {p.key: p.value for p in proto.metadata_props}
+    return tuple(json.loads(props["quantiles"]))
+
+
+def _engine_info(
+    p: np.ndarray, target: Any, unscale: Callable | None, q: tuple[float, ...]
+) -> dict[str, Any]:
+    """Rows run and, with a target, the q-risk of one engine's predictions ``p``."""
+    info: dict[str, Any] = {"rows": int(p.shape[0])}
+    if target is not None:
+        from nbqat.nn.loss import q_risk_table as q_risk
+
+        un = unscale(p, np.arange(len(p))) if unscale is not None else p
+        info["q_risk"] = q_risk(np.asarray(un, np.float64), np.asarray(target)[: len(p)], q)
+    return info
 
 
 def _run_engines(

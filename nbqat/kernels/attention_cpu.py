@@ -22,14 +22,20 @@ import numpy as np
 from nbqat._jit import cpu_kernel
 
 
+@cpu_kernel(parallel=False, inline="always")
+def _attn_dims(qh, kt):  # pragma: no cover
+    """``(B, H, tq, dh, T, sqrt(dh))`` of queries (B, H, tq, dh) and keys (B, H, dh, T); the
+    root in the queries' dtype (the score scale)."""
+    nb, nh, tq, dh = qh.shape
+    return nb, nh, tq, dh, kt.shape[3], np.sqrt(qh.dtype.type(dh))
+
+
 @cpu_kernel(parallel=False, error_model="numpy")
 def attn_scores(qh, kt, offset, p):  # (B, H, tq, dh), (B, H, dh, T) -> (B, H, tq, T)
     """``p[b, h, i, j] = s_j - max_j s_j`` with ``s_j = <qh[b, h, i], kt[b, h, :, j]> /
     sqrt(dh)`` for ``j <= offset + i`` and ``-inf`` for the masked keys (``exp`` gives 0)."""
     T = qh.dtype.type
-    nb, nh, tq, dh = qh.shape
-    tk = kt.shape[3]
-    sq = np.sqrt(T(dh))
+    nb, nh, tq, dh, tk, sq = _attn_dims(qh, kt)
     for b in range(nb):
         for h in range(nh):
             kbh = kt[b, h]
@@ -74,15 +80,22 @@ def attn_normalize(p, offset):  # (B, H, tq, T) in place
                     row[j] *= inv
 
 
+@cpu_kernel(parallel=False, inline="always")
+def _head_dims(p, vt):  # pragma: no cover
+    """``(B, H, tq, T, dv, 1 / H)`` of probabilities (B, H, tq, T) and values (B, dv, T); the
+    head average's factor in the values' dtype."""
+    nb, nh, tq, tk = p.shape
+    one = vt.dtype.type(1.0)
+    return nb, nh, tq, tk, vt.shape[1], one / vt.dtype.type(nh)
+
+
 @cpu_kernel(parallel=False, fastmath=True)
 def attn_apply_forward(p, vt, pbar, out):  # (B, H, tq, T), (B, dv, T) -> (B, tq, T), (B, tq, dv)
     """Heads averaged, then one shared value projection: ``pbar[b, i, j] = (1 / H) sum_h
     p[b, h, i, j]`` and ``out[b, i, e] = sum_j pbar[b, i, j] vt[b, e, j]`` (``vt`` holds the
     values transposed)."""
     T = vt.dtype.type
-    nb, nh, tq, tk = p.shape
-    dv = vt.shape[1]
-    inv_h = T(1.0) / T(nh)
+    nb, nh, tq, tk, dv, inv_h = _head_dims(p, vt)
     for b in range(nb):
         vb = vt[b]
         for i in range(tq):
@@ -111,9 +124,7 @@ def attn_apply_backward(dout, pbar, vt, dp, dvt):
     dout[b, i, e]``; both written. Shapes: dout (B, tq, dv), pbar (B, tq, T), vt, dvt
     (B, dv, T), dp (B, H, tq, T)."""
     T = vt.dtype.type
-    nb, nh, tq, tk = dp.shape
-    de = vt.shape[1]
-    inv_h = T(1.0) / T(nh)
+    nb, nh, tq, tk, de, inv_h = _head_dims(dp, vt)
     for b in range(nb):
         vb = vt[b]
         dvb = dvt[b]
@@ -148,9 +159,7 @@ def attn_probs_backward(dp, p, qh, kt, offset, dqh, dkt):
     ``dqh[b, h, i] = sum_j ds_j kt[b, h, :, j]``, ``dkt[b, h, :, j] = sum_i ds_j qh[b, h, i]``.
     dqh (B, H, tq, dh) and dkt (B, H, dh, T) are written; ``ds`` is left in ``dp``."""
     T = qh.dtype.type
-    nb, nh, tq, tk = p.shape
-    dh = qh.shape[3]
-    sq = np.sqrt(T(dh))
+    nb, nh, tq, dh, tk, sq = _attn_dims(qh, kt)
     for b in range(nb):
         for h in range(nh):
             kbh = kt[b, h]

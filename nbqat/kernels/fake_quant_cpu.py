@@ -10,7 +10,8 @@ Scalars (``scale``, ``inv``, ``zp``, ``qmin``, ``qmax``, ``gf``) arrive already 
 (``inv`` is the float32 reciprocal of the float32 scale, as PyTorch computes it), so nothing
 widens: arithmetic order follows ``aten/src/ATen/native/quantized/cpu/kernels/
 QuantizedOpKernels.cpp`` (reciprocal then multiply, ``rint`` then add the zero point, mask on
-the unclamped rounded value, clamp in float, ``(q - zp) * scale``).
+the unclamped rounded value, clamp in float, ``(q - zp) * scale``). That arithmetic is written
+once, in :mod:`nbqat.kernels.fake_quant_formula`; the kernels here only loop and store.
 
 Reductions (LSQ ``grad_scale`` / ``grad_zero_point``) use fixed chunks by index with float64
 partials merged serially in a fixed order, so results do not depend on the thread count.
@@ -22,6 +23,7 @@ import numpy as np
 from numba import prange
 
 from nbqat._jit import cpu_kernel
+from nbqat.kernels.fake_quant_formula import fake_quant_elem, lsq_terms, ste_elem
 
 #: Elements per partial sum of the per-tensor LSQ reduction (fixed: results are independent of
 #: the number of threads).
@@ -41,20 +43,25 @@ def fq_tensor_kernel(x, out, mask, scale, inv, zp, qmin, qmax, with_mask):  # pr
         ``inv = float32(1) / float32(scale)``.
     with_mask : bool
     """
-    n = x.size
     if with_mask:
-        for i in prange(n):
-            r = np.rint(x[i] * inv) + zp  # round half to even, THEN add zp
-            q = r if r > qmin else qmin  # fmax: NaN -> qmin
-            q = q if q < qmax else qmax  # fmin
-            mask[i] = (qmin <= r) & (r <= qmax)  # unclamped rounded value
-            out[i] = (q - zp) * scale
+        for i in prange(x.size):
+            out[i], mask[i] = fake_quant_elem(x[i], scale, inv, zp, qmin, qmax)
     else:
-        for i in prange(n):
-            r = np.rint(x[i] * inv) + zp
-            q = r if r > qmin else qmin
-            q = q if q < qmax else qmax
-            out[i] = (q - zp) * scale
+        for i in prange(x.size):
+            out[i] = fake_quant_elem(x[i], scale, inv, zp, qmin, qmax)[0]
+
+
+@cpu_kernel(parallel=False, inline="always")
+def fq_span(x, y, m, s, iv, z, qmin, qmax, with_mask):  # pragma: no cover
+    """Fake-quantize the 1-D span ``x`` with one scale / zero point into ``y`` and (when
+    ``with_mask``) the mask ``m`` (bool, or its uint8 view: byte stores vectorise best). The
+    loop runs over an unsigned index (no wraparound check, so it vectorises)."""
+    if with_mask:
+        for k in range(np.uint64(0), np.uint64(x.size)):
+            y[k], m[k] = fake_quant_elem(x[k], s, iv, z, qmin, qmax)
+    else:
+        for k in range(np.uint64(0), np.uint64(x.size)):
+            y[k] = fake_quant_elem(x[k], s, iv, z, qmin, qmax)[0]
 
 
 @cpu_kernel(parallel=True)
@@ -86,40 +93,17 @@ def fq_channel_kernel(
             if with_mask:
                 mr = mask[base : base + channels]
                 for c in range(channels):
-                    r = np.rint(xr[c] * inv[c]) + zp[c]
-                    q = r if r > qmin else qmin
-                    q = q if q < qmax else qmax
-                    mr[c] = (qmin <= r) & (r <= qmax)
-                    yr[c] = (q - zp[c]) * scale[c]
+                    yr[c], mr[c] = fake_quant_elem(xr[c], scale[c], inv[c], zp[c], qmin, qmax)
             else:
                 for c in range(channels):
-                    r = np.rint(xr[c] * inv[c]) + zp[c]
-                    q = r if r > qmin else qmin
-                    q = q if q < qmax else qmax
-                    yr[c] = (q - zp[c]) * scale[c]
+                    yr[c] = fake_quant_elem(xr[c], scale[c], inv[c], zp[c], qmin, qmax)[0]
     else:
         for row in prange(outer * channels):
             c = row % channels
-            s = scale[c]
-            iv = inv[c]
-            z = zp[c]
             base = row * inner
-            xr = x[base : base + inner]
-            yr = out[base : base + inner]
-            if with_mask:
-                mr = mask[base : base + inner]
-                for k in range(inner):
-                    r = np.rint(xr[k] * iv) + z
-                    q = r if r > qmin else qmin
-                    q = q if q < qmax else qmax
-                    mr[k] = (qmin <= r) & (r <= qmax)
-                    yr[k] = (q - z) * s
-            else:
-                for k in range(inner):
-                    r = np.rint(xr[k] * iv) + z
-                    q = r if r > qmin else qmin
-                    q = q if q < qmax else qmax
-                    yr[k] = (q - z) * s
+            sl = slice(base, base + inner)
+            mr = mask[sl] if with_mask else mask
+            fq_span(x[sl], out[sl], mr, scale[c], inv[c], zp[c], qmin, qmax, with_mask)
 
 
 @cpu_kernel(parallel=True)
@@ -135,7 +119,7 @@ def ste_backward_kernel(grad_y, mask, out):  # pragma: no cover
     one = grad_y.dtype.type(1)
     zero = grad_y.dtype.type(0)
     for i in prange(grad_y.size):
-        out[i] = grad_y[i] * (one if mask[i] else zero)
+        out[i] = ste_elem(grad_y[i], mask[i], one, zero)
 
 
 @cpu_kernel(parallel=True)
@@ -154,31 +138,7 @@ def ste_backward_inplace_kernel(grad, mask):  # pragma: no cover
     one = grad.dtype.type(1)
     zero = grad.dtype.type(0)
     for i in prange(grad.size):
-        grad[i] = grad[i] * (one if mask[i] else zero)
-
-
-@cpu_kernel(parallel=False, inline="always")
-def _lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf):  # pragma: no cover
-    """Element ``i``'s LSQ gradients ``(dx, ds, dz)`` in ``x``'s dtype.
-
-    torch's ``_fake_quantize_grad_learnable_tensor_kernel`` arithmetic, with two deliberate
-    choices: the rounding is the forward's ``rint(x*inv) + z`` (torch adds first), and the
-    in-range difference ``(xq - z) * s - x`` is evaluated exactly in float64 and rounded once,
-    which is what torch's FMA-contracted x86 build computes. NaN x counts as below the range
-    (the forward maps it to qmin).
-    """
-    xi = x[i]
-    gi = grad_y[i]
-    one = s / s  # exactly 1 in x's dtype (s finite, > 0)
-    zero = z - z  # exactly +0 (z finite)
-    xq = np.rint(xi * iv) + z
-    if xq >= qmin and xq <= qmax:
-        d = x.dtype.type(np.float64(xq - z) * np.float64(s) - np.float64(xi))
-        return gi * one, ((gi * d) * iv) * gf, zero
-    dz = ((-gi) * s) * gf
-    if xq > qmax:
-        return gi * zero, (gi * (qmax - z)) * gf, dz
-    return gi * zero, (gi * (qmin - z)) * gf, dz
+        grad[i] = ste_elem(grad[i], mask[i], one, zero)
 
 
 @cpu_kernel(parallel=True)
@@ -206,7 +166,7 @@ def lsq_tensor_backward_kernel(
         a = 0.0
         b = 0.0
         for i in range(j * LSQ_CHUNK, min(n, (j + 1) * LSQ_CHUNK)):
-            dx, ds, dz = _lsq_terms(x, grad_y, i, scale, inv, zp, qmin, qmax, gf)
+            dx, ds, dz = lsq_terms(x, grad_y, i, scale, inv, zp, qmin, qmax, gf)
             grad_x[i] = dx
             a += ds
             b += dz
@@ -224,15 +184,14 @@ def lsq_tensor_backward_kernel(
 def lsq_channel_backward_kernel(
     x, grad_y, grad_x, scale, inv, zp, outer, channels, inner, qmin, qmax, gf, rows_per_chunk
 ):  # pragma: no cover
-    """Per-channel LSQ backward over a flat ``(outer, C, inner)`` buffer.
+    """The LSQ backward of :func:`fq_channel_kernel`'s forward (same flat layout).
 
     Parameters
     ----------
-    x, grad_y : (outer*C*inner,) float32 | float64, C-contiguous
-    grad_x : same (output)
-    scale, inv, zp : (C,) arrays of the same dtype
-    outer, channels, inner : int
-    qmin, qmax, gf : scalars of the same dtype
+    x, grad_y, grad_x (output), scale, inv, zp, outer, channels, inner, qmin, qmax
+        As :func:`fq_channel_kernel`'s ``x``, ``out`` and scalars.
+    gf : scalar of ``x``'s dtype
+        The LSQ gradient factor.
     rows_per_chunk : int
         0: parallel over channels (each channel summed serially over ``(outer, inner)``).
         > 0: parallel over fixed chunks of ``rows_per_chunk`` outer rows with (chunks, C)
@@ -255,7 +214,7 @@ def lsq_channel_backward_kernel(
                 base = (o * channels + c) * inner
                 for k in range(inner):
                     i = base + k
-                    dx, ds, dz = _lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf)
+                    dx, ds, dz = lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf)
                     grad_x[i] = dx
                     a += ds
                     b += dz
@@ -270,7 +229,7 @@ def lsq_channel_backward_kernel(
                     base = (o * channels + c) * inner
                     for k in range(inner):
                         i = base + k
-                        dx, ds, dz = _lsq_terms(
+                        dx, ds, dz = lsq_terms(
                             x, grad_y, i, scale[c], inv[c], zp[c], qmin, qmax, gf
                         )
                         grad_x[i] = dx

@@ -3,8 +3,9 @@
 Imported lazily by :mod:`nbqat.fake_quant` only once a CUDA array is seen (after
 :func:`nbqat._cuda.require_cuda`). Kernels are dtype-generic (float32/float64; float16 device
 arrays go through float32 temporaries and are rounded once on the way back) and use grid-stride
-loops sized by :func:`nbqat._cuda.grid_1d`, read at call time. Arithmetic is the CPU kernels',
-operation for operation, so results are identical (``np.rint`` lowers to round-half-even).
+loops sized by :func:`nbqat._cuda.grid_1d`, read at call time. The arithmetic is the CPU kernels'
+scalar functions (:mod:`nbqat.kernels.fake_quant_formula`) compiled for the device, so results
+are identical (``np.rint`` lowers to round-half-even).
 
 Reductions (LSQ) are two-stage and deterministic: per-thread float64 sums, a per-block
 fixed-order sum over shared memory by thread 0, then a fixed-order pass over the block partials;
@@ -16,39 +17,48 @@ from __future__ import annotations
 import numpy as np
 
 from nbqat import _cuda
+from nbqat import _validate as V
 from nbqat._cuda import cuda
+from nbqat.kernels import fake_quant_formula as _fm
 
 #: Shared-memory slots per block for reductions (THREADS_PER_BLOCK must not exceed it).
 _SMEM = 1024
 
 
 # ----------------------------------------------------------------------------------------------
-# device helpers
+# device helpers: the CPU kernels' scalar formulas (nbqat.kernels.fake_quant_formula) compiled
+# for the device, so each formula is written once
 # ----------------------------------------------------------------------------------------------
-@cuda.jit(device=True, inline=True)
-def _gpu_fq(xi, s, iv, z, qmin, qmax):  # pragma: no cover
-    """(y, mask) of one element: rint(x*inv)+z, mask on the unclamped value, clamp, dequant."""
-    r = np.rint(xi * iv) + z
-    q = r if r > qmin else qmin
-    q = q if q < qmax else qmax
-    return (q - z) * s, (qmin <= r) and (r <= qmax)
+_quantize_code = _cuda.device_function(_fm.quantize_code)
+_gpu_fq = _cuda.device_function(_fm.fake_quant_elem, quantize_code=_quantize_code)
+_gpu_ste = _cuda.device_function(_fm.ste_elem)
+_gpu_lsq_terms = _cuda.device_function(_fm.lsq_terms, quantize_code=_quantize_code)
 
 
-@cuda.jit(device=True, inline=True)
-def _gpu_lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf):  # pragma: no cover
-    """Element ``i``'s LSQ gradients (dx, ds, dz); the CPU kernel's ``_lsq_terms``."""
-    xi = x[i]
-    gi = grad_y[i]
-    one = s / s
-    zero = z - z
-    xq = np.rint(xi * iv) + z
-    if xq >= qmin and xq <= qmax:
-        d = x.dtype.type(np.float64(xq - z) * np.float64(s) - np.float64(xi))
-        return gi * one, ((gi * d) * iv) * gf, zero
-    dz = ((-gi) * s) * gf
-    if xq > qmax:
-        return gi * zero, (gi * (qmax - z)) * gf, dz
-    return gi * zero, (gi * (qmin - z)) * gf, dz
+@cuda.jit(device=True, inline="always")
+def _lsq_step(x, grad_y, grad_x, i, s, iv, z, qmin, qmax, gf, a, b):  # pragma: no cover
+    """Write element ``i``'s ``grad_x`` and add its dS, dZ terms to the float64 sums a, b
+    (explicit float64: the simulator follows NumPy 2 promotion, 0.0 + f32 = f32)."""
+    dx, ds, dz = _gpu_lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf)
+    grad_x[i] = dx
+    return a + np.float64(ds), b + np.float64(dz)
+
+
+@cuda.jit(device=True, inline="always")
+def _block_sums(sds, sdz, a, b):  # pragma: no cover
+    """The block's fixed-order float64 sums of every thread's ``(a, b)``, through the shared
+    arrays ``sds``, ``sdz``: exact on thread 0 (which sums in thread order), zeros elsewhere."""
+    tid = cuda.threadIdx.x
+    sds[tid] = a
+    sdz[tid] = b
+    cuda.syncthreads()
+    ta = np.float64(0.0)
+    tb = np.float64(0.0)
+    if tid == 0:
+        for t in range(cuda.blockDim.x):
+            ta += sds[t]
+            tb += sdz[t]
+    return ta, tb
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,7 +107,7 @@ def ste_backward_kernel(grad_y, mask, out, one, zero):  # pragma: no cover
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
     for i in range(start, grad_y.size, stride):
-        out[i] = grad_y[i] * (one if mask[i] else zero)
+        out[i] = _gpu_ste(grad_y[i], mask[i], one, zero)
 
 
 @cuda.jit
@@ -108,25 +118,12 @@ def lsq_tensor_backward_kernel(
     (blocks, 1, 2)."""
     sds = cuda.shared.array(_SMEM, np.float64)
     sdz = cuda.shared.array(_SMEM, np.float64)
-    tid = cuda.threadIdx.x
-    start = cuda.grid(1)
-    stride = cuda.gridsize(1)
-    a = np.float64(0.0)  # explicit: the simulator follows NumPy 2 promotion (0.0 + f32 = f32)
+    a = np.float64(0.0)
     b = np.float64(0.0)
-    for i in range(start, x.size, stride):
-        dx, ds, dz = _gpu_lsq_terms(x, grad_y, i, scale, inv, zp, qmin, qmax, gf)
-        grad_x[i] = dx
-        a += np.float64(ds)
-        b += np.float64(dz)
-    sds[tid] = a
-    sdz[tid] = b
-    cuda.syncthreads()
-    if tid == 0:
-        ta = np.float64(0.0)
-        tb = np.float64(0.0)
-        for t in range(cuda.blockDim.x):
-            ta += sds[t]
-            tb += sdz[t]
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        a, b = _lsq_step(x, grad_y, grad_x, i, scale, inv, zp, qmin, qmax, gf, a, b)
+    ta, tb = _block_sums(sds, sdz, a, b)
+    if cuda.threadIdx.x == 0:
         partials[cuda.blockIdx.x, 0, 0] = ta
         partials[cuda.blockIdx.x, 0, 1] = tb
 
@@ -165,21 +162,10 @@ def lsq_channel_backward_kernel(
         b = np.float64(0.0)
         for m in range(tid, m_total, cuda.blockDim.x):
             o = m // inner
-            k = m - o * inner
-            i = (o * channels + c) * inner + k
-            dx, ds, dz = _gpu_lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf)
-            grad_x[i] = dx
-            a += np.float64(ds)
-            b += np.float64(dz)
-        sds[tid] = a
-        sdz[tid] = b
-        cuda.syncthreads()
+            i = (o * channels + c) * inner + (m - o * inner)
+            a, b = _lsq_step(x, grad_y, grad_x, i, s, iv, z, qmin, qmax, gf, a, b)
+        ta, tb = _block_sums(sds, sdz, a, b)
         if tid == 0:
-            ta = np.float64(0.0)
-            tb = np.float64(0.0)
-            for t in range(cuda.blockDim.x):
-                ta += sds[t]
-                tb += sdz[t]
             ds_out[c] = ta
             dz_out[c] = tb
         cuda.syncthreads()
@@ -191,11 +177,7 @@ def lsq_channel_backward_kernel(
 def _dev(a, name):
     """A C-contiguous Numba device array view of a CUDA array."""
     d = a if hasattr(a, "copy_to_host") else _cuda.as_device_array(a)
-    if d.size and not d.is_c_contiguous():
-        raise ValueError(
-            f"`{name}` must be a C-contiguous CUDA array (strided device arrays are not "
-            "supported); make a contiguous copy first"
-        )
+    V.check_device_contiguous(d, name)
     return d
 
 
@@ -226,8 +208,10 @@ def _scalars(t, s32, zp, qmin, qmax):
     return T(s32), T(np.float32(1.0) / np.float32(s32)), T(zp), T(qmin), T(qmax)
 
 
-def per_tensor(x, s32, zp, qmin, qmax, out, mask, with_mask):
-    """Launch the per-tensor forward; returns ``y`` or ``(y, mask)`` as device arrays."""
+def _forward(x, out, mask, with_mask, launch):
+    """Device outputs (allocated unless given), flat ``t`` views (float32 temporaries for
+    float16), ``launch(n, xf, of, mf, t)`` when ``x`` is not empty, the cast back; returns
+    ``y`` or ``(y, mask)``."""
     x = _dev(x, "x")
     out = cuda.device_array(x.shape, x.dtype) if out is None else _dev(out, "out")
     if with_mask:
@@ -239,11 +223,20 @@ def per_tensor(x, s32, zp, qmin, qmax, out, mask, with_mask):
         of_final = _flat(out)
         of = of_final if of_final.dtype == t else cuda.device_array(n, t)
         mf = _flat(mask) if with_mask else cuda.device_array(1, np.bool_)
-        s, inv, z, lo, hi = _scalars(t, s32, zp, qmin, qmax)
-        _launch(fq_tensor_kernel, n, xf, of, mf, s, inv, z, lo, hi, with_mask)
+        launch(n, xf, of, mf, t)
         if of is not of_final:
             _launch(cast_kernel, n, of, of_final)
     return (out, mask) if with_mask else out
+
+
+def per_tensor(x, s32, zp, qmin, qmax, out, mask, with_mask):
+    """Launch the per-tensor forward; returns ``y`` or ``(y, mask)`` as device arrays."""
+
+    def launch(n, xf, of, mf, t):
+        s, inv, z, lo, hi = _scalars(t, s32, zp, qmin, qmax)
+        _launch(fq_tensor_kernel, n, xf, of, mf, s, inv, z, lo, hi, with_mask)
+
+    return _forward(x, out, mask, with_mask, launch)
 
 
 def _channel_arrays(t, s32, zp):
@@ -257,37 +250,13 @@ def _channel_arrays(t, s32, zp):
 
 def per_channel(x, s32, zp, outer, channels, inner, qmin, qmax, out, mask, with_mask):
     """Launch the per-channel forward over the (outer, C, inner) view."""
-    x = _dev(x, "x")
-    out = cuda.device_array(x.shape, x.dtype) if out is None else _dev(out, "out")
-    if with_mask:
-        mask = cuda.device_array(x.shape, np.bool_) if mask is None else _dev(mask, "mask")
-    n = int(x.size)
-    if n:
-        t = _compute_dtype(x.dtype)
-        T = t.type
-        xf = _as_t(_flat(x), t)
-        of_final = _flat(out)
-        of = of_final if of_final.dtype == t else cuda.device_array(n, t)
-        mf = _flat(mask) if with_mask else cuda.device_array(1, np.bool_)
+
+    def launch(n, xf, of, mf, t):
         s, inv, z = _channel_arrays(t, s32, zp)
-        _launch(
-            fq_channel_kernel,
-            n,
-            xf,
-            of,
-            mf,
-            s,
-            inv,
-            z,
-            channels,
-            inner,
-            T(qmin),
-            T(qmax),
-            with_mask,
-        )
-        if of is not of_final:
-            _launch(cast_kernel, n, of, of_final)
-    return (out, mask) if with_mask else out
+        lo, hi = t.type(qmin), t.type(qmax)
+        _launch(fq_channel_kernel, n, xf, of, mf, s, inv, z, channels, inner, lo, hi, with_mask)
+
+    return _forward(x, out, mask, with_mask, launch)
 
 
 def ste_backward(g, mask, out):
@@ -330,8 +299,7 @@ def lsq_tensor_backward(g, x, s32, zp, qmin, qmax, gf):
     if not n:
         return gx, ds, dz
     blocks, tpb = _cuda.grid_1d(n)
-    if tpb > _SMEM:
-        raise ValueError(f"THREADS_PER_BLOCK must be <= {_SMEM} for reductions, got {tpb}")
+    _cuda.check_reduction_threads(_SMEM)
     partials = cuda.device_array((blocks, 1, 2), np.float64)
     s, inv, z, lo, hi = _scalars(t, s32, zp, qmin, qmax)
     xf = _as_t(_flat(x), t)
@@ -355,9 +323,7 @@ def lsq_channel_backward(g, x, s32, zp, outer, channels, inner, qmin, qmax, gf):
     gx, gflat, gt = _grad_x_out(x, t, n)
     if not n:
         return gx, ds, dz
-    tpb = _cuda.THREADS_PER_BLOCK
-    if tpb > _SMEM:
-        raise ValueError(f"THREADS_PER_BLOCK must be <= {_SMEM} for reductions, got {tpb}")
+    tpb = _cuda.check_reduction_threads(_SMEM)
     blocks = max(1, min(_cuda.MAX_BLOCKS, channels))
     T = t.type
     s, inv, z = _channel_arrays(t, s32, zp)

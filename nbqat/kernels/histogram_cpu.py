@@ -3,10 +3,9 @@
 Two families:
 
 * torch's ``HistogramObserver`` arithmetic, reproduced operation by operation in float32:
-  :func:`histc_counts` (``torch.histc``'s bin of each element), :func:`upscale_histogram`
-  (``_upscale_histogram``), :func:`torch_sum_f32` (the summation order of ``torch.sum`` on a
-  contiguous float32 vector, 8 lanes) and :func:`l2_search` (``_non_linear_param_search``
-  with ``_compute_quantization_error``).
+  :func:`histc_counts` (``torch.histc``'s bin of each element) and :func:`upscale_histogram`
+  (``_upscale_histogram``) here; ``torch.sum``'s order and the L2 range search in
+  :mod:`nbqat.kernels.histogram_search_cpu` (re-exported here).
 * (the fixed-grid histograms of the percentile and MSE observers are in
   :mod:`nbqat.kernels.keygrid_cpu`).
 
@@ -23,18 +22,37 @@ import numpy as np
 from numba import prange
 
 from nbqat._jit import cpu_kernel
+from nbqat.kernels.histogram_search_cpu import (  # re-exported: the observer's kernels
+    LANES,
+    l2_search,
+    l2_search_wide,
+    quant_error,
+    torch_sum_f32,
+)
+from nbqat.kernels.observe_cpu import order_key
+
+__all__ = [
+    "BLOCK",
+    "CHUNK",
+    "LANES",
+    "MAX_ROWS",
+    "bin_f32",
+    "histc_counts",
+    "l2_search",
+    "l2_search_wide",
+    "linspace_f32",
+    "minmax_histc",
+    "quant_error",
+    "torch_sum_f32",
+    "upscale_histogram",
+]
 
 #: Elements per counting chunk (fixed; results do not depend on it).
 CHUNK = 1 << 18
 #: Most chunk rows (bins x MAX_ROWS int64 counts of scratch).
 MAX_ROWS = 16
-#: float32 lanes of torch's vectorized sum (8: torch 2.13's CPU build, measured on AVX-512 and
-#: matched bit for bit by tests/test_histogram_observers.py).
-LANES = 8
 
 _F32 = np.float32
-_M = np.int32(0x7FFFFFFF)
-_S = np.int32(31)
 
 
 @cpu_kernel(parallel=False)
@@ -63,46 +81,112 @@ def bin_f32(v, lo, hi, bins, wide):  # pragma: no cover
 
 #: Elements per block of the counting loops (bins computed into a buffer, then scattered).
 BLOCK = 2048
+#: Interleaved sub-histograms per counting row (runs of equal bins do not serialise on one
+#: counter).
+SUB = 4
 
 
 @cpu_kernel(parallel=False, error_model="numpy")
-def _count_block(x, s, m, lo, hi, bins, buf, acc):  # pragma: no cover
-    """Add the float32 bins of ``x[s:s+m]`` (``m <= BLOCK``) into ``acc`` (4, bins + 1).
+def _bins_block(xs, bs, lo, hi, bins, keys, buf, mn, mx):  # pragma: no cover
+    """torch's float32 bins of the block ``xs`` (``xs.size <= BLOCK``) into ``buf``; with
+    ``keys``, also fold the order keys of its int32 view ``bs`` into ``(mn, mx)``.
 
-    The bins are computed first, branch-free (SIMD), into ``buf``: torch's float32
-    ``(v - lo) * bins / (hi - lo)`` capped at ``bins - 1`` and truncated, or the dummy bin
-    ``bins`` for values outside ``[lo, hi]`` and NaN; then scattered into 4 interleaved
-    sub-histograms (runs of equal bins do not serialise on one counter).
+    The bin is torch's ``(v - lo) * bins / (hi - lo)`` in float32, capped at ``bins - 1`` and
+    truncated, or the dummy bin ``bins`` for values outside ``[lo, hi]`` and NaN; computed
+    branch-free so that the loop is vectorised. ``xs`` and ``bs`` are slices starting at 0:
+    a loop over ``range(start, stop)`` indexes with a possibly negative start, whose
+    wraparound check keeps LLVM from vectorising (measured: 4x slower).
     """
     d = hi - lo
     fb = _F32(bins)
     top = _F32(bins - 1)
-    for j in range(m):
-        v = x[s + j]
-        t = min((v - lo) * fb / d, top)
-        buf[j] = np.int32(t if (v >= lo) & (v <= hi) else fb)
-    m4 = m // 4 * 4
-    for j in range(0, m4, 4):
-        acc[0, buf[j]] += 1
-        acc[1, buf[j + 1]] += 1
-        acc[2, buf[j + 2]] += 1
-        acc[3, buf[j + 3]] += 1
-    for j in range(m4, m):
-        acc[0, buf[j]] += 1
+    if keys:
+        for j in range(xs.size):
+            k = order_key(bs[j])
+            mn = min(k, mn)
+            mx = max(k, mx)
+            v = xs[j]
+            t = min((v - lo) * fb / d, top)
+            buf[j] = np.int32(t if (v >= lo) & (v <= hi) else fb)
+    else:
+        for j in range(xs.size):
+            v = xs[j]
+            t = min((v - lo) * fb / d, top)
+            buf[j] = np.int32(t if (v >= lo) & (v <= hi) else fb)
+    return mn, mx
 
 
 @cpu_kernel(parallel=False)
-def _count_span(x, s, e, lo, hi, bins, wide, acc):  # pragma: no cover
-    """Add the :func:`bin_f32` bins of ``x[s:e]`` into ``acc`` (4, bins + 1)."""
+def _scatter(buf, m, sub):  # pragma: no cover
+    """Count ``buf[:m]`` into the ``SUB`` interleaved int32 rows of ``sub`` (unsigned indices:
+    no wraparound check)."""
+    m4 = m // SUB * SUB
+    for j in range(0, m4, SUB):
+        sub[0, np.uint64(buf[j])] += 1
+        sub[1, np.uint64(buf[j + 1])] += 1
+        sub[2, np.uint64(buf[j + 2])] += 1
+        sub[3, np.uint64(buf[j + 3])] += 1
+    for j in range(m4, m):
+        sub[0, np.uint64(buf[j])] += 1
+
+
+@cpu_kernel(parallel=False)
+def _flush(sub, acc):  # pragma: no cover
+    """``acc += sum of the rows of sub`` (int64 (bins + 1,)); ``sub`` is cleared."""
+    for q in range(sub.shape[0]):
+        for i in range(acc.size):
+            acc[i] += sub[q, i]
+            sub[q, i] = 0
+
+
+@cpu_kernel(parallel=False, error_model="numpy")
+def _count_span(x, b, s, e, lo, hi, bins, wide, keys, acc):  # pragma: no cover
+    """Add the :func:`bin_f32` bins of ``x[s:e]`` into ``acc`` ((bins + 1,) int64, the last
+    entry the dummy bin); with ``keys``, return the min/max order keys of ``b[s:e]``."""
+    mn = np.int32(0x7FFFFFFF)
+    mx = np.int32(-0x80000000)
     if wide or hi == lo:
         for i in range(s, e):
+            if keys:
+                k = order_key(b[i])
+                mn = min(k, mn)
+                mx = max(k, mx)
             p = bin_f32(x[i], lo, hi, bins, wide)
             if p >= 0:
-                acc[i & 3, p] += 1
-        return
+                acc[p] += 1
+        return mn, mx
     buf = np.empty(BLOCK, np.int32)
-    for b in range(s, e, BLOCK):
-        _count_block(x, b, min(BLOCK, e - b), lo, hi, bins, buf, acc)
+    sub = np.zeros((SUB, bins + 1), np.int32)  # int32: half the L1 footprint of int64
+    for c in range(s, e, CHUNK):  # flushed every CHUNK (< 2 ** 31) elements
+        ce = min(e, c + CHUNK)
+        for blk in range(c, ce, BLOCK):
+            be = min(ce, blk + BLOCK)
+            mn, mx = _bins_block(x[blk:be], b[blk:be], lo, hi, bins, keys, buf, mn, mx)
+            _scatter(buf, be - blk, sub)
+        _flush(sub, acc)
+    return mn, mx
+
+
+@cpu_kernel(parallel=True)
+def _counts(x, b, lo, hi, bins, wide, keys):  # pragma: no cover
+    """Counts of ``x`` over ``MAX_ROWS`` fixed spans (one row each, added in order) and, with
+    ``keys``, the min/max order keys of ``b``: (kmin, kmax, (bins,) int64)."""
+    n = x.size
+    nch = (n + CHUNK - 1) // CHUNK
+    rows = max(1, min(nch, MAX_ROWS))
+    acc = np.zeros((rows, bins + 1), np.int64)
+    kmins = np.empty(rows, np.int32)
+    kmaxs = np.empty(rows, np.int32)
+    per = (nch + rows - 1) // rows
+    for r in prange(rows):
+        s = min(n, r * per * CHUNK)
+        e = min(n, s + per * CHUNK)
+        kmins[r], kmaxs[r] = _count_span(x, b, s, e, lo, hi, bins, wide, keys, acc[r])
+    out = np.zeros(bins, np.int64)
+    for r in range(rows):
+        for q in range(bins):
+            out[q] += acc[r, q]
+    return kmins.min(), kmaxs.max(), out
 
 
 @cpu_kernel(parallel=True)
@@ -120,21 +204,7 @@ def histc_counts(x, lo, hi, bins, wide):  # pragma: no cover
     -------
     (bins,) int64
     """
-    n = x.size
-    nch = (n + CHUNK - 1) // CHUNK
-    rows = max(1, min(nch, MAX_ROWS))
-    acc = np.zeros((rows, 4, bins + 1), np.int64)
-    per = (nch + rows - 1) // rows
-    for r in prange(rows):
-        s = r * per * CHUNK
-        e = min(n, s + per * CHUNK)
-        _count_span(x, s, e, lo, hi, bins, wide, acc[r])
-    out = np.zeros(bins, np.int64)
-    for r in range(rows):
-        for j in range(4):
-            for b in range(bins):
-                out[b] += acc[r, j, b]
-    return out
+    return _counts(x, x.view(np.int32), lo, hi, bins, wide, False)[2]
 
 
 @cpu_kernel(parallel=True)
@@ -153,272 +223,7 @@ def minmax_histc(x, b, lo, hi, bins):  # pragma: no cover
     -------
     (int32 kmin, int32 kmax, (bins,) int64 counts)
     """
-    n = x.size
-    nch = (n + CHUNK - 1) // CHUNK
-    rows = max(1, min(nch, MAX_ROWS))
-    acc = np.zeros((rows, 4, bins + 1), np.int64)
-    kmins = np.empty(rows, np.int32)
-    kmaxs = np.empty(rows, np.int32)
-    per = (nch + rows - 1) // rows
-    for r in prange(rows):
-        s = r * per * CHUNK
-        e = min(n, s + per * CHUNK)
-        buf = np.empty(BLOCK, np.int32)
-        mn = np.int32(0x7FFFFFFF)
-        mx = np.int32(-0x80000000)
-        for blk in range(s, e, BLOCK):  # keys and counts of one block while it is in L1
-            m = min(BLOCK, e - blk)
-            for i in range(blk, blk + m):
-                w = b[i]
-                k = np.int32(w ^ ((w >> _S) & _M))
-                mn = min(k, mn)
-                mx = max(k, mx)
-            _count_block(x, blk, m, lo, hi, bins, buf, acc[r])
-        kmins[r] = mn
-        kmaxs[r] = mx
-    out = np.zeros(bins, np.int64)
-    for r in range(rows):
-        for j in range(4):
-            for q in range(bins):
-                out[q] += acc[r, j, q]
-    return kmins.min(), kmaxs.max(), out
-
-
-@cpu_kernel(parallel=False)
-def _multi_row_sum(v, base, size, w):  # pragma: no cover
-    """torch's ``multi_row_sum`` (4 rows, 4 levels) over ``size`` rows of 4 elements of ``w``
-    lanes starting at ``v[base]``; returns (4, w) partials."""
-    nlev = 4
-    clog = 1
-    if size > 2:
-        clog = 0
-        t = size - 1
-        while t > 0:
-            clog += 1
-            t >>= 1
-    lp = max(4, clog // nlev)
-    step = 1 << lp
-    mask0 = step - 1
-    acc = np.zeros((nlev, 4, w), np.float32)
-    i = 0
-    while i + step <= size:
-        for _ in range(step):
-            for k in range(4):
-                o = base + (i * 4 + k) * w
-                for q in range(w):
-                    acc[0, k, q] += v[o + q]
-            i += 1
-        for j in range(1, nlev):
-            for k in range(4):
-                for q in range(w):
-                    acc[j, k, q] += acc[j - 1, k, q]
-                    acc[j - 1, k, q] = _F32(0)
-            if (i & (mask0 << (j * lp))) != 0:
-                break
-    while i < size:
-        for k in range(4):
-            o = base + (i * 4 + k) * w
-            for q in range(w):
-                acc[0, k, q] += v[o + q]
-        i += 1
-    for j in range(1, nlev):
-        for k in range(4):
-            for q in range(w):
-                acc[0, k, q] += acc[j, k, q]
-    return acc[0]
-
-
-@cpu_kernel(parallel=False)
-def _row_sum(v, size, w):  # pragma: no cover
-    """torch's ``row_sum`` (ilp factor 4) over ``size`` elements of ``w`` lanes; (w,) lanes."""
-    size_ilp = size // 4
-    part = _multi_row_sum(v, 0, size_ilp, w)
-    for i in range(size_ilp * 4, size):
-        for q in range(w):
-            part[0, q] += v[i * w + q]
-    for k in range(1, 4):
-        for q in range(w):
-            part[0, q] += part[k, q]
-    return part[0]
-
-
-@cpu_kernel(parallel=False)
-def torch_sum_f32(v):  # pragma: no cover
-    """``torch.sum`` of a contiguous float32 vector with torch's CPU summation order.
-
-    The vectorized inner sum (``LANES`` lanes, cascade over groups of 4 vectors), the scalar
-    tail, then the lanes in order; vectors shorter than ``LANES`` take the scalar cascade.
-
-    Parameters
-    ----------
-    v : (n,) float32
-
-    Returns
-    -------
-    float32
-    """
-    n = v.size
-    if n < LANES:
-        return _row_sum(v, n, 1)[0]
-    nvec = n // LANES
-    lanes = _row_sum(v, nvec, LANES)
-    acc = _F32(0)
-    for k in range(nvec * LANES, n):
-        acc += v[k]
-    for q in range(LANES):
-        acc += lanes[q]
-    return acc
-
-
-@cpu_kernel(parallel=False)
-def _div_floor(a, b):  # pragma: no cover
-    """``torch.div(a, b, rounding_mode="floor")`` in float32 (``c10::div_floor_floating``)."""
-    if b == 0:
-        return a / b
-    mod = _F32(np.fmod(a, b))
-    div = _F32(a - mod) / b
-    if mod != 0 and (b < 0) != (mod < 0):
-        div = div - _F32(1)
-    if div != 0:
-        fl = _F32(math.floor(div))
-        if div - fl > _F32(0.5):
-            fl = fl + _F32(1)
-        return fl
-    return _F32(math.copysign(0.0, a / b))
-
-
-@cpu_kernel(parallel=False)
-def quant_error(hist, bin_width, s, e, dst_nbins, norm):  # pragma: no cover
-    """torch's ``_compute_quantization_error(s, e)``: float32 elementwise, torch's sum.
-
-    ``bin_width`` is torch's Python float ``(max - min) / bins``; ``norm`` is (bins,) scratch.
-    """
-    bins = hist.size
-    dbw = bin_width * (e - s + 1) / dst_nbins
-    if dbw == 0.0:
-        return 0.0
-    bw = _F32(bin_width)
-    d = _F32(dbw)
-    half = _F32(dbw / 2)
-    nhalf = _F32(-dbw / 2)
-    three = _F32(3)
-    hi = _F32(dst_nbins - 1)
-    mid = (half * half * half - nhalf * nhalf * nhalf) / three
-    for i in range(bins):
-        sb = _F32(i - s) * bw
-        se = sb + bw
-        dob = min(max(_div_floor(sb, d), _F32(0)), hi)
-        doe = min(max(_div_floor(se, d), _F32(0)), hi)
-        dens = hist[i] / bw
-        db = sb - (dob + _F32(0.5)) * d
-        n1 = dens * ((half * half * half - db * db * db) / three)
-        n2 = (doe - dob - _F32(1)) * (dens * mid)
-        de = se - (doe * d + half)
-        n3 = dens * ((de * de * de - nhalf * nhalf * nhalf) / three)
-        norm[i] = (n1 + n2) + n3
-    return np.float64(torch_sum_f32(norm))
-
-
-@cpu_kernel(parallel=False)
-def l2_search(hist, min_val, max_val, dst_nbins):  # pragma: no cover
-    """torch's ``_non_linear_param_search``: the (start_bin, end_bin) minimising the L2 error.
-
-    Parameters
-    ----------
-    hist : (bins,) float32, the histogram over ``[min_val, max_val]``
-    min_val, max_val : float32
-    dst_nbins : int, ``2 ** bits`` of the quantized dtype
-
-    Returns
-    -------
-    (int64, int64)
-        ``new_min = min_val + (max_val - min_val) / bins * start`` and
-        ``new_max = min_val + ... * (end + 1)`` in float32 (done by the caller).
-    """
-    bins = hist.size
-    bin_width = (np.float64(max_val) - np.float64(min_val)) / bins
-    total = np.float64(torch_sum_f32(hist))
-    csum = np.empty(bins, np.float32)
-    run = 0.0
-    for i in range(bins):
-        run += np.float64(hist[i])
-        csum[i] = _F32(run)
-    norm = np.empty(bins, np.float32)
-    step = 1e-5
-    alpha = 0.0
-    beta = 1.0
-    start = 0
-    end = bins - 1
-    norm_min = np.inf
-    while alpha < beta:
-        na = alpha + step
-        nb = beta - step
-        ta = _F32(na * total)
-        tb = _F32(nb * total)
-        l = start  # noqa: E741 - torch's name
-        r = end
-        while l < end and csum[l] < ta:
-            l += 1  # noqa: E741
-        while r > start and csum[r] > tb:
-            r -= 1
-        ns = start
-        ne = end
-        if (l - start) > (end - r):
-            ns = l
-            alpha = na
-        else:
-            ne = r
-            beta = nb
-        if ns == start and ne == end:
-            continue
-        nrm = quant_error(hist, bin_width, ns, ne, dst_nbins, norm)
-        if nrm > norm_min:
-            break
-        norm_min = nrm
-        start = ns
-        end = ne
-    return start, end
-
-
-@cpu_kernel(parallel=False)
-def l2_search_wide(hist, dst_nbins):  # pragma: no cover
-    """:func:`l2_search` in float64 on the unit range (the error is scale invariant): for
-    ranges whose float32 norms overflow or underflow (where torch's search is garbage)."""
-    bins = hist.size
-    h = hist.astype(np.float64)
-    total = h.sum()
-    csum = np.cumsum(h)
-    bw = 1.0 / bins
-    src = np.arange(bins).astype(np.float64)
-    alpha, beta, start, end, norm_min = 0.0, 1.0, 0, bins - 1, np.inf
-    while alpha < beta:
-        na, nb = alpha + 1e-5, beta - 1e-5
-        l, r = start, end  # noqa: E741
-        while l < end and csum[l] < na * total:
-            l += 1  # noqa: E741
-        while r > start and csum[r] > nb * total:
-            r -= 1
-        ns, ne = start, end
-        if (l - start) > (end - r):
-            ns, alpha = l, na
-        else:
-            ne, beta = r, nb
-        if ns == start and ne == end:
-            continue
-        d = bw * (ne - ns + 1) / dst_nbins
-        sb = (src - ns) * bw
-        se = sb + bw
-        dob = np.minimum(np.maximum(np.floor(sb / d), 0.0), dst_nbins - 1.0)
-        doe = np.minimum(np.maximum(np.floor(se / d), 0.0), dst_nbins - 1.0)
-        dens = h / bw
-        db = sb - (dob + 0.5) * d
-        de = se - (doe * d + d / 2)
-        nrm = dens * ((d / 2) ** 3 - db**3) / 3 + (doe - dob - 1) * dens * (d**3 / 12)
-        nrm = (nrm + dens * (de**3 + (d / 2) ** 3) / 3).sum()
-        if nrm > norm_min:
-            break
-        norm_min, start, end = nrm, ns, ne
-    return start, end
+    return _counts(x, b, lo, hi, bins, False, True)
 
 
 @cpu_kernel(parallel=False)

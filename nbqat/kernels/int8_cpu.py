@@ -6,8 +6,9 @@ step on small arrays, where waking Numba's OpenMP pool costs more than the work 
 :mod:`nbqat.kernels.nn_cpu`).
 
 * :func:`quantize_per_tensor_kernel` -- float -> integer codes with PyTorch's fake-quantize
-  arithmetic (``inv = 1/scale`` in float32, ``rint(x * inv) + zero_point``, clamp), so the codes
-  are exactly those the fake-quant model used.
+  arithmetic (``inv = 1/scale`` in float32, ``rint(x * inv) + zero_point``, clamp: the one
+  :func:`nbqat.kernels.fake_quant_formula.quantize_code`), so the codes are exactly those the
+  fake-quant model used.
 * :func:`qlinear_kernel` -- ``acc[m, n] = sum_k (x_q[m, k] - zp_x) * w_q[n, k]`` accumulated in
   int32 (int64 where the codes' ranges could overflow int32), then requantized
   ``y = float32(acc * (s_x * s_w[n])) + b[n]`` (the multiplier is the
@@ -20,6 +21,7 @@ import numpy as np
 from numba import prange
 
 from nbqat._jit import cpu_kernel
+from nbqat.kernels.fake_quant_formula import quantize_code
 
 
 @cpu_kernel(parallel=False)
@@ -42,12 +44,15 @@ def quantize_per_tensor_kernel(
     lo = np.float32(quant_min)
     hi = np.float32(quant_max)
     for i in prange(x.size):
-        r = np.rint(x[i] * inv_scale) + zp
-        if not (r >= lo):  # also NaN
-            r = lo
-        if r > hi:
-            r = hi
-        out[i] = np.int32(r)
+        out[i] = np.int32(quantize_code(x[i], inv_scale, zp, lo, hi)[1])
+
+
+@cpu_kernel(parallel=False, inline="always")
+def requantize(acc, multiplier, bias):  # pragma: no cover
+    """The requantize step of one output: ``float32(float64(acc) * multiplier) + bias`` (the
+    exact integer sum times the float64 product of the two float32 scales, rounded once to
+    float32, plus the float32 bias)."""
+    return np.float32(np.float64(acc) * multiplier) + bias
 
 
 @cpu_kernel(parallel=False)
@@ -81,27 +86,26 @@ def qlinear_kernel(xq, zp_x, wq, multiplier, bias, wide, out):  # pragma: no cov
                 acc64 = np.int64(0)
                 for k in range(K):
                     acc64 += np.int64(xq[m, k] - zp_x) * np.int64(wq[n, k])
-                out[m, n] = np.float32(np.float64(acc64) * multiplier[n]) + bias[n]
+                out[m, n] = requantize(acc64, multiplier[n], bias[n])
             else:
                 acc = np.int32(0)
                 for k in range(K):
                     acc = np.int32(acc + np.int32((xq[m, k] - zp_x) * wq[n, k]))
-                out[m, n] = np.float32(np.float64(acc) * multiplier[n]) + bias[n]
+                out[m, n] = requantize(acc, multiplier[n], bias[n])
 
 
 @cpu_kernel(parallel=False)
 def quantize_per_row_kernel(
     x, inv_scale, zero_point, quant_min, quant_max, out
 ):  # pragma: no cover
-    """Per-channel quantization of a (C, inner) float32 matrix along axis 0.
+    """The per-channel twin of :func:`quantize_per_tensor_kernel`: row ``c`` of the (C, inner)
+    float32 matrix ``x`` with ``inv_scale[c] = float32(1) / scale[c]`` (float32) and
+    ``zero_point[c]`` (int32), both (C,); ``quant_min``, ``quant_max`` int.
 
     Parameters
     ----------
-    x : (C, inner) float32
-    inv_scale : (C,) float32
-        ``float32(1) / scale[c]``.
-    zero_point : (C,) int32
-    quant_min, quant_max : int
+    x, inv_scale, zero_point, quant_min, quant_max
+        As above.
     out : (C, inner) int32
         ``clamp(rint(x[c, j] * inv_scale[c]) + zero_point[c], quant_min, quant_max)``
         (``torch.fake_quantize_per_channel_affine``'s arithmetic, clamped before the cast).
@@ -113,9 +117,4 @@ def quantize_per_row_kernel(
         inv = inv_scale[c]
         zp = np.float32(zero_point[c])
         for j in range(inner):
-            r = np.rint(x[c, j] * inv) + zp
-            if not (r >= lo):
-                r = lo
-            if r > hi:
-                r = hi
-            out[c, j] = np.int32(r)
+            out[c, j] = np.int32(quantize_code(x[c, j], inv, zp, lo, hi)[1])

@@ -13,18 +13,33 @@ from numba import prange
 
 from nbqat._jit import cpu_kernel
 from nbqat.kernels.histogram_cpu import CHUNK, MAX_ROWS
+from nbqat.kernels.observe_cpu import order_key
 
-_M = np.int32(0x7FFFFFFF)
-_S = np.int32(31)
+#: Elements per block of the counting loops (bins computed into a buffer, then scattered).
+BLOCK = 2048
 
 
 @cpu_kernel(parallel=False)
-def _key_bin(w, shift):  # pragma: no cover
-    """Bin of float32 bits ``w``: ``(order_key >> shift) + offset``, or -1 for NaN/Inf."""
-    if (w & np.int32(0x7F800000)) == np.int32(0x7F800000):
-        return -1
-    k = np.int32(w ^ ((w >> _S) & _M))
-    return np.int64(k >> np.int32(shift)) + (np.int64(1) << np.int64(31 - shift))
+def _count_keys(bs, shift, buf, acc):  # pragma: no cover
+    """Add the grid bins of the int32 bits ``bs`` (a slice starting at 0, any length) into
+    ``acc`` ((nb + 1,) int64; NaN/Inf go to the dummy bin ``nb``).
+
+    Per block of ``BLOCK`` elements the bins are computed branch-free into ``buf`` (a
+    vectorised loop: indices from 0 carry no wraparound check) and then scattered with
+    unsigned indices.
+    """
+    nb = acc.size - 1
+    sh = np.int32(shift)
+    off = np.int32(1 << (31 - shift))
+    inf_bits = np.int32(0x7F800000)
+    for s in range(0, bs.size, BLOCK):
+        blk = bs[s : min(bs.size, s + BLOCK)]
+        for j in range(blk.size):
+            w = blk[j]
+            k = (order_key(w) >> sh) + off
+            buf[j] = k if (w & inf_bits) != inf_bits else np.int32(nb)
+        for j in range(blk.size):
+            acc[np.uint64(buf[j])] += 1
 
 
 @cpu_kernel(parallel=True)
@@ -43,18 +58,15 @@ def key_counts(b, shift):  # pragma: no cover
     n = b.size
     nb = 1 << (32 - shift)
     nch = (n + CHUNK - 1) // CHUNK
-    rows = min(nch, MAX_ROWS)
+    rows = max(1, min(nch, MAX_ROWS))
     per = (nch + rows - 1) // rows
-    acc = np.zeros((rows, nb), np.int64)
+    acc = np.zeros((rows, nb + 1), np.int64)
     for r in prange(rows):
-        s = r * per * CHUNK
-        e = min(n, s + per * CHUNK)
-        for i in range(s, e):
-            p = _key_bin(b[i], shift)
-            if p >= 0:
-                acc[r, p] += 1
-    out = np.zeros(nb, np.int64)
-    for r in range(rows):
+        s = min(n, r * per * CHUNK)
+        buf = np.empty(BLOCK, np.int32)
+        _count_keys(b[s : min(n, s + per * CHUNK)], shift, buf, acc[r])
+    out = acc[0, :nb]  # rows added in order into the first
+    for r in range(1, rows):
         for j in range(nb):
             out[j] += acc[r, j]
     return out
@@ -69,15 +81,13 @@ def key_counts_channel(b, outer, nchan, inner, shift):  # pragma: no cover
     (nchan, 2 ** (32 - shift)) int64
     """
     nb = 1 << (32 - shift)
-    out = np.zeros((nchan, nb), np.int64)
+    out = np.zeros((nchan, nb + 1), np.int64)
     for c in prange(nchan):
+        buf = np.empty(BLOCK, np.int32)
         for o in range(outer):
             base = (o * nchan + c) * inner
-            for i in range(inner):
-                p = _key_bin(b[base + i], shift)
-                if p >= 0:
-                    out[c, p] += 1
-    return out
+            _count_keys(b[base : base + inner], shift, buf, out[c])
+    return out[:, :nb].copy()
 
 
 @cpu_kernel(parallel=True)

@@ -5,7 +5,8 @@ results into caller-provided outputs; the Python layer classes validate and allo
 products are not here: they go through NumPy's BLAS in the layers. Transcendentals: a scalar libm
 call in a Numba loop is ~10x slower than NumPy's SIMD ufuncs, so the LSTM uses ``np.tanh`` between
 compiled passes, while the GLU and the ELU call the vectorisable :func:`vsigmoid` / :func:`vexpm1`
-defined below inside their one pass.
+(:mod:`nbqat.kernels.vmath_cpu`, re-exported here) inside their one pass. The LSTM cell kernels
+are in :mod:`nbqat.kernels.lstm_cpu` (re-exported here).
 
 Threading: every kernel here is compiled serial (``prange`` runs as ``range``; the loops keep the
 per-row ownership that makes them safe to parallelise). A training step calls them hundreds of times
@@ -31,138 +32,39 @@ positive terms).
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 from numba import prange
-from numba.core import types
-from numba.extending import intrinsic, overload
 
 from nbqat._jit import cpu_kernel
+from nbqat.kernels.lstm_cpu import lstm_cell_backward, lstm_cell_forward, lstm_gates_forward
+from nbqat.kernels.vmath_cpu import vexp, vexpm1, vsigmoid
+
+__all__ = [
+    "ROW_CHUNK",
+    "bias_add",
+    "elu_backward",
+    "elu_forward",
+    "embed_backward",
+    "embed_forward",
+    "embed_var_backward",
+    "embed_var_forward",
+    "glu_backward",
+    "glu_forward",
+    "layernorm_backward",
+    "layernorm_forward",
+    "lstm_cell_backward",
+    "lstm_cell_forward",
+    "lstm_gates_forward",
+    "softmax_backward",
+    "softmax_forward",
+    "vexp",
+    "vexpm1",
+    "vsigmoid",
+    "vsn_combine_backward",
+    "vsn_combine_forward",
+]
 
 #: Rows per chunk of the deterministic row reductions (LayerNorm parameter gradients).
 ROW_CHUNK = 128
-
-
-# ---------------------------------------------------------------------------------------------
-# Vectorisable transcendentals (vexp, vsigmoid, vexpm1). They live in this module on purpose:
-# Numba's on-disk cache checks only the source file of the kernel it caches, so helpers that a
-# kernel inlines from ANOTHER module would stay stale in its cache after an edit there.
-# ---------------------------------------------------------------------------------------------
-# Inside a Numba loop ``np.exp`` on float32 is a call into the C library per element, which LLVM
-# cannot turn into vector code (~2.5 ns per element here, against ~0.5 ns for the loops below).
-# :func:`vexp` is a float32 exponential built only from arithmetic, ``rint`` and a bit cast, so a
-# loop that calls it compiles to AVX2/AVX-512 code and can fuse the exponential with the
-# surrounding arithmetic (one pass over memory instead of NumPy's pass per ufunc).
-#
-# * float32: Cephes' ``expf`` (S. L. Moshier): ``x = n ln2 + r``, a degree-6 polynomial for
-#   ``exp(r)`` on ``|r| <= ln2 / 2``, and ``2^n`` assembled in the exponent bits. Measured maximum
-#   relative error 1.1 float32 ulp against float64 ``exp`` on [-87, 88]. Inputs above 88.72 give
-#   ``inf`` and below -87.34 give 0 (no subnormal results), so ``sigmoid(-inf) = 0`` and a GLU
-#   turns ``inf * sigmoid(-inf)`` into NaN as PyTorch does; between 88.38 and 88.72 the result
-#   stays at 2.4e38 (the exponent is clamped to a normal float). NaN propagates.
-# * float64: ``np.exp`` (the C library's, correctly rounded in practice): the float64 build is the
-#   checking build, where accuracy matters more than speed.
-#
-# :func:`vsigmoid` is built on it (the GLU gate, :func:`glu_forward`), and
-# :func:`vexpm1` (ELU) on it and a degree-9 Taylor polynomial for ``|x| <= 0.5``, where
-# ``exp(x) - 1`` would cancel (measured within 1.5 float32 ulp).
-#
-# Whether a calling loop vectorises is LLVM's decision: the GLU's loop did (measured 1.5-2x
-# faster than NumPy's ``exp`` plus a compiled pass); an LSTM cell written the same way (four
-# gate blocks of 32 per row, seven arrays) did not and ran 6x slower than NumPy's SIMD ``tanh``
-# over the whole (B, 4d) block, so the LSTM keeps NumPy's ufuncs (not investigated further).
-
-
-@intrinsic
-def _f32_from_bits(typingctx, bits):  # pragma: no cover - compiled
-    """Reinterpret an int32 as float32 (LLVM ``bitcast``; vectorises)."""
-    sig = types.float32(types.int32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return sig, codegen
-
-
-def vexp(x):  # pragma: no cover - replaced by the overload inside compiled code
-    """``e**x`` (float32: see the comment above for accuracy and range)."""
-    return np.exp(x)
-
-
-def vsigmoid(x):  # pragma: no cover - replaced by the overload inside compiled code
-    """``1 / (1 + e**-x)``."""
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def vexpm1(x):  # pragma: no cover - replaced by the overload inside compiled code
-    """``e**x - 1``."""
-    return np.expm1(x)
-
-
-def _expf(x):  # pragma: no cover - compiled
-    T = np.float32
-    xc = min(max(x, T(-87.33654)), T(88.3762626647949))  # 2**n stays a normal float32
-    n = np.rint(xc * T(1.44269504088896341))
-    r = xc - n * T(0.693359375)
-    r = r - n * T(-2.12194440e-4)
-    p = T(1.9875691500e-4)
-    p = p * r + T(1.3981999507e-3)
-    p = p * r + T(8.3334519073e-3)
-    p = p * r + T(4.1665795894e-2)
-    p = p * r + T(1.6666665459e-1)
-    p = p * r + T(5.0000001201e-1)
-    p = p * r * r + r + T(1.0)
-    e = _f32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
-    y = p * e
-    y = T(np.inf) if x > T(88.72283905206835) else y  # overflow, as expf
-    y = T(0.0) if x < T(-87.33654) else y  # no subnormal results: 0 below the normal range
-    return y if x == x else x  # NaN in, NaN out
-
-
-@overload(vexp)
-def _exp_ov(x):  # pragma: no cover - compiled
-    if x == types.float32:
-        return _expf
-    if isinstance(x, types.Float):
-        return lambda x: np.exp(x)
-    return None
-
-
-@overload(vsigmoid)
-def _sigmoid_ov(x):  # pragma: no cover - compiled
-    if isinstance(x, types.Float):
-        one = np.float32(1.0) if x == types.float32 else np.float64(1.0)
-
-        def impl(x):
-            return one / (one + vexp(-x))
-
-        return impl
-    return None
-
-
-def _expm1f(x):  # pragma: no cover - compiled
-    T = np.float32
-    # |x| <= 0.5: Taylor series to x**9 / 9! (truncation below 2e-9 relative), no cancellation;
-    # elsewhere exp(x) - 1, whose rounding error is below 1 ulp of a result >= 0.39 in size
-    p = T(1.0 / 362880.0)
-    p = p * x + T(1.0 / 40320.0)
-    p = p * x + T(1.0 / 5040.0)
-    p = p * x + T(1.0 / 720.0)
-    p = p * x + T(1.0 / 120.0)
-    p = p * x + T(1.0 / 24.0)
-    p = p * x + T(1.0 / 6.0)
-    p = p * x + T(0.5)
-    small = x * (T(1.0) + p * x)  # x * (...) keeps the sign of -0.0
-    big = vexp(x) - T(1.0)
-    return small if abs(x) <= T(0.5) else big
-
-
-@overload(vexpm1)
-def _expm1_ov(x):  # pragma: no cover - compiled
-    if x == types.float32:
-        return _expm1f
-    if isinstance(x, types.Float):
-        return lambda x: np.expm1(x)
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,10 +299,8 @@ def embed_backward(x, w, dflat, dpervar, dx, dw, db):
     T = x.dtype.type
     n, m = x.shape
     d = w.shape[1]
-    for j in range(m):
-        for e in range(d):
-            dw[j, e] = T(0.0)
-            db[j, e] = T(0.0)
+    dw[:, :] = T(0.0)
+    db[:, :] = T(0.0)
     g = np.empty(d, x.dtype)
     for r in range(n):  # rows in order: each column's sums run over n serially, as before
         for j in range(m):
@@ -504,105 +404,3 @@ def vsn_combine_backward(dout, v, xs, dv, dxs):  # (N, d), (N, m), (m, N, d) -> 
                 s += g * xs[j, r, e]
                 dxs[j, r, e] = vj * g
             dv[r, j] = s
-
-
-# ---------------------------------------------------------------------------------------------
-# LSTM cell (torch gate order i, f, g, o); one time step, all arrays 2-D C-contiguous
-# ---------------------------------------------------------------------------------------------
-@cpu_kernel(parallel=False)
-def lstm_cell_forward(xg, hh, c_prev, gates, c, tc, h):
-    """One fused LSTM step (scalar libm sigmoid/tanh; kept for nbqat.nn.int8).
-
-    ``a = xg + hh`` (B, 4d), ``i, f, o = sigmoid``, ``g = tanh``, ``c = f * c_prev + i * g``,
-    ``h = o * tanh(c)``; writes ``gates`` (activated i, f, g, o), ``c``, ``tc`` = tanh(c), ``h``.
-    The float layer :class:`nbqat.nn.LSTM` uses :func:`nbqat.nn.layers.lstm.lstm_step` instead
-    (NumPy's SIMD tanh for all four gates, equal to this to a few ulp).
-    """
-    T = xg.dtype.type
-    one = T(1.0)
-    nb, d = c.shape
-    for b in range(nb):
-        for j in range(d):
-            gi = one / (one + np.exp(-(xg[b, j] + hh[b, j])))
-            gf = one / (one + np.exp(-(xg[b, d + j] + hh[b, d + j])))
-            gg = np.tanh(xg[b, 2 * d + j] + hh[b, 2 * d + j])
-            go = one / (one + np.exp(-(xg[b, 3 * d + j] + hh[b, 3 * d + j])))
-            cc = gf * c_prev[b, j] + gi * gg
-            t = np.tanh(cc)
-            gates[b, j] = gi
-            gates[b, d + j] = gf
-            gates[b, 2 * d + j] = gg
-            gates[b, 3 * d + j] = go
-            c[b, j] = cc
-            tc[b, j] = t
-            h[b, j] = go * t
-
-
-@cpu_kernel(parallel=False)
-def lstm_gates_forward(tg, c_prev, c):  # (B, 4d) in place; (B, d) -> (B, d)
-    """Gates and cell state of one step from ``tg = tanh(a')`` (B, 4d), where ``a'`` is the
-    pre-activation with the i, f, o blocks halved: ``sigmoid(a) = 0.5 + 0.5 tanh(a / 2)`` turns
-    ``tg`` into the activated gates ``[i, f, g, o]`` in place (g = tanh(a) as is) and writes
-    ``c = f * c_prev + i * g``."""
-    T = tg.dtype.type
-    half = T(0.5)
-    nb, d = c.shape
-    for b in range(nb):
-        r = tg[b]
-        ri = r[:d]
-        rf = r[d : 2 * d]
-        rg = r[2 * d : 3 * d]
-        ro = r[3 * d :]
-        cp = c_prev[b]
-        cr = c[b]
-        for j in range(d):
-            i = half + half * ri[j]
-            f = half + half * rf[j]
-            ri[j] = i
-            rf[j] = f
-            ro[j] = half + half * ro[j]
-            cr[j] = f * cp[j] + i * rg[j]
-
-
-@cpu_kernel(parallel=False)
-def lstm_cell_backward(dh_out, dh_next, dc_next, gates, tc, c_prev, dg):
-    """Backward of one LSTM step.
-
-    ``dh = dh_out + dh_next``; ``do = dh * tanh(c)``; ``dc = dc_next + dh * o * (1 - tanh^2 c)``;
-    ``di = dc * g``, ``dg = dc * i``, ``df = dc * c_prev``; through the nonlinearities into the
-    pre-activation gradient ``dg`` (B, 4d, written). ``dc_next`` (B, d) is updated in place to
-    ``dc * f``, the cell gradient for the previous step.
-    """
-    T = gates.dtype.type
-    one = T(1.0)
-    nb, d = tc.shape
-    for b in range(nb):  # row views: the j loop vectorises (module docstring)
-        dho = dh_out[b]
-        dhn = dh_next[b]
-        dcn = dc_next[b]
-        tcr = tc[b]
-        cpr = c_prev[b]
-        g = gates[b]
-        gi = g[:d]
-        gf = g[d : 2 * d]
-        gg = g[2 * d : 3 * d]
-        go = g[3 * d :]
-        o = dg[b]
-        oi = o[:d]
-        of = o[d : 2 * d]
-        og = o[2 * d : 3 * d]
-        oo = o[3 * d :]
-        for j in range(d):
-            dh = dho[j] + dhn[j]
-            i = gi[j]
-            f = gf[j]
-            gv = gg[j]
-            ov = go[j]
-            t = tcr[j]
-            do = dh * t
-            dc = dcn[j] + dh * ov * (one - t * t)
-            dcn[j] = dc * f
-            oi[j] = dc * gv * i * (one - i)
-            of[j] = dc * cpr[j] * f * (one - f)
-            og[j] = dc * i * (one - gv * gv)
-            oo[j] = do * ov * (one - ov)

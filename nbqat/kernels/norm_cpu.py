@@ -11,7 +11,8 @@ thread count); each item produces one float64 partial, and the partials are merg
 item order, so the results are bit-identical for every thread count.
 
 float16 arrays are passed as their ``uint16`` bit patterns (Numba has no CPU float16) and decoded
-/ re-encoded here with round-half-to-even, exactly like NumPy's conversions.
+/ re-encoded with round-half-to-even, exactly like NumPy's conversions
+(:mod:`nbqat.kernels.half_cpu`, re-exported here).
 
 Norm semantics follow ``torch.nn.utils.get_total_norm`` (torch 2.13, CPU): each element's term
 (``x*x``, ``|x|``, ``|x|**p``) is rounded to the *compute type* (float32 for float16/float32
@@ -33,6 +34,7 @@ from numba import prange, types
 from numba.extending import intrinsic, overload
 
 from nbqat._jit import cpu_kernel
+from nbqat.kernels.half_cpu import f64_to_half_bits, half_bits_to_f64, half_decode, half_roundtrip
 
 #: Elements per work item (fixed: the reduction order never depends on the thread count).
 CHUNK = 1 << 14
@@ -74,48 +76,7 @@ def _view(proto, addr, span):  # -> (span,) array of proto.dtype over raw memory
 
 
 # --------------------------------------------------------------------------------------------
-# float16 <-> float64 (bit patterns in uint16)
-
-_HALF_SCALE = np.array([2.0 ** (e - 25) for e in range(32)], np.float64)  # (32,)
-
-
-@numba.njit
-def half_bits_to_f64(h):
-    """Decode IEEE half bits (uint16) to float64, exactly."""
-    hi = np.int64(h)
-    sign = (hi >> 15) & 1
-    e = (hi >> 10) & 0x1F
-    m = hi & 0x3FF
-    if e == 31:
-        v = np.inf if m == 0 else np.nan
-    elif e == 0:
-        v = np.float64(m) * 5.9604644775390625e-08  # m * 2**-24 (subnormal)
-    else:
-        v = np.float64(m + 1024) * _HALF_SCALE[e]
-    return -v if sign else v
-
-
-@numba.njit
-def f64_to_half_bits(v):
-    """Round float64 to the nearest IEEE half (ties to even) and return its bits (uint16)."""
-    if v != v:
-        return np.uint16(0xFE00) if math.copysign(1.0, v) < 0 else np.uint16(0x7E00)
-    sign = 0x8000 if math.copysign(1.0, v) < 0 else 0
-    a = abs(v)
-    if a >= 65520.0:  # rounds to inf
-        return np.uint16(sign | 0x7C00)
-    if a < 6.103515625e-05:  # below 2**-14: subnormal grid 2**-24
-        n = np.int64(np.rint(a * 16777216.0))
-        return np.uint16(sign | n)  # n == 1024 is the smallest normal, encoded the same way
-    mant, ex = math.frexp(a)  # a = mant * 2**ex, mant in [0.5, 1)
-    e = ex - 1
-    n = np.int64(np.rint(math.ldexp(a, 10 - e)))  # in [1024, 2048]
-    if n == 2048:
-        n = 1024
-        e += 1
-    if e > 15:
-        return np.uint16(sign | 0x7C00)
-    return np.uint16(sign | ((e + 15) << 10) | (n - 1024))
+# element loads / stores of every dtype (float16 through nbqat.kernels.half_cpu)
 
 
 def _ld(x):  # pragma: no cover - typing stub, replaced by the overload
@@ -464,22 +425,6 @@ def seg_apply(proto, table, op, a, b):
                     r += 1
 
 
-@cpu_kernel(parallel=False)
-def half_roundtrip(x):  # (n,) float64 -> (n,) uint16: vectorised f64_to_half_bits (for tests)
-    out = np.empty(x.size, np.uint16)
-    for i in range(x.size):
-        out[i] = f64_to_half_bits(x[i])
-    return out
-
-
-@cpu_kernel(parallel=False)
-def half_decode(h):  # (n,) uint16 -> (n,) float64: vectorised half_bits_to_f64 (for tests)
-    out = np.empty(h.size, np.float64)
-    for i in range(h.size):
-        out[i] = half_bits_to_f64(h[i])
-    return out
-
-
 __all__ = [
     "CHUNK",
     "KIND_INF",
@@ -491,6 +436,8 @@ __all__ = [
     "R_F16",
     "R_F32",
     "R_F64",
+    "f64_to_half_bits",
+    "half_bits_to_f64",
     "TABLE_COLUMNS",
     "half_decode",
     "half_roundtrip",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from nbqat import _cuda
+from nbqat import _validate as V
 from nbqat._cuda import cuda
 from nbqat.kernels import norm_cpu as _k
 
@@ -176,11 +177,8 @@ def plan(grads: list):
     grads = [g if hasattr(g, "copy_to_host") else cuda.as_cuda_array(g) for g in grads]
     by_dtype: dict[np.dtype, list[int]] = {}
     for i, g in enumerate(grads):
+        V.check_float_array(g, f"grads[{i}]")
         dt = np.dtype(g.dtype)
-        if dt not in (np.float16, np.float32, np.float64):
-            raise TypeError(
-                f"grads[{i}] has dtype {dt}; clipping supports float16, float32 and float64"
-            )
         if g.size and not _contiguous(g):
             raise ValueError(
                 f"grads[{i}] is a non-contiguous CUDA array; pass a contiguous copy "

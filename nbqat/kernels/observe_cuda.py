@@ -68,6 +68,25 @@ def _gpu_block_reduce(smin, smax, scnt, tid, bd):
         s *= 2
 
 
+@cuda.jit(device=True)
+def _gpu_block_store(smin, smax, scnt, tid, bd, acc, out_min, out_max, out_cnt, slot):
+    """Reduce every thread's ``acc`` (min, max, NaN, +Inf, -Inf counts) over the block and let
+    thread 0 write the result to ``out_*[slot]``."""
+    smin[tid] = acc[0]
+    smax[tid] = acc[1]
+    scnt[tid, 0] = acc[2]
+    scnt[tid, 1] = acc[3]
+    scnt[tid, 2] = acc[4]
+    cuda.syncthreads()
+    _gpu_block_reduce(smin, smax, scnt, tid, bd)
+    if tid == 0:
+        out_min[slot] = smin[0]
+        out_max[slot] = smax[0]
+        out_cnt[slot, 0] = scnt[0, 0]
+        out_cnt[slot, 1] = scnt[0, 1]
+        out_cnt[slot, 2] = scnt[0, 2]
+
+
 @cuda.jit
 def minmax_partials_kernel(x, pmin, pmax, pcnt):  # pragma: no cover
     """Stage 1 per tensor: one (min, max, counts) partial per block.
@@ -96,20 +115,8 @@ def minmax_partials_kernel(x, pmin, pmax, pcnt):  # pragma: no cover
         acc_min, acc_max, n_nan, n_pinf, n_ninf = _gpu_accumulate(
             np.float32(x[i]), acc_min, acc_max, n_nan, n_pinf, n_ninf
         )
-    smin[tid] = acc_min
-    smax[tid] = acc_max
-    scnt[tid, 0] = n_nan
-    scnt[tid, 1] = n_pinf
-    scnt[tid, 2] = n_ninf
-    cuda.syncthreads()
-    _gpu_block_reduce(smin, smax, scnt, tid, bd)
-    if tid == 0:
-        b = cuda.blockIdx.x
-        pmin[b] = smin[0]
-        pmax[b] = smax[0]
-        pcnt[b, 0] = scnt[0, 0]
-        pcnt[b, 1] = scnt[0, 1]
-        pcnt[b, 2] = scnt[0, 2]
+    acc = (acc_min, acc_max, n_nan, n_pinf, n_ninf)
+    _gpu_block_store(smin, smax, scnt, tid, bd, acc, pmin, pmax, pcnt, cuda.blockIdx.x)
 
 
 @cuda.jit
@@ -174,17 +181,6 @@ def minmax_channel_kernel(x, outer, nchan, inner, out_min, out_max, out_cnt):  #
             acc_min, acc_max, n_nan, n_pinf, n_ninf = _gpu_accumulate(
                 np.float32(x[(o * nchan + c) * inner + j]), acc_min, acc_max, n_nan, n_pinf, n_ninf
             )
-        smin[tid] = acc_min
-        smax[tid] = acc_max
-        scnt[tid, 0] = n_nan
-        scnt[tid, 1] = n_pinf
-        scnt[tid, 2] = n_ninf
-        cuda.syncthreads()
-        _gpu_block_reduce(smin, smax, scnt, tid, bd)
-        if tid == 0:
-            out_min[c] = smin[0]
-            out_max[c] = smax[0]
-            out_cnt[c, 0] = scnt[0, 0]
-            out_cnt[c, 1] = scnt[0, 1]
-            out_cnt[c, 2] = scnt[0, 2]
+        acc = (acc_min, acc_max, n_nan, n_pinf, n_ninf)
+        _gpu_block_store(smin, smax, scnt, tid, bd, acc, out_min, out_max, out_cnt, c)
         cuda.syncthreads()

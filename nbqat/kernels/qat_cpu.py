@@ -19,10 +19,8 @@ import numpy as np
 from nbqat._jit import cpu_kernel
 from nbqat._validate import QUANT_BOUND
 from nbqat.kernels import fake_quant_cpu as _fqk
-from nbqat.kernels.observe_cpu import KEY_NEG_INF, KEY_POS_INF
+from nbqat.kernels.observe_cpu import KEY_NEG_INF, KEY_POS_INF, row_keys
 
-_M = np.int32(0x7FFFFFFF)
-_S = np.int32(31)
 _QB = np.int64(QUANT_BOUND)
 
 
@@ -97,53 +95,36 @@ def _update_qparams(fmin, fmax, om, oM, has_old, moving, cst, symmetric, qmin, q
 
 @cpu_kernel(parallel=False, inline="always")
 def _minmax_keys(b):  # pragma: no cover
-    """Min and max order keys (:mod:`nbqat.kernels.observe_cpu`) of the float32 bits ``b``
-    (1-D int32 view); an unsigned loop vectorises best."""
-    kmin = np.int32(KEY_POS_INF)
-    kmax = np.int32(KEY_NEG_INF)
-    for i in range(np.uint64(0), np.uint64(b.size)):
-        w = b[i]
-        k = np.int32(w ^ ((w >> _S) & _M))
-        kmin = min(k, kmin)
-        kmax = max(k, kmax)
-    return kmin, kmax
+    """Min and max order keys of the float32 bits ``b`` (1-D int32 view): the observers' own
+    reduction (:func:`nbqat.kernels.observe_cpu.row_keys`, where the key formula lives)."""
+    return row_keys(b, 0, b.size, KEY_POS_INF, KEY_NEG_INF)
 
 
 @cpu_kernel(parallel=False, inline="always")
 def _fq_span(x, y, m8, s, zf, lo, hi):  # pragma: no cover
-    """Fake-quantize the 1-D span ``x`` with one scale / zero point into ``y`` and the byte mask
-    ``m8`` (:func:`nbqat.kernels.fake_quant_cpu.fq_tensor_kernel`'s arithmetic; byte stores
-    and an unsigned loop vectorise best)."""
-    inv = np.float32(1.0) / s
-    for i in range(np.uint64(0), np.uint64(x.size)):
-        r = np.rint(x[i] * inv) + zf
-        q = r if r > lo else lo
-        q = q if q < hi else hi
-        m8[i] = np.uint8((lo <= r) & (r <= hi))
-        y[i] = (q - zf) * s
+    """Fake-quantize the 1-D span ``x`` with one float32 scale / zero point into ``y`` and the
+    byte mask ``m8`` (:func:`nbqat.kernels.fake_quant_cpu.fq_span`, ``inv`` as torch's)."""
+    _fqk.fq_span(x, y, m8, s, np.float32(1.0) / s, zf, lo, hi, True)
+
+
+@cpu_kernel(parallel=False, inline="always")
+def _observe(b, old_min, old_max, has_old, obs):  # pragma: no cover
+    """Min/max of the float32 span whose bits are ``b`` (int32), the observer update and its
+    qparams: :func:`_update_qparams`'s ``(ok, new_min, new_max, scale, z)`` with the symmetric
+    zero point of ``obs`` substituted; ``ok`` False also for NaN/Inf in the span."""
+    moving, cst, symmetric, zp_sym, oqmin, oqmax, eps = obs
+    kmin, kmax = _minmax_keys(b)
+    if not (kmin > KEY_NEG_INF and kmax < KEY_POS_INF):
+        return False, old_min, old_max, eps, np.int64(0)
+    fmin, fmax = _keys_to_f32(kmin, kmax)
+    ok, nmin, nmax, scale, z = _update_qparams(
+        fmin, fmax, old_min, old_max, has_old, moving, cst, symmetric, oqmin, oqmax, eps
+    )
+    return ok, nmin, nmax, scale, np.int64(zp_sym) if symmetric else z
 
 
 @cpu_kernel(parallel=False)
-def fq_tensor_fused(
-    x,
-    y,
-    mask,
-    scale,
-    zp,
-    observe,
-    fake,
-    old_min,
-    old_max,
-    moving,
-    cst,
-    symmetric,
-    zp_sym,
-    oqmin,
-    oqmax,
-    eps,
-    qmin,
-    qmax,
-):  # pragma: no cover
+def fq_tensor_fused(x, y, mask, scale, zp, observe, fake, old, obs, qrange):  # pragma: no cover
     """One per-tensor :class:`nbqat.FakeQuantize` forward on finite float32 data.
 
     Parameters
@@ -154,16 +135,13 @@ def fq_tensor_fused(
         The current qparams (used when not ``observe``).
     observe, fake : bool
         Observer / fake quantization enabled.
-    old_min, old_max : float32
-        The observer state (``+inf``/``-inf`` when unset).
-    moving, cst : bool, float32
-        Moving-average observer and its averaging constant.
-    symmetric, zp_sym : bool, int
-        Symmetric qscheme and its zero point.
-    oqmin, oqmax, eps : int, int, float32
-        The observer's range and scale floor.
-    qmin, qmax : int
-        The fake-quantize range.
+    old : (float32, float32)
+        The observer state ``(min_val, max_val)`` (``+inf``/``-inf`` when unset).
+    obs : tuple (bool, float32, bool, int, int, int, float32)
+        The observer's settings ``(moving, averaging_constant, symmetric, symmetric zero point,
+        quant_min, quant_max, eps)`` (values unused when not ``observe``).
+    qrange : (int, int)
+        The fake-quantize range ``(quant_min, quant_max)``.
 
     Returns
     -------
@@ -173,22 +151,16 @@ def fq_tensor_fused(
         public path.
     """
     T = np.float32
+    qmin, qmax = qrange
     z = np.int64(zp)
+    old_min, old_max = old
     nmin = old_min
     nmax = old_max
     if observe:
-        kmin, kmax = _minmax_keys(x.view(np.int32))
-        if not (kmin > KEY_NEG_INF and kmax < KEY_POS_INF):
-            return False, nmin, nmax, scale, z
-        fmin, fmax = _keys_to_f32(kmin, kmax)
         has_old = not (old_min == np.inf and old_max == -np.inf)
-        ok, nmin, nmax, scale, z = _update_qparams(
-            fmin, fmax, old_min, old_max, has_old, moving, cst, symmetric, oqmin, oqmax, eps
-        )
+        ok, nmin, nmax, scale, z = _observe(x.view(np.int32), old_min, old_max, has_old, obs)
         if not ok:
             return False, nmin, nmax, scale, z
-        if symmetric:
-            z = np.int64(zp_sym)
     if fake:
         if not _fq_args_ok(scale, z, np.int64(qmin), np.int64(qmax)):
             return False, nmin, nmax, scale, z
@@ -198,25 +170,7 @@ def fq_tensor_fused(
 
 @cpu_kernel(parallel=False)
 def fq_channel_fused(
-    x,
-    y,
-    mask,
-    scale,
-    observe,
-    fake,
-    out,
-    zp,
-    old_min,
-    old_max,
-    moving,
-    cst,
-    symmetric,
-    zp_sym,
-    oqmin,
-    oqmax,
-    eps,
-    qmin,
-    qmax,
+    x, y, mask, scale, observe, fake, out, zp, old_min, old_max, obs, qrange
 ):  # pragma: no cover
     """One per-channel (channel axis first) :class:`nbqat.FakeQuantize` forward.
 
@@ -232,8 +186,9 @@ def fq_channel_fused(
         Output when ``observe``: rows new min_val, new max_val, new scale ((3, 0) otherwise).
     zp : (c,) int32
         Output (the new zero points) when ``observe``; else the zero points to use.
-    old_min, old_max : (c,) float32 observer state, or (0,) when unset
-    moving, cst, symmetric, zp_sym, oqmin, oqmax, eps, qmin, qmax
+    old_min, old_max : (c,) float32
+        The observer state, or (0,) when unset.
+    obs, qrange
         As :func:`fq_tensor_fused`.
 
     Returns
@@ -244,19 +199,15 @@ def fq_channel_fused(
         outputs are partly written and the caller keeps nothing.
     """
     T = np.float32
+    qmin, qmax = qrange
     c = zp.size
-    n = x.size
-    inner = n // c
+    inner = x.size // c
     sc = scale
     if observe:
         sc = out[2]
         b = x.view(np.int32)
         has_old = old_min.size == c
         for j in range(c):
-            kmin, kmax = _minmax_keys(b[j * inner : (j + 1) * inner])
-            if not (kmin > KEY_NEG_INF and kmax < KEY_POS_INF):
-                return False
-            fmin, fmax = _keys_to_f32(kmin, kmax)
             om = T(np.inf)
             oM = T(-np.inf)
             if has_old:
@@ -264,25 +215,19 @@ def fq_channel_fused(
                 oM = old_max[j]
                 if om == np.inf and oM == -np.inf:
                     return False
-            ok, nmin, nmax, s, z = _update_qparams(
-                fmin, fmax, om, oM, has_old, moving, cst, symmetric, oqmin, oqmax, eps
-            )
+            bj = b[j * inner : (j + 1) * inner]
+            ok, out[0, j], out[1, j], sc[j], z = _observe(bj, om, oM, has_old, obs)
             if not ok:
                 return False
-            out[0, j] = nmin
-            out[1, j] = nmax
-            sc[j] = s
-            zp[j] = zp_sym if symmetric else z
+            zp[j] = z
     if fake:
         for j in range(c):
             if not _fq_args_ok(sc[j], np.int64(zp[j]), np.int64(qmin), np.int64(qmax)):
                 return False
-        lo = T(qmin)
-        hi = T(qmax)
         m8 = mask.view(np.uint8)
         for j in range(c):
             sl = slice(j * inner, (j + 1) * inner)
-            _fq_span(x[sl], y[sl], m8[sl], sc[j], T(zp[j]), lo, hi)
+            _fq_span(x[sl], y[sl], m8[sl], sc[j], T(zp[j]), T(qmin), T(qmax))
     return True
 
 

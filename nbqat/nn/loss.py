@@ -23,6 +23,16 @@ def _check(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -
     return q
 
 
+def _errors(
+    y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Checked ``(e, q)``: ``e = target[..., None] - y_pred`` (..., Q) and the quantile levels
+    (Q,), both in ``y_pred``'s dtype."""
+    q = _check(y_pred, target, quantiles)
+    dt = y_pred.dtype
+    return np.asarray(target, dtype=dt)[..., None] - y_pred, q.astype(dt)
+
+
 def quantile_loss(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -> float:
     """Mean pinball loss over every element and quantile.
 
@@ -48,11 +58,8 @@ def quantile_loss(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[fl
     ValueError
         On mismatched shapes, non-float predictions or quantiles outside (0, 1).
     """
-    q = _check(y_pred, target, quantiles)
-    dt = y_pred.dtype
-    e = np.asarray(target, dtype=dt)[..., None] - y_pred  # (..., Q)
-    qq = q.astype(dt)
-    terms = np.maximum(qq * e, (qq - dt.type(1)) * e)
+    e, qq = _errors(y_pred, target, quantiles)
+    terms = np.maximum(qq * e, (qq - e.dtype.type(1)) * e)
     return float(np.sum(terms, dtype=np.float64) / terms.size)
 
 
@@ -67,12 +74,8 @@ def quantile_loss_grad(
 
     Parameters
     ----------
-    y_pred : ndarray (..., Q) float32 or float64
-        Predicted quantiles; the last axis holds one prediction per quantile.
-    target : ndarray (...) real
-        Observed values, ``y_pred.shape[:-1]``; cast to ``y_pred``'s dtype.
-    quantiles : sequence of Q floats in (0, 1)
-        The quantile levels of ``y_pred``'s last axis, in that order.
+    y_pred, target, quantiles
+        As :func:`quantile_loss`.
 
     Returns
     -------
@@ -82,12 +85,10 @@ def quantile_loss_grad(
     Raises
     ------
     ValueError
-        On mismatched shapes, non-float predictions or quantiles outside (0, 1).
+        As :func:`quantile_loss`.
     """
-    q = _check(y_pred, target, quantiles)
-    dt = y_pred.dtype
-    e = np.asarray(target, dtype=dt)[..., None] - y_pred
-    qq = q.astype(dt)
+    e, qq = _errors(y_pred, target, quantiles)
+    dt = e.dtype
     inv_n = dt.type(1.0 / e.size)
     g = np.where(e > 0, -qq, np.where(e < 0, dt.type(1) - qq, dt.type(0))).astype(dt)
     return g * inv_n
@@ -127,3 +128,38 @@ def q_risk(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -
         raise ValueError("q_risk is undefined when sum(|target|) == 0")
     axes = tuple(range(terms.ndim - 1))
     return 2.0 * terms.sum(axis=axes) / denom
+
+
+def q_risk_table(
+    pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]
+) -> dict[str, float]:
+    """Normalised quantile loss ("q-risk") per quantile on the unscaled target.
+
+    ``q-risk_q = 2 * sum QL(y, yhat_q, q) / sum |y|`` over all windows and forecast steps
+    (Lim et al. 2021, Section 7), computed in float64 by :func:`q_risk`, one
+    quantile at a time (each quantile's sum runs over its own contiguous terms).
+
+    Parameters
+    ----------
+    pred : ndarray (n, tau, Q)
+        Unscaled quantile forecasts.
+    target : ndarray (n, tau)
+        Unscaled actual values.
+    quantiles : sequence of float
+
+    Returns
+    -------
+    dict
+        ``{"P10": ..., "P50": ..., "P90": ...}`` (keys ``P<round(100 q)>``).
+
+    Raises
+    ------
+    ValueError
+        Mismatched shapes, or a target that is zero everywhere (q-risk undefined).
+    """
+    p = np.asarray(pred, dtype=np.float64)
+    y = np.asarray(target, dtype=np.float64)
+    return {
+        f"P{round(100 * q)}": float(q_risk(p[..., j : j + 1], y, (q,))[0])
+        for j, q in enumerate(quantiles)
+    }

@@ -212,27 +212,28 @@ class Module:
             ``"<module path>.<parameter>"`` and the parameter view (None before a
             :class:`ParameterBuffer` is built), in the buffer's layout order.
         """
-        for mname, mod in self.named_modules(prefix):
-            for pname in mod._param_specs:
-                yield (mname + "." + pname if mname else pname), getattr(mod, pname)
+        return self._named_views(prefix, "")
 
     def named_grads(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
-        """Yield ``(dotted_name, gradient view)`` in the order of :meth:`named_parameters`.
+        """The gradient twin of :meth:`named_parameters`: ``(dotted_name, gradient view)``,
+        same names (no ``_grad`` suffix) and order; each view lies in the flat gradient buffer
+        with its parameter's shape and dtype.
 
         Parameters
         ----------
         prefix : str, default ""
-            Prepended to every name, as in :meth:`named_modules`.
+            As in :meth:`named_parameters`.
 
-        Yields
-        ------
-        tuple of (str, numpy.ndarray)
-            The parameter's name (without a ``_grad`` suffix) and its view into the flat
-            gradient buffer (same shape and dtype as the parameter).
+        Returns
+        -------
+        iterator of (str, numpy.ndarray)
         """
+        return self._named_views(prefix, "_grad")
+
+    def _named_views(self, prefix: str, suffix: str) -> Iterator[tuple[str, np.ndarray]]:
         for mname, mod in self.named_modules(prefix):
             for pname in mod._param_specs:
-                yield (mname + "." + pname if mname else pname), getattr(mod, pname + "_grad")
+                yield (mname + "." + pname if mname else pname), getattr(mod, pname + suffix)
 
     def _require_forward(self) -> Any:
         if self._cache is None:

@@ -88,6 +88,7 @@ class TrainConfig:
     skip_lr_scale: float | None = None
     qat_skip_lr_scale: float | None = None
     dropout: float | None = None
+    ema_decay: float | None = None  # EMA of the float weights, evaluated and kept (0: off)
     overwrite: bool = False
     observer: str = "minmax"  # activation observer (nbqat.report.OBSERVERS, or "all")
     sensitivity: bool = False
@@ -107,11 +108,12 @@ class TrainConfig:
         "history": None,  # auto: max(24, the seasonal-naive period), see load_data
         "horizon": 24,
         "eval_stride": 6,
-        "weight_decay": 0.1,
+        "weight_decay": 0.3,
         "warmup_steps": 100,
-        "skip_lr_scale": 1e-2 / 3,
+        "skip_lr_scale": 0.1,
         "qat_skip_lr_scale": 0.1,
         "dropout": 0.1,
+        "ema_decay": 0.0,
     }
     QUICK = {  # --quick: the full run's options but these
         **FULL,
@@ -162,6 +164,8 @@ class TrainConfig:
             raise ValueError(f"--seed must be an integer >= 0 (NumPy's seeds), got {self.seed!r}")
         if not 0.0 <= self.dropout < 1.0:  # type: ignore[operator]
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout!r}")
+        if not 0.0 <= self.ema_decay < 1.0:  # type: ignore[operator]
+            raise ValueError(f"--ema-decay must be in [0, 1) (0: off), got {self.ema_decay!r}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.max_norm is not None and not self.max_norm > 0:

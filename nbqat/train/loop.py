@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.data import SplitWindows, Windows
-from nbqat.recipe import lr_at
+from nbqat.recipe import lr_at, swap_average
 from nbqat.train.config import TrainConfig, TrainingInterrupted
 from nbqat.train.metrics import pinball_loss, q_risk
 from nbqat.train.model import make_optimizer, set_dropout_mode, to_host
@@ -342,6 +342,7 @@ class Run:
                  lambda i: lr_at(i, n_steps, cfg.lr, cfg.warmup_steps), cfg.max_norm)  # fmt: skip
         while st.epoch < cfg.epochs and not st.stopped_early:
             train_loss = self._epoch(intr, "float", FLOAT, cfg.epochs, train)
+            swap_average(self.opt)  # --ema-decay: the averaged weights are evaluated and kept
             val_loss, val = self.val_loss(model.forward)  # early stopping on the P50 q-risk
             curves["train"].append(train_loss)
             curves["val"].append(val_loss)
@@ -352,6 +353,7 @@ class Run:
             else:
                 st.bad_epochs += 1
                 st.stopped_early = self.par.agree(st.bad_epochs >= cfg.patience)
+            swap_average(self.opt)  # training continues from its own weights
             if self.progress():
                 print(
                     f"float epoch {st.epoch + 1}: train {train_loss:.4f}  val {val_loss:.4f}  "

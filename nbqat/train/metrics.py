@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from nbqat.nn.loss import q_risk_table as q_risk
+
 __all__ = ["grad_stats", "loss_stats", "pinball_loss", "q_risk"]
 
 
@@ -39,41 +41,6 @@ def pinball_loss(
 
     t = target.astype(pred.dtype, copy=False)
     return quantile_loss(pred, t, quantiles), quantile_loss_grad(pred, t, quantiles)
-
-
-def q_risk(pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -> dict[str, float]:
-    """Normalised quantile loss ("q-risk") per quantile on the unscaled target.
-
-    ``q-risk_q = 2 * sum QL(y, yhat_q, q) / sum |y|`` over all windows and forecast steps
-    (Lim et al. 2021, Section 7), computed in float64 by :func:`nbqat.nn.loss.q_risk`, one
-    quantile at a time (each quantile's sum runs over its own contiguous terms).
-
-    Parameters
-    ----------
-    pred : ndarray (n, tau, Q)
-        Unscaled quantile forecasts.
-    target : ndarray (n, tau)
-        Unscaled actual values.
-    quantiles : sequence of float
-
-    Returns
-    -------
-    dict
-        ``{"P10": ..., "P50": ..., "P90": ...}`` (keys ``P<round(100 q)>``).
-
-    Raises
-    ------
-    ValueError
-        Mismatched shapes, or a target that is zero everywhere (q-risk undefined).
-    """
-    from nbqat.nn.loss import q_risk as q_risk_per_quantile
-
-    p = np.asarray(pred, dtype=np.float64)
-    y = np.asarray(target, dtype=np.float64)
-    return {
-        f"P{round(100 * q)}": float(q_risk_per_quantile(p[..., j : j + 1], y, (q,))[0])
-        for j, q in enumerate(quantiles)
-    }
 
 
 def grad_stats(norms: Sequence[float], max_norm: float | None) -> dict:

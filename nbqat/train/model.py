@@ -59,8 +59,10 @@ def make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
     Returns
     -------
     GroupedAdamW or DeviceAdam
+        Wrapped in :class:`nbqat.recipe.AveragedOptimizer` for the float phase when
+        ``cfg.ema_decay > 0``.
     """
-    from nbqat.recipe import GroupedAdamW, skip_offset
+    from nbqat.recipe import AveragedOptimizer, GroupedAdamW, skip_offset
 
     kw = dict(
         lr=lr,
@@ -69,8 +71,10 @@ def make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
         skip_lr_scale=cfg.qat_skip_lr_scale if qat else cfg.skip_lr_scale,
     )
     if cfg.device == "cuda":
-        return DeviceAdam(model.params, **kw)
-    return GroupedAdamW(model.params, **kw)
+        opt: Any = DeviceAdam(model.params, **kw)
+    else:
+        opt = GroupedAdamW(model.params, **kw)
+    return opt if qat or not cfg.ema_decay else AveragedOptimizer(opt, cfg.ema_decay)
 
 
 class DeviceAdam:

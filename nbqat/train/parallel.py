@@ -170,10 +170,12 @@ class Parallel:
                 raise
             import traceback
 
+            msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            # The one-line message first and flushed: MPI_Abort may cut what follows.
+            print(f"nbqat: rank {self.rank} of {self.size} failed: {msg}", file=sys.stderr)
+            sys.stderr.flush()
             if not isinstance(e, (ValueError, FileNotFoundError)):  # not a user error
                 traceback.print_exc()
-            msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            print(f"nbqat: rank {self.rank} of {self.size} failed: {msg}", file=sys.stderr)
             self.group.abort(1)
             raise
 

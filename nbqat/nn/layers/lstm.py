@@ -115,10 +115,8 @@ class LSTM(Module):
         ----------
         x : ndarray (B, L, input_size)
             Input sequence, batch first; cast to the dtype of the weights.
-        h0 : ndarray (B, hidden_size)
-            Initial hidden state.
-        c0 : ndarray (B, hidden_size)
-            Initial cell state.
+        h0, c0 : ndarray (B, hidden_size)
+            Initial hidden and cell states.
 
         Returns
         -------

@@ -1,0 +1,159 @@
+"""What :class:`nbqat.FakeQuantize` and :class:`nbqat.LearnableFakeQuantize` share: the phase
+switches and ``with_args`` (torch's ``FakeQuantizeBase``), the observer they wrap, the saved
+context of the last forward and the state-dict plumbing around the observer's state."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+from nbqat import _validate_state as VS
+from nbqat.observers import _MinMaxBase, _PartialWrapper, _with_args
+
+_CACHED = object()  # default of backward's ctx: "use the ctx of the last forward"
+_OBS_PREFIX = "activation_post_process."
+
+
+def _make_observer(observer: Any, kwargs: dict[str, Any], who: str) -> _MinMaxBase:
+    VS.check_factory(observer, _MinMaxBase, who)
+    obs = observer(**kwargs)
+    VS.check_built(obs, _MinMaxBase, who)
+    return obs
+
+
+def _axis(ch_axis: int | None) -> int:
+    """The channel axis of a per-channel quantizer (never None there)."""
+    if ch_axis is None:  # pragma: no cover - guarded by is_per_channel
+        raise ValueError("per-channel fake quantization needs ch_axis")
+    return ch_axis
+
+
+class _QuantizerPhases:
+    """The phase switches and ``with_args`` shared by :class:`FakeQuantize` and
+    :class:`LearnableFakeQuantize` (torch's names; ``torch.ao.quantization.FakeQuantizeBase``)."""
+
+    observer_enabled: bool
+    fake_quant_enabled: bool
+
+    @classmethod
+    def with_args(cls, **kwargs: Any) -> _PartialWrapper:
+        """A factory of this module with these keyword arguments (torch's ``with_args``).
+
+        Parameters
+        ----------
+        **kwargs
+            Constructor arguments (``observer=...``, ``quant_min=...``, observer arguments).
+
+        Returns
+        -------
+        callable
+            Each call builds a new, independent module (a :class:`QConfig` holds these).
+        """
+        return _with_args(cls, **kwargs)
+
+    def enable_observer(self, enabled: bool = True) -> None:
+        """Turn statistics collection (and qparams recomputation) on or off.
+
+        Parameters
+        ----------
+        enabled : bool, default True
+        """
+        self.observer_enabled = bool(enabled)
+
+    def disable_observer(self) -> None:
+        """Freeze the observer (and so scale / zero_point)."""
+        self.enable_observer(False)
+
+    def enable_fake_quant(self, enabled: bool = True) -> None:
+        """Turn fake quantization on or off (off: forward returns x).
+
+        Parameters
+        ----------
+        enabled : bool, default True
+        """
+        self.fake_quant_enabled = bool(enabled)
+
+    def disable_fake_quant(self) -> None:
+        """Pass inputs through unchanged (statistics may still be collected)."""
+        self.enable_fake_quant(False)
+
+    # -- what both quantizers do the same way ------------------------------------------------
+    activation_post_process: _MinMaxBase
+    ctx: Any
+    _ran: bool
+
+    def __call__(self, x: Any) -> Any:
+        return self.forward(x)  # type: ignore[attr-defined]
+
+    def _bind_observer(self, observer: Any, observer_kwargs: dict[str, Any]) -> None:
+        """Build :attr:`activation_post_process` and copy its range, dtype, qscheme and
+        channel axis (``ch_axis`` None per tensor); no forward has run yet."""
+        obs = _make_observer(observer, observer_kwargs, type(self).__name__)
+        self.activation_post_process = obs
+        self.quant_min, self.quant_max = obs.quant_min, obs.quant_max
+        self.dtype, self.qscheme = obs.dtype, obs.qscheme
+        self.is_per_channel = obs._per_channel
+        self.ch_axis = obs.ch_axis if self.is_per_channel else None
+        self.observer_enabled = True
+        self.fake_quant_enabled = True
+        self.ctx = None
+        self._ran = False
+
+    def _saved_ctx(self, ctx: Any) -> Any:
+        """``ctx`` itself, or the last forward's for :data:`_CACHED` (RuntimeError before any
+        forward)."""
+        if ctx is _CACHED:
+            if not self._ran:
+                raise RuntimeError(f"{type(self).__name__}.backward: call forward first")
+            return self.ctx
+        return ctx
+
+    def _with_observer_state(self, own: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``own`` plus the observer's state under ``activation_post_process.*`` (torch's keys)."""
+        for k, v in self.activation_post_process.state_dict().items():
+            own[_OBS_PREFIX + k] = v
+        return own
+
+    #: state-dict key of each phase flag -> the attribute it holds (torch's names).
+    _FLAG_KEYS: dict[str, str]
+    #: further keys :meth:`state_dict` writes that :meth:`load_state_dict` accepts and ignores.
+    _EXTRA_KEYS: tuple[str, ...] = ()
+
+    def _check_qparams_state(self, state: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError  # pragma: no cover - each quantizer checks its own
+
+    def _set_qparams_state(self, scale: np.ndarray, zero_point: np.ndarray) -> None:
+        raise NotImplementedError  # pragma: no cover
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """Load :meth:`state_dict` output; nothing changes unless everything is valid.
+
+        Parameters
+        ----------
+        state : mapping
+        strict : bool, default True
+            Reject unexpected keys.
+
+        Raises
+        ------
+        KeyError
+            Missing keys.
+        ValueError
+            Unexpected keys (strict), wrong shapes, invalid values (flags not 0/1, scales not
+            finite and > 0, zero points out of range or not finite).
+        TypeError
+            A float zero point where the quantizer holds integer ones.
+        """
+        need = [*self._FLAG_KEYS, "scale", "zero_point"]
+        VS.check_state_keys(state, need, self._EXTRA_KEYS, _OBS_PREFIX, strict)
+        sub = {k[len(_OBS_PREFIX) :]: v for k, v in state.items() if k.startswith(_OBS_PREFIX)}
+        flags = {attr: VS.check_flag(state, key) for key, attr in self._FLAG_KEYS.items()}
+        scale, zero_point = self._check_qparams_state(state)
+        obs = copy.deepcopy(self.activation_post_process)
+        obs.load_state_dict(sub, strict=strict)
+        self.activation_post_process = obs
+        self._set_qparams_state(scale, zero_point)
+        for attr, on in flags.items():
+            setattr(self, attr, on)
