@@ -368,6 +368,31 @@ def test_interrupt_and_resume_gives_the_same_metrics(tiny_run, tmp_path, capsys)
     assert (tmp_path / "metrics.json").read_bytes() == (tiny_run / "metrics.json").read_bytes()
 
 
+def test_ctrl_c_in_the_evaluation_keeps_the_trained_run(tiny_run, tmp_path, capsys, monkeypatch):
+    # Ctrl-C after the last QAT step (in the test-split evaluation) raised a bare
+    # KeyboardInterrupt and left no checkpoint: the whole training was lost. The oracle is
+    # the uninterrupted run's metrics.json.
+    import nbqat.train.job as job
+
+    real = job.evaluate
+
+    def ctrl_c(r):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(job, "evaluate", ctrl_c)
+    try:
+        rc = _train(tmp_path, "--compare-clipping", "--max-norm", "0.5")
+    except KeyboardInterrupt:  # not pytest's own: fail this test, not the session
+        pytest.fail("a Ctrl-C in the evaluation escaped nbqat train")
+    assert rc == 130
+    assert "checkpoint saved" in capsys.readouterr().err
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())["state"]
+    assert state["phase"] == "evaluate"
+    monkeypatch.setattr(job, "evaluate", real)
+    assert main(["train", "--resume", str(tmp_path / "checkpoint")]) == 0
+    assert (tmp_path / "metrics.json").read_bytes() == (tiny_run / "metrics.json").read_bytes()
+
+
 def test_device_cuda_under_the_simulator(tiny_run, tmp_path, cuda_sim, small_cuda_blocks):
     # The Adam update (and the float phase's gradient norm) run as CUDA kernels on device
     # copies of the flat buffers; the results match the CPU run up to float32 rounding.

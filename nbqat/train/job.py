@@ -164,7 +164,13 @@ def _run(cfg: TrainConfig, resume: str | Path | None, check_only: bool, par: Par
             save_checkpoint(r)  # after the interrupted phase's time was counted
             par.barrier()  # no rank exits before the checkpoint is complete
             raise
-        return _finish(r, t_start)
+        save_checkpoint(r)  # phase "evaluate": a Ctrl-C in the evaluation loses no training
+        try:
+            return _finish(r, t_start)
+        except KeyboardInterrupt:
+            if par.distributed:
+                raise  # the guard ends every rank; the checkpoint resumes the evaluation
+            raise r.interrupted() from None
     except TrainingInterrupted:
         raise
     except Exception:
