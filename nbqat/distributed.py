@@ -477,12 +477,17 @@ def calibrate(
     ValueError
         A global batch of fewer rows than processes (a rank would get an empty slice): raised
         on every rank at once, before that batch's collectives.
+    TypeError
+        ``group`` not a ProcessGroup or ``qat`` not a QAT model (before anything is attached).
 
     Notes
     -----
     The statistics merge exactly; the qparams equal one process's wherever a slice's
     activations are the same bits as those rows of the whole batch (docs/distributed.md).
     """
+    if not (isinstance(group, ProcessGroup) and callable(getattr(qat, "calibrate", None))):
+        who = f"group {type(group).__name__}, qat {type(qat).__name__}"
+        raise TypeError(f"calibrate: group must be a ProcessGroup, qat a QAT model; got {who}")
     sync_observers(qat.fake_quants if quantizers is None else quantizers, group)
 
     def local() -> Iterable[tuple]:
