@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat._docs import FORECAST_INPUTS, GRAD_OUT, INPUT_GRADS, fill_doc
 from nbqat.nn.phases import CALIBRATION
 from nbqat.nn.qat_state import saved_network
 from nbqat.nn.quantize import QATModel, hooks_for
@@ -251,17 +252,13 @@ class QATTemporalFusionTransformer(QATModel):
         return self.model.grads
 
     # ------------------------------------------------------------------ forward / backward
+    @fill_doc(inputs=FORECAST_INPUTS.format(cast="cast to the model's dtype"))
     def forward(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:
         """Quantile forecasts through the fake-quantized network.
 
         Parameters
         ----------
-        static : ndarray (B, num_static_features)
-            Static inputs, float32 or float64 (cast to the model's dtype).
-        historical : ndarray (B, sequence_length, num_unknown_features)
-            Observed past inputs of the encoder steps.
-        future : ndarray (B, prediction_horizon, num_known_features)
-            Known future inputs of the decoder steps.
+        {inputs}
 
         Returns
         -------
@@ -288,17 +285,13 @@ class QATTemporalFusionTransformer(QATModel):
 
     __call__ = forward
 
+    @fill_doc(inputs=FORECAST_INPUTS.format(cast="cast to the model's dtype"))
     def predict(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:
         """:meth:`forward` without updating any observer or the calibration count (evaluation).
 
         Parameters
         ----------
-        static : ndarray (B, num_static_features)
-            Static inputs, float32 or float64 (cast to the model's dtype).
-        historical : ndarray (B, sequence_length, num_unknown_features)
-            Observed past inputs of the encoder steps.
-        future : ndarray (B, prediction_horizon, num_known_features)
-            Known future inputs of the decoder steps.
+        {inputs}
 
         Returns
         -------
@@ -311,6 +304,7 @@ class QATTemporalFusionTransformer(QATModel):
         """The network, then the output quantizer (what :meth:`predict` runs, observers off)."""
         return self.output_fake_quant.forward(self.model.forward(*inputs))
 
+    @fill_doc(grad_out=GRAD_OUT.format(cast=""), input_grads=INPUT_GRADS)
     def backward(self, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Backpropagate ``grad_out`` (B, tau, Q) through every STE mask into :attr:`grads`.
 
@@ -318,18 +312,11 @@ class QATTemporalFusionTransformer(QATModel):
 
         Parameters
         ----------
-        grad_out : ndarray (B, prediction_horizon, num_quantiles)
-            Gradient w.r.t. the output of the last :meth:`forward` (e.g.
-            :func:`~nbqat.nn.quantile_loss_grad`).
+        {grad_out}
 
         Returns
         -------
-        dstatic : ndarray (B, num_static_features)
-            Gradient w.r.t. ``static``.
-        dhistorical : ndarray (B, sequence_length, num_unknown_features)
-            Gradient w.r.t. ``historical``.
-        dfuture : ndarray (B, prediction_horizon, num_known_features)
-            Gradient w.r.t. ``future``. All three in the model's dtype.
+        {input_grads}
         """
         g = self.output_fake_quant.backward(np.asarray(grad_out), self._out_ctx)
         return self.model.backward(np.asarray(g, dtype=self.model.dtype))

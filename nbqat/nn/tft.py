@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from nbqat._docs import GRAD_OUT, INPUT_GRADS, fill_doc
+from nbqat._validate import check_positive_int_fields, check_quantiles
 from nbqat.nn.layers import (
     LSTM,
     Dropout,
@@ -20,6 +22,16 @@ from nbqat.nn.layers import (
     VariableSelectionNetwork,
 )
 from nbqat.nn.params import BufferedModel, ParameterBuffer
+
+#: The size fields every forecaster config checks as positive ints (TFTConfig adds num_heads).
+FORECASTER_SIZE_FIELDS = (
+    "num_static_features",
+    "num_known_features",
+    "num_unknown_features",
+    "hidden_dim",
+    "sequence_length",
+    "prediction_horizon",
+)
 
 
 @dataclass
@@ -80,30 +92,13 @@ class TFTConfig:
     linear_skip: bool = False
 
     def __post_init__(self) -> None:
-        for name in (
-            "num_static_features",
-            "num_known_features",
-            "num_unknown_features",
-            "hidden_dim",
-            "sequence_length",
-            "prediction_horizon",
-            "num_heads",
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"TFTConfig.{name} must be a positive int, got {v!r}")
-            setattr(self, name, int(v))
+        check_positive_int_fields(self, (*FORECASTER_SIZE_FIELDS, "num_heads"))
         if self.hidden_dim % self.num_heads != 0:
             raise ValueError(
                 f"TFTConfig.hidden_dim ({self.hidden_dim}) must be divisible by num_heads "
                 f"({self.num_heads})"
             )
-        q = tuple(float(x) for x in self.quantiles)
-        if not q or any(not 0.0 < x < 1.0 for x in q) or any(a >= b for a, b in zip(q, q[1:])):
-            raise ValueError(
-                f"TFTConfig.quantiles must be strictly increasing values in (0, 1), got {q}"
-            )
-        self.quantiles = q
+        check_quantiles(self)
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ValueError(f"TFTConfig.dropout must be in [0, 1), got {self.dropout!r}")
         self.dropout = float(self.dropout)
@@ -355,6 +350,7 @@ class TemporalFusionTransformer(BufferedModel):
 
     __call__ = forward
 
+    @fill_doc(grad_out=GRAD_OUT.format(cast="; cast to the model's dtype"), input_grads=INPUT_GRADS)
     def backward(self, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Backpropagate ``grad_out`` (B, tau, Q), accumulating into :attr:`grads`.
 
@@ -362,18 +358,11 @@ class TemporalFusionTransformer(BufferedModel):
 
         Parameters
         ----------
-        grad_out : ndarray (B, prediction_horizon, num_quantiles)
-            Gradient w.r.t. the output of the last :meth:`forward` (e.g.
-            :func:`~nbqat.nn.quantile_loss_grad`); cast to the model's dtype.
+        {grad_out}
 
         Returns
         -------
-        dstatic : ndarray (B, num_static_features)
-            Gradient w.r.t. ``static``.
-        dhistorical : ndarray (B, sequence_length, num_unknown_features)
-            Gradient w.r.t. ``historical``.
-        dfuture : ndarray (B, prediction_horizon, num_known_features)
-            Gradient w.r.t. ``future``. All three in the model's dtype.
+        {input_grads}
 
         Raises
         ------
