@@ -11,16 +11,7 @@ import numpy as np
 
 from nbqat._docs import GRAD_OUT, INPUT_GRADS, fill_doc
 from nbqat._validate import check_positive_int_fields, check_quantiles
-from nbqat.nn.layers import (
-    LSTM,
-    Dropout,
-    GateAddNorm,
-    GatedLinearUnit,
-    GatedResidualNetwork,
-    InterpretableMultiHeadAttention,
-    Linear,
-    VariableSelectionNetwork,
-)
+from nbqat.nn import layers
 from nbqat.nn.params import BufferedModel, ParameterBuffer
 
 #: The size fields every forecaster config checks as positive ints (TFTConfig adds num_heads).
@@ -215,31 +206,31 @@ class TemporalFusionTransformer(BufferedModel):
         cfg = config
         d = cfg.hidden_dim
         self.config = cfg
-        self.static_vsn = VariableSelectionNetwork(cfg.num_static_features, d)
-        self.static_context_variable_selection = GatedResidualNetwork(d, d, d)
-        self.static_context_enrichment = GatedResidualNetwork(d, d, d)
-        self.static_context_initial_hidden = GatedResidualNetwork(d, d, d)
-        self.static_context_initial_cell = GatedResidualNetwork(d, d, d)
-        self.encoder_vsn = VariableSelectionNetwork(cfg.num_unknown_features, d, d)
-        self.decoder_vsn = VariableSelectionNetwork(cfg.num_known_features, d, d)
-        self.lstm_encoder = LSTM(d, d)
-        self.lstm_decoder = LSTM(d, d)
-        self.post_lstm_gate = GateAddNorm(d, d)
-        self.static_enrichment = GatedResidualNetwork(d, d, d, d)
-        self.multihead_attn = InterpretableMultiHeadAttention(d, cfg.num_heads)
-        self.post_attn_gate = GateAddNorm(d, d)
-        self.pos_wise_ff = GatedResidualNetwork(d, d, d)
-        self.pre_output_gate = GateAddNorm(d, d)
-        self.output_layer = Linear(d, cfg.num_quantiles)
-        self.linear_skip: Linear | None = None
+        self.static_vsn = layers.VariableSelectionNetwork(cfg.num_static_features, d)
+        self.static_context_variable_selection = layers.GatedResidualNetwork(d, d, d)
+        self.static_context_enrichment = layers.GatedResidualNetwork(d, d, d)
+        self.static_context_initial_hidden = layers.GatedResidualNetwork(d, d, d)
+        self.static_context_initial_cell = layers.GatedResidualNetwork(d, d, d)
+        self.encoder_vsn = layers.VariableSelectionNetwork(cfg.num_unknown_features, d, d)
+        self.decoder_vsn = layers.VariableSelectionNetwork(cfg.num_known_features, d, d)
+        self.lstm_encoder = layers.LSTM(d, d)
+        self.lstm_decoder = layers.LSTM(d, d)
+        self.post_lstm_gate = layers.GateAddNorm(d, d)
+        self.static_enrichment = layers.GatedResidualNetwork(d, d, d, d)
+        self.multihead_attn = layers.InterpretableMultiHeadAttention(d, cfg.num_heads)
+        self.post_attn_gate = layers.GateAddNorm(d, d)
+        self.pos_wise_ff = layers.GatedResidualNetwork(d, d, d)
+        self.pre_output_gate = layers.GateAddNorm(d, d)
+        self.output_layer = layers.Linear(d, cfg.num_quantiles)
+        self.linear_skip: layers.Linear | None = None
         if cfg.linear_skip:
-            self.linear_skip = Linear(
+            self.linear_skip = layers.Linear(
                 cfg.window_features, cfg.prediction_horizon * cfg.num_quantiles
             )
         if cfg.dropout > 0:  # one Dropout at every GLU's input, numbered in module order
-            glus = [m for _, m in self.named_modules() if isinstance(m, GatedLinearUnit)]
+            glus = [m for _, m in self.named_modules() if isinstance(m, layers.GatedLinearUnit)]
             for i, glu in enumerate(glus):
-                glu.dropout = Dropout(cfg.dropout)
+                glu.dropout = layers.Dropout(cfg.dropout)
                 glu.dropout.stream = i
         self.buffer = ParameterBuffer(self, dt, seed)
         self.dtype = dt
