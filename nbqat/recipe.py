@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from nbqat.optim_groups import inner_attribute
+
 __all__ = [
     "AveragedOptimizer",
     "GroupedAdamW",
@@ -393,13 +395,7 @@ class AveragedOptimizer:
     def params(self) -> np.ndarray:
         return self.inner.params
 
-    @property
-    def lr(self) -> float:
-        return self.inner.lr
-
-    @lr.setter
-    def lr(self, value: float) -> None:
-        self.inner.lr = value
+    lr = inner_attribute("lr")
 
     def __getattr__(self, name: str) -> Any:  # step_count, upload_grads, ... of the inner one
         if name == "inner":
