@@ -17,23 +17,34 @@ T = TypeVar("T")
 
 _SLOT = re.compile(r"^(?P<indent>[ \t]*)\{(?P<name>[A-Za-z_]\w*)\}[ \t]*$", re.MULTILINE)
 
-# The three inputs of every forecaster (TFT, LSTM, their QAT and int8 forms).
-FORECAST_INPUTS = """\
+# The parameters and the return type of every forecaster's forward / predict (TFT, LSTM, their
+# QAT and int8 forms); the docstring adds the return value's description after it.
+FORECAST_IO = """\
+Parameters
+----------
 static : ndarray (B, num_static_features)
     Static inputs, float32 or float64 ({cast}).
 historical : ndarray (B, sequence_length, num_unknown_features)
     Observed past inputs of the encoder steps.
 future : ndarray (B, prediction_horizon, num_known_features)
-    Known future inputs of the decoder steps."""
+    Known future inputs of the decoder steps.
 
-# The gradient a forecaster's ``backward`` takes.
-GRAD_OUT = """\
+Returns
+-------
+ndarray (B, prediction_horizon, num_quantiles){out}"""
+
+# The contract of a forecaster's ``backward``.
+BACKWARD_IO = """\
+Gradients are added (``+=``) to the flat buffer; call :meth:`zero_grad` first.
+
+Parameters
+----------
 grad_out : ndarray (B, prediction_horizon, num_quantiles)
     Gradient w.r.t. the output of the last :meth:`forward` (e.g.
-    :func:`~nbqat.nn.quantile_loss_grad`){cast}."""
+    :func:`~nbqat.nn.quantile_loss_grad`){cast}.
 
-# What a forecaster's ``backward`` returns.
-INPUT_GRADS = """\
+Returns
+-------
 dstatic : ndarray (B, num_static_features)
     Gradient w.r.t. ``static``.
 dhistorical : ndarray (B, sequence_length, num_unknown_features)

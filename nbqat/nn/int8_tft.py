@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from nbqat._docs import FORECAST_INPUTS, fill_doc
+from nbqat._docs import FORECAST_IO, fill_doc
 from nbqat.nn.int8 import Int8Linear, Int8LSTM, _qparams, quantize_per_tensor
 
 __all__ = ["FrozenFakeQuantize", "Int8TemporalFusionTransformer"]
@@ -128,17 +128,11 @@ class Int8TemporalFusionTransformer:
         self.model = model
         return self
 
-    @fill_doc(inputs=FORECAST_INPUTS.format(cast="cast to float32"))
+    @fill_doc(forecast_io=FORECAST_IO.format(cast="cast to float32", out=" float32"))
     def forward(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:
         """Forecasts (B, tau, Q) float32 through the integer matmuls.
 
-        Parameters
-        ----------
-        {inputs}
-
-        Returns
-        -------
-        ndarray (B, prediction_horizon, num_quantiles) float32
+        {forecast_io}
             Dequantized from the uint8 output codes when ``quantized_output``.
         """
         out = self.model.forward(static, historical, future)

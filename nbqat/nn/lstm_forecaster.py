@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from nbqat._docs import FORECAST_INPUTS, fill_doc
+from nbqat._docs import FORECAST_IO, fill_doc
 from nbqat._validate import check_positive_int_fields, check_quantiles
 from nbqat.nn.layers import ELU, LSTM, Linear
 from nbqat.nn.params import BufferedModel, ParameterBuffer
@@ -103,17 +103,13 @@ class LSTMForecaster(BufferedModel):
         self.buffer = ParameterBuffer(self, dtype, seed)
         self.dtype = np.dtype(dtype)
 
-    @fill_doc(inputs=FORECAST_INPUTS.format(cast="cast to the model's dtype"))
+    @fill_doc(
+        forecast_io=FORECAST_IO.format(cast="cast to the model's dtype", out=", the model's dtype")
+    )
     def forward(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> Any:
         """Quantile forecasts.
 
-        Parameters
-        ----------
-        {inputs}
-
-        Returns
-        -------
-        ndarray (B, prediction_horizon, num_quantiles), the model's dtype
+        {forecast_io}
 
         Raises
         ------

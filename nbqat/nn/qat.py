@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from nbqat._docs import FORECAST_INPUTS, GRAD_OUT, INPUT_GRADS, fill_doc
+from nbqat._docs import BACKWARD_IO, FORECAST_IO, fill_doc
 from nbqat.nn.phases import CALIBRATION
 from nbqat.nn.qat_state import saved_network
 from nbqat.nn.quantize import QATModel, hooks_for
@@ -252,17 +252,11 @@ class QATTemporalFusionTransformer(QATModel):
         return self.model.grads
 
     # ------------------------------------------------------------------ forward / backward
-    @fill_doc(inputs=FORECAST_INPUTS.format(cast="cast to the model's dtype"))
+    @fill_doc(forecast_io=FORECAST_IO.format(cast="cast to the model's dtype", out=""))
     def forward(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:
         """Quantile forecasts through the fake-quantized network.
 
-        Parameters
-        ----------
-        {inputs}
-
-        Returns
-        -------
-        ndarray (B, prediction_horizon, num_quantiles)
+        {forecast_io}
             The forecast quantiles (through the output quantizer), in the model's dtype.
 
         Notes
@@ -285,17 +279,11 @@ class QATTemporalFusionTransformer(QATModel):
 
     __call__ = forward
 
-    @fill_doc(inputs=FORECAST_INPUTS.format(cast="cast to the model's dtype"))
+    @fill_doc(forecast_io=FORECAST_IO.format(cast="cast to the model's dtype", out=""))
     def predict(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:
         """:meth:`forward` without updating any observer or the calibration count (evaluation).
 
-        Parameters
-        ----------
-        {inputs}
-
-        Returns
-        -------
-        ndarray (B, prediction_horizon, num_quantiles)
+        {forecast_io}
             The forecast quantiles with the current qparams and phase, in the model's dtype.
         """
         return QATModel.predict(self, static, historical, future)
@@ -304,19 +292,11 @@ class QATTemporalFusionTransformer(QATModel):
         """The network, then the output quantizer (what :meth:`predict` runs, observers off)."""
         return self.output_fake_quant.forward(self.model.forward(*inputs))
 
-    @fill_doc(grad_out=GRAD_OUT.format(cast=""), input_grads=INPUT_GRADS)
+    @fill_doc(backward_io=BACKWARD_IO.format(cast=""))
     def backward(self, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Backpropagate ``grad_out`` (B, tau, Q) through every STE mask into :attr:`grads`.
 
-        Gradients are added (``+=``) to the flat buffer; call :meth:`zero_grad` first.
-
-        Parameters
-        ----------
-        {grad_out}
-
-        Returns
-        -------
-        {input_grads}
+        {backward_io}
         """
         g = self.output_fake_quant.backward(np.asarray(grad_out), self._out_ctx)
         return self.model.backward(np.asarray(g, dtype=self.model.dtype))

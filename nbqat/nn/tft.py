@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from nbqat._docs import GRAD_OUT, INPUT_GRADS, fill_doc
+from nbqat._docs import BACKWARD_IO, fill_doc
 from nbqat._validate import check_positive_int_fields, check_quantiles
 from nbqat.nn import layers
 from nbqat.nn.params import BufferedModel, ParameterBuffer
@@ -341,19 +341,11 @@ class TemporalFusionTransformer(BufferedModel):
 
     __call__ = forward
 
-    @fill_doc(grad_out=GRAD_OUT.format(cast="; cast to the model's dtype"), input_grads=INPUT_GRADS)
+    @fill_doc(backward_io=BACKWARD_IO.format(cast="; cast to the model's dtype"))
     def backward(self, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Backpropagate ``grad_out`` (B, tau, Q), accumulating into :attr:`grads`.
 
-        Gradients are added (``+=``) to the flat buffer; call :meth:`zero_grad` first.
-
-        Parameters
-        ----------
-        {grad_out}
-
-        Returns
-        -------
-        {input_grads}
+        {backward_io}
 
         Raises
         ------
