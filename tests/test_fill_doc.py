@@ -46,7 +46,7 @@ def test_no_docstring_is_left_alone() -> None:
 
 def test_forecaster_docstrings_are_complete_at_run_time() -> None:
     from nbqat.nn import LSTMForecaster, QATTemporalFusionTransformer, TemporalFusionTransformer
-    from nbqat.nn.int8_tft import Int8TemporalFusionTransformer
+    from nbqat.nn.int8 import Int8TemporalFusionTransformer
 
     for meth in (
         QATTemporalFusionTransformer.forward,
