@@ -240,16 +240,7 @@ class QATTemporalFusionTransformer(QATModel):
     #: The Rust original's name for :meth:`from_float` (``new_from_fp32``).
     new_from_fp32 = from_float
 
-    # ------------------------------------------------------------------ buffers
-    @property
-    def params(self) -> np.ndarray:
-        """The flat parameter buffer (the float "shadow" weights), shared with :attr:`model`."""
-        return self.model.params
-
-    @property
-    def grads(self) -> np.ndarray:
-        """The flat gradient buffer (STE-masked gradients after :meth:`backward`)."""
-        return self.model.grads
+    # ``params`` / ``grads``: QATModel's, the buffer of :attr:`model` (passed to it above).
 
     # ------------------------------------------------------------------ forward / backward
     @fill_doc(forecast_io=FORECAST_IO.format(cast="cast to the model's dtype", out=""))

@@ -299,25 +299,24 @@ class QATModel(QATCheckpoint, QATPhases):
         self.num_inputs: int | None = 3 if forecaster else None
         self._apply_flags()
 
-    @property
-    def params(self) -> np.ndarray:
-        """The flat parameter buffer."""
+    def _flat(self, which: str) -> np.ndarray:
+        """``self.buffer.<which>``; AttributeError naming the fix when there is no buffer."""
         if self.buffer is None:
             raise AttributeError(
                 "this QATModel was prepared inplace from a model without its own `buffer`: use "
-                "the ParameterBuffer you built for it (buf.params), or prepare_qat(model)"
+                f"the ParameterBuffer you built for it (buf.{which}), or prepare_qat(model)"
             )
-        return self.buffer.params
+        return getattr(self.buffer, which)
+
+    @property
+    def params(self) -> np.ndarray:
+        """The flat parameter buffer (the float "shadow" weights), shared with :attr:`model`."""
+        return self._flat("params")
 
     @property
     def grads(self) -> np.ndarray:
         """The flat gradient buffer (STE-masked gradients after :meth:`backward`)."""
-        if self.buffer is None:
-            raise AttributeError(
-                "this QATModel was prepared inplace from a model without its own `buffer`: use "
-                "the ParameterBuffer you built for it (buf.grads), or prepare_qat(model)"
-            )
-        return self.buffer.grads
+        return self._flat("grads")
 
     def zero_grad(self) -> None:
         """Clear the flat gradient buffer (with ``inplace``: every parameter gradient of the
