@@ -52,6 +52,17 @@ dhistorical : ndarray (B, sequence_length, num_unknown_features)
 dfuture : ndarray (B, prediction_horizon, num_known_features)
     Gradient w.r.t. ``future``. All three in the model's dtype."""
 
+# What the QAT -> integer conversion returns and raises.
+INT8_RESULT = """\
+Returns
+-------
+Int8Model
+
+Raises
+------
+RuntimeError
+    A quantizer has never observed data (calibrate first)."""
+
 
 def fill_doc(**blocks: str) -> Callable[[T], T]:
     """Decorator: fill each ``{name}`` line of the object's docstring with ``blocks[name]``.

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat._docs import INT8_RESULT, fill_doc
 from nbqat.nn.params import Module, ParameterBuffer
 from nbqat.nn.phases import CALIBRATION, QATPhases, is_learnable
 from nbqat.nn.qat_mappings import QAT_MODULE_MAPPINGS, hooks_for, register_qat_module
@@ -420,17 +421,11 @@ class QATModel(QATCheckpoint, QATPhases):
     def _network_forward(self, *inputs: Any) -> Any:
         return self.model.forward(*inputs)
 
+    @fill_doc(int8_result=INT8_RESULT)
     def to_int8(self) -> Any:
         """The integer model (:func:`nbqat.nn.convert`; this model is not changed).
 
-        Returns
-        -------
-        Int8Model
-
-        Raises
-        ------
-        RuntimeError
-            A quantizer has never observed data (calibrate first).
+        {int8_result}
         """
         from nbqat.nn.convert import convert_model
 

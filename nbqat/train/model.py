@@ -12,16 +12,6 @@ from nbqat.data import Windows, load_csv, load_tmy3, make_windows
 from nbqat.optim_groups import inner_attribute
 from nbqat.train.config import MIN_HISTORY, QUANTILES
 
-__all__ = [
-    "DeviceAdam",
-    "build_model",
-    "check_device",
-    "load_data",
-    "make_optimizer",
-    "set_dropout_mode",
-    "to_host",
-]
-
 
 def build_model(cfg: Any, w: Windows) -> Any:
     """A fresh float32 forecaster (``cfg.model``: ``"tft"`` or ``"lstm"``) for the run's windows.
@@ -204,3 +194,14 @@ def load_data(cfg: Any) -> Windows:
     )
     preflight.check_windows(cfg, w)
     return w
+
+
+__all__ = [
+    "DeviceAdam",
+    "build_model",
+    "check_device",
+    "load_data",
+    "make_optimizer",
+    "set_dropout_mode",
+    "to_host",
+]
