@@ -32,8 +32,9 @@ _READ_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-#: Block size of the streamed CSV read.
-_BLOCK_BYTES = 4 << 20
+#: Block size of the CSV read (blocks are parsed in parallel; column types are inferred from
+#: the first block and widened when a later block needs it).
+_BLOCK_BYTES = 1 << 20
 
 
 class _ArrowColumns:
@@ -72,8 +73,17 @@ class _ArrowColumns:
         return True
 
 
-def _read_table(path: Path, cols: list[str], entity_col: str | None, parquet: bool) -> Any:
-    """The needed columns of a CSV / Parquet file (pyarrow; pandas' C parser without it)."""
+def _read_table(
+    path: Path, cols: list[str], entity_col: str | None, parquet: bool, numeric: list[str]
+) -> Any:
+    """The needed columns of a CSV / Parquet file (pyarrow; pandas' C parser without it).
+
+    CSV: pyarrow's multithreaded reader with the ``numeric`` columns parsed straight to
+    float64, its buffers from the system allocator and handed back to the OS right after the
+    read (:func:`_return_freed_memory`), so the peak is the parse, not the parse plus what
+    follows. A file whose ``numeric`` columns do not all parse as numbers is read again with
+    inferred types, so the checks that follow can name the line of the bad value.
+    """
     try:
         import pyarrow as pa
         import pyarrow.csv as pacsv
@@ -88,21 +98,31 @@ def _read_table(path: Path, cols: list[str], entity_col: str | None, parquet: bo
         import pyarrow.parquet as pq
 
         return _ArrowColumns(pq.read_table(path, columns=cols))
-    types = {entity_col: pa.string()} if entity_col else None
-    conv = pacsv.ConvertOptions(include_columns=cols, column_types=types)
+    types = {entity_col: pa.string()} if entity_col else {}
+    pool = pa.system_memory_pool()
+    opts = pacsv.ReadOptions(block_size=_BLOCK_BYTES)
     try:
-        # Streamed in 4 MB blocks: the peak memory is the table plus one block, not the
-        # whole-file parse buffers of pyarrow.csv.read_csv (load_csv's peak on
-        # benchmarks/bench_data.py's 1.75 M-row file: 1.2x a bare pandas.read_csv streamed,
-        # 1.6x read whole, for 0.1-0.4 s less time).
-        opts = pacsv.ReadOptions(block_size=_BLOCK_BYTES)
-        reader = pacsv.open_csv(path, read_options=opts, convert_options=conv)
-        return _ArrowColumns(pa.Table.from_batches(list(reader), schema=reader.schema))
+        typed = pacsv.ConvertOptions(
+            include_columns=cols, column_types={**types, **dict.fromkeys(numeric, pa.float64())}
+        )
+        table = pacsv.read_csv(path, opts, convert_options=typed, memory_pool=pool)
     except pa.ArrowInvalid:
-        # The column types are inferred from the first block; a later block that does not
-        # fit (text among numbers, a time zone mix) is read again whole, so the checks that
-        # follow can name its line.
-        return _ArrowColumns(pacsv.read_csv(path, convert_options=conv))
+        # A value that is not a number (or a time zone mix, a short row): inferred types.
+        conv = pacsv.ConvertOptions(include_columns=cols, column_types=types or None)
+        table = pacsv.read_csv(path, opts, convert_options=conv, memory_pool=pool)
+    _return_freed_memory()
+    return _ArrowColumns(table)
+
+
+def _return_freed_memory() -> None:
+    """glibc's ``malloc_trim(0)``: give the reader's freed parse buffers back to the OS (a
+    no-op where the C library has no such call)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        pass
 
 
 def _read_header(path: Path) -> list[str]:
@@ -250,7 +270,8 @@ def load_csv(
     roles = _roles(time_col, target_col, entity_col, known, static, observed_cols)
     observed = _check_columns(str(path), header, roles, observed_cols)
     cols = _unique([time_col, target_col] + observed + known + static + _opt(entity_col))
-    df = _read_checked(path, cols, entity_col, parquet, len(header))
+    numeric = _unique([target_col] + observed + known + static)
+    df = _read_checked(path, cols, entity_col, parquet, len(header), numeric)
 
     def where(i: int) -> str:
         return f"{path}, row {i}" if parquet else f"{path}, line {_line_of_row(path, i)}"
@@ -270,13 +291,13 @@ def _parquet_header(path: Path) -> list[str]:
 
 
 def _read_checked(
-    path: Path, cols: list[str], entity_col: str | None, parquet: bool, ncol: int
+    path: Path, cols: list[str], entity_col: str | None, parquet: bool, ncol: int, numeric: list
 ) -> Any:
     """:func:`_read_table`, its errors turned into DataErrors that say the fix."""
     import pandas as pd
 
     try:
-        df = _read_table(path, cols, entity_col, parquet)
+        df = _read_table(path, cols, entity_col, parquet, numeric)
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: the file has a header but no data rows") from None
     except (*_READ_ERRORS, ValueError, pd.errors.ParserError) as e:
