@@ -43,8 +43,14 @@ def atomic_open(
     ------
     FileNotFoundError
         When the folder of ``path`` does not exist.
+    IsADirectoryError
+        When ``path`` is a folder.
     """
     folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):  # named here: mkstemp's error names the temporary file
+        raise FileNotFoundError(f"{os.fspath(path)!r}: the folder {folder!r} does not exist")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{os.fspath(path)!r} is a folder: pass a file name")
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, mode, **kwargs) as f:

@@ -210,7 +210,10 @@ def _add_model_options(g: Any) -> None:
         "equally fine-tuned float row) [default: 0.1]",
     )
     g.add_argument(
-        "--seed", type=int, default=0, help="seed of initialisation and shuffling [default: 0]"
+        "--seed",
+        type=_nonneg_int,
+        default=0,
+        help="seed of initialisation and shuffling (an integer >= 0) [default: 0]",
     )
     g.add_argument(
         "--device",
@@ -344,7 +347,21 @@ def _add_data_options(t: Any) -> None:
 _RESUME_FREE = ("command", "resume", "no_progress", "stop_after_steps", "check", "overwrite")
 
 
-def _resume_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _given(argv: Sequence[str]) -> set[str]:
+    """The ``nbqat train`` options written on the command line ``argv`` (their dests).
+
+    An option given at its default value (``--model tft``, ``--seed 0``) counts as given: a
+    ``--resume`` compares it with the checkpoint's value instead of ignoring it.
+    """
+    p = build_parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    train = sub.choices["train"]
+    for a in train._actions:
+        a.default = argparse.SUPPRESS
+    return set(vars(p.parse_args(list(argv)))) - {"command"}
+
+
+def _resume_conflicts(args: argparse.Namespace, argv: Sequence[str]) -> None:
     """Raise ValueError for options given with --resume that differ from the checkpoint's."""
     from dataclasses import fields
     from pathlib import Path
@@ -352,8 +369,8 @@ def _resume_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace)
     from nbqat import checkpoint
     from nbqat.train import TrainConfig
 
-    defaults = vars(parser.parse_args(["train"]))
-    given = [k for k, v in vars(args).items() if k not in _RESUME_FREE and v != defaults.get(k)]
+    explicit = _given(argv) - set(_RESUME_FREE)
+    given = [k for k in vars(args) if k in explicit]  # in --help's order
     if not given:
         return
     meta = checkpoint.read_state(args.resume, {f.name: f.default for f in fields(TrainConfig)})
@@ -370,7 +387,11 @@ def _resume_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace)
         else:
             same = saved.get(k) == v
         if not same:
-            bad.append(f"--{k.replace('_', '-')} {v!r} (the checkpoint has {saved.get(k)!r})")
+            opt, was = "--" + k.replace("_", "-"), saved.get(k)
+            if isinstance(v, bool):  # the flag as typed: --no-plots, --compare-clipping
+                bad.append(f"{opt if v else '--no-' + opt[2:]} (the checkpoint has {k}={was})")
+            else:
+                bad.append(f"{opt} {v!r} (the checkpoint has {was!r})")
     if bad:
         raise ValueError(
             "--resume continues a run with the options it started with; these conflict with "
@@ -441,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             cfg = TrainConfig.from_args(args)
             if args.resume is not None:
-                _resume_conflicts(parser, args)
+                _resume_conflicts(args, sys.argv[1:] if argv is None else argv)
             res = run(cfg, resume=args.resume, check_only=args.check)
             if args.check and _root():
                 d = res["data"]

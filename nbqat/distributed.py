@@ -1,11 +1,9 @@
 """Data-parallel training and calibration over MPI (mpi4py), with observers kept in sync.
 
-A :class:`ProcessGroup` is what the rest of nbqat needs from a multi-process run: the rank and
-size, an allreduce of a flat buffer, a broadcast, an allgather of small objects and an abort.
-:func:`init_process_group` returns the MPI group (:class:`MPIProcessGroup`, ``mpi4py``'s
-``COMM_WORLD``) when the program runs under ``mpiexec`` with more than one process, and the
-single-process fallback (:class:`ProcessGroup`, every collective the identity) otherwise, so that
-the same code runs with and without MPI. There is no home-made transport.
+A :class:`ProcessGroup` gives rank, size, an allreduce, a broadcast, an allgather and an abort:
+:func:`init_process_group` returns mpi4py's ``COMM_WORLD`` (:class:`MPIProcessGroup`) under
+``mpiexec`` with several processes, else the single-process fallback (every collective the
+identity), so the same code runs with and without MPI. No home-made transport.
 
 How a data-parallel run stays exact (llm.c's scheme on nbqat's flat buffers):
 
@@ -23,10 +21,9 @@ How a data-parallel run stays exact (llm.c's scheme on nbqat's flat buffers):
   ``clip_grad_norm_`` is then the global norm, identical on every rank, and the fused optimizer
   update keeps the parameters identical everywhere.
 
-A floating-point sum depends on its order: an N-process run equals the 1-process run to
-rounding (1e-5 relative in the tests), and two runs with the same N give identical bits.
-CUDA device arrays are staged through the host (the MPICH wheel is not CUDA-aware);
-:attr:`ProcessGroup.last_transport` says which happened.
+A float sum depends on its order: an N-process run equals the 1-process run to rounding (1e-5
+relative in the tests); two runs with the same N give identical bits. CUDA device arrays are
+staged through the host (the MPICH wheel is not CUDA-aware): ``last_transport`` says which.
 """
 
 from __future__ import annotations
@@ -477,12 +474,17 @@ def calibrate(
     ValueError
         A global batch of fewer rows than processes (a rank would get an empty slice): raised
         on every rank at once, before that batch's collectives.
+    TypeError
+        ``group`` not a ProcessGroup or ``qat`` not a QAT model (before anything is attached).
 
     Notes
     -----
     The statistics merge exactly; the qparams equal one process's wherever a slice's
     activations are the same bits as those rows of the whole batch (docs/distributed.md).
     """
+    if not (isinstance(group, ProcessGroup) and callable(getattr(qat, "calibrate", None))):
+        who = f"group {type(group).__name__}, qat {type(qat).__name__}"
+        raise TypeError(f"calibrate: group must be a ProcessGroup, qat a QAT model; got {who}")
     sync_observers(qat.fake_quants if quantizers is None else quantizers, group)
 
     def local() -> Iterable[tuple]:

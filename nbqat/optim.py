@@ -296,6 +296,7 @@ class SGD(_Optimizer):
         super().__init__(params)
         self.lr, self.momentum, self.dampening = float(lr), float(momentum), float(dampening)
         self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
+        self.defaults = self.hparams()  # torch's: what add_param_group fills in
 
     def _validate(self, lr=0.0, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
         _hparam(lr, "learning rate")
@@ -363,6 +364,7 @@ class Adam(_Optimizer):
         super().__init__(params)
         self.lr, self.eps, self.weight_decay = float(lr), float(eps), float(weight_decay)
         self.betas = (float(betas[0]), float(betas[1]))
+        self.defaults = self.hparams()  # torch's: what add_param_group fills in
 
     def _validate(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         _hparam(lr, "learning rate")

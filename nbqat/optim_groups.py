@@ -4,7 +4,10 @@ Group 0 is the optimizer's flat buffer. An extra group holds a :class:`ParamSour
 LSQ scales and zero points of a QAT model, :meth:`nbqat.nn.QATModel.quantizer_parameters`)
 with its own hyper-parameters and state: at every ``step`` the source's parameters and
 gradients are gathered into flat arrays, updated by an optimizer of the same class (the same
-fused kernel) with the same ``grad_scale``, and scattered back.
+fused kernel) with the same ``grad_scale``, and scattered back. A source with an ``arrays()``
+method (:class:`ArrayGroup`, the QAT models' quantizer parameters) lists the arrays it
+updates: ``add_param_group`` refuses a source that shares memory with group 0's buffer or
+another group, as torch refuses a parameter in two groups.
 """
 
 from __future__ import annotations
@@ -91,12 +94,22 @@ class ArrayGroup:
             [np.ravel(g) for g in self.grads] or [np.zeros(0, dt)]
         )
 
+    def arrays(self) -> list[np.ndarray]:
+        """The parameter arrays (``add_param_group`` refuses one already in a group)."""
+        return list(self.params)
+
     def scatter(self, params: np.ndarray) -> None:
         """Copy the flat ``params`` back into the arrays, in order."""
         off = 0
         for p in self.params:
             p[...] = params[off : off + p.size].reshape(p.shape)
             off += p.size
+
+
+def _arrays(src: Any) -> list[np.ndarray]:
+    """The NumPy arrays a source updates, where it tells (an ``arrays()`` method)."""
+    fn = getattr(src, "arrays", None)
+    return [a for a in fn() if isinstance(a, np.ndarray)] if callable(fn) else []
 
 
 class _Group:
@@ -150,6 +163,7 @@ class ParamGroups:
     """The parameter-group half of nbqat's optimizers (mixed into ``nbqat.optim._Optimizer``)."""
 
     params: Any
+    defaults: dict[str, Any]  # the constructor's hyper-parameters (torch's ``defaults``)
     _hparam_names: tuple[str, ...]
     _groups: list[_Group]
 
@@ -178,7 +192,9 @@ class ParamGroups:
         ----------
         group : dict
             ``{"params": ParamSource, <hyper-parameter overrides>}``; the others default to
-            this optimizer's (e.g. ``{"params": qat.quantizer_parameters(), "lr": 1e-4}``).
+            the optimizer's constructor arguments (``defaults``, as torch: a later
+            ``opt.lr = ...`` of group 0 does not change them), e.g.
+            ``{"params": qat.quantizer_parameters(), "lr": 1e-4}``.
 
         Raises
         ------
@@ -197,15 +213,36 @@ class ParamGroups:
             )
         if any(g.source is src for g in self._groups):
             raise ValueError("add_param_group: these parameters are in a group already")
+        self._check_disjoint(src)
         extra = sorted(set(group) - {"params", *self._hparam_names})
         if extra:
             raise ValueError(
                 f"add_param_group: unknown hyper-parameters {extra} for {type(self).__name__} "
                 f"(it has {list(self._hparam_names)})"
             )
-        hp = {**self.hparams(), **{k: v for k, v in group.items() if k != "params"}}
+        base = getattr(self, "defaults", None) or self.hparams()  # the constructor's, as torch
+        hp = {**base, **{k: v for k, v in group.items() if k != "params"}}
         self._validate(**hp)
         self._groups.append(_Group(src, hp))
+
+    def _check_disjoint(self, src: Any) -> None:
+        """ValueError if an array of ``src`` shares memory with group 0's buffer or another
+        group's arrays (torch: "some parameters appear in more than one parameter group");
+        such a parameter would be updated twice per step."""
+        new = _arrays(src)
+        if not new:
+            return
+        taken = [("the flat buffer (group 0)", self.params)]
+        taken += [(f"param_groups[{i}]", a) for i, g in enumerate(self._groups, 1)
+                  for a in _arrays(g.source)]  # fmt: skip
+        for j, a in enumerate(new):
+            for where, b in taken:
+                if isinstance(b, np.ndarray) and np.shares_memory(a, b):
+                    raise ValueError(
+                        "add_param_group: some parameters appear in more than one parameter "
+                        f"group (array {j} of this group shares memory with {where}); each "
+                        "parameter may be in one group only"
+                    )
 
     def has_param_group(self, source: Any) -> bool:
         """Whether ``source`` is the ``"params"`` of one of this optimizer's groups.

@@ -62,6 +62,7 @@ def test_parser_defaults_and_values():
         (["train", "--epochs", "0"], "positive integer"),
         (["train", "--lr", "-1"], "positive"),
         (["train", "--device", "tpu"], "invalid choice"),
+        (["train", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
         (["train", "--time-col", "t"], "--time-col need --csv"),
         (["train", "--csv", "x.csv"], "--csv needs --time-col and --target-col"),
     ],
@@ -71,6 +72,20 @@ def test_parser_errors(argv, needle, capsys):
         main(argv)
     assert ei.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True])
+def test_a_bad_seed_is_refused_by_the_check(tmp_path, seed):
+    # numpy's default_rng(-1) raised "expected non-negative integer" (no option named) and a
+    # float seed passed --check; the oracle is numpy's own refusal of these seeds.
+    if not isinstance(seed, bool):
+        with pytest.raises((TypeError, ValueError)):
+            np.random.SeedSequence(seed)
+    from nbqat.train import run
+
+    with pytest.raises(ValueError, match="--seed must be an integer >= 0"):
+        run(TrainConfig(seed=seed, quick=True, out=str(tmp_path / "r")), check_only=True)
+    assert not (tmp_path / "r").exists()
 
 
 def test_heads_must_divide_hidden(tmp_path, capsys):
@@ -93,6 +108,30 @@ def test_resume_needs_a_checkpoint(tmp_path, capsys):
     rc = main(["train", "--resume", str(tmp_path)])
     assert rc == 2
     assert "not a checkpoint folder" in capsys.readouterr().err
+
+
+def test_resume_refuses_an_option_given_at_its_default(tmp_path, capsys):
+    # An lstm run with --seed 3 stopped after one step: `--model tft` and `--seed 0` are the
+    # parser's defaults but not the checkpoint's values; they were silently ignored (the run
+    # went on as an lstm with seed 3). The oracle is the checkpoint's own state.json.
+    assert _train(tmp_path, "--model", "lstm", "--stop-after-steps", "1") == 130
+    ck = tmp_path / "checkpoint"
+    saved = json.loads((ck / "state.json").read_text())["config"]
+    assert (saved["model"], saved["seed"], saved["max_norm"]) == ("lstm", 3, 1.0)
+    before = (ck / "state.json").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(ck), "--model", "tft", "--seed", "0",
+                 "--max-norm", "1"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--model 'tft' (the checkpoint has 'lstm')" in err
+    assert "--seed 0 (the checkpoint has 3)" in err
+    assert "--max-norm" not in err  # the checkpoint's value given again is no conflict
+    assert (ck / "state.json").read_bytes() == before
+    assert main(["train", "--resume", str(ck), "--no-plots", "--compare-clipping"]) == 2
+    err = capsys.readouterr().err  # the flags as typed (it said "--plots False")
+    assert "--no-plots (the checkpoint has plots=True)" in err
+    assert "--compare-clipping (the checkpoint has compare_clipping=False)" in err
+    assert main(["train", "--resume", str(ck), "--model", "lstm", "--seed", "3", "--check"]) == 0
 
 
 # ------------------------------------------------------------------------------ --csv errors
@@ -326,6 +365,31 @@ def test_interrupt_and_resume_gives_the_same_metrics(tiny_run, tmp_path, capsys)
     state = json.loads((ck / "state.json").read_text())["state"]
     assert state["phase"] in ("qat", "qat_noclip")
     assert main(["train", "--resume", str(ck)]) == 0
+    assert (tmp_path / "metrics.json").read_bytes() == (tiny_run / "metrics.json").read_bytes()
+
+
+def test_ctrl_c_in_the_evaluation_keeps_the_trained_run(tiny_run, tmp_path, capsys, monkeypatch):
+    # Ctrl-C after the last QAT step (in the test-split evaluation) raised a bare
+    # KeyboardInterrupt and left no checkpoint: the whole training was lost. The oracle is
+    # the uninterrupted run's metrics.json.
+    import nbqat.train.job as job
+
+    real = job.evaluate
+
+    def ctrl_c(r):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(job, "evaluate", ctrl_c)
+    try:
+        rc = _train(tmp_path, "--compare-clipping", "--max-norm", "0.5")
+    except KeyboardInterrupt:  # not pytest's own: fail this test, not the session
+        pytest.fail("a Ctrl-C in the evaluation escaped nbqat train")
+    assert rc == 130
+    assert "checkpoint saved" in capsys.readouterr().err
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())["state"]
+    assert state["phase"] == "evaluate"
+    monkeypatch.setattr(job, "evaluate", real)
+    assert main(["train", "--resume", str(tmp_path / "checkpoint")]) == 0
     assert (tmp_path / "metrics.json").read_bytes() == (tiny_run / "metrics.json").read_bytes()
 
 

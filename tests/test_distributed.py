@@ -262,3 +262,32 @@ def test_calibrate_refuses_a_batch_smaller_than_the_group():
         dist.calibrate(qat, [small], Two())
     for k, fq in qat.fake_quants.items():  # nothing observed
         np.testing.assert_array_equal(fq.scale, before[k])
+
+
+def test_calibrate_refuses_a_wrong_group_or_model_before_touching_the_observers():
+    # group=None detached every observer (sync_observers(..., None)), then raised an
+    # AttributeError ('NoneType' object has no attribute 'size'); a model without quantizers
+    # gave AttributeError too.
+    from worker_common import CFG, batch
+
+    from nbqat.nn import TemporalFusionTransformer
+    from nbqat.nn.qat import QATTemporalFusionTransformer
+
+    class Two(dist.ProcessGroup):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rank, self.size = 1, 2
+
+    qat = QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(CFG, seed=1))
+    two = Two()
+    dist.sync_observers(qat.fake_quants, two)
+    batches = [batch(np.random.default_rng(0))]
+    for group in (None, "world"):
+        want = f"group must be a ProcessGroup.*group {type(group).__name__}"
+        with pytest.raises(TypeError, match=want):
+            dist.calibrate(qat, batches, group)
+    with pytest.raises(TypeError, match="qat a QAT model; got group ProcessGroup, qat Temporal"):
+        dist.calibrate(TemporalFusionTransformer(CFG, seed=1), batches, dist.ProcessGroup())
+    for fq in qat.fake_quants.values():  # still attached to the group they had
+        assert fq.activation_post_process.process_group is two
+    assert qat.calibration_batches_seen == 0

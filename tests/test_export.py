@@ -161,6 +161,28 @@ def test_parity_real_windows_qrisk(tmp_path):
         check_parity(q, path, s, h)
 
 
+def test_parity_refuses_bad_batching_and_no_windows(qat_float_head, tmp_path, rng):
+    # batch_size 0 raised range()'s message, -1 an empty report from division_study ("0 codes
+    # differ") and np.concatenate's error from check_parity; no windows the same.
+    path = to_onnx(qat_float_head, tmp_path / "m.onnx")
+    s, h, f = _batch(rng, 3)
+    for bs in (0, -1):
+        with pytest.raises(ValueError, match="`batch_size` must be >= 1"):
+            check_parity(qat_float_head, path, s, h, f, batch_size=bs)
+        with pytest.raises(ValueError, match="`batch_size` must be >= 1"):
+            division_study(path, s, h, f, batch_size=bs)
+    with pytest.raises(TypeError, match="`batch_size` must be an integer"):
+        division_study(path, s, h, f, batch_size=2.5)
+    with pytest.raises(ValueError, match="`reference_rows` must be >= 0"):
+        check_parity(qat_float_head, path, s, h, f, reference_rows=-1)
+    with pytest.raises(ValueError, match="no windows"):
+        check_parity(qat_float_head, path, s[:0], h[:0], f[:0])
+    with pytest.raises(ValueError, match="no windows"):
+        division_study(path, s[:0], h[:0], f[:0])
+    # batches of 2 over 3 rows: the same codes as one batch (the oracle: the whole batch)
+    assert division_study(path, s, h, f, batch_size=2) == division_study(path, s, h, f)
+
+
 # ----------------------------------------------------------------------------- structure
 def test_graph_checker_metadata_and_io(qat_float_head, tmp_path):
     path = to_onnx(qat_float_head, tmp_path / "m.onnx")

@@ -190,6 +190,17 @@ def test_npz_state_round_trip_and_refusals(tmp_path):
     assert not (tmp_path / "x.npz").exists()
 
 
+def test_save_names_a_missing_folder_or_a_folder_target(tmp_path):
+    # The errors named the temporary file ('.../nodir/.nbqat-ckpt-XXXX.tmp'), not the path.
+    for target, err, needle in (
+        (tmp_path / "nodir" / "s.npz", FileNotFoundError, "the folder .*nodir' does not exist"),
+        (tmp_path, IsADirectoryError, "is a folder: pass a file name"),
+    ):
+        with pytest.raises(err, match=needle):
+            save_state(target, {"a": 1}, format="f")
+    assert list(tmp_path.iterdir()) == []  # nothing created, no temporary file left
+
+
 def test_a_prepared_sequential_saves_and_loads(tmp_path, rng):
     """The checkpoint of any prepare_qat model (no config dataclass): params, quantizer state
     and phase come back; another architecture is refused."""

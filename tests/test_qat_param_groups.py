@@ -190,9 +190,67 @@ def test_an_edited_group_learning_rate_applies_at_the_next_step(torch, rng):
         opt.step(np.ones(3, np.float32))
         topt.param_groups[0]["params"][0].grad = torch.ones(3)
         topt.step()
-    np.testing.assert_array_equal(a, ta.detach().numpy())
+    np.testing.assert_allclose(a, ta.detach().numpy(), rtol=1e-6)  # torch's sqrt: 1 ulp
     opt.param_groups[1]["lr"] = -1.0
     before = (p.copy(), a.copy())
     with pytest.raises(ValueError, match="learning rate"):
         opt.step(np.ones(3, np.float32))
     assert np.array_equal(p, before[0]) and np.array_equal(a, before[1])
+
+
+def test_a_parameter_in_two_groups_is_refused_as_torch_does(torch, rng):
+    # torch.optim raises for a parameter in two groups; nbqat updated such an array twice
+    # per step (once from each group). Nothing is added when it refuses.
+    p = rng.standard_normal(6).astype(np.float32)
+    a = rng.standard_normal(3).astype(np.float32)
+    t = torch.tensor(a.copy(), requires_grad=True)
+    topt = torch.optim.Adam([torch.tensor(p.copy(), requires_grad=True)], lr=1e-2)
+    topt.add_param_group({"params": [t]})
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        topt.add_param_group({"params": [t]})
+    opt = nbqat.Adam(p, lr=1e-2)
+    opt.add_param_group({"params": ArrayGroup([a], [np.zeros_like(a)])})
+    for other in (a, a[1:], p[2:4]):  # the same array, a view of it, a view of group 0
+        with pytest.raises(ValueError, match="more than one parameter group"):
+            opt.add_param_group({"params": ArrayGroup([other], [np.zeros_like(other)])})
+    assert len(opt.param_groups) == 2
+    qat = _lsq_qat(rng)
+    opt = nbqat.Adam(qat.params, lr=1e-3)
+    scale = qat.learnable_quantizers()[0].scale
+    opt.add_param_group({"params": ArrayGroup([scale], [np.zeros_like(scale)])})
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        opt.add_param_group(qat.quantizer_param_group())
+    # disjoint arrays are accepted, and the same update as torch's follows
+    b = rng.standard_normal(2).astype(np.float32)
+    gb = rng.standard_normal(2).astype(np.float32)
+    opt = nbqat.Adam(p, lr=1e-2)
+    opt.add_param_group({"params": ArrayGroup([b], [gb]), "lr": 1e-1})
+    tb = torch.tensor(b.copy(), requires_grad=True)
+    tb.grad = torch.tensor(gb)
+    torch.optim.Adam([tb], lr=1e-1).step()
+    opt.step(np.zeros_like(p))
+    np.testing.assert_allclose(b, tb.detach().numpy(), rtol=1e-6)  # torch's sqrt: 1 ulp
+
+
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+def test_a_new_group_takes_the_constructor_defaults_as_torch(torch, rng, kind):
+    # After a schedule changed group 0's learning rate, torch's add_param_group fills in the
+    # constructor's values (optimizer.defaults); nbqat took group 0's current lr (0.01).
+    p = rng.standard_normal(4).astype(np.float32)
+    a = rng.standard_normal(3).astype(np.float32)
+    ga = rng.standard_normal(3).astype(np.float32)
+    tp, ta = (torch.tensor(x.copy(), requires_grad=True) for x in (p, a))
+    if kind == "adam":
+        opt, topt = nbqat.Adam(p, lr=0.1), torch.optim.Adam([tp], lr=0.1, foreach=False)
+    else:
+        opt = nbqat.SGD(p, lr=0.1, momentum=0.9)
+        topt = torch.optim.SGD([tp], lr=0.1, momentum=0.9, foreach=False)
+    opt.lr = topt.param_groups[0]["lr"] = 0.01
+    opt.add_param_group({"params": ArrayGroup([a], [ga])})
+    topt.add_param_group({"params": [ta]})
+    assert opt.param_groups[1]["lr"] == topt.param_groups[1]["lr"] == 0.1
+    for _ in range(2):
+        tp.grad, ta.grad = torch.zeros(4), torch.tensor(ga.copy())
+        topt.step()
+        opt.step(np.zeros_like(p))
+    np.testing.assert_allclose(a, ta.detach().numpy(), rtol=1e-6)  # torch's sqrt: 1 ulp

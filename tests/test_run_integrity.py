@@ -371,4 +371,11 @@ def test_diverged_float_training_is_a_clear_error(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "the float training diverged" in err and "--lr" in err and "Traceback" not in err
-    assert not (tmp_path / "o" / "metrics.json").exists()
+    assert not (tmp_path / "o").exists()  # README: a failed run leaves no folder behind
+    assert main(["train", *TINY, "--lr", "1e30", "--max-norm", "none",
+                 "--out", str(tmp_path / "p" / "q")]) == 2  # fmt: skip
+    assert not (tmp_path / "p").exists()  # nor the parents it created
+    capsys.readouterr()
+    assert main(["train", *TINY, "--lr", "1e30", "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err  # clipped already (--max-norm 1.0): no advice to set one
+    assert "lower --lr" in err and "--max-norm" not in err

@@ -81,6 +81,24 @@ class _Rows:
         return [np.ascontiguousarray(x, dtype=np.float32) for x in (s, h, f)]
 
 
+def _check_rows(rows: _Rows, batch_size: Any, reference_rows: Any = None) -> int:
+    """Validate ``batch_size`` (an int >= 1), ``reference_rows`` (None or an int >= 0) and
+    that there is a window; returns ``batch_size`` as an int."""
+    from nbqat._validate import check_int
+
+    bs = check_int(batch_size, "batch_size")
+    if bs < 1:
+        raise ValueError(f"`batch_size` must be >= 1 (windows per run), got {bs}")
+    if reference_rows is not None and check_int(reference_rows, "reference_rows") < 0:
+        raise ValueError(
+            f"`reference_rows` must be >= 0 (0 skips the reference evaluator) or None (all "
+            f"rows), got {reference_rows}"
+        )
+    if rows.n == 0:
+        raise ValueError("no windows to compare: the inputs (or the SplitWindows) are empty")
+    return bs
+
+
 def _batched(fn: Callable, rows: _Rows, bs: int, n: int | None = None) -> np.ndarray:
     n = rows.n if n is None else n
     outs = [fn(*rows.get(i, min(i + bs, n))) for i in range(0, n, bs)]
@@ -168,12 +186,15 @@ def check_parity(
     Raises
     ------
     ValueError
-        On inputs whose batch sizes differ, or a ``target`` of another shape than (B, tau).
+        On inputs whose batch sizes differ, no windows, a ``target`` of another shape than
+        (B, tau), a ``batch_size`` < 1 or a negative ``reference_rows``.
     TypeError
-        When only some of the three input arrays are given.
+        When only some of the three input arrays are given, or a non-integer ``batch_size``
+        or ``reference_rows``.
     """
     rows = _Rows(static, historical, future)
     n = rows.n
+    batch_size = _check_rows(rows, batch_size, reference_rows)
     proto = _load(onnx_model)
     int8 = _int8_of(model, int8)
     tau = int8.model.config.prediction_horizon
@@ -321,9 +342,16 @@ def division_study(
         the reciprocal product differ), ``runtime_vs_division`` (onnxruntime against NumPy's
         division: 0 when it divides), ``max_code_diff``, ``quantizers_affected`` and the
         fraction ``runtime_vs_reciprocal / codes``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`check_parity` (no windows, a ``batch_size`` that is not an int >= 1).
     """
     from onnx import TensorProto, helper
 
+    rows = _Rows(static, historical, future)
+    batch_size = _check_rows(rows, batch_size)
     proto = _load(onnx_model)
     pts = _quantize_points(proto)
     m = type(proto)()
@@ -337,7 +365,6 @@ def division_study(
     names = [o.name for o in m.graph.output]
     total = recip = div = maxd = 0
     affected: set[str] = set()
-    rows = _Rows(static, historical, future)
     for i in range(0, rows.n, batch_size):
         feed = dict(zip(("static", "historical", "future"), rows.get(i, i + batch_size)))
         vals = dict(zip(names, sess.run(names, feed)))

@@ -191,6 +191,10 @@ class QuantizerParameters:
         g = [a for fq in qs for a in (fq.grad_scale, fq.grad_zero_point)]
         return ArrayGroup(p, g).gather()  # float32 (LSQ keeps its qparams in float32)
 
+    def arrays(self) -> list[np.ndarray]:
+        """The learnable quantizers' scale and zero-point arrays (updated in place)."""
+        return [a for fq in self.owner.learnable_quantizers() for a in (fq.scale, fq.zero_point)]
+
     def scatter(self, params: np.ndarray) -> None:
         """Write the updated flat ``params`` back (see the class docstring)."""
         off = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from numbers import Integral
 from typing import Any
 
 from nbqat import checkpoint as ckpt
@@ -159,6 +160,8 @@ class TrainConfig:
                 f"--heads {self.heads} must divide --hidden-dim {self.hidden_dim} "
                 "(each head gets hidden_dim / heads features)"
             )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, Integral) or self.seed < 0:
+            raise ValueError(f"--seed must be an integer >= 0 (NumPy's seeds), got {self.seed!r}")
         if not 0.0 <= self.dropout < 1.0:  # type: ignore[operator]
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout!r}")
         if not 0.0 <= self.ema_decay < 1.0:  # type: ignore[operator]

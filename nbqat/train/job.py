@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -149,18 +150,33 @@ def _run(cfg: TrainConfig, resume: str | Path | None, check_only: bool, par: Par
 
         init_linear_skip_from_ridge(r.model, r.ridge)
     par.barrier()  # every rank validated its inputs before rank 0 creates or clears anything
+    new_dir = None  # the top-most folder this run creates (removed again if the run fails)
     if par.root:
         if cfg.overwrite and meta is None:
             preflight.clear_outputs(out)
+        new_dir = next((d for d in (*reversed(out.parents), out) if not d.exists()), None)
         out.mkdir(parents=True, exist_ok=True)
     r.tick("data", t0)
     try:
-        _phases(r)
+        try:
+            _phases(r)
+        except TrainingInterrupted:
+            save_checkpoint(r)  # after the interrupted phase's time was counted
+            par.barrier()  # no rank exits before the checkpoint is complete
+            raise
+        save_checkpoint(r)  # phase "evaluate": a Ctrl-C in the evaluation loses no training
+        try:
+            return _finish(r, t_start)
+        except KeyboardInterrupt:
+            if par.distributed:
+                raise  # the guard ends every rank; the checkpoint resumes the evaluation
+            raise r.interrupted() from None
     except TrainingInterrupted:
-        save_checkpoint(r)  # after the interrupted phase's time was counted
-        par.barrier()  # no rank exits before the checkpoint is complete
         raise
-    return _finish(r, t_start)
+    except Exception:
+        if new_dir is not None:  # a failed run leaves no folder behind (README)
+            shutil.rmtree(new_dir, ignore_errors=True)
+        raise
 
 
 def _timed(r: Run, name: str, fn: Any, *args: Any) -> None:
@@ -179,7 +195,8 @@ def _phases(r: Run) -> None:
             if r.best_params is None or not np.all(np.isfinite(r.best_params)):
                 raise ValueError(
                     "the float training diverged: no epoch had a finite validation loss "
-                    f"(curve {r.st.curves['float']['val']}); lower --lr or set a --max-norm"
+                    f"(curve {r.st.curves['float']['val']}); lower --lr"
+                    + (" or set a --max-norm" if cfg.max_norm is None else "")
                 )
         if st.phase == "calibrate":
             _timed(r, "calibration", r.calibrate_phase)
