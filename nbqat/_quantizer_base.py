@@ -30,6 +30,29 @@ def _axis(ch_axis: int | None) -> int:
     return ch_axis
 
 
+def _switch(what: str, on_doc: str, off_doc: str) -> tuple[Any, Any]:
+    """torch's ``enable_<what>(enabled=True)`` / ``disable_<what>()`` pair of methods over the
+    bool attribute ``<what>_enabled`` (``disable_<what>`` calls ``enable_<what>(False)``)."""
+    flag, on_name = f"{what}_enabled", f"enable_{what}"
+
+    def enable(self: Any, enabled: bool = True) -> None:
+        setattr(self, flag, bool(enabled))
+
+    def disable(self: Any) -> None:
+        getattr(self, on_name)(False)
+
+    enable.__doc__ = f"""{on_doc}
+
+        Parameters
+        ----------
+        enabled : bool, default True
+        """
+    disable.__doc__ = off_doc
+    for fn, name in ((enable, on_name), (disable, f"disable_{what}")):
+        fn.__name__, fn.__qualname__ = name, f"_QuantizerPhases.{name}"
+    return enable, disable
+
+
 class _QuantizerPhases:
     """The phase switches and ``with_args`` shared by :class:`FakeQuantize` and
     :class:`LearnableFakeQuantize` (torch's names; ``torch.ao.quantization.FakeQuantizeBase``)."""
@@ -53,31 +76,16 @@ class _QuantizerPhases:
         """
         return _with_args(cls, **kwargs)
 
-    def enable_observer(self, enabled: bool = True) -> None:
-        """Turn statistics collection (and qparams recomputation) on or off.
-
-        Parameters
-        ----------
-        enabled : bool, default True
-        """
-        self.observer_enabled = bool(enabled)
-
-    def disable_observer(self) -> None:
-        """Freeze the observer (and so scale / zero_point)."""
-        self.enable_observer(False)
-
-    def enable_fake_quant(self, enabled: bool = True) -> None:
-        """Turn fake quantization on or off (off: forward returns x).
-
-        Parameters
-        ----------
-        enabled : bool, default True
-        """
-        self.fake_quant_enabled = bool(enabled)
-
-    def disable_fake_quant(self) -> None:
-        """Pass inputs through unchanged (statistics may still be collected)."""
-        self.enable_fake_quant(False)
+    enable_observer, disable_observer = _switch(
+        "observer",
+        "Turn statistics collection (and qparams recomputation) on or off.",
+        "Freeze the observer (and so scale / zero_point).",
+    )
+    enable_fake_quant, disable_fake_quant = _switch(
+        "fake_quant",
+        "Turn fake quantization on or off (off: forward returns x).",
+        "Pass inputs through unchanged (statistics may still be collected).",
+    )
 
     # -- what both quantizers do the same way ------------------------------------------------
     activation_post_process: _MinMaxBase

@@ -56,6 +56,8 @@ __all__ = [
     "check_mask",
     "check_out",
     "check_positive_finite",
+    "check_positive_int_fields",
+    "check_quantiles",
     "check_device_contiguous",
     "check_same_device",
     "check_same_dtype",
@@ -182,6 +184,39 @@ def check_int(v: Any, name: str) -> int:
     if isinstance(v, (float, np.floating)) and math.isfinite(float(v)) and float(v).is_integer():
         return int(v)
     raise TypeError(f"`{name}` must be an integer, got {v!r} ({type(v).__name__})")
+
+
+def check_positive_int_fields(obj: Any, names: tuple[str, ...]) -> None:
+    """Check that each field ``names`` of the dataclass ``obj`` is a positive int (not a bool)
+    and store it as a Python ``int`` (``object.__setattr__``: frozen dataclasses too).
+
+    Raises
+    ------
+    ValueError
+        Naming ``<class>.<field>`` and the value.
+    """
+    for name in names:
+        v = getattr(obj, name)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{type(obj).__name__}.{name} must be a positive int, got {v!r}")
+        object.__setattr__(obj, name, int(v))
+
+
+def check_quantiles(obj: Any) -> None:
+    """Check that ``obj.quantiles`` are strictly increasing values in (0, 1) and store them as a
+    tuple of floats (``object.__setattr__``: frozen dataclasses too).
+
+    Raises
+    ------
+    ValueError
+        Naming ``<class>.quantiles`` and the values.
+    """
+    q = tuple(float(x) for x in obj.quantiles)
+    if not q or any(not 0.0 < x < 1.0 for x in q) or any(a >= b for a, b in zip(q, q[1:])):
+        raise ValueError(
+            f"{type(obj).__name__}.quantiles must be strictly increasing values in (0, 1), got {q}"
+        )
+    object.__setattr__(obj, "quantiles", q)
 
 
 def check_positive_finite(v: Any, name: str) -> float:

@@ -5,50 +5,43 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["build_parser", "main"]
 
 
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
+def _checked(
+    conv: Callable[[str], Any], ok: Callable[[Any], bool], what: str, name: str, bad: str = ""
+) -> Callable[[str], Any]:
+    """An argparse ``type``: ``conv(s)``, refused with "expected <what>" unless ``ok(value)``
+    (``bad``: another wording for a value that parses but is out of range)."""
+
+    def parse(s: str) -> Any:
+        try:
+            v = conv(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {bad or what}, got {s!r}")
+        return v
+
+    parse.__name__ = name
+    return parse
 
 
-def _nonneg_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
-    return v
-
-
-def _positive_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
-    if not (v > 0 and v < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {s!r}")
-    return v
-
-
-def _nonneg_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
-    if not (math.isfinite(v) and v >= 0):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}")
-    return v
+_positive_int = _checked(int, lambda v: v >= 1, "a positive integer", "positive_int")
+_nonneg_int = _checked(int, lambda v: v >= 0, "an integer >= 0", "nonneg_int")
+_positive_float = _checked(
+    float,
+    lambda v: 0 < v < math.inf,
+    "a positive number",
+    "positive_float",
+    bad="a positive finite number",
+)
+_nonneg_float = _checked(
+    float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0", "nonneg_float"
+)
 
 
 def _max_norm(s: str) -> float | None:

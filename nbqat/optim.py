@@ -211,6 +211,32 @@ class _Optimizer(ParamGroups):
     def _validate(self, **hp: Any) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def step(self, grads: Any, grad_scale: float = 1.0) -> None:
+        """One fused update.
+
+        Parameters
+        ----------
+        grads : (n,) array
+            The flat gradient buffer: same shape, dtype and device as ``params``; read only.
+        grad_scale : float, default 1.0
+            Every gradient is multiplied by it (rounded to the dtype) inside the update: pass
+            :func:`nbqat.clip.clip_coef` to fold gradient clipping in.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``grads`` on another device, of another shape/dtype, or not contiguous.
+        """
+        gs = self._check_grads(grads, grad_scale)
+        groups = self._step_groups(gs)
+        self._update(grads, gs)
+        self.step_count += 1
+        groups()
+
+    def _update(self, grads: Any, gs: float) -> None:  # pragma: no cover - overridden
+        """The subclass's fused kernel launch for step ``step_count + 1`` (validated inputs)."""
+        raise NotImplementedError
+
     def _launch(self, kernel: str, args: tuple) -> None:
         """Run the fused update ``kernel`` of :mod:`nbqat.kernels.optim_cpu` (or, for a CUDA
         buffer, its twin in :mod:`nbqat.kernels.optim_cuda`)."""
@@ -280,24 +306,7 @@ class SGD(_Optimizer):
         if nesterov and (float(momentum) <= 0 or float(dampening) != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
-    def step(self, grads: Any, grad_scale: float = 1.0) -> None:
-        """One fused update.
-
-        Parameters
-        ----------
-        grads : (n,) array
-            The flat gradient buffer: same shape, dtype and device as ``params``; read only.
-        grad_scale : float, default 1.0
-            Every gradient is multiplied by it (rounded to the dtype) inside the update: pass
-            :func:`nbqat.clip.clip_coef` to fold gradient clipping in.
-
-        Raises
-        ------
-        TypeError, ValueError
-            ``grads`` on another device, of another shape/dtype, or not contiguous.
-        """
-        gs = self._check_grads(grads, grad_scale)
-        groups = self._step_groups(gs)
+    def _update(self, grads: Any, gs: float) -> None:
         t = self._t
         first = "momentum_buffer" not in self._buffers
         buf = self._buffer("momentum_buffer") if self.momentum != 0 else self.params[:0]
@@ -306,8 +315,6 @@ class SGD(_Optimizer):
             t(1.0 - self.dampening), t(self.weight_decay), self.nesterov, first, gs != 1.0,
         )  # fmt: skip
         self._launch("sgd_step", args)
-        self.step_count += 1
-        groups()
 
 
 class Adam(_Optimizer):
@@ -370,27 +377,10 @@ class Adam(_Optimizer):
         _hparam(b2, "beta parameter at index 1", hi=1.0)
         _hparam(weight_decay, "weight_decay value")
 
-    def step(self, grads: Any, grad_scale: float = 1.0) -> None:
-        """One fused update.
-
-        Parameters
-        ----------
-        grads : (n,) array
-            The flat gradient buffer: same shape, dtype and device as ``params``; read only.
-        grad_scale : float, default 1.0
-            Every gradient is multiplied by it (rounded to the dtype) inside the update: pass
-            :func:`nbqat.clip.clip_coef` to fold gradient clipping in.
-
-        Raises
-        ------
-        TypeError, ValueError
-            ``grads`` on another device, of another shape/dtype, or not contiguous.
-        """
-        gs = self._check_grads(grads, grad_scale)
-        groups = self._step_groups(gs)
+    def _update(self, grads: Any, gs: float) -> None:
         t = self._t
         b1, b2 = self.betas
-        step = self.step_count + 1
+        step = self.step_count + 1  # the step being taken (torch's ``state["step"]``)
         bc1 = 1 - b1 ** float(step)
         bc2 = 1 - b2 ** float(step)
         w1 = t(1 - b1)
@@ -402,8 +392,6 @@ class Adam(_Optimizer):
             decoupled, gs != 1.0,
         )  # fmt: skip
         self._launch("adam_step", args)
-        self.step_count = step
-        groups()
 
 
 class AdamW(Adam):

@@ -21,6 +21,28 @@ __all__ = ["ArrayGroup", "ParamGroups", "ParamSource"]
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def inner_attribute(name: str) -> Any:
+    """A read/write property of an optimizer wrapper that forwards ``name`` to ``self.inner``.
+
+    Parameters
+    ----------
+    name : str
+        The attribute of the wrapped optimizer (e.g. ``"lr"``, which a schedule sets).
+
+    Returns
+    -------
+    property
+    """
+
+    def get(self: Any) -> Any:
+        return getattr(self.inner, name)
+
+    def set_(self: Any, value: Any) -> None:
+        setattr(self.inner, name, value)
+
+    return property(get, set_, doc=f"The wrapped optimizer's ``{name}`` (read and written).")
+
+
 class ParamSource(Protocol):
     """What a parameter group's ``"params"`` provides (see the module docstring)."""
 

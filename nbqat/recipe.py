@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from nbqat.optim_groups import inner_attribute
+
 __all__ = [
     "AveragedOptimizer",
     "GroupedAdamW",
@@ -157,18 +159,18 @@ class GroupedAdamW:
         if self.skip is not None:
             self.skip.step(grads[self.offset :], grad_scale=grad_scale)
 
+    def _groups(self) -> dict[str, Any]:
+        """The AdamW of each group by its state key: ``body``, then ``skip`` when there is one."""
+        return {"body": self.body, **({} if self.skip is None else {"skip": self.skip})}
+
     def state_dict(self) -> dict:
         """``{"body": ..., "skip": ...}`` (each an AdamW state_dict) and the current lr."""
-        out: dict[str, Any] = {"body": self.body.state_dict(), "lr": self._lr}
-        if self.skip is not None:
-            out["skip"] = self.skip.state_dict()
-        return out
+        return {**{k: opt.state_dict() for k, opt in self._groups().items()}, "lr": self._lr}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned."""
-        self.body.load_state_dict(state["body"])
-        if self.skip is not None:
-            self.skip.load_state_dict(state["skip"])
+        for k, opt in self._groups().items():
+            opt.load_state_dict(state[k])
         self.lr = float(state["lr"])
 
 
@@ -393,13 +395,7 @@ class AveragedOptimizer:
     def params(self) -> np.ndarray:
         return self.inner.params
 
-    @property
-    def lr(self) -> float:
-        return self.inner.lr
-
-    @lr.setter
-    def lr(self, value: float) -> None:
-        self.inner.lr = value
+    lr = inner_attribute("lr")
 
     def __getattr__(self, name: str) -> Any:  # step_count, upload_grads, ... of the inner one
         if name == "inner":

@@ -17,16 +17,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.export._graph import GraphBuilder, QParams
-from nbqat.nn.layers import (
-    LSTM,
-    GateAddNorm,
-    GatedLinearUnit,
-    GatedResidualNetwork,
-    InterpretableMultiHeadAttention,
-    LayerNorm,
-    Linear,
-    VariableSelectionNetwork,
-)
+from nbqat.nn import layers
 
 Emitter = Callable[..., Any]
 #: The emitter of each layer type (exact type match first, then ``isinstance``).
@@ -84,8 +75,10 @@ def qlinear(g: GraphBuilder, name: str, lin: Any, x: str, bias: Any = None) -> s
     return y
 
 
-@register(Linear)
-def emit_linear(g: GraphBuilder, name: str, mod: Linear, x: str, add_bias: bool = True) -> str:
+@register(layers.Linear)
+def emit_linear(
+    g: GraphBuilder, name: str, mod: layers.Linear, x: str, add_bias: bool = True
+) -> str:
     """``x @ W.T + b`` over the last axis; quantized: ``DQ(Q(x)) @ DQ(W_q)`` (+ b)."""
     lin = g.layers.get(name)
     with_bias = mod.has_bias and add_bias
@@ -99,8 +92,8 @@ def emit_linear(g: GraphBuilder, name: str, mod: Linear, x: str, add_bias: bool 
     return y
 
 
-@register(LayerNorm)
-def emit_layernorm(g: GraphBuilder, name: str, mod: LayerNorm, x: str) -> str:
+@register(layers.LayerNorm)
+def emit_layernorm(g: GraphBuilder, name: str, mod: layers.LayerNorm, x: str) -> str:
     """LayerNormalization (opset >= 17) or its two-pass decomposition (opset 13-16)."""
     w = g.init(name + ".weight", np.asarray(mod.weight, np.float32))
     b = g.init(name + ".bias", np.asarray(mod.bias, np.float32))
@@ -118,9 +111,9 @@ def emit_layernorm(g: GraphBuilder, name: str, mod: LayerNorm, x: str) -> str:
     return g.node("Add", [y, b], name)
 
 
-@register(GatedLinearUnit)
+@register(layers.GatedLinearUnit)
 def emit_glu(
-    g: GraphBuilder, name: str, mod: GatedLinearUnit, x: str, residual: str | None = None
+    g: GraphBuilder, name: str, mod: layers.GatedLinearUnit, x: str, residual: str | None = None
 ) -> str:
     """``value * sigmoid(gate)`` [+ residual] of one Linear (value columns first)."""
     z = emit(g, name + ".fc", mod.fc, x)
@@ -130,17 +123,19 @@ def emit_glu(
     return y if residual is None else g.node("Add", [y, residual], name)
 
 
-@register(GateAddNorm)
-def emit_gate_add_norm(g: GraphBuilder, name: str, mod: GateAddNorm, x: str, skip: str) -> str:
+@register(layers.GateAddNorm)
+def emit_gate_add_norm(
+    g: GraphBuilder, name: str, mod: layers.GateAddNorm, x: str, skip: str
+) -> str:
     """``LayerNorm(skip + GLU(x))``."""
     return emit(g, name + ".norm", mod.norm, emit(g, name + ".glu", mod.glu, x, skip))
 
 
-@register(GatedResidualNetwork)
+@register(layers.GatedResidualNetwork)
 def emit_grn(
     g: GraphBuilder,
     name: str,
-    mod: GatedResidualNetwork,
+    mod: layers.GatedResidualNetwork,
     a: str,
     c: str | None = None,
     rank: int = 2,
@@ -160,16 +155,16 @@ def emit_grn(
     return emit(g, name + ".gate", mod.gate, eta1, skip)
 
 
-def _bias(g: GraphBuilder, name: str, mod: Linear) -> np.ndarray:
+def _bias(g: GraphBuilder, name: str, mod: layers.Linear) -> np.ndarray:
     lin = g.layers.get(name)
     return np.asarray(mod.bias if lin is None else lin.bias, np.float32)
 
 
-@register(VariableSelectionNetwork)
+@register(layers.VariableSelectionNetwork)
 def emit_vsn(
     g: GraphBuilder,
     name: str,
-    mod: VariableSelectionNetwork,
+    mod: layers.VariableSelectionNetwork,
     x: str,
     c: str | None = None,
     rank: int = 2,
@@ -196,9 +191,9 @@ def emit_vsn(
     return out, v  # type: ignore[return-value]
 
 
-@register(LSTM)
+@register(layers.LSTM)
 def emit_lstm(
-    g: GraphBuilder, name: str, mod: LSTM, x: str, h0: str, c0: str, steps: int
+    g: GraphBuilder, name: str, mod: layers.LSTM, x: str, h0: str, c0: str, steps: int
 ) -> tuple[str, str, str]:
     """The LSTM UNROLLED over its ``steps`` (fixed by the model's config): the input projection
     of all steps is one MatMul (input quantized once, as in training), and at every step
@@ -237,11 +232,11 @@ def emit_lstm(
     return out, h, c
 
 
-@register(InterpretableMultiHeadAttention)
+@register(layers.InterpretableMultiHeadAttention)
 def emit_attention(
     g: GraphBuilder,
     name: str,
-    mod: InterpretableMultiHeadAttention,
+    mod: layers.InterpretableMultiHeadAttention,
     query: str,
     key_value: str,
     offset: int,

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat._docs import INT8_RESULT, fill_doc
 from nbqat.nn.params import Module
 from nbqat.nn.quantize import QATModel, hooks_for
 
@@ -173,6 +174,7 @@ def convert(qat_model: Any) -> Any:
     return qat_model.to_int8()
 
 
+@fill_doc(int8_result=INT8_RESULT)
 def convert_model(qat_model: QATModel) -> Int8Model:
     """:func:`convert` of a generic prepared model (:meth:`QATModel.to_int8
     <nbqat.nn.quantize.QATModel.to_int8>`): a deep copy of its network whose quantized
@@ -184,14 +186,7 @@ def convert_model(qat_model: QATModel) -> Int8Model:
     qat_model : QATModel
         Calibrated; not changed.
 
-    Returns
-    -------
-    Int8Model
-
-    Raises
-    ------
-    RuntimeError
-        A quantizer has never observed data.
+    {int8_result}
     """
     from nbqat.fake_quantize import FakeQuantize
     from nbqat.nn.int8 import FrozenFakeQuantize

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat._docs import FORECAST_IO, fill_doc
 from nbqat.nn.int8 import Int8Linear, Int8LSTM, _qparams, quantize_per_tensor
 
 __all__ = ["FrozenFakeQuantize", "Int8TemporalFusionTransformer"]
@@ -127,21 +128,11 @@ class Int8TemporalFusionTransformer:
         self.model = model
         return self
 
+    @fill_doc(forecast_io=FORECAST_IO.format(cast="cast to float32", out=" float32"))
     def forward(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:
         """Forecasts (B, tau, Q) float32 through the integer matmuls.
 
-        Parameters
-        ----------
-        static : ndarray (B, num_static_features)
-            Static inputs, float32 or float64 (cast to float32).
-        historical : ndarray (B, sequence_length, num_unknown_features)
-            Observed past inputs of the encoder steps.
-        future : ndarray (B, prediction_horizon, num_known_features)
-            Known future inputs of the decoder steps.
-
-        Returns
-        -------
-        ndarray (B, prediction_horizon, num_quantiles) float32
+        {forecast_io}
             Dequantized from the uint8 output codes when ``quantized_output``.
         """
         out = self.model.forward(static, historical, future)

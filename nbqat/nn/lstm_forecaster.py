@@ -19,8 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from nbqat._docs import FORECAST_IO, fill_doc
+from nbqat._validate import check_positive_int_fields, check_quantiles
 from nbqat.nn.layers import ELU, LSTM, Linear
 from nbqat.nn.params import BufferedModel, ParameterBuffer
+from nbqat.nn.tft import FORECASTER_SIZE_FIELDS
 
 __all__ = ["LSTMForecaster", "LSTMForecasterConfig"]
 
@@ -61,25 +64,8 @@ class LSTMForecasterConfig:
     quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
 
     def __post_init__(self) -> None:
-        for name in (
-            "num_static_features",
-            "num_known_features",
-            "num_unknown_features",
-            "hidden_dim",
-            "sequence_length",
-            "prediction_horizon",
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"LSTMForecasterConfig.{name} must be a positive int, got {v!r}")
-            object.__setattr__(self, name, int(v))
-        q = tuple(float(x) for x in self.quantiles)
-        if not q or any(not 0.0 < x < 1.0 for x in q) or any(a >= b for a, b in zip(q, q[1:])):
-            raise ValueError(
-                f"LSTMForecasterConfig.quantiles must be strictly increasing values in (0, 1), "
-                f"got {q}"
-            )
-        object.__setattr__(self, "quantiles", q)
+        check_positive_int_fields(self, FORECASTER_SIZE_FIELDS)
+        check_quantiles(self)
 
     @property
     def num_quantiles(self) -> int:
@@ -117,18 +103,13 @@ class LSTMForecaster(BufferedModel):
         self.buffer = ParameterBuffer(self, dtype, seed)
         self.dtype = np.dtype(dtype)
 
+    @fill_doc(
+        forecast_io=FORECAST_IO.format(cast="cast to the model's dtype", out=", the model's dtype")
+    )
     def forward(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> Any:
         """Quantile forecasts.
 
-        Parameters
-        ----------
-        static : ndarray (B, num_static_features)
-        historical : ndarray (B, sequence_length, num_unknown_features)
-        future : ndarray (B, prediction_horizon, num_known_features)
-
-        Returns
-        -------
-        ndarray (B, prediction_horizon, num_quantiles), the model's dtype
+        {forecast_io}
 
         Raises
         ------

@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat._docs import BACKWARD_IO, FORECAST_IO, fill_doc
 from nbqat.nn.phases import CALIBRATION
 from nbqat.nn.qat_state import saved_network
 from nbqat.nn.quantize import QATModel, hooks_for
@@ -239,33 +240,14 @@ class QATTemporalFusionTransformer(QATModel):
     #: The Rust original's name for :meth:`from_float` (``new_from_fp32``).
     new_from_fp32 = from_float
 
-    # ------------------------------------------------------------------ buffers
-    @property
-    def params(self) -> np.ndarray:
-        """The flat parameter buffer (the float "shadow" weights), shared with :attr:`model`."""
-        return self.model.params
-
-    @property
-    def grads(self) -> np.ndarray:
-        """The flat gradient buffer (STE-masked gradients after :meth:`backward`)."""
-        return self.model.grads
+    # ``params`` / ``grads``: QATModel's, the buffer of :attr:`model` (passed to it above).
 
     # ------------------------------------------------------------------ forward / backward
+    @fill_doc(forecast_io=FORECAST_IO.format(cast="cast to the model's dtype", out=""))
     def forward(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:
         """Quantile forecasts through the fake-quantized network.
 
-        Parameters
-        ----------
-        static : ndarray (B, num_static_features)
-            Static inputs, float32 or float64 (cast to the model's dtype).
-        historical : ndarray (B, sequence_length, num_unknown_features)
-            Observed past inputs of the encoder steps.
-        future : ndarray (B, prediction_horizon, num_known_features)
-            Known future inputs of the decoder steps.
-
-        Returns
-        -------
-        ndarray (B, prediction_horizon, num_quantiles)
+        {forecast_io}
             The forecast quantiles (through the output quantizer), in the model's dtype.
 
         Notes
@@ -288,21 +270,11 @@ class QATTemporalFusionTransformer(QATModel):
 
     __call__ = forward
 
+    @fill_doc(forecast_io=FORECAST_IO.format(cast="cast to the model's dtype", out=""))
     def predict(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:
         """:meth:`forward` without updating any observer or the calibration count (evaluation).
 
-        Parameters
-        ----------
-        static : ndarray (B, num_static_features)
-            Static inputs, float32 or float64 (cast to the model's dtype).
-        historical : ndarray (B, sequence_length, num_unknown_features)
-            Observed past inputs of the encoder steps.
-        future : ndarray (B, prediction_horizon, num_known_features)
-            Known future inputs of the decoder steps.
-
-        Returns
-        -------
-        ndarray (B, prediction_horizon, num_quantiles)
+        {forecast_io}
             The forecast quantiles with the current qparams and phase, in the model's dtype.
         """
         return QATModel.predict(self, static, historical, future)
@@ -311,25 +283,11 @@ class QATTemporalFusionTransformer(QATModel):
         """The network, then the output quantizer (what :meth:`predict` runs, observers off)."""
         return self.output_fake_quant.forward(self.model.forward(*inputs))
 
+    @fill_doc(backward_io=BACKWARD_IO.format(cast=""))
     def backward(self, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Backpropagate ``grad_out`` (B, tau, Q) through every STE mask into :attr:`grads`.
 
-        Gradients are added (``+=``) to the flat buffer; call :meth:`zero_grad` first.
-
-        Parameters
-        ----------
-        grad_out : ndarray (B, prediction_horizon, num_quantiles)
-            Gradient w.r.t. the output of the last :meth:`forward` (e.g.
-            :func:`~nbqat.nn.quantile_loss_grad`).
-
-        Returns
-        -------
-        dstatic : ndarray (B, num_static_features)
-            Gradient w.r.t. ``static``.
-        dhistorical : ndarray (B, sequence_length, num_unknown_features)
-            Gradient w.r.t. ``historical``.
-        dfuture : ndarray (B, prediction_horizon, num_known_features)
-            Gradient w.r.t. ``future``. All three in the model's dtype.
+        {backward_io}
         """
         g = self.output_fake_quant.backward(np.asarray(grad_out), self._out_ctx)
         return self.model.backward(np.asarray(g, dtype=self.model.dtype))

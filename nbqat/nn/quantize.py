@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat._docs import INT8_RESULT, fill_doc
 from nbqat.nn.params import Module, ParameterBuffer
 from nbqat.nn.phases import CALIBRATION, QATPhases, is_learnable
 from nbqat.nn.qat_mappings import QAT_MODULE_MAPPINGS, hooks_for, register_qat_module
@@ -299,25 +300,24 @@ class QATModel(QATCheckpoint, QATPhases):
         self.num_inputs: int | None = 3 if forecaster else None
         self._apply_flags()
 
-    @property
-    def params(self) -> np.ndarray:
-        """The flat parameter buffer."""
+    def _flat(self, which: str) -> np.ndarray:
+        """``self.buffer.<which>``; AttributeError naming the fix when there is no buffer."""
         if self.buffer is None:
             raise AttributeError(
                 "this QATModel was prepared inplace from a model without its own `buffer`: use "
-                "the ParameterBuffer you built for it (buf.params), or prepare_qat(model)"
+                f"the ParameterBuffer you built for it (buf.{which}), or prepare_qat(model)"
             )
-        return self.buffer.params
+        return getattr(self.buffer, which)
+
+    @property
+    def params(self) -> np.ndarray:
+        """The flat parameter buffer (the float "shadow" weights), shared with :attr:`model`."""
+        return self._flat("params")
 
     @property
     def grads(self) -> np.ndarray:
         """The flat gradient buffer (STE-masked gradients after :meth:`backward`)."""
-        if self.buffer is None:
-            raise AttributeError(
-                "this QATModel was prepared inplace from a model without its own `buffer`: use "
-                "the ParameterBuffer you built for it (buf.grads), or prepare_qat(model)"
-            )
-        return self.buffer.grads
+        return self._flat("grads")
 
     def zero_grad(self) -> None:
         """Clear the flat gradient buffer (with ``inplace``: every parameter gradient of the
@@ -421,17 +421,11 @@ class QATModel(QATCheckpoint, QATPhases):
     def _network_forward(self, *inputs: Any) -> Any:
         return self.model.forward(*inputs)
 
+    @fill_doc(int8_result=INT8_RESULT)
     def to_int8(self) -> Any:
         """The integer model (:func:`nbqat.nn.convert`; this model is not changed).
 
-        Returns
-        -------
-        Int8Model
-
-        Raises
-        ------
-        RuntimeError
-            A quantizer has never observed data (calibrate first).
+        {int8_result}
         """
         from nbqat.nn.convert import convert_model
 

@@ -9,17 +9,20 @@ from typing import Any
 
 import numpy as np
 
-from nbqat.nn.layers import (
-    LSTM,
-    Dropout,
-    GateAddNorm,
-    GatedLinearUnit,
-    GatedResidualNetwork,
-    InterpretableMultiHeadAttention,
-    Linear,
-    VariableSelectionNetwork,
-)
+from nbqat._docs import BACKWARD_IO, fill_doc
+from nbqat._validate import check_positive_int_fields, check_quantiles
+from nbqat.nn import layers
 from nbqat.nn.params import BufferedModel, ParameterBuffer
+
+#: The size fields every forecaster config checks as positive ints (TFTConfig adds num_heads).
+FORECASTER_SIZE_FIELDS = (
+    "num_static_features",
+    "num_known_features",
+    "num_unknown_features",
+    "hidden_dim",
+    "sequence_length",
+    "prediction_horizon",
+)
 
 
 @dataclass
@@ -80,30 +83,13 @@ class TFTConfig:
     linear_skip: bool = False
 
     def __post_init__(self) -> None:
-        for name in (
-            "num_static_features",
-            "num_known_features",
-            "num_unknown_features",
-            "hidden_dim",
-            "sequence_length",
-            "prediction_horizon",
-            "num_heads",
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"TFTConfig.{name} must be a positive int, got {v!r}")
-            setattr(self, name, int(v))
+        check_positive_int_fields(self, (*FORECASTER_SIZE_FIELDS, "num_heads"))
         if self.hidden_dim % self.num_heads != 0:
             raise ValueError(
                 f"TFTConfig.hidden_dim ({self.hidden_dim}) must be divisible by num_heads "
                 f"({self.num_heads})"
             )
-        q = tuple(float(x) for x in self.quantiles)
-        if not q or any(not 0.0 < x < 1.0 for x in q) or any(a >= b for a, b in zip(q, q[1:])):
-            raise ValueError(
-                f"TFTConfig.quantiles must be strictly increasing values in (0, 1), got {q}"
-            )
-        self.quantiles = q
+        check_quantiles(self)
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ValueError(f"TFTConfig.dropout must be in [0, 1), got {self.dropout!r}")
         self.dropout = float(self.dropout)
@@ -220,31 +206,31 @@ class TemporalFusionTransformer(BufferedModel):
         cfg = config
         d = cfg.hidden_dim
         self.config = cfg
-        self.static_vsn = VariableSelectionNetwork(cfg.num_static_features, d)
-        self.static_context_variable_selection = GatedResidualNetwork(d, d, d)
-        self.static_context_enrichment = GatedResidualNetwork(d, d, d)
-        self.static_context_initial_hidden = GatedResidualNetwork(d, d, d)
-        self.static_context_initial_cell = GatedResidualNetwork(d, d, d)
-        self.encoder_vsn = VariableSelectionNetwork(cfg.num_unknown_features, d, d)
-        self.decoder_vsn = VariableSelectionNetwork(cfg.num_known_features, d, d)
-        self.lstm_encoder = LSTM(d, d)
-        self.lstm_decoder = LSTM(d, d)
-        self.post_lstm_gate = GateAddNorm(d, d)
-        self.static_enrichment = GatedResidualNetwork(d, d, d, d)
-        self.multihead_attn = InterpretableMultiHeadAttention(d, cfg.num_heads)
-        self.post_attn_gate = GateAddNorm(d, d)
-        self.pos_wise_ff = GatedResidualNetwork(d, d, d)
-        self.pre_output_gate = GateAddNorm(d, d)
-        self.output_layer = Linear(d, cfg.num_quantiles)
-        self.linear_skip: Linear | None = None
+        self.static_vsn = layers.VariableSelectionNetwork(cfg.num_static_features, d)
+        self.static_context_variable_selection = layers.GatedResidualNetwork(d, d, d)
+        self.static_context_enrichment = layers.GatedResidualNetwork(d, d, d)
+        self.static_context_initial_hidden = layers.GatedResidualNetwork(d, d, d)
+        self.static_context_initial_cell = layers.GatedResidualNetwork(d, d, d)
+        self.encoder_vsn = layers.VariableSelectionNetwork(cfg.num_unknown_features, d, d)
+        self.decoder_vsn = layers.VariableSelectionNetwork(cfg.num_known_features, d, d)
+        self.lstm_encoder = layers.LSTM(d, d)
+        self.lstm_decoder = layers.LSTM(d, d)
+        self.post_lstm_gate = layers.GateAddNorm(d, d)
+        self.static_enrichment = layers.GatedResidualNetwork(d, d, d, d)
+        self.multihead_attn = layers.InterpretableMultiHeadAttention(d, cfg.num_heads)
+        self.post_attn_gate = layers.GateAddNorm(d, d)
+        self.pos_wise_ff = layers.GatedResidualNetwork(d, d, d)
+        self.pre_output_gate = layers.GateAddNorm(d, d)
+        self.output_layer = layers.Linear(d, cfg.num_quantiles)
+        self.linear_skip: layers.Linear | None = None
         if cfg.linear_skip:
-            self.linear_skip = Linear(
+            self.linear_skip = layers.Linear(
                 cfg.window_features, cfg.prediction_horizon * cfg.num_quantiles
             )
         if cfg.dropout > 0:  # one Dropout at every GLU's input, numbered in module order
-            glus = [m for _, m in self.named_modules() if isinstance(m, GatedLinearUnit)]
+            glus = [m for _, m in self.named_modules() if isinstance(m, layers.GatedLinearUnit)]
             for i, glu in enumerate(glus):
-                glu.dropout = Dropout(cfg.dropout)
+                glu.dropout = layers.Dropout(cfg.dropout)
                 glu.dropout.stream = i
         self.buffer = ParameterBuffer(self, dt, seed)
         self.dtype = dt
@@ -355,25 +341,11 @@ class TemporalFusionTransformer(BufferedModel):
 
     __call__ = forward
 
+    @fill_doc(backward_io=BACKWARD_IO.format(cast="; cast to the model's dtype"))
     def backward(self, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Backpropagate ``grad_out`` (B, tau, Q), accumulating into :attr:`grads`.
 
-        Gradients are added (``+=``) to the flat buffer; call :meth:`zero_grad` first.
-
-        Parameters
-        ----------
-        grad_out : ndarray (B, prediction_horizon, num_quantiles)
-            Gradient w.r.t. the output of the last :meth:`forward` (e.g.
-            :func:`~nbqat.nn.quantile_loss_grad`); cast to the model's dtype.
-
-        Returns
-        -------
-        dstatic : ndarray (B, num_static_features)
-            Gradient w.r.t. ``static``.
-        dhistorical : ndarray (B, sequence_length, num_unknown_features)
-            Gradient w.r.t. ``historical``.
-        dfuture : ndarray (B, prediction_horizon, num_known_features)
-            Gradient w.r.t. ``future``. All three in the model's dtype.
+        {backward_io}
 
         Raises
         ------

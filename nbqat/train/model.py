@@ -9,17 +9,8 @@ import numpy as np
 
 from nbqat import preflight
 from nbqat.data import Windows, load_csv, load_tmy3, make_windows
+from nbqat.optim_groups import inner_attribute
 from nbqat.train.config import MIN_HISTORY, QUANTILES
-
-__all__ = [
-    "DeviceAdam",
-    "build_model",
-    "check_device",
-    "load_data",
-    "make_optimizer",
-    "set_dropout_mode",
-    "to_host",
-]
 
 
 def build_model(cfg: Any, w: Windows) -> Any:
@@ -99,13 +90,7 @@ class DeviceAdam:
         self._d_grads = _cuda.cuda.to_device(np.zeros_like(params))
         self.inner = GroupedAdamW(self._d_params, lr=lr, **group_kw)
 
-    @property
-    def lr(self) -> float:
-        return self.inner.lr
-
-    @lr.setter
-    def lr(self, value: float) -> None:
-        self.inner.lr = value
+    lr = inner_attribute("lr")
 
     def upload_grads(self, grads: np.ndarray) -> Any:
         """Copy ``grads`` to the device buffer and return it."""
@@ -209,3 +194,14 @@ def load_data(cfg: Any) -> Windows:
     )
     preflight.check_windows(cfg, w)
     return w
+
+
+__all__ = [
+    "DeviceAdam",
+    "build_model",
+    "check_device",
+    "load_data",
+    "make_optimizer",
+    "set_dropout_mode",
+    "to_host",
+]
