@@ -37,16 +37,9 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "MPIProcessGroup",
-    "ProcessGroup",
-    "allreduce_gradients",
-    "calibrate",
-    "data_parallel_step",
-    "init_process_group",
-    "install_abort_handler",
-    "shard",
-    "sync_observers",
-]
+    "MPIProcessGroup", "ProcessGroup", "allreduce_gradients", "calibrate", "data_parallel_step",
+    "init_process_group", "install_abort_handler", "shard", "sync_observers",
+]  # fmt: skip
 
 #: Environment variables that process managers set in every rank (MPICH/hydra, Open MPI, PMIx).
 _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
