@@ -20,16 +20,15 @@ from typing import Any
 import numpy as np
 
 from nbqat._docs import FORECAST_IO, fill_doc
-from nbqat._validate import check_positive_int_fields, check_quantiles
 from nbqat.nn.layers import ELU, LSTM, Linear
 from nbqat.nn.params import BufferedModel, ParameterBuffer
-from nbqat.nn.tft import FORECASTER_SIZE_FIELDS
+from nbqat.nn.tft import ForecasterSizes
 
 __all__ = ["LSTMForecaster", "LSTMForecasterConfig"]
 
 
-@dataclass(frozen=True)
-class LSTMForecasterConfig:
+@dataclass
+class LSTMForecasterConfig(ForecasterSizes):
     """Sizes of an :class:`LSTMForecaster` (the field names of :class:`~nbqat.nn.TFTConfig`).
 
     Parameters
@@ -54,23 +53,6 @@ class LSTMForecasterConfig:
     ValueError
         A size that is not a positive int, or bad quantiles (as :class:`~nbqat.nn.TFTConfig`).
     """
-
-    num_static_features: int
-    num_known_features: int
-    num_unknown_features: int
-    hidden_dim: int
-    sequence_length: int
-    prediction_horizon: int
-    quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
-
-    def __post_init__(self) -> None:
-        check_positive_int_fields(self, FORECASTER_SIZE_FIELDS)
-        check_quantiles(self)
-
-    @property
-    def num_quantiles(self) -> int:
-        """Q."""
-        return len(self.quantiles)
 
 
 class LSTMForecaster(BufferedModel):

@@ -26,7 +26,36 @@ FORECASTER_SIZE_FIELDS = (
 
 
 @dataclass
-class TFTConfig:
+class ForecasterSizes:
+    """The sizes every forecaster config shares (the base of :class:`TFTConfig` and
+    :class:`~nbqat.nn.LSTMForecasterConfig`; see their parameters).
+
+    Raises
+    ------
+    ValueError
+        A size that is not a positive int, or quantiles not strictly increasing in (0, 1).
+    """
+
+    num_static_features: int
+    num_known_features: int
+    num_unknown_features: int
+    hidden_dim: int
+    sequence_length: int
+    prediction_horizon: int
+    quantiles: tuple[float, ...] = field(default=(0.1, 0.5, 0.9))
+
+    def __post_init__(self) -> None:
+        check_positive_int_fields(self, FORECASTER_SIZE_FIELDS)
+        check_quantiles(self)
+
+    @property
+    def num_quantiles(self) -> int:
+        """Q, the number of quantiles."""
+        return len(self.quantiles)
+
+
+@dataclass
+class TFTConfig(ForecasterSizes):
     """Sizes of :class:`TemporalFusionTransformer` (field names of the Rust original).
 
     Parameters
@@ -71,35 +100,24 @@ class TFTConfig:
         outside [0, 1).
     """
 
-    num_static_features: int
-    num_known_features: int
-    num_unknown_features: int
-    hidden_dim: int
-    sequence_length: int
-    prediction_horizon: int
-    quantiles: tuple[float, ...] = field(default=(0.1, 0.5, 0.9))
     num_heads: int = 4
     dropout: float = 0.0
     linear_skip: bool = False
 
     def __post_init__(self) -> None:
-        check_positive_int_fields(self, (*FORECASTER_SIZE_FIELDS, "num_heads"))
+        super().__post_init__()
+        check_positive_int_fields(self, ("num_heads",))
         if self.hidden_dim % self.num_heads != 0:
             raise ValueError(
                 f"TFTConfig.hidden_dim ({self.hidden_dim}) must be divisible by num_heads "
                 f"({self.num_heads})"
             )
-        check_quantiles(self)
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ValueError(f"TFTConfig.dropout must be in [0, 1), got {self.dropout!r}")
         self.dropout = float(self.dropout)
         if not isinstance(self.linear_skip, (bool, np.bool_)):
             raise TypeError(f"TFTConfig.linear_skip must be a bool, got {self.linear_skip!r}")
         self.linear_skip = bool(self.linear_skip)
-
-    @property
-    def num_quantiles(self) -> int:
-        return len(self.quantiles)
 
     @property
     def input_dim(self) -> int:
