@@ -158,17 +158,14 @@ def qparams(
             RuntimeWarning,
             stacklevel=4,
         )
-    zero = np.zeros_like(mn)
-    min_neg = np.minimum(mn, zero)
-    max_pos = np.maximum(mx, zero)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+    from nbqat.kernels.qat_cpu import qparams_rows  # the formula, written once
+
+    scale, r = np.empty_like(mn), np.empty_like(mn)
+    qparams_rows(mn, mx, int(qmin), int(qmax), _F32(eps), symmetric_zp is not None, scale, r)
+    with np.errstate(invalid="ignore"):
         if symmetric_zp is not None:
-            max_pos = np.maximum(-min_neg, max_pos)
-            scale = np.maximum(max_pos / _F32(float(qmax - qmin) / 2), eps)
             zp = np.full(mn.shape, symmetric_zp, np.int64)
         else:
-            scale = np.maximum((max_pos - min_neg) / _F32(float(qmax - qmin)), eps)
-            r = np.rint(min_neg / scale)  # float32, half to even (torch.round)
             ok = np.isfinite(r) & (r >= -(2.0**31)) & (r < 2.0**31)
             ri = np.where(ok, r, _F32(-(2.0**31))).astype(np.int64)  # x86 cvt: INT32_MIN
             z = np.int64(qmin) - ri

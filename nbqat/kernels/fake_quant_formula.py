@@ -74,3 +74,37 @@ def lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf):  # pragma: no cover
     if xq > qmax:
         return gi * zero, (gi * (qmax - z)) * gf, dz
     return gi * zero, (gi * (qmin - z)) * gf, dz
+
+
+@_inline
+def _min_nan(a, b):  # pragma: no cover
+    """``numpy.minimum`` / ``torch.min`` of two scalars: NaN if either is NaN."""
+    return a if (a < b or a != a) else b
+
+
+@_inline
+def _max_nan(a, b):  # pragma: no cover
+    """``numpy.maximum`` / ``torch.max`` of two scalars: NaN if either is NaN."""
+    return a if (a > b or a != a) else b
+
+
+@_inline
+def qparams_scale(mn, mx, qmin, qmax, eps, symmetric):  # pragma: no cover
+    """``(scale, r)`` of a float32 running min/max: torch's ``_calculate_qparams``
+    (``torch/ao/quantization/observer.py``) for one tensor or channel.
+
+    ``min_neg = min(mn, 0)``, ``max_pos = max(mx, 0)``; symmetric:
+    ``scale = max(max(-min_neg, max_pos) / ((qmax - qmin) / 2), eps)`` and ``r = 0``; affine:
+    ``scale = max((max_pos - min_neg) / (qmax - qmin), eps)`` and ``r = rint(min_neg / scale)``
+    (half to even), the zero point being ``qmin - r`` clamped by the caller. NaN propagates
+    (as torch.min / torch.max do); all arithmetic in float32.
+    """
+    T = np.float32
+    zero = T(0.0)
+    min_neg = _min_nan(mn, zero)
+    max_pos = _max_nan(mx, zero)
+    if symmetric:
+        scale = _max_nan(_max_nan(-min_neg, max_pos) / T((qmax - qmin) / 2.0), eps)
+        return scale, zero
+    scale = _max_nan((max_pos - min_neg) / T(qmax - qmin), eps)
+    return scale, np.rint(min_neg / scale)

@@ -19,6 +19,7 @@ import numpy as np
 from nbqat._jit import cpu_kernel
 from nbqat._validate import QUANT_BOUND
 from nbqat.kernels import fake_quant_cpu as _fqk
+from nbqat.kernels.fake_quant_formula import qparams_scale
 from nbqat.kernels.observe_cpu import KEY_NEG_INF, KEY_POS_INF, row_keys
 
 _QB = np.int64(QUANT_BOUND)
@@ -61,7 +62,6 @@ def _update_qparams(fmin, fmax, om, oM, has_old, moving, cst, symmetric, qmin, q
     out-of-range conversion (the public path handles those). Symmetric: ``z`` is 0.
     """
     T = np.float32
-    zero = T(0.0)
     if not has_old:
         nmin = fmin
         nmax = fmax
@@ -73,17 +73,9 @@ def _update_qparams(fmin, fmax, om, oM, has_old, moving, cst, symmetric, qmin, q
         nmax = fmax if fmax > oM else oM
     if not (np.isfinite(nmin) and np.isfinite(nmax)):
         return False, nmin, nmax, T(1.0), np.int64(0)
-    min_neg = nmin if nmin < zero else zero
-    max_pos = nmax if nmax > zero else zero
+    scale, r = qparams_scale(nmin, nmax, qmin, qmax, eps, symmetric)
     if symmetric:
-        mneg = -min_neg
-        mp = mneg if mneg > max_pos else max_pos
-        scale = mp / T((qmax - qmin) / 2.0)
-        scale = scale if scale > eps else eps
         return True, nmin, nmax, scale, np.int64(0)
-    scale = (max_pos - min_neg) / T(qmax - qmin)
-    scale = scale if scale > eps else eps
-    r = np.rint(min_neg / scale)
     if not (np.isfinite(r) and r >= -(2.0**31) and r < 2.0**31):
         return False, nmin, nmax, scale, np.int64(0)
     z = np.int64(qmin) - np.int64(r)
@@ -121,6 +113,14 @@ def _observe(b, old_min, old_max, has_old, obs):  # pragma: no cover
         fmin, fmax, old_min, old_max, has_old, moving, cst, symmetric, oqmin, oqmax, eps
     )
     return ok, nmin, nmax, scale, np.int64(zp_sym) if symmetric else z
+
+
+@cpu_kernel(parallel=False)
+def qparams_rows(mn, mx, qmin, qmax, eps, symmetric, scale, r):  # pragma: no cover
+    """:func:`~nbqat.kernels.fake_quant_formula.qparams_scale` of every (C,) float32 entry
+    into ``scale`` and ``r`` (the observers' ``calculate_qparams``)."""
+    for c in range(mn.shape[0]):
+        scale[c], r[c] = qparams_scale(mn[c], mx[c], qmin, qmax, eps, symmetric)
 
 
 @cpu_kernel(parallel=False)
