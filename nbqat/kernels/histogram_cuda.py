@@ -17,6 +17,7 @@ import numpy as np
 from nbqat import _cuda
 from nbqat._cuda import cuda
 from nbqat.kernels import histogram_cpu as _hk
+from nbqat.kernels import observe_cpu as _ok
 
 _F32 = np.float32
 
@@ -25,6 +26,10 @@ _F32 = np.float32
 #: (:func:`nbqat.kernels.histogram_cpu.bin_f32`) compiled for the device, so the formula is
 #: written once.
 _bin = cuda.jit(device=True)(_hk.bin_f32.py_func)
+
+#: The order key of float32 bits (:func:`nbqat.kernels.observe_cpu.order_key`, compiled for the
+#: device: written once).
+_order_key = _cuda.device_function(_ok.order_key)
 
 
 @cuda.jit
@@ -48,7 +53,7 @@ def key_kernel(b, shift, counts):  # pragma: no cover
     for i in range(start, b.size, stride):
         w = b[i]
         if (w & np.int32(0x7F800000)) != np.int32(0x7F800000):
-            k = np.int32(w ^ ((w >> np.int32(31)) & np.int32(0x7FFFFFFF)))
+            k = _order_key(w)
             cuda.atomic.add(counts, np.int64(k >> np.int32(shift)) + off, 1)
 
 

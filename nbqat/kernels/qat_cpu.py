@@ -20,7 +20,7 @@ from nbqat._jit import cpu_kernel
 from nbqat._validate import QUANT_BOUND
 from nbqat.kernels import fake_quant_cpu as _fqk
 from nbqat.kernels.fake_quant_formula import qparams_scale
-from nbqat.kernels.observe_cpu import KEY_NEG_INF, KEY_POS_INF, row_keys
+from nbqat.kernels.observe_cpu import KEY_NEG_INF, KEY_POS_INF, order_key, row_keys
 
 _QB = np.int64(QUANT_BOUND)
 
@@ -40,14 +40,8 @@ def _fq_args_ok(scale, z, qmin, qmax):  # pragma: no cover
 def _keys_to_f32(k0, k1):  # pragma: no cover
     """float32 values of two order keys (the key map is its own inverse)."""
     buf = np.empty(2, np.int32)
-    a = np.int64(k0)
-    b = np.int64(k1)
-    if a < 0:
-        a = a ^ 0x7FFFFFFF
-    if b < 0:
-        b = b ^ 0x7FFFFFFF
-    buf[0] = a
-    buf[1] = b
+    buf[0] = order_key(np.int32(k0))
+    buf[1] = order_key(np.int32(k1))
     f = buf.view(np.float32)
     return f[0], f[1]
 
