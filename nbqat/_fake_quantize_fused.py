@@ -39,6 +39,7 @@ _EMPTY_F32_3 = np.zeros((3, 0), _F32)
 _NO_OBSERVER = (False, _ONE, False, 0, 0, 0, _ONE)
 _TENSOR_OBSERVERS = (MovingAverageMinMaxObserver, MinMaxObserver)
 _CHANNEL_OBSERVERS = (MovingAveragePerChannelMinMaxObserver, PerChannelMinMaxObserver)
+_MOVING = (MovingAverageMinMaxObserver, MovingAveragePerChannelMinMaxObserver)
 
 
 def eligible(x: Any) -> bool:
@@ -58,12 +59,12 @@ def _settings(obs: Any, allowed: tuple[type, ...]) -> tuple | None:
     cls = type(obs)
     if cls not in allowed:
         return None
-    moving, symmetric = cls._moving, obs.symmetric
+    moving, symmetric = cls in _MOVING, obs.symmetric
     return (
         moving,
         _F32(obs.averaging_constant) if moving else _ONE,
         symmetric,
-        obs._symmetric_zero_point() if symmetric else 0,
+        obs.symmetric_zero_point() if symmetric else 0,
         obs.quant_min,
         obs.quant_max,
         obs.eps,
@@ -88,7 +89,7 @@ def forward_tensor(fq: Any, x: np.ndarray, observe: bool) -> Any:
         settings = _settings(obs, _TENSOR_OBSERVERS)
         if settings is None:
             return None
-        old = (obs._min[()], obs._max[()])
+        old = (obs.min_val[()], obs.max_val[()])
     else:
         settings, old = _NO_OBSERVER, (_ONE, _ONE)
     y, mask, yb, mb = _outputs(fq, x)
@@ -100,8 +101,7 @@ def forward_tensor(fq: Any, x: np.ndarray, observe: bool) -> Any:
     if not ok:
         return None
     if observe:
-        obs._min = np.array(mn, _F32)
-        obs._max = np.array(mx, _F32)
+        obs.set_min_max(mn, mx)  # the observer's public state interface
         fq.scale = np.array([s], _F32)
         fq.zero_point = np.array([z], np.int32)
     fq.ctx = mask
@@ -119,11 +119,11 @@ def forward_channel(fq: Any, x: np.ndarray, observe: bool) -> Any:
     obs = fq.activation_post_process
     if observe:
         settings = _settings(obs, _CHANNEL_OBSERVERS)
-        if settings is None or (obs._min.size and obs._min.size != c):
+        if settings is None or (obs.min_val.size and obs.min_val.size != c):
             return None
         out = np.empty((3, c), _F32)  # new min_val, max_val, scale
         zp = np.empty(c, np.int32)
-        state = (out, zp, obs._min, obs._max)
+        state = (out, zp, obs.min_val, obs.max_val)
     else:
         if fq.scale.shape != (c,) or fq.zero_point.shape != (c,):  # the public path raises
             return None
@@ -136,7 +136,8 @@ def forward_channel(fq: Any, x: np.ndarray, observe: bool) -> Any:
     if not ok:
         return None
     if observe:
-        obs._min, obs._max, fq.scale = out  # three (c,) rows
+        obs.set_min_max(out[0], out[1])  # rows of out: new min_val, max_val, scale
+        fq.scale = out[2]
         fq.zero_point = zp
     fq.ctx = mask
     fq._ran = True

@@ -102,7 +102,7 @@ class _QuantizerPhases:
         self.activation_post_process = obs
         self.quant_min, self.quant_max = obs.quant_min, obs.quant_max
         self.dtype, self.qscheme = obs.dtype, obs.qscheme
-        self.is_per_channel = obs._per_channel
+        self.is_per_channel = str(obs.qscheme).startswith("per_channel")  # torch's rule
         self.ch_axis = obs.ch_axis if self.is_per_channel else None
         self.observer_enabled = True
         self.fake_quant_enabled = True

@@ -243,8 +243,6 @@ class _MinMaxBase:
             self.dtype, self.has_customized_qrange, self.quant_min, self.quant_max
         )
 
-    _symmetric_zero_point = symmetric_zero_point  # the name nbqat.fake_quantize still uses
-
     # -- qparams ------------------------------------------------------------------------------
     def calculate_qparams(self) -> tuple[np.ndarray, np.ndarray]:
         """Scale and zero point from the running min/max (torch's ``_calculate_qparams``).
