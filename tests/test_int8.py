@@ -11,6 +11,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from ref_nn import forecast_batch
 
 from nbqat import (
     Adam,
@@ -32,12 +33,7 @@ CFG = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)
 
 
 def make_batch(rng, nb=4):
-    return (
-        rng.standard_normal((nb, 2)).astype(np.float32),
-        rng.standard_normal((nb, 5, 4)).astype(np.float32),
-        rng.standard_normal((nb, 3, 3)).astype(np.float32),
-        rng.standard_normal((nb, 3)).astype(np.float32),
-    )
+    return forecast_batch(rng, CFG, nb)
 
 
 def test_codes_reproduce_fake_quantize_exactly(rng):

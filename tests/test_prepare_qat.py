@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ref_nn import forecast_batch
 from ref_qat_torch import t_act, t_weight
 
 import nbqat
@@ -268,12 +269,7 @@ def test_convert_is_within_one_output_step_of_the_frozen_fake_quant_model(rng):
 
 # ------------------------------------------------------------------ the second forecaster
 def _lf_batch(rng, cfg, nb=4, dtype=np.float32):
-    return (
-        rng.standard_normal((nb, cfg.num_static_features)).astype(dtype),
-        rng.standard_normal((nb, cfg.sequence_length, cfg.num_unknown_features)).astype(dtype),
-        rng.standard_normal((nb, cfg.prediction_horizon, cfg.num_known_features)).astype(dtype),
-        rng.standard_normal((nb, cfg.prediction_horizon)).astype(dtype),
-    )
+    return forecast_batch(rng, cfg, nb, dtype)
 
 
 def _lf_cfg():

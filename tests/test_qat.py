@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 import pytest
-from ref_nn import fd_grad
+from ref_nn import fd_grad, forecast_batch
 
 from nbqat import SGD, Adam, FakeQuantize, LearnableFakeQuantize, QATConfig
 from nbqat.clip import clip_coef
@@ -29,12 +29,7 @@ CFG = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)  # m_s, m_x, m_z, d, k, tau
 
 
 def make_batch(rng, nb=4, dtype=np.float32, target_scale=1.0):
-    return (
-        rng.standard_normal((nb, CFG.num_static_features)).astype(dtype),
-        rng.standard_normal((nb, CFG.sequence_length, CFG.num_unknown_features)).astype(dtype),
-        rng.standard_normal((nb, CFG.prediction_horizon, CFG.num_known_features)).astype(dtype),
-        (target_scale * rng.standard_normal((nb, CFG.prediction_horizon))).astype(dtype),
-    )
+    return forecast_batch(rng, CFG, nb, dtype, target_scale=target_scale)
 
 
 def calibrated(model, rng, n=2, **cfg):

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from ref_nn import forecast_batch
 
 import nbqat
 from nbqat.fake_quantize import FakeQuantize
@@ -52,12 +53,10 @@ def _opts(**kw):
 
 
 def _batch(rng, nb=5):
-    return (
-        rng.standard_normal((nb, 2)).astype(np.float32),
-        rng.standard_normal((nb, 5, 4)).astype(np.float32),
-        rng.standard_normal((nb, 3, 3)).astype(np.float32),
-        rng.standard_normal((nb, 3)).astype(np.float32),
-    )
+    return forecast_batch(rng, _SIZES, nb)
+
+
+_SIZES = LSTMForecasterConfig(2, 3, 4, 6, 5, 3)  # the batches' m_s, m_x, m_z, d, k, tau
 
 
 # ------------------------------------------------------------------ the TFT through the mapping

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ref_nn import forecast_batch
 
 import nbqat
 from nbqat.nn import LSTMForecaster, LSTMForecasterConfig, prepare_qat
@@ -19,12 +20,7 @@ CFG = LSTMForecasterConfig(2, 3, 4, 6, 5, 3)  # m_s, m_x, m_z, d, k, tau
 
 
 def _batch(rng, nb=6):
-    return (
-        rng.standard_normal((nb, 2)).astype(np.float32),
-        rng.standard_normal((nb, 5, 4)).astype(np.float32),
-        rng.standard_normal((nb, 3, 3)).astype(np.float32),
-        rng.standard_normal((nb, 3)).astype(np.float32),
-    )
+    return forecast_batch(rng, CFG, nb)
 
 
 def _lsq_qat(rng, seed=3):

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from ref_nn import forecast_batch
 
 import nbqat
 from nbqat import report
@@ -18,12 +19,7 @@ CFG = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)
 
 
 def _batch(rng, nb=4):
-    shapes = [
-        (nb, CFG.num_static_features),
-        (nb, CFG.sequence_length, CFG.num_unknown_features),
-        (nb, CFG.prediction_horizon, CFG.num_known_features),
-    ]
-    return tuple(rng.standard_normal(s).astype(np.float32) for s in shapes)
+    return forecast_batch(rng, CFG, nb, target=False)
 
 
 @pytest.fixture(scope="module")

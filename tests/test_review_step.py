@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ref_nn import forecast_batch
 
 import nbqat
 from nbqat.nn import LSTMForecaster, LSTMForecasterConfig, prepare_qat, train_step
@@ -13,12 +14,7 @@ CFG = LSTMForecasterConfig(2, 3, 4, 8, 6, 3)
 
 
 def _batch(rng, nb=4):
-    return (
-        rng.standard_normal((nb, 2)).astype(np.float32),
-        rng.standard_normal((nb, 6, 4)).astype(np.float32),
-        rng.standard_normal((nb, 3, 3)).astype(np.float32),
-        rng.standard_normal((nb, 3)).astype(np.float32),
-    )
+    return forecast_batch(rng, CFG, nb)
 
 
 @pytest.mark.parametrize("which, bad", [(1, np.nan), (3, np.inf), (0, -np.inf)])

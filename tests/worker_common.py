@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+from ref_nn import forecast_batch
 
 import nbqat
 from nbqat import distributed as dist
@@ -15,14 +16,7 @@ GLOBAL_BATCH = 6
 
 
 def batch(rng, nb=GLOBAL_BATCH):
-    return (
-        rng.standard_normal((nb, CFG.num_static_features)).astype(np.float32),
-        rng.standard_normal((nb, CFG.sequence_length, CFG.num_unknown_features)).astype(np.float32),
-        rng.standard_normal((nb, CFG.prediction_horizon, CFG.num_known_features)).astype(
-            np.float32
-        ),
-        rng.standard_normal((nb, CFG.prediction_horizon)).astype(np.float32),
-    )
+    return forecast_batch(rng, CFG, nb)
 
 
 def tiny_run(group, steps, optimizer=nbqat.SGD):
