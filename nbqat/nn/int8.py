@@ -28,7 +28,7 @@ quantizer, so the documented (and tested) bound is one output quantization step
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from nbqat.kernels.int8_cpu import (
     quantize_per_row_kernel,
     quantize_per_tensor_kernel,
 )
+
+if TYPE_CHECKING:  # resolved at run time by __getattr__ below (no import cycle)
+    from nbqat.nn.int8_tft import FrozenFakeQuantize, Int8TemporalFusionTransformer
 
 __all__ = [
     "Int8LSTM",
@@ -484,9 +487,11 @@ class Int8LSTM:
         return out, (hs[nl - 1].copy(), cs[nl - 1].copy())
 
 
-# the TFT twin and the frozen attention quantizer live in nbqat.nn.int8_tft (re-exported here:
-# their public home stays nbqat.nn.int8)
-from nbqat.nn.int8_tft import (  # noqa: E402
-    FrozenFakeQuantize,
-    Int8TemporalFusionTransformer,
-)
+def __getattr__(name: str) -> Any:
+    """The TFT twin and the frozen attention quantizer live in :mod:`nbqat.nn.int8_tft`; their
+    public home stays here. Resolved on first use, so either module can be imported first."""
+    if name in ("FrozenFakeQuantize", "Int8TemporalFusionTransformer"):
+        from nbqat.nn import int8_tft
+
+        return getattr(int8_tft, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
