@@ -1,18 +1,29 @@
-"""Judge the default recipe on data it was not tuned on: the TMY2 file that pvlib ships.
+"""Judge the default recipe on data it was not tuned on: weather files that pvlib carries.
 
-``pvlib/data/12839.tm2`` (Miami, FL, WBAN 12839; NREL TMY2, U.S. government data; shipped in
-the pvlib-python wheel, BSD-3-Clause) is converted to nbqat's long CSV layout and run through
-``nbqat train --csv`` with the default options, so the summary compares the float, QAT and
-int8 TFT with the seasonal naive and the ridge baseline on it. Not a pytest benchmark (its name
-does not start with ``bench_``); nbqat does not ship the file.
+Each file is one year of hourly observations at a station nbqat's shipped data does not hold;
+it is converted to nbqat's long CSV layout and run through ``nbqat train --csv`` with the
+default options, so the summary compares the float, QAT and int8 TFT with the seasonal naive
+and the ridge baseline on it. Not a pytest benchmark (its name does not start with
+``bench_``); nbqat ships none of these files.
+
+* ``12839.tm2`` -- Miami, FL (WBAN 12839), NREL TMY2, U.S. government data; in the pvlib wheel
+  (``pvlib/data/``).
+* ``NLD_Amsterdam062400_IWEC.epw`` -- Amsterdam Schiphol (WMO 062400), ASHRAE IWEC typical
+  year, EnergyPlus weather format; in the pvlib source distribution (``tests/data/``).
+* ``tmy_45.000_8.000_2005_2023.epw`` -- PVGIS typical year at 45 N, 8 E (Piedmont, Italy;
+  ERA5 reanalysis, European Commission JRC), EnergyPlus weather format; same place.
+
+pvlib-python is BSD-3-Clause; each data file keeps its provider's terms (see its header).
 
 Usage::
 
-    pip download pvlib --no-deps -d /tmp/pvlib && unzip -o /tmp/pvlib/pvlib-*.whl \\
+    pip download pvlib==0.16.1 --no-deps -d /tmp/pvlib && unzip -o /tmp/pvlib/pvlib-*.whl \\
         'pvlib/data/12839.tm2' -d /tmp/pvlib
-    python benchmarks/heldout_tmy2.py /tmp/pvlib/pvlib/data/12839.tm2 --out /tmp/heldout [...]
+    pip download pvlib==0.16.1 --no-deps --no-binary :all: -d /tmp/pvlib && tar -xzf \\
+        /tmp/pvlib/pvlib-0.16.1.tar.gz -C /tmp/pvlib --wildcards '*/tests/data/*.epw'
+    python benchmarks/heldout.py /tmp/pvlib/pvlib/data/12839.tm2 --out /tmp/heldout [...]
 
-Extra arguments go to ``nbqat train``.
+Extra arguments go to ``nbqat train`` (e.g. ``--seed 1``).
 """
 
 from __future__ import annotations
@@ -21,6 +32,10 @@ import argparse
 import csv
 import sys
 from pathlib import Path
+
+#: Every file becomes these columns (those a file lacks are left out): target first.
+COLUMNS = ["temp_air", "temp_dew", "relative_humidity", "pressure", "wind_speed"]
+COLUMNS += ["total_cloud", "ghi", "etr"]
 
 # TMY2 fixed-width record (NREL/TP-463-7668, Table 3-1), as pvlib.iotools.read_tmy2 reads it:
 # (name, digits) of the numeric fields; each field after the hour is followed by a 1-char
@@ -35,46 +50,82 @@ _FIELDS = [
 _FLAGGED_FROM = "ghi"  # fields from here on carry the 2 flag characters
 _SCALE = {"temp_air": 0.1, "temp_dew": 0.1, "wind_speed": 0.1, "total_cloud": 1.0}
 
+# EnergyPlus weather (EPW) data fields (EnergyPlus "Auxiliary Programs", Weather Converter,
+# data dictionary), as pvlib.iotools.read_epw names them: column -> (field index, missing code).
+_EPW = {
+    "temp_air": (6, 99.9), "temp_dew": (7, 99.9), "relative_humidity": (8, 999.0),
+    "pressure": (9, 999999.0), "etr": (10, 9999.0), "ghi": (13, 9999.0),
+    "wind_speed": (21, 999.0), "total_cloud": (22, 99.0),
+}  # fmt: skip
+_EPW_PA_PER_MBAR = 100.0  # EPW pressure is in Pa; TMY2's (and the shipped data's) in mbar
 
-def read_tm2(path: Path) -> list[dict]:
-    """Hourly records of a TMY2 file (the first line is the station header)."""
-    lines = path.read_text().splitlines()[1:]
+
+def read_tm2(path: Path) -> tuple[str, list[dict]]:
+    """(station name, hourly records) of a TMY2 file (the first line is the station header)."""
+    lines = path.read_text().splitlines()
     rows = []
-    for line in lines:
+    for line in lines[1:]:
         pos, rec, flagged = 1, {}, False  # column 0 is a blank
         for name, width in _FIELDS:
             flagged = flagged or name == _FLAGGED_FROM
             rec[name] = int(line[pos : pos + width]) * _SCALE.get(name, 1.0)
             pos += width + (2 if flagged else 0)
         rows.append(rec)
-    return rows
+    return lines[0].split()[1].lower(), rows
 
 
-def to_csv(rows: list[dict], out: Path) -> None:
-    """Write nbqat's long layout; TMY hour 1-24 is the hour ending, i.e. starting at hour-1."""
-    cols = ["temp_air", "temp_dew", "relative_humidity", "pressure", "wind_speed"]
-    cols += ["total_cloud", "ghi", "etr"]
+def read_epw(path: Path) -> tuple[str, list[dict]]:
+    """(station name, hourly records) of an EPW file (8 header lines, then one line an hour).
+
+    A field that holds its missing-value code somewhere is left out of every record."""
+    lines = path.read_text(encoding="latin-1").splitlines()
+    station = lines[0].split(",")[1].strip().lower().replace(" ", "_")
+    if station in ("", "unknown"):
+        station = path.stem.lower()
+    fields = [line.split(",") for line in lines[8:] if line.strip()]
+    rows = []
+    for f in fields:
+        rec = {"month": int(f[1]), "day": int(f[2]), "hour": int(f[3])}
+        rec.update({c: float(f[i]) for c, (i, _) in _EPW.items()})
+        rec["pressure"] /= _EPW_PA_PER_MBAR
+        rows.append(rec)
+    for c, (_, missing) in _EPW.items():
+        scale = _EPW_PA_PER_MBAR if c == "pressure" else 1.0
+        if any(r[c] * scale >= missing for r in rows):
+            for r in rows:
+                del r[c]
+    return station, rows
+
+
+def to_csv(station: str, rows: list[dict], out: Path) -> list[str]:
+    """Write nbqat's long layout (TMY hour 1-24 is the hour ending, i.e. the row starts at
+    hour - 1); return the columns written after ``station`` and ``time``."""
+    cols = [c for c in COLUMNS if c in rows[0]]
     with out.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["station", "time", *cols])
         for r in rows:
             t = f"2001-{int(r['month']):02d}-{int(r['day']):02d}T{int(r['hour']) - 1:02d}:00"
-            w.writerow(["miami_fl", t, *(f"{r[c]:g}" for c in cols)])
+            w.writerow([station, t, *(f"{r[c]:g}" for c in cols)])
+    return cols
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("tm2", type=Path)
-    ap.add_argument("--out", default="heldout-tmy2")
+    ap.add_argument("weather", type=Path, help="a TMY2 (.tm2) or EnergyPlus (.epw) file")
+    ap.add_argument("--out", default="heldout")
     a, rest = ap.parse_known_args(argv)
     from nbqat.cli import main as nbqat_main
 
+    read = read_epw if a.weather.suffix.lower() == ".epw" else read_tm2
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    csv_path = out / "miami_tmy2.csv"
-    to_csv(read_tm2(a.tm2), csv_path)
+    csv_path = out / f"{a.weather.stem}.csv"
+    cols = to_csv(*read(a.weather), csv_path)
     args = ["train", "--csv", str(csv_path), "--time-col", "time", "--target-col", "temp_air"]
-    args += ["--entity-col", "station", "--known-cols", "etr", "--out", str(out / "run")]
+    args += ["--entity-col", "station", "--out", str(out / "run")]
+    if "etr" in cols:
+        args += ["--known-cols", "etr"]
     return nbqat_main(args + rest)
 
 
