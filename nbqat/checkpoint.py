@@ -56,6 +56,8 @@ _STATE_KEYS = {
     "best_epoch": int,
     "bad_epochs": int,
     "stopped_early": bool,
+    "lr_factor": float,
+    "plateau_epoch": int,
     "curves": dict,
     "step_losses": dict,
     "grad_norms": dict,
@@ -215,8 +217,20 @@ def _check_state(file: Path, st: Any, cfg: dict) -> None:
         raise _err(file, "state.batch_pos", f"{st['batch_pos']} is not valid in phase {phase}")
     if not -1 <= st["best_epoch"] < cfg["epochs"]:
         raise _err(file, "state.best_epoch", f"{st['best_epoch']} outside [-1, {cfg['epochs']})")
-    if phase != "float" and st["best_epoch"] < 0:
-        raise _err(file, "state.best_epoch", f"no best float epoch, but phase is {phase}")
+    if phase != "float" and st["best_val"] is None:
+        raise _err(file, "state.best_val", f"no best float weights, but phase is {phase}")
+    if not -1 <= st["plateau_epoch"] < cfg["epochs"]:
+        raise _err(
+            file, "state.plateau_epoch", f"{st['plateau_epoch']} outside [-1, {cfg['epochs']})"
+        )
+    want = 1.0 if st["plateau_epoch"] < 0 else cfg["plateau_factor"]
+    if st["lr_factor"] != want:
+        raise _err(
+            file,
+            "state.lr_factor",
+            f"{st['lr_factor']!r}, expected {want!r} (plateau_epoch "
+            f"{st['plateau_epoch']}, config.plateau_factor {cfg['plateau_factor']!r})",
+        )
     if st["bad_epochs"] < 0 or st["bad_epochs"] > cfg["epochs"]:
         raise _err(file, "state.bad_epochs", f"{st['bad_epochs']} outside [0, {cfg['epochs']}]")
     if phase == "qat_noclip" and not cfg["compare_clipping"]:
@@ -392,8 +406,8 @@ def read_float_arrays(ck: str | Path, n_params: int, state: dict) -> dict[str, n
     unknown = sorted(k for k in arrays if k not in ("params", "best_params") and k[:4] != "opt.")
     if unknown:
         raise _err(file, unknown[0], "unknown member")
-    if state["best_epoch"] >= 0 and "best_params" not in arrays:
-        raise _err(file, "best_params", f"missing, but state.best_epoch is {state['best_epoch']}")
+    if math.isfinite(state["best_val"]) and "best_params" not in arrays:
+        raise _err(file, "best_params", f"missing, but state.best_val is {state['best_val']}")
     for k in ("params", "best_params"):
         if k in arrays:
             a = arrays[k]

@@ -288,6 +288,19 @@ _TINY = ["train", "--epochs", "2", "--qat-epochs", "1", "--batch-size", "16", "-
          "--ema-decay", "0.5", "--warmup-steps", "1"]  # fmt: skip
 
 
+def _start_never_best(monkeypatch):
+    """The start's validation P50 made huge, so that a trained (averaged) epoch is kept."""
+    from nbqat.train.loop import Run
+
+    orig = Run.val_loss
+
+    def val_loss(self, fwd):
+        loss, q = orig(self, fwd)
+        return (loss, 1e30) if self.best_params is None else (loss, q)
+
+    monkeypatch.setattr(Run, "val_loss", val_loss)
+
+
 def test_main_job_evaluates_and_keeps_the_weight_average(tmp_path, monkeypatch):
     # --ema-decay: each epoch's validation sees the EMA of the float weights, and the kept
     # (best) weights are that EMA, computed here by hand in float64 from every step's weights
@@ -303,6 +316,7 @@ def test_main_job_evaluates_and_keeps_the_weight_average(tmp_path, monkeypatch):
         seen.append(np.array(self.params, dtype=np.float64))
 
     monkeypatch.setattr(GroupedAdamW, "step", step)
+    _start_never_best(monkeypatch)
     assert main([*_TINY, "--out", str(tmp_path)]) == 0
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())["state"]
     n = 3 * (state["best_epoch"] + 1)  # 3 float steps an epoch

@@ -89,6 +89,7 @@ class TrainConfig:
     qat_skip_lr_scale: float | None = None
     dropout: float | None = None
     ema_decay: float | None = None  # EMA of the float weights, evaluated and kept (0: off)
+    plateau_factor: float | None = None  # the learning rate's factor after a plateau (0: stop)
     overwrite: bool = False
     observer: str = "minmax"  # activation observer (nbqat.report.OBSERVERS, or "all")
     sensitivity: bool = False
@@ -114,6 +115,7 @@ class TrainConfig:
         "qat_skip_lr_scale": 0.1,
         "dropout": 0.1,
         "ema_decay": 0.0,
+        "plateau_factor": 0.1,
     }
     QUICK = {  # --quick: the full run's options but these
         **FULL,
@@ -166,6 +168,11 @@ class TrainConfig:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout!r}")
         if not 0.0 <= self.ema_decay < 1.0:  # type: ignore[operator]
             raise ValueError(f"--ema-decay must be in [0, 1) (0: off), got {self.ema_decay!r}")
+        if not 0.0 <= self.plateau_factor < 1.0:  # type: ignore[operator]
+            raise ValueError(
+                f"--plateau-factor must be in [0, 1) (0: stop at the first plateau), got "
+                f"{self.plateau_factor!r}"
+            )
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.max_norm is not None and not self.max_norm > 0:

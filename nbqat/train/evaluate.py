@@ -18,7 +18,7 @@ import numpy as np
 from nbqat.baselines import seasonal_naive_forecast
 from nbqat.train.config import NOT_IN_METRICS, NOT_IN_METRICS_AT_DEFAULT
 from nbqat.train.loop import Run
-from nbqat.train.metrics import grad_stats, loss_stats, q_risk
+from nbqat.train.metrics import diebold_mariano, grad_stats, loss_stats, q_risk
 from nbqat.train.model import build_model, make_optimizer, to_host
 
 __all__ = ["evaluate", "fair_rows"]
@@ -107,6 +107,23 @@ def _comparisons(p50: dict, pred_int8: np.ndarray, pred_qat: np.ndarray) -> dict
     }
 
 
+def _significance(p: dict, y: np.ndarray, w: Any) -> dict:
+    """Diebold-Mariano tests of the float and int8 models against both baselines (P50)."""
+    qi = list(w.quantiles).index(0.5)
+    loss = {k: np.mean(np.abs(y - p[k][..., qi]), axis=1) / 2 for k in ("float", "int8")}
+    loss.update({k: np.mean(np.abs(y - p[k][..., qi]), axis=1) / 2 for k in ("naive", "ridge")})
+    overlap = -(-w.horizon // w.eval_stride)  # windows sharing a forecast step
+    return {
+        "note": "Diebold-Mariano test on the per-window P50 pinball loss (Newey-West variance, "
+        "two-sided normal p-value); negative dm: the model's loss is smaller",
+        **{
+            f"{m}_vs_{b}_P50": diebold_mariano(loss[m], loss[b], overlap)
+            for m in ("float", "int8")
+            for b in ("naive", "ridge")
+        },
+    }
+
+
 def _targets(p50: dict) -> dict:
     return {
         "float_P50_at_least_20pct_better_than_naive": bool(
@@ -127,9 +144,11 @@ def _training(r: Run) -> dict:
     return {
         "float": {
             "epochs_run": len(st.curves.get("float", {}).get("val", [])),
-            "best_epoch": st.best_epoch + 1,
+            "best_epoch": st.best_epoch + 1,  # 0: the start (the ridge forecast) was kept
             "best_val_loss": st.best_val,
             "early_stopped": st.stopped_early,
+            "plateau_epoch": st.plateau_epoch + 1 if st.plateau_epoch >= 0 else None,
+            "lr_factor_after_plateau": cfg.plateau_factor if st.plateau_epoch >= 0 else None,
             "curves": st.curves.get("float"),
         },
         "qat": {
@@ -225,6 +244,7 @@ def evaluate(r: Run) -> dict:
         "model": _model_summary(r),
         "q_risk_test": qr,
         "comparisons": _comparisons(p50, p["int8"], p["qat"]),
+        "significance": _significance(p, y, w),
         "quality_table": {
             "note": QUALITY_NOTE,
             r.observer_name(): {

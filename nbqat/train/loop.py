@@ -86,9 +86,11 @@ class RunState:
     batch_pos: int = 0
     epoch_loss_sum: float = 0.0
     best_val: float = math.inf
-    best_epoch: int = -1
+    best_epoch: int = -1  # -1: the start (with ``best_val`` finite) or none yet
     bad_epochs: int = 0
     stopped_early: bool = False
+    lr_factor: float = 1.0  # the learning rate's factor: --plateau-factor after the plateau
+    plateau_epoch: int = -1  # the epoch that ended on the plateau (-1: none yet)
     curves: dict = field(default_factory=dict)  # phase -> {"train": [...], "val": [...]}
     step_losses: dict = field(default_factory=dict)  # phase -> [...]
     grad_norms: dict = field(default_factory=dict)  # phase -> [...]
@@ -334,12 +336,26 @@ class Run:
         self.st.epoch_loss_sum = 0.0
 
     def float_phase(self, intr: Interrupt) -> None:
-        """Float training with early stopping on the validation P50 q-risk (patience)."""
+        """Float training with early stopping on the validation P50 q-risk (patience).
+
+        The start (the ridge forecast, with the linear skip) is the first candidate, so the
+        kept model is never worse on validation than where it began. At the first plateau
+        (``patience`` epochs without a better validation P50) training goes back to the best
+        weights and goes on at ``plateau_factor`` times the scheduled rate (torch's
+        ``ReduceLROnPlateau(factor=...)`` with the best weights restored); the second plateau
+        stops.
+        """
         cfg, st, model = self.cfg, self.st, self.model
         curves = self._curves("float")
         n_steps = cfg.epochs * self.steps_per_epoch()  # the schedule's length (early stop aside)
         train = (model, model, self.opt,
-                 lambda i: lr_at(i, n_steps, cfg.lr, cfg.warmup_steps), cfg.max_norm)  # fmt: skip
+                 lambda i: lr_at(i, n_steps, cfg.lr, cfg.warmup_steps) * self.st.lr_factor,
+                 cfg.max_norm)  # fmt: skip
+        if st.epoch == 0 and st.batch_pos == 0 and self.best_params is None:
+            _, val = self.val_loss(model.forward)  # epoch 0: the start
+            curves["start_val_q_risk_P50"] = [val]
+            st.best_val, st.best_epoch = val, -1
+            self.best_params = to_host(model.params).copy()
         while st.epoch < cfg.epochs and not st.stopped_early:
             train_loss = self._epoch(intr, "float", FLOAT, cfg.epochs, train)
             swap_average(self.opt)  # --ema-decay: the averaged weights are evaluated and kept
@@ -347,23 +363,38 @@ class Run:
             curves["train"].append(train_loss)
             curves["val"].append(val_loss)
             curves.setdefault("val_q_risk_P50", []).append(val)
+            plateau = False
             if val < st.best_val:
                 st.best_val, st.best_epoch, st.bad_epochs = val, st.epoch, 0
                 self.best_params = to_host(model.params).copy()
             else:
                 st.bad_epochs += 1
-                st.stopped_early = self.par.agree(st.bad_epochs >= cfg.patience)
+                plateau = self.par.agree(st.bad_epochs >= cfg.patience)
             swap_average(self.opt)  # training continues from its own weights
+            if plateau and cfg.plateau_factor > 0 and st.plateau_epoch < 0:
+                st.plateau_epoch, st.lr_factor, st.bad_epochs = st.epoch, cfg.plateau_factor, 0
+                self.restore_best()
+            else:
+                st.stopped_early = plateau
             if self.progress():
                 print(
                     f"float epoch {st.epoch + 1}: train {train_loss:.4f}  val {val_loss:.4f}  "
-                    f"val q-risk P50 {val:.4f}",
+                    f"val q-risk P50 {val:.4f}"
+                    + (f"; plateau: back to epoch {st.best_epoch + 1}'s weights, learning "
+                       f"rate x {cfg.plateau_factor:g}" if st.plateau_epoch == st.epoch else ""),
                     file=sys.stderr,
-                )
+                )  # fmt: skip
             self._next_epoch()
         model.params[...] = self.best_params
         set_dropout_mode(model, False)  # calibration and everything after: evaluation mode
         st.phase, st.epoch, st.batch_pos = "calibrate", 0, 0
+
+    def restore_best(self) -> None:
+        """The model (and an EMA optimizer's average) back to the best validation weights."""
+        self.model.params[...] = self.best_params
+        avg = getattr(self.opt, "average", None)
+        if avg is not None:
+            avg[...] = self.best_params
 
     def calibrate_phase(self) -> None:
         """Observers on, fake quantization off, over the calibration batches (sharded)."""

@@ -6,13 +6,14 @@ The formulas live in :mod:`nbqat.nn.loss` (``quantile_loss``, ``quantile_loss_gr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from nbqat.nn.loss import q_risk_table as q_risk
 
-__all__ = ["grad_stats", "loss_stats", "pinball_loss", "q_risk"]
+__all__ = ["diebold_mariano", "grad_stats", "loss_stats", "pinball_loss", "q_risk"]
 
 
 def pinball_loss(
@@ -99,3 +100,58 @@ def loss_stats(losses: Sequence[float]) -> dict:
         "final": float(a[-1]),
         "finite": bool(np.all(np.isfinite(a))),
     }
+
+
+def diebold_mariano(loss_a: np.ndarray, loss_b: np.ndarray, overlap: int = 1) -> dict:
+    """Diebold-Mariano test of equal forecast accuracy of two forecasters on the same windows.
+
+    The loss differential ``d_i = loss_a[i] - loss_b[i]`` (one value per forecast window, in
+    time order) has mean ``dbar``; its long-run variance is the Newey-West (Bartlett kernel)
+    estimate with ``L = max(overlap - 1, floor(4 (n / 100)^(2/9)))`` lags, and
+    ``DM = dbar / sqrt(var / n)`` is compared with the standard normal (two-sided). Diebold &
+    Mariano, "Comparing Predictive Accuracy", J. Business & Economic Statistics 13 (1995);
+    Newey & West, Econometrica 55 (1987) and their lag rule, Rev. Econ. Studies 61 (1994).
+
+    Parameters
+    ----------
+    loss_a, loss_b : array_like (n,)
+        Per-window losses of the two forecasters (e.g. the mean P50 pinball loss of each
+        window), ``n >= 2``.
+    overlap : int, default 1
+        How many consecutive windows share a forecast step (``ceil(horizon / stride)``):
+        their errors are correlated by construction, so at least ``overlap - 1`` lags enter.
+
+    Returns
+    -------
+    dict
+        ``{"dm": statistic, "p_value": two-sided, "mean_diff": dbar, "lags": L, "n": n}``;
+        negative ``dm``: ``a`` has the smaller loss. A constant differential has no variance:
+        ``dm`` 0 and ``p_value`` 1 when it is 0, else ``dm`` None and ``p_value`` 0.
+
+    Raises
+    ------
+    ValueError
+        When the shapes differ, fewer than 2 windows are given or a loss is not finite.
+    """
+    a = np.asarray(loss_a, dtype=np.float64)
+    b = np.asarray(loss_b, dtype=np.float64)
+    if a.ndim != 1 or a.shape != b.shape or a.size < 2:
+        raise ValueError(
+            f"loss_a and loss_b must be 1-D of the same length >= 2, got {a.shape}, {b.shape}"
+        )
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        raise ValueError("loss_a and loss_b must be finite")
+    d = a - b
+    n = d.size
+    lags = min(n - 1, max(int(overlap) - 1, math.floor(4.0 * (n / 100.0) ** (2.0 / 9.0))))
+    e = d - d.mean()
+    var = float(e @ e) / n
+    for k in range(1, lags + 1):
+        var += 2.0 * (1.0 - k / (lags + 1.0)) * float(e[k:] @ e[:-k]) / n
+    if var <= 0.0:  # a constant differential: no difference (p 1) or a certain one (p 0)
+        same = bool(d.mean() == 0.0)
+        return {"dm": 0.0 if same else None, "p_value": 1.0 if same else 0.0,
+                "mean_diff": float(d.mean()), "lags": lags, "n": n}  # fmt: skip
+    dm = float(d.mean()) / math.sqrt(var / n)
+    p = math.erfc(abs(dm) / math.sqrt(2.0))
+    return {"dm": dm, "p_value": p, "mean_diff": float(d.mean()), "lags": lags, "n": n}

@@ -11,6 +11,20 @@ def _versus(what: str, improvement: float, other: str) -> str:
     return f"{what} {100 * abs(improvement):.1f}% {word} than {other}"
 
 
+def _float_training(fl: dict) -> str:
+    """'float training: N epochs, best validation P50 after epoch B; ...' (metrics' float)."""
+    best = fl["best_epoch"]
+    line = f"float training: {fl['epochs_run']} epochs, best validation P50 " + (
+        f"after epoch {best}" if best else "at the start (the initial weights kept)"
+    )
+    if fl.get("plateau_epoch"):
+        line += (
+            f"; plateau after epoch {fl['plateau_epoch']}: back to the best weights at "
+            f"{fl['lr_factor_after_plateau']:g} x the learning rate"
+        )
+    return line
+
+
 def summary_table(metrics: dict, timings: dict) -> str:
     """The q-risk table, the comparisons, gradient-norm and timing lines of a finished run.
 
@@ -43,12 +57,16 @@ def summary_table(metrics: dict, timings: dict) -> str:
     for name, v in rows:
         lines.append(f"{name:<18}{v['P10']:>9.4f}{v['P50']:>9.4f}{v['P90']:>9.4f}")
     c = metrics["comparisons"]
+    lines.append(_float_training(metrics["float"]))
+    sig = metrics.get("significance", {})
     for what, key in (("float", "float"), ("QAT int8", "int8")):
         naive_key = "float_vs_naive" if key == "float" else f"{key}_vs_naive"
+        dm = [sig.get(f"{key}_vs_{b}_P50", {}).get("p_value") for b in ("naive", "ridge")]
         lines.append(
             _versus(f"{what} P50", c[f"{naive_key}_P50_improvement"], "the seasonal naive")
             + ", "
             + _versus("", c[f"{key}_vs_ridge_P50_improvement"], "the ridge baseline").strip()
+            + ("" if None in dm else f" (Diebold-Mariano p = {dm[0]:.2g}, {dm[1]:.2g})")
         )
     lines.append(
         _versus("QAT int8 P50", -c["qat_int8_vs_float_finetuned_P50_relative_diff"], "")
