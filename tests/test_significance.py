@@ -7,6 +7,7 @@ under an alternative, both by simulation with fixed seeds.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -76,3 +77,31 @@ def test_bad_input_is_refused(a, b, needle):
     with pytest.raises(ValueError, match="loss_a and loss_b") as e:
         diebold_mariano(a, b)
     assert needle in str(e.value)
+
+
+def test_a_run_with_one_test_window_finishes_without_a_test(tmp_path):
+    # One series and an --eval-stride longer than the test split: one test window, too few
+    # for the test (n >= 2); the run still finishes (as before the test existed), and the
+    # summary says nothing about significance. Oracle: the window count in metrics.json.
+    import pandas as pd
+
+    from nbqat.cli import main
+    from nbqat.data import tmy3_path
+
+    d = pd.read_csv(tmy3_path())
+    d[d["station"] == d["station"].iloc[0]].to_csv(tmp_path / "one.csv", index=False)
+    argv = ["train", "--epochs", "1", "--qat-epochs", "1", "--batch-size", "16", "--hidden-dim",
+            "4", "--heads", "1", "--history", "24", "--horizon", "6", "--windows-per-epoch",
+            "32", "--calibration-batches", "1", "--eval-stride", "50000", "--no-progress",
+            "--no-plots", "--csv", str(tmp_path / "one.csv"), "--time-col", "time",
+            "--target-col", "temp_air", "--entity-col", "station",
+            "--out", str(tmp_path / "o")]  # fmt: skip
+    assert main(argv) == 0
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert m["data"]["windows"]["test"] == 1
+    for k in ("float_vs_naive_P50", "float_vs_ridge_P50", "int8_vs_naive_P50", "int8_vs_ridge_P50"):
+        r = m["significance"][k]
+        assert (r["dm"], r["p_value"], r["n"]) == (None, None, 1), (k, r)
+    summary = (tmp_path / "o" / "summary.txt").read_text()
+    assert "better than the ridge baseline" in summary or "worse than the ridge" in summary
+    assert "Diebold-Mariano" not in summary
