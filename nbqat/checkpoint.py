@@ -173,6 +173,10 @@ def _check_config(file: Path, cfg: Any, fields: dict[str, Any]) -> None:
         v = cfg[k]
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
             raise _err(file, f"config.{k}", f"expected a positive number, got {v!r}")
+    for k in ("dropout", "ema_decay", "plateau_factor"):  # fractions (TrainConfig.validate)
+        v = cfg[k]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1:
+            raise _err(file, f"config.{k}", f"expected a number in [0, 1), got {v!r}")
     if cfg["csv"] is not None and not Path(cfg["csv"]).is_absolute():
         raise _err(file, "config.csv", f"expected an absolute path, got {cfg['csv']!r}")
 
@@ -241,6 +245,15 @@ def _check_state(file: Path, st: Any, cfg: dict) -> None:
     n_val = len(st["curves"].get("float", {}).get("val", []))
     if phase == "float" and n_val != st["epoch"]:
         raise _err(file, "state.curves.float.val", f"{n_val} entries for epoch {st['epoch']}")
+    for k in ("best_epoch", "plateau_epoch"):  # an epoch that was evaluated (-1: none)
+        if st[k] >= n_val:
+            raise _err(file, f"state.{k}", f"{st[k]}, but {n_val} float epochs were evaluated")
+    if st["plateau_epoch"] >= 0 and cfg["plateau_factor"] == 0:
+        raise _err(
+            file,
+            "state.plateau_epoch",
+            f"{st['plateau_epoch']}, but config.plateau_factor is 0 (the first plateau stops)",
+        )
     if not isinstance(st["timings"], dict) or any(
         not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf
         for v in st["timings"].values()

@@ -113,3 +113,64 @@ def test_a_run_interrupted_after_the_plateau_resumes_exactly(tmp_path, monkeypat
     assert (st["plateau_epoch"], st["lr_factor"]) == (1, 0.25)
     assert main(["train", "--resume", str(b / "checkpoint")]) == 0
     assert (a / "metrics.json").read_bytes() == (b / "metrics.json").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def after_plateau(tmp_path_factory):
+    """A run interrupted 1 step into epoch 3, after the plateau of epoch 2 (factor 0.25)."""
+    from nbqat.cli import main
+
+    root = tmp_path_factory.mktemp("after_plateau")
+    with pytest.MonkeyPatch.context() as mp:
+        _script(mp, 1.0, [0.9, 0.95, 0.8, 0.85, 0.7])
+        argv = [*_TINY, "--plateau-factor", "0.25", "--out", str(root / "run")]
+        assert main([*argv, "--stop-after-steps", str(2 * _STEPS + 1)]) == 130
+    st = json.loads((root / "run" / "checkpoint" / "state.json").read_text())["state"]
+    assert (st["epoch"], st["batch_pos"], st["plateau_epoch"], st["best_epoch"]) == (2, 1, 1, 0)
+    return root / "run"
+
+
+def _signed(ck, fn) -> None:
+    """Edit state.json and recompute its checksum (to reach the checks behind it)."""
+    from nbqat.checkpoint import digest
+
+    meta = json.loads((ck / "state.json").read_text())
+    fn(meta)
+    meta["checksum"] = digest(meta)
+    (ck / "state.json").write_text(json.dumps(meta))
+
+
+def _set(part: str, **kv):
+    return lambda m: m[part].update(kv)
+
+
+@pytest.mark.parametrize(
+    "edit, needle",
+    [(_set("state", lr_factor=0.5), "field 'state.lr_factor': 0.5, expected 0.25"),
+     (_set("state", plateau_epoch=-1), "field 'state.lr_factor': 0.25, expected 1.0"),
+     (_set("state", plateau_epoch=2), "field 'state.plateau_epoch': 2, but 2 float epochs"),
+     (_set("state", plateau_epoch=4), "field 'state.plateau_epoch': 4, but 2 float epochs"),
+     (_set("state", best_epoch=3), "field 'state.best_epoch': 3, but 2 float epochs"),
+     (lambda m: (m["config"].update(plateau_factor=0.0), m["state"].update(lr_factor=0.0)),
+      "field 'state.plateau_epoch': 1, but config.plateau_factor is 0"),
+     (lambda m: (m["config"].update(plateau_factor=5.0), m["state"].update(lr_factor=5.0)),
+      "field 'config.plateau_factor': expected a number in [0, 1), got 5.0"),
+     (_set("config", plateau_factor="abc"), "field 'config.plateau_factor': expected a number"),
+     (_set("config", ema_decay="0.5"), "field 'config.ema_decay': expected a number")],
+)  # fmt: skip
+def test_edited_plateau_state_is_a_clear_checkpoint_error(after_plateau, tmp_path, capsys, edit,
+                                                          needle):  # fmt: skip
+    import shutil
+
+    from nbqat.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(after_plateau, run)
+    ck = run / "checkpoint"
+    _signed(ck, edit)
+    before = {p.name: p.read_bytes() for p in ck.iterdir()}
+    assert main(["train", "--resume", str(ck), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nbqat train: error:") and "Traceback" not in err
+    assert needle in err, err
+    assert {p.name: p.read_bytes() for p in ck.iterdir()} == before
