@@ -10,6 +10,7 @@ step's rate and weights recorded by hand, against the closed-form schedule
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -174,3 +175,19 @@ def test_edited_plateau_state_is_a_clear_checkpoint_error(after_plateau, tmp_pat
     assert err.startswith("nbqat train: error:") and "Traceback" not in err
     assert needle in err, err
     assert {p.name: p.read_bytes() for p in ck.iterdir()} == before
+
+
+def test_a_diverged_epoch_is_a_clear_error_not_a_plateau(tmp_path, monkeypatch, capsys):
+    # A non-finite validation P50 after epoch 1 must not count as a plateau that goes back to
+    # the start and trains on: the curves can hold no NaN (strict JSON checkpoint and
+    # metrics.json), so the run is refused at once with the divergence message (as before the
+    # plateau existed), leaving no folder. Oracle: the exit status, the message, the disk.
+    from nbqat.cli import main
+
+    _script(monkeypatch, 1.0, [math.nan, 0.5, 0.4, 0.3, 0.2])
+    out = tmp_path / "o"
+    assert main([*_TINY, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the float training diverged" in err and "epoch 1" in err and "lower --lr" in err
+    assert "Traceback" not in err and "JSON" not in err
+    assert not out.exists()

@@ -363,6 +363,13 @@ class Run:
             curves["train"].append(train_loss)
             curves["val"].append(val_loss)
             curves.setdefault("val_q_risk_P50", []).append(val)
+            if not all(math.isfinite(x) for x in (train_loss, val_loss, val)):
+                # no plateau to go back from: NaN curves fit no checkpoint nor metrics.json
+                raise ValueError(
+                    f"the float training diverged: epoch {st.epoch + 1}'s validation loss is "
+                    f"{val_loss} (curve {curves['val']}); lower --lr"
+                    + (" or set a --max-norm" if cfg.max_norm is None else "")
+                )
             plateau = False
             if val < st.best_val:
                 st.best_val, st.best_epoch, st.bad_epochs = val, st.epoch, 0
