@@ -105,3 +105,27 @@ def test_a_run_with_one_test_window_finishes_without_a_test(tmp_path):
     summary = (tmp_path / "o" / "summary.txt").read_text()
     assert "better than the ridge baseline" in summary or "worse than the ridge" in summary
     assert "Diebold-Mariano" not in summary
+
+
+def test_non_finite_forecasts_keep_the_clear_metrics_error(tmp_path, monkeypatch, capsys):
+    # A non-finite test forecast is reported by the metrics check (the path and its cause),
+    # not by the significance test's argument check ("loss_a and loss_b must be finite").
+    from nbqat.cli import main
+    from nbqat.train import evaluate as ev
+
+    orig = ev._predictions
+
+    def predictions(r):
+        p = orig(r)
+        p["float"] = p["float"].copy()
+        p["float"][0, 0, :] = np.inf
+        return p
+
+    monkeypatch.setattr(ev, "_predictions", predictions)
+    argv = ["train", "--epochs", "1", "--qat-epochs", "1", "--batch-size", "16", "--hidden-dim",
+            "4", "--heads", "1", "--history", "24", "--horizon", "6", "--windows-per-epoch",
+            "32", "--calibration-batches", "1", "--eval-stride", "96", "--no-progress",
+            "--no-plots", "--out", str(tmp_path / "o")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "metrics.json: q_risk_test.float." in err and "predictions are not finite" in err, err

@@ -116,7 +116,8 @@ def _significance(p: dict, y: np.ndarray, w: Any) -> dict:
     n = len(y)
 
     def test(a: np.ndarray, b: np.ndarray) -> dict:
-        if n < 2:  # one test window: no variance to test with (dm and p_value null)
+        if n < 2 or not np.all(np.isfinite(a - b)):  # one test window: no variance to test
+            # with; a non-finite forecast: metrics' finite check names it (dm, p_value null)
             return {"dm": None, "p_value": None, "mean_diff": float(np.mean(a - b)), "lags": 0,
                     "n": n}  # fmt: skip
         return diebold_mariano(a, b, overlap)
