@@ -40,3 +40,15 @@ def test_every_module_imports_first():
         [sys.executable, "-c", _SCRIPT, *names], capture_output=True, text=True, timeout=600
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_lazy_re_exports_are_listed_and_resolve():
+    # PEP 562: the names nbqat.nn.int8 re-exports lazily are in dir() (completion, help) and
+    # are the objects of their home module.
+    import nbqat.nn.int8 as m
+    from nbqat.nn import int8_tft
+
+    assert set(m.__all__) <= set(dir(m))
+    for name in ("FrozenFakeQuantize", "Int8TemporalFusionTransformer"):
+        assert getattr(m, name) is getattr(int8_tft, name)
+    assert not hasattr(m, "NoSuchName")

@@ -495,3 +495,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(int8_tft, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names, the lazily resolved ones included (PEP 562)."""
+    return sorted(set(globals()) | set(__all__))
