@@ -191,3 +191,28 @@ def test_a_diverged_epoch_is_a_clear_error_not_a_plateau(tmp_path, monkeypatch, 
     assert "the float training diverged" in err and "epoch 1" in err and "lower --lr" in err
     assert "Traceback" not in err and "JSON" not in err
     assert not out.exists()
+
+
+def test_the_plateau_restarts_the_weight_average_at_the_best_weights(tmp_path, monkeypatch):
+    # --ema-decay with the plateau: the best weights are the average (what was evaluated);
+    # going back sets both the live weights and the average to them, so epoch 3's kept
+    # average is the EMA from there (computed here by hand in float32 from every step's
+    # weights), with nothing of epoch 2's rejected weights in it.
+    from nbqat.cli import main
+
+    steps = _script(monkeypatch, 1.0, [0.9, 0.95, 0.8, 0.85, 0.7])
+    argv = [*_TINY, "--plateau-factor", "0.25", "--ema-decay", "0.5", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    fl, best = _float(tmp_path)
+    assert (fl["best_epoch"], fl["plateau_epoch"]) == (3, 2)
+    half = np.float32(0.5)
+
+    def ema(avg, step_range):
+        for i in step_range:
+            p = steps[i][2]
+            avg = p.copy() if avg is None else avg + half * (p - avg)
+        return avg
+
+    best1 = ema(None, range(_STEPS))  # epoch 1's average: the best until the plateau
+    np.testing.assert_array_equal(steps[2 * _STEPS][1], best1)  # live weights restored to it
+    np.testing.assert_array_equal(best, ema(best1, range(2 * _STEPS, 3 * _STEPS)))
