@@ -333,10 +333,12 @@ def _frame_to_series(
     target = [np.empty(n) for n in sizes]
     obs = [np.empty((n, len(observed))) for n in sizes]
     kno = [np.empty((n, len(known))) for n in sizes]
-    dest = [target] + [[a[:, j] for a in obs] for j in range(len(observed))]
-    dest += [[a[:, j] for a in kno] for j in range(len(known))]
-    for c, d in zip([target_col] + observed + known, dest):
-        place(numeric_pieces(df, c, where, fill_gaps), per, d)
+    for cols_k, dest in (
+        ([target_col], [a[:, None] for a in target]),
+        (observed, obs),
+        (known, kno),
+    ):
+        place([numeric_pieces(df, c, where, fill_gaps) for c in cols_k], per, dest)
     statics = np.zeros((len(names), len(static)))
     changes = []
     for j, c in enumerate(static):

@@ -52,7 +52,7 @@ def entity_rows(codes: np.ndarray, n_entities: int) -> list[Any]:
     """The rows of each entity (``codes``: numbered by first appearance): slices when the
     file is grouped by entity, else index arrays (file order kept within an entity)."""
     if len(codes) < 2 or bool(np.all(codes[1:] >= codes[:-1])):  # grouped already: slices
-        bounds = np.searchsorted(codes, np.arange(n_entities + 1))
+        bounds = np.searchsorted(codes, np.arange(n_entities + 1, dtype=codes.dtype))
         return [slice(int(bounds[e]), int(bounds[e + 1])) for e in range(n_entities)]
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(n_entities + 1))

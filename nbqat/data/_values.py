@@ -99,16 +99,29 @@ def _is_grouped(per: list[Any]) -> bool:
     return all(isinstance(r, slice) for r in per)
 
 
-def place(pieces: list[np.ndarray], per: list[Any], dest: list[np.ndarray]) -> None:
-    """Write a column given as ``pieces`` into ``dest[e]`` (1-D, one entity's rows in file
-    order) for the rows ``per[e]`` (a slice, or an index array for interleaved entities)."""
-    if _is_grouped(per):
-        for i, lo, hi, e, off in _segments([len(p) for p in pieces], per):
-            dest[e][off : off + hi - lo] = pieces[i][lo:hi]
+def place(columns: list[list[np.ndarray]], per: list[Any], dest: list[np.ndarray]) -> None:
+    """Write columns (``columns[j]``: column ``j`` as pieces) into ``dest[e][:, j]``
+    (``dest[e]``: ``(N_e, len(columns))``, one entity's rows in file order) for the rows
+    ``per[e]`` (a slice, or an index array for interleaved entities).
+
+    Grouped rows are written segment by segment, all columns of a segment together, so each
+    block of the destination is written while it is in cache."""
+    if not columns:
         return
-    x = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-    for e, rows in enumerate(per):
-        dest[e][:] = x[rows]
+    lengths = [len(p) for p in columns[0]]
+    if any([len(p) for p in pieces] != lengths for pieces in columns):  # mixed sources
+        columns = [[np.concatenate(pieces)] if len(pieces) > 1 else pieces for pieces in columns]
+        lengths = [len(columns[0][0])]
+    if _is_grouped(per):
+        for i, lo, hi, e, off in _segments(lengths, per):
+            block = dest[e][off : off + hi - lo]
+            for j, pieces in enumerate(columns):
+                block[:, j] = pieces[i][lo:hi]
+        return
+    for j, pieces in enumerate(columns):
+        x = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        for e, rows in enumerate(per):
+            dest[e][:, j] = x[rows]
 
 
 def static_values(
