@@ -214,3 +214,28 @@ def test_fill_gaps_repairs_cells_in_place_across_chunks(tmp_path, small_blocks):
     same(d.target[1], ref["target"][1])
     np.testing.assert_array_equal(d.observed[1][untouched], ref["observed"][1][untouched])
     same(d.observed[0], ref["observed"][0])
+
+
+@pytest.mark.parametrize("value", ["NaN", "nan", "-nan", "NA", "N/A", "#N/A", "NULL", "null", ""])
+def test_null_spellings_are_missing_values(tmp_path, value):
+    body = bench_like(2, 60, seed=6)
+    bad = [r[:] for r in body]
+    bad[70][3] = value  # temp_dew of entity 1, its row 10
+    p = write(tmp_path / "n.csv", bad)
+    with pytest.raises(DataError, match=r"line 72: column 'temp_dew' has a missing value"):
+        load_csv(p, **ROLES, observed_cols=OBSERVED)
+    d = load_csv(p, **ROLES, observed_cols=OBSERVED, fill_gaps=True)
+    assert d.filled == {"station_001": {"temp_dew": 1}}
+    expect = (float(body[69][3]) + float(body[71][3])) / 2
+    assert d.observed[1][10, 0] == pytest.approx(expect, rel=1e-12)
+    bad = [r[:] for r in body]
+    bad[5][1] = value  # a time stamp
+    msg = r"line 7: column 'time' \(--time-col\) has a missing value"
+    with pytest.raises(DataError, match=msg):
+        load_csv(write(tmp_path / "t.csv", bad), **ROLES, observed_cols=OBSERVED)
+    steps = [[str(i), r[2]] for i, r in enumerate(body)]  # a numeric time column
+    steps[5][0] = value
+    p = tmp_path / "s.csv"
+    p.write_text("t,v\n" + "\n".join(",".join(r) for r in steps) + "\n")
+    with pytest.raises(DataError, match=msg.replace("'time'", "'t'")):
+        load_csv(p, time_col="t", target_col="v")

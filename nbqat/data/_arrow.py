@@ -22,16 +22,23 @@ _BLOCK_BYTES = 1 << 20
 
 
 def read_table(
-    path: Path, cols: list[str], entity_col: str | None, parquet: bool, numeric: list[str]
+    path: Path,
+    cols: list[str],
+    entity_col: str | None,
+    parquet: bool,
+    numeric: list[str],
+    time_col: str | None = None,
 ) -> Any:
     """The needed columns of a CSV / Parquet file (pyarrow; pandas' C parser without it).
 
     CSV: pyarrow's multithreaded reader with the ``numeric`` columns parsed straight to
-    float64 and the entity column as ``dictionary<int32, string>``, its buffers from the
-    system allocator and handed back to the OS right after the read
+    float64 (no null spellings) and the entity column as ``dictionary<int32, string>``, its
+    buffers from the system allocator and handed back to the OS right after the read
     (:func:`_return_freed_memory`), so the peak is the parse, not the parse plus what
-    follows. A file whose ``numeric`` columns do not all parse as numbers is read again with
-    inferred types, so the checks that follow can name the line of the bad value.
+    follows. A file with missing cells (pyarrow's null spellings) in the ``numeric`` or
+    ``time_col`` columns is read again with them as nulls, and one whose ``numeric`` columns
+    do not all parse as numbers with inferred types, so that the checks that follow can name
+    the line of the missing or bad value.
     """
     try:
         import pyarrow as pa
@@ -50,17 +57,45 @@ def read_table(
     types = {entity_col: pa.dictionary(pa.int32(), pa.string())} if entity_col else {}
     pool = pa.system_memory_pool()
     opts = pacsv.ReadOptions(block_size=_BLOCK_BYTES)
+
+    def read(column_types: dict | None, **kw: Any) -> Any:
+        conv = pacsv.ConvertOptions(include_columns=cols, column_types=column_types, **kw)
+        return pacsv.read_csv(path, opts, convert_options=conv, memory_pool=pool)
+
+    typed = {**types, **dict.fromkeys(numeric, pa.float64())}
+    table = None
     try:
-        typed = pacsv.ConvertOptions(
-            include_columns=cols, column_types={**types, **dict.fromkeys(numeric, pa.float64())}
-        )
-        table = pacsv.read_csv(path, opts, convert_options=typed, memory_pool=pool)
+        # First without null spellings: every cell of a float64 column is parsed as a number
+        # (faster than matching each cell against the spellings first); "NaN" gives NaN,
+        # which the checks treat as missing, and an empty or "NA" cell fails the read. A
+        # time column read as text holding a null spelling is read again, as below.
+        table = read(typed, null_values=[])
+        if time_col is not None and _has_null_spelling(table.column(time_col)):
+            table = None
     except pa.ArrowInvalid:
-        # A value that is not a number (or a time zone mix, a short row): inferred types.
-        conv = pacsv.ConvertOptions(include_columns=cols, column_types=types or None)
-        table = pacsv.read_csv(path, opts, convert_options=conv, memory_pool=pool)
+        pass
+    if table is None:
+        try:  # missing cells (pyarrow's null spellings) as nulls
+            table = read(typed)
+        except pa.ArrowInvalid:
+            # A value that is not a number (or a time zone mix, a short row): inferred
+            # types, so the checks that follow can name the line.
+            table = read(types or None)
     _return_freed_memory()
     return ArrowColumns(table)
+
+
+def _has_null_spelling(column: Any) -> bool:
+    """Whether a text column holds one of pyarrow's null spellings (``""``, ``"NA"``, ...)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+    import pyarrow.types as pat
+
+    if not (pat.is_string(column.type) or pat.is_large_string(column.type)):
+        return False
+    spellings = pa.array(pacsv.ConvertOptions().null_values, type=column.type)
+    return bool(pc.any(pc.is_in(column, value_set=spellings)).as_py())
 
 
 def _return_freed_memory() -> None:

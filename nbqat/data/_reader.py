@@ -182,7 +182,7 @@ def load_csv(
     observed = _check_columns(str(path), header, roles, observed_cols)
     cols = _unique([time_col, target_col] + observed + known + static + _opt(entity_col))
     numeric = _unique([target_col] + observed + known + static)
-    df = _read_checked(path, cols, entity_col, parquet, len(header), numeric)
+    df = _read_checked(path, cols, entity_col, parquet, len(header), numeric, time_col)
 
     def where(i: int) -> str:
         return f"{path}, row {i}" if parquet else f"{path}, line {_line_of_row(path, i)}"
@@ -202,13 +202,19 @@ def _parquet_header(path: Path) -> list[str]:
 
 
 def _read_checked(
-    path: Path, cols: list[str], entity_col: str | None, parquet: bool, ncol: int, numeric: list
+    path: Path,
+    cols: list[str],
+    entity_col: str | None,
+    parquet: bool,
+    ncol: int,
+    numeric: list,
+    time_col: str,
 ) -> Any:
     """:func:`~nbqat.data._arrow.read_table`, its errors turned into DataErrors that say the fix."""
     import pandas as pd
 
     try:
-        df = read_table(path, cols, entity_col, parquet, numeric)
+        df = read_table(path, cols, entity_col, parquet, numeric, time_col)
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: the file has a header but no data rows") from None
     except (*_READ_ERRORS, ValueError, pd.errors.ParserError) as e:
