@@ -239,3 +239,17 @@ def test_null_spellings_are_missing_values(tmp_path, value):
     p.write_text("t,v\n" + "\n".join(",".join(r) for r in steps) + "\n")
     with pytest.raises(DataError, match=msg.replace("'time'", "'t'")):
         load_csv(p, time_col="t", target_col="v")
+
+
+def test_parquet_categorical_entities_in_first_appearance_order(tmp_path):
+    body = bench_like(3, 80, seed=7)
+    for r in body:
+        r[11] = "0" if r[11] == "-0" else r[11]
+    p = write(tmp_path / "c.csv", body)
+    ref = reference(p, **ROLES, observed=OBSERVED)
+    df = pd.read_csv(p)
+    df["station"] = df["station"].str.strip()
+    order = ["unused", "station_002", "station_000", "station_001"]  # not appearance order
+    df["station"] = pd.Categorical(df["station"], categories=order)
+    df.to_parquet(tmp_path / "c.parquet", row_group_size=50)
+    check(load_csv(tmp_path / "c.parquet", **ROLES, observed_cols=OBSERVED), ref)
