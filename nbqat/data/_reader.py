@@ -334,7 +334,7 @@ def _frame_to_series(
         codes, names = np.zeros(len(df), dtype=np.int64), ["series"]
     per = entity_rows(codes, len(names))
     del codes
-    # Each entity's own arrays, filled column by column straight from the table's chunks.
+    # Each entity's own arrays, filled straight from the table's chunks (one copy).
     sizes = [r.stop - r.start if isinstance(r, slice) else len(r) for r in per]
     target = [np.empty(n) for n in sizes]
     obs = [np.empty((n, len(observed))) for n in sizes]
