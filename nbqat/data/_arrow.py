@@ -20,6 +20,9 @@ __all__ = ["ArrowColumns", "read_table"]
 #: are inferred from the first block).
 _BLOCK_BYTES = 1 << 20
 
+#: The null spelling of the first CSV read (a missing cell, as ``DataFrame.to_csv`` writes NaN).
+_EMPTY = ""
+
 
 def read_table(
     path: Path,
@@ -32,10 +35,10 @@ def read_table(
     """The needed columns of a CSV / Parquet file (pyarrow; pandas' C parser without it).
 
     CSV: pyarrow's multithreaded reader with the ``numeric`` columns parsed straight to
-    float64 (no null spellings) and the entity column as ``dictionary<int32, string>``, its
+    float64 (empty cells as nulls) and the entity column as ``dictionary<int32, string>``, its
     buffers from the system allocator and handed back to the OS right after the read
     (:func:`_return_freed_memory`), so the peak is the parse, not the parse plus what
-    follows. A file with missing cells (pyarrow's null spellings) in the ``numeric`` or
+    follows. A file with pyarrow's other null spellings (``"NA"``, ...) in the ``numeric`` or
     ``time_col`` columns is read again with them as nulls, and one whose ``numeric`` columns
     do not all parse as numbers with inferred types, so that the checks that follow can name
     the line of the missing or bad value.
@@ -65,17 +68,17 @@ def read_table(
     typed = {**types, **dict.fromkeys(numeric, pa.float64())}
     table = None
     try:
-        # First without null spellings: every cell of a float64 column is parsed as a number
-        # (faster than matching each cell against the spellings first); "NaN" gives NaN,
-        # which the checks treat as missing, and an empty or "NA" cell fails the read. A
-        # time column read as text holding a null spelling is read again, as below.
-        table = read(typed, null_values=[])
+        # First with one null spelling, the empty cell (matching every cell against all of
+        # pyarrow's spellings costs about a tenth of the read): "NaN" parses as NaN, which
+        # the checks treat as missing, and another spelling ("NA", ...) in a float64 column
+        # fails the read; a time column read as text holding one is read again, as below.
+        table = read(typed, null_values=[_EMPTY])
         if time_col is not None and _has_null_spelling(table.column(time_col)):
             table = None
     except pa.ArrowInvalid:
         pass
     if table is None:
-        try:  # missing cells (pyarrow's null spellings) as nulls
+        try:  # every null spelling of pyarrow's as a missing cell
             table = read(typed)
         except pa.ArrowInvalid:
             # A value that is not a number (or a time zone mix, a short row): inferred
@@ -86,7 +89,8 @@ def read_table(
 
 
 def _has_null_spelling(column: Any) -> bool:
-    """Whether a text column holds one of pyarrow's null spellings (``""``, ``"NA"``, ...)."""
+    """Whether a text column holds one of pyarrow's null spellings other than the empty cell
+    (``"NA"``, ``"null"``, ...)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
@@ -94,7 +98,8 @@ def _has_null_spelling(column: Any) -> bool:
 
     if not (pat.is_string(column.type) or pat.is_large_string(column.type)):
         return False
-    spellings = pa.array(pacsv.ConvertOptions().null_values, type=column.type)
+    others = [v for v in pacsv.ConvertOptions().null_values if v != _EMPTY]
+    spellings = pa.array(others, type=column.type)
     return bool(pc.any(pc.is_in(column, value_set=spellings)).as_py())
 
 
