@@ -186,14 +186,14 @@ def test_dataframe_and_parquet_match_csv(tmp_path):
 def test_late_bad_value_in_a_big_file_names_its_line(tmp_path, monkeypatch):
     # more than one read block: the column types come from the first block, and a later row
     # that does not fit is still reported with its line
-    from nbqat.data import _reader
+    from nbqat.data import _arrow
 
-    monkeypatch.setattr(_reader, "_BLOCK_BYTES", 1 << 12)
+    monkeypatch.setattr(_arrow, "_BLOCK_BYTES", 1 << 12)
     n = 3000
     body = rows(n)
     body[-5][2] = "abc"
     p = write(tmp_path / "big.csv", body)
-    assert p.stat().st_size > 20 * _reader._BLOCK_BYTES
+    assert p.stat().st_size > 20 * _arrow._BLOCK_BYTES
     d = load_csv(write(tmp_path / "ok.csv", rows(n)), **ARGS)  # many blocks, no error
     assert d.lengths == [n]
     with pytest.raises(DataError, match=f"line {n - 5 + 2}: column 'y' has a non-numeric value"):

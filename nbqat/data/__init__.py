@@ -2,7 +2,7 @@
 
 Two steps:
 
-1. :func:`load_csv` (CSV, CSV.gz or Parquet, read by pandas), :func:`from_dataframe` (a
+1. :func:`load_csv` (CSV, CSV.gz or Parquet, read by pyarrow), :func:`from_dataframe` (a
    pandas DataFrame) or :func:`load_tmy3` (the shipped data) read a long-format table (one row
    per entity and time step) into a :class:`SeriesData`: per entity, a regular time axis, the
    target, the observed inputs, the known inputs and the static values. Bad input gets a clear
@@ -15,9 +15,10 @@ Two steps:
    rows only, calendar features, static features, and a seasonal-naive baseline. Windows are
    index arrays into shared per-row matrices; batches are gathered lazily.
 
-Modules: ``_reader`` (tables -> columns), ``_timecol`` (the time column), ``_regular``
-(ordering, step, gaps), ``_tmy3`` (the shipped dataset), ``_calendar`` (calendar features),
-``_windows`` (the window builder).
+Modules: ``_reader`` (tables -> series: roles, checks, errors), ``_arrow`` (the pyarrow read
+and its columns as NumPy), ``_values`` (the numeric columns' checks, copied into per-entity
+arrays), ``_timecol`` (the time column), ``_regular`` (ordering, step, gaps), ``_tmy3`` (the
+shipped dataset), ``_calendar`` (calendar features), ``_windows`` (the window builder).
 
 The shipped dataset (``tmy3_two_stations.csv.gz``) holds one year of hourly NREL TMY3 weather
 observations for two US stations; see ``nbqat/data/README.md`` for its source and licence

@@ -1,7 +1,9 @@
 """Long-format tables (CSV, CSV.gz, Parquet, pandas DataFrame) -> :class:`SeriesData`.
 
-The file is read by pandas (its pyarrow engine where pyarrow is installed) with only the
-needed columns; every check then runs vectorised over the columns. Errors are
+The file is read by pyarrow (:mod:`nbqat.data._arrow`) with only the needed columns; every
+check then runs vectorised over the columns (:mod:`nbqat.data._values` for the numeric ones,
+:mod:`nbqat.data._regular` for the order and the step), and each numeric column is copied
+once, from the table's chunks into the per-entity output arrays. Errors are
 :class:`DataError` naming the file, the line (CSV: the line number in the file, header = 1;
 Parquet / DataFrame: the 0-based row) and the column.
 """
@@ -12,14 +14,16 @@ import csv
 import gzip
 import io
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nbqat.data._regular import regularise
-from nbqat.data._series import MAX_ABS_VALUE, DataError, SeriesData, _names
+from nbqat.data._arrow import ArrowColumns, read_table
+from nbqat.data._regular import entity_rows, regularise
+from nbqat.data._series import DataError, SeriesData, _names
+from nbqat.data._values import numeric_pieces, place, static_values
 
 __all__ = ["from_dataframe", "load_csv"]
 
@@ -30,99 +34,6 @@ _READ_ERRORS: tuple[type[BaseException], ...] = (
     zlib.error,
     csv.Error,
 )
-
-
-#: Block size of the CSV read (blocks are parsed in parallel; column types are inferred from
-#: the first block and widened when a later block needs it).
-_BLOCK_BYTES = 1 << 20
-
-
-class _ArrowColumns:
-    """A pyarrow Table seen column by column as pandas Series (converted on access, then
-    dropped from the table so its buffers are freed as the columns are consumed)."""
-
-    def __init__(self, table: Any) -> None:
-        self.table = table
-
-    def __len__(self) -> int:
-        return int(self.table.num_rows)
-
-    def __getitem__(self, col: str) -> Any:
-        s = self.table.column(col).to_pandas()
-        if col in self.table.column_names:
-            self.table = self.table.drop_columns([col])
-        return s
-
-    def numeric_into(self, col: str, out: np.ndarray) -> bool:
-        """Fill ``out`` (float64, one row per value) from a numeric column with no nulls,
-        chunk by chunk, without a pandas Series in between; ``False`` (``out`` unspecified,
-        the column kept) when the column is not of that kind, so the caller takes the
-        checked path."""
-        import pyarrow.types as pat
-
-        column = self.table.column(col)
-        kind = column.type
-        if column.null_count or not (pat.is_floating(kind) or pat.is_integer(kind)):
-            return False
-        off = 0
-        for chunk in column.chunks:
-            n = len(chunk)
-            out[off : off + n] = chunk.to_numpy(zero_copy_only=False)
-            off += n
-        self.table = self.table.drop_columns([col])
-        return True
-
-
-def _read_table(
-    path: Path, cols: list[str], entity_col: str | None, parquet: bool, numeric: list[str]
-) -> Any:
-    """The needed columns of a CSV / Parquet file (pyarrow; pandas' C parser without it).
-
-    CSV: pyarrow's multithreaded reader with the ``numeric`` columns parsed straight to
-    float64, its buffers from the system allocator and handed back to the OS right after the
-    read (:func:`_return_freed_memory`), so the peak is the parse, not the parse plus what
-    follows. A file whose ``numeric`` columns do not all parse as numbers is read again with
-    inferred types, so the checks that follow can name the line of the bad value.
-    """
-    try:
-        import pyarrow as pa
-        import pyarrow.csv as pacsv
-    except ImportError:  # pragma: no cover - pyarrow is a declared dependency
-        import pandas as pd
-
-        if parquet:
-            return pd.read_parquet(path, columns=cols)
-        dtype = {entity_col: str} if entity_col else None
-        return pd.read_csv(path, usecols=cols, dtype=dtype, dtype_backend="numpy_nullable")
-    if parquet:
-        import pyarrow.parquet as pq
-
-        return _ArrowColumns(pq.read_table(path, columns=cols))
-    types = {entity_col: pa.string()} if entity_col else {}
-    pool = pa.system_memory_pool()
-    opts = pacsv.ReadOptions(block_size=_BLOCK_BYTES)
-    try:
-        typed = pacsv.ConvertOptions(
-            include_columns=cols, column_types={**types, **dict.fromkeys(numeric, pa.float64())}
-        )
-        table = pacsv.read_csv(path, opts, convert_options=typed, memory_pool=pool)
-    except pa.ArrowInvalid:
-        # A value that is not a number (or a time zone mix, a short row): inferred types.
-        conv = pacsv.ConvertOptions(include_columns=cols, column_types=types or None)
-        table = pacsv.read_csv(path, opts, convert_options=conv, memory_pool=pool)
-    _return_freed_memory()
-    return _ArrowColumns(table)
-
-
-def _return_freed_memory() -> None:
-    """glibc's ``malloc_trim(0)``: give the reader's freed parse buffers back to the OS (a
-    no-op where the C library has no such call)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):
-        pass
 
 
 def _read_header(path: Path) -> list[str]:
@@ -271,7 +182,7 @@ def load_csv(
     observed = _check_columns(str(path), header, roles, observed_cols)
     cols = _unique([time_col, target_col] + observed + known + static + _opt(entity_col))
     numeric = _unique([target_col] + observed + known + static)
-    df = _read_checked(path, cols, entity_col, parquet, len(header), numeric)
+    df = _read_checked(path, cols, entity_col, parquet, len(header), numeric, time_col)
 
     def where(i: int) -> str:
         return f"{path}, row {i}" if parquet else f"{path}, line {_line_of_row(path, i)}"
@@ -291,13 +202,19 @@ def _parquet_header(path: Path) -> list[str]:
 
 
 def _read_checked(
-    path: Path, cols: list[str], entity_col: str | None, parquet: bool, ncol: int, numeric: list
+    path: Path,
+    cols: list[str],
+    entity_col: str | None,
+    parquet: bool,
+    ncol: int,
+    numeric: list,
+    time_col: str,
 ) -> Any:
-    """:func:`_read_table`, its errors turned into DataErrors that say the fix."""
+    """:func:`~nbqat.data._arrow.read_table`, its errors turned into DataErrors that say the fix."""
     import pandas as pd
 
     try:
-        df = _read_table(path, cols, entity_col, parquet, numeric)
+        df = read_table(path, cols, entity_col, parquet, numeric, time_col)
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: the file has a header but no data rows") from None
     except (*_READ_ERRORS, ValueError, pd.errors.ParserError) as e:
@@ -395,60 +312,6 @@ def _roles(time_col, target_col, entity_col, known, static, observed_cols) -> di
     return roles
 
 
-def _numeric(s: Any, col: str, where: Callable[[int], str], allow_missing: bool) -> np.ndarray:
-    """One column as float64, with the first bad value reported by line."""
-    import pandas as pd
-
-    if s.dtype == bool:
-        s = s.astype(np.float64)
-    if pd.api.types.is_numeric_dtype(s.dtype):
-        x = s.to_numpy(dtype=np.float64, na_value=np.nan)
-    else:
-        x = pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-        bad = np.flatnonzero(np.isnan(x) & ~s.isna().to_numpy())
-        if len(bad):
-            i = int(bad[0])
-            raise DataError(
-                f"{where(i)}: column {col!r} has a non-numeric value {s.iloc[i]!r}; every input "
-                "column must hold numbers (choose the input columns with --observed-cols / "
-                "--known-cols / --static-cols)"
-            )
-    nan = np.isnan(x)
-    if not allow_missing and nan.any():
-        i = int(np.argmax(nan))
-        raise DataError(
-            f"{where(i)}: column {col!r} has a missing value (empty or NA); fill it in the file, "
-            "or pass --fill-gaps (fill_gaps=True) to interpolate missing values linearly"
-        )
-    big = ~nan & ~(np.abs(x) <= MAX_ABS_VALUE)
-    if big.any():
-        i = int(np.argmax(big))
-        what = "a non-finite" if not np.isfinite(x[i]) else "a huge"
-        raise DataError(
-            f"{where(i)}: column {col!r} has {what} value {float(x[i])!r}; values must be "
-            f"finite with magnitude at most {MAX_ABS_VALUE:g} (the network computes in "
-            "float32): rescale the column (other units) or fix the value"
-        )
-    return x
-
-
-def _numeric_into(
-    df: Any, col: str, out: np.ndarray, where: Callable[[int], str], allow_missing: bool
-) -> None:
-    """``out[:] = _numeric(df[col], ...)``; an Arrow column of plain numbers is copied
-    straight into ``out`` and checked there (two reductions, no temporaries), and only a
-    column that fails that check is read again through :func:`_numeric` for its message."""
-    if isinstance(df, _ArrowColumns) and df.numeric_into(col, out):
-        lo, hi = out.min(), out.max()  # NaN fails both comparisons
-        if -MAX_ABS_VALUE <= lo and hi <= MAX_ABS_VALUE:
-            return
-        import pandas as pd
-
-        _numeric(pd.Series(out), col, where, allow_missing)  # raises, naming the row
-        return
-    out[:] = _numeric(df[col], col, where, allow_missing)
-
-
 def _frame_to_series(
     df, where, src, time_col, target_col, entity_col, observed, known, static, fill_gaps
 ) -> SeriesData:
@@ -458,30 +321,43 @@ def _frame_to_series(
         raise DataError(f"{src}: the file has a header but no data rows")
     t = parse_time_column(df[time_col], time_col, where)
     if entity_col is not None:
-        ent_s = df[entity_col]
-        miss = ent_s.isna().to_numpy()
-        if miss.any():
-            i = int(np.argmax(miss))
-            raise DataError(f"{where(i)}: column {entity_col!r} (--entity-col) has no value")
-        codes, uniques = _factorize(ent_s)
-        names = [str(u).strip() for u in uniques]
+        coded = df.entity_codes(entity_col) if isinstance(df, ArrowColumns) else None
+        if coded is None:
+            ent_s = df[entity_col]
+            miss = ent_s.isna().to_numpy()
+            if miss.any():
+                i = int(np.argmax(miss))
+                raise DataError(f"{where(i)}: column {entity_col!r} (--entity-col) has no value")
+            coded = _factorize(ent_s)
+        codes, names = coded
     else:
         codes, names = np.zeros(len(df), dtype=np.int64), ["series"]
-    numeric_cols = [target_col] + observed + known
-    # Column-major (one contiguous row per column): filled and read column by column.
-    vals = np.empty((len(numeric_cols), len(df)))
-    for j, c in enumerate(numeric_cols):
-        _numeric_into(df, c, vals[j], where, fill_gaps)
-    stat = np.empty((len(static), len(df)))
+    per = entity_rows(codes, len(names))
+    del codes
+    # Each entity's own arrays, filled straight from the table's chunks (one copy).
+    sizes = [r.stop - r.start if isinstance(r, slice) else len(r) for r in per]
+    target = [np.empty(n) for n in sizes]
+    obs = [np.empty((n, len(observed))) for n in sizes]
+    kno = [np.empty((n, len(known))) for n in sizes]
+    for cols_k, dest in (
+        ([target_col], [a[:, None] for a in target]),
+        (observed, obs),
+        (known, kno),
+    ):
+        place([numeric_pieces(df, c, where, fill_gaps) for c in cols_k], per, dest)
+    statics = np.zeros((len(names), len(static)))
+    changes = []
     for j, c in enumerate(static):
-        _numeric_into(df, c, stat[j], where, False)
+        statics[:, j], change = static_values(numeric_pieces(df, c, where, False), per)
+        changes.append(change)
     return regularise(
-        t, codes, names, vals, stat, where, src, target_col, observed, known, static, fill_gaps
-    )
+        t, per, names, target, obs, kno, statics, changes, where, src, target_col, observed,
+        known, static, fill_gaps,
+    )  # fmt: skip
 
 
 def _factorize(s: Any) -> tuple[np.ndarray, list]:
     import pandas as pd
 
     codes, uniques = pd.factorize(s.astype(str).str.strip(), sort=False)
-    return codes.astype(np.int64), list(uniques)
+    return codes.astype(np.int64), [str(u).strip() for u in uniques]

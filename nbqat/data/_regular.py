@@ -24,6 +24,11 @@ def _step(diffs: list[np.ndarray], is_dt: bool, src: str):
     nonempty = [d for d in diffs if len(d)]
     if not nonempty:
         raise DataError(f"{src}: every series has a single row; a series needs many time steps")
+    if is_dt:  # the common case, one step nearly everywhere: a strict majority is the mode
+        cand = nonempty[0][0]
+        agree = sum(int(np.count_nonzero(d == cand)) for d in nonempty)
+        if 2 * agree > sum(len(d) for d in nonempty):
+            return cand
     alld = np.concatenate(nonempty)
     if not is_dt:  # float steps: group differences equal up to rounding
         alld = np.round(alld, 9 - int(np.floor(np.log10(np.max(np.abs(alld))))))
@@ -43,51 +48,56 @@ def _n_steps(d: np.ndarray, step, is_dt: bool) -> tuple[np.ndarray, np.ndarray]:
     return n.astype(np.int64), np.abs(r - n) > _STEP_RTOL * np.maximum(1.0, np.abs(r))
 
 
-def regularise(
-    t, codes, names, vals, stat, where: Callable[[int], str], src, target_col, observed, known,
-    static, fill_gaps,
-) -> SeriesData:  # fmt: skip
-    """Group rows by entity (file order kept), check the order and the step, fill gaps."""
-    is_dt = t.dtype.kind == "M"
-    per: list[Any]
+def entity_rows(codes: np.ndarray, n_entities: int) -> list[Any]:
+    """The rows of each entity (``codes``: numbered by first appearance): slices when the
+    file is grouped by entity, else index arrays (file order kept within an entity)."""
     if len(codes) < 2 or bool(np.all(codes[1:] >= codes[:-1])):  # grouped already: slices
-        bounds = np.searchsorted(codes, np.arange(len(names) + 1))
-        per = [slice(int(bounds[e]), int(bounds[e + 1])) for e in range(len(names))]
-    else:
-        order = np.argsort(codes, kind="stable")
-        bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
-        per = [order[bounds[e] : bounds[e + 1]] for e in range(len(names))]
-    diffs, statics = _check_order(t, per, names, stat, static, where)
+        bounds = np.searchsorted(codes, np.arange(n_entities + 1, dtype=codes.dtype))
+        return [slice(int(bounds[e]), int(bounds[e + 1])) for e in range(n_entities)]
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(n_entities + 1))
+    return [order[bounds[e] : bounds[e + 1]] for e in range(n_entities)]
+
+
+def regularise(
+    t, per, names, target, obs, kno, statics, changes, where: Callable[[int], str], src,
+    target_col, observed, known, static, fill_gaps,
+) -> SeriesData:  # fmt: skip
+    """Check each entity's order and the common step, insert missing steps and fill gaps.
+
+    ``per``: :func:`entity_rows`; ``target``, ``obs``, ``kno``: per entity, its rows' values in
+    file order (``(N_e,)``, ``(N_e, m_obs)``, ``(N_e, m_known)`` float64, owned here: an
+    entity without missing steps keeps them, repairs are made in place); ``statics``
+    ``(n_entities, m_static)`` and ``changes`` (per static column, per entity ``(row, first,
+    other)`` or ``None``): :func:`nbqat.data._values.static_values`.
+    """
+    is_dt = t.dtype.kind == "M"
+    diffs = _check_order(t, per, names, changes, static, where)
     step = _step(diffs, is_dt, src)
     numeric_cols = [target_col] + list(observed) + list(known)
-    out_t, out_y, out_obs, out_known = [], [], [], []
+    out_t = []
     filled: dict[str, dict[str, int]] = {}
     n_filled = 0
     for e, rows in enumerate(per):
         pos = _positions(t[rows], diffs[e], step, is_dt, rows, names[e], where, fill_gaps)
-        n = int(pos[-1]) + 1
-        block = vals[:, rows]  # (m, N_e): a view for grouped rows
-        if n == block.shape[1]:  # no missing step
-            full = block
-        else:
-            full = np.full((vals.shape[0], n), np.nan)
-            full[:, pos] = block
-        if fill_gaps:  # (in place: vals is this call's own buffer)
-            filled_e = _fill(full, numeric_cols, names[e], src)
+        n = len(diffs[e]) + 1 if pos is None else int(pos[-1]) + 1
+        if pos is not None and n != len(pos):  # missing steps: NaN rows, filled below
+            target[e], obs[e], kno[e] = (_spread(a, pos, n) for a in (target[e], obs[e], kno[e]))
+        if fill_gaps:
+            columns = [target[e]] + [obs[e][:, j] for j in range(obs[e].shape[1])]
+            columns += [kno[e][:, j] for j in range(kno[e].shape[1])]
+            filled_e = _fill(columns, numeric_cols, names[e], src)
             if filled_e:
                 filled[names[e]] = filled_e
                 n_filled += sum(filled_e.values())
         out_t.append(t[rows][0] + np.arange(n) * step)
-        out_y.append(full[0].copy())
-        out_obs.append(np.ascontiguousarray(full[1 : 1 + len(observed)].T))
-        out_known.append(np.ascontiguousarray(full[1 + len(observed) :].T))
     return SeriesData(
         entity_names=list(names),
         times=out_t,
         step=step,
-        target=out_y,
-        observed=out_obs,
-        known=out_known,
+        target=target,
+        observed=obs,
+        known=kno,
         static=statics,
         target_name=target_col,
         observed_names=list(observed),
@@ -99,9 +109,15 @@ def regularise(
     )
 
 
-def _check_order(t, per, names, stat, static, where) -> tuple[list[np.ndarray], np.ndarray]:
+def _spread(a: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
+    """``a``'s rows at the step indices ``pos`` of ``n`` steps, NaN at the missing ones."""
+    full = np.full((n,) + a.shape[1:], np.nan)
+    full[pos] = a
+    return full
+
+
+def _check_order(t, per, names, changes, static, where) -> list[np.ndarray]:
     """Per entity: strictly increasing times (their differences) and constant statics."""
-    statics = np.zeros((len(names), len(static)))
     diffs = []
     for e, rows in enumerate(per):
         ta = t[rows]
@@ -120,21 +136,21 @@ def _check_order(t, per, names, stat, static, where) -> tuple[list[np.ndarray], 
             )
         diffs.append(d)
         for j, c in enumerate(static):
-            v = stat[j, rows]
-            ch = np.flatnonzero(v != v[0])
-            if len(ch):
-                k = int(ch[0])
+            if changes[j][e] is not None:
+                k, first, other = changes[j][e]
                 raise DataError(
                     f"{where(_row(rows, k))}: static column {c!r} changes within entity "
-                    f"{names[e]!r} ({v[0]!r} then {v[k]!r}); a static input must be constant "
+                    f"{names[e]!r} ({first!r} then {other!r}); a static input must be constant "
                     "per entity"
                 )
-            statics[e, j] = v[0] if len(v) else 0.0
-    return diffs, statics
+    return diffs
 
 
-def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray:
-    """The step index of each row of one entity (regular steps; gaps only with fill_gaps)."""
+def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray | None:
+    """The step index of each row of one entity (regular steps; gaps only with fill_gaps);
+    ``None`` when every difference is one step (the rows are the steps)."""
+    if not bool((d != step).any()):
+        return None
     nsteps, irregular = _n_steps(d, step, is_dt)
     if irregular.any():
         i = int(np.argmax(irregular))
@@ -155,14 +171,15 @@ def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(nsteps)])
 
 
-def _fill(full: np.ndarray, cols: list[str], entity: str, src: str) -> dict[str, int]:
-    """Interpolate the NaN cells of each column (row of ``full``, (m, n)) in place; return the
-    counts per column."""
-    n = full.shape[1]
+def _fill(columns: list[np.ndarray], cols: list[str], entity: str, src: str) -> dict[str, int]:
+    """Interpolate the NaN cells of each column (``columns[j]``, 1-D views of length n,
+    named ``cols[j]``) in place; return the counts per column."""
+    n = len(columns[0])
     xs = np.arange(n, dtype=np.float64)
     counts = {}
     for j, c in enumerate(cols):
-        ok = np.isfinite(full[j])
+        x = columns[j]
+        ok = np.isfinite(x)
         n_bad = int(n - ok.sum())
         if n_bad == 0:
             continue
@@ -178,6 +195,6 @@ def _fill(full: np.ndarray, cols: list[str], entity: str, src: str) -> dict[str,
                 f"{100 * MAX_FILL_FRACTION:.0f}% it repairs (nbqat.data.MAX_FILL_FRACTION); "
                 "fix the data at its source"
             )
-        full[j] = np.interp(xs, xs[ok], full[j, ok])
+        x[:] = np.interp(xs, xs[ok], x[ok])
         counts[c] = n_bad
     return counts

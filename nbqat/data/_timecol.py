@@ -36,7 +36,7 @@ def parse_time_column(s: Any, col: str, where: Callable[[int], str]) -> np.ndarr
     if isinstance(s.dtype, pd.DatetimeTZDtype):
         return _naive_utc(s)
     if pd.api.types.is_datetime64_dtype(s.dtype):
-        return s.to_numpy().astype("datetime64[s]")
+        return s.to_numpy().astype("datetime64[s]", copy=False)
     st = s.astype(str).str.strip()
     try:  # the common case: one ISO 8601 column, naive or all with the same offset
         dt = pd.to_datetime(st, format="ISO8601")
