@@ -109,7 +109,8 @@ class RidgeBaseline:
     Raises
     ------
     ValueError
-        On a negative or non-finite ``lam`` or bad quantiles.
+        On a negative or non-finite ``lam`` or bad quantiles; from :meth:`fit_split`, for
+        fewer than 2 windows, or ``lam=0`` with collinear features.
     """
 
     def __init__(self, lam: float = 1.0, quantiles: Sequence[float] = (0.1, 0.5, 0.9)) -> None:
@@ -148,6 +149,12 @@ class RidgeBaseline:
             xtx += xc.T @ xc
             xty += xc.T @ (y.astype(np.float64) - my)
         xtx[np.diag_indices(nf)] += self.lam
+        if self.lam == 0 and np.linalg.matrix_rank(xtx) < nf:
+            raise ValueError(
+                f"lam=0 (ordinary least squares) needs linearly independent features, but the "
+                f"{nf} features of the {n} training windows are collinear (a constant input, or "
+                "more features than windows): use lam > 0 (e.g. the default 1.0)"
+            )
         self.coef = np.linalg.solve(xtx, xty)
         self.intercept = my - mx @ self.coef
         res = np.concatenate(

@@ -86,7 +86,11 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
-def plot_loss_curves(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path) -> Path:
+def plot_loss_curves(
+    curves: Mapping[str, Mapping[str, Sequence[float]]],
+    path: str | Path,
+    events: Mapping[str, Mapping[str, int]] | None = None,
+) -> Path:
     """Loss curves, one panel per phase.
 
     Parameters
@@ -94,9 +98,13 @@ def plot_loss_curves(curves: Mapping[str, Mapping[str, Sequence[float]]], path: 
     curves : mapping phase -> mapping series -> sequence of float
         E.g. ``{"float": {"train": [...], "val": [...]}, "qat": {...}}``; each series is
         plotted against its epoch. The QAT phases (``qat``, ``qat_noclip``) continue the float
-        phase's epoch count (QAT epoch 1 is drawn at float epochs + 1).
+        phase's epoch count (QAT epoch 1 is drawn at float epochs + 1). A series named
+        ``start_<name>`` holds one value, drawn at epoch 0 (before training).
     path : str or Path
         Output PNG.
+    events : mapping phase -> mapping label -> epoch, optional
+        Epochs (1-based) marked with a labelled vertical line in the phase's panel, e.g.
+        ``{"float": {"best": 18, "plateau: lr x 0.1": 15}}``.
 
     Returns
     -------
@@ -108,16 +116,26 @@ def plot_loss_curves(curves: Mapping[str, Mapping[str, Sequence[float]]], path: 
     for i, phase in enumerate(phases):
         ax = fig.add_subplot(1, max(1, len(phases)), i + 1)
         start = n_float + 1 if phase.startswith("qat") else 1
+        colors = {}
         for name, values in curves[phase].items():
-            if len(values):
+            if len(values) and not name.startswith("start_"):
                 x = np.arange(start, start + len(values))
-                ax.plot(x, values, marker="o" if len(values) < 30 else None, ms=3, label=name)
+                (line,) = ax.plot(x, values, marker="o" if len(values) < 30 else None, ms=3,
+                                  label=name)  # fmt: skip
+                colors[name] = line.get_color()
+        for name, values in curves[phase].items():
+            if name.startswith("start_") and len(values):  # epoch 0: before training
+                ax.plot([0], values[:1], marker="D", ls="none", ms=5, color=colors.get(name[6:]),
+                        label=f"{name[6:]} at the start")  # fmt: skip
+        for j, (label, epoch) in enumerate((events or {}).get(phase, {}).items()):
+            ax.axvline(epoch, color=f"C{7 + j}", ls="--", lw=1, label=label)
         ax.set_title(f"{_esc(phase)} phase")
         ax.set_xlabel("epoch" + (" (after the float epochs)" if start > 1 else ""))
         n_ep = max((len(v) for v in curves[phase].values()), default=0)
+        first = 0 if any(k.startswith("start_") for k in curves[phase]) else start
         if n_ep <= 20:  # integer epochs as ticks (a one-epoch QAT phase gets one tick)
-            ax.set_xticks(np.arange(start, start + n_ep))
-            ax.set_xlim(start - 0.5, start + n_ep - 0.5)
+            ax.set_xticks(np.arange(first, start + n_ep))
+            ax.set_xlim(first - 0.5, start + n_ep - 0.5)
         ax.set_ylabel("quantile loss (standardised)")
         ax.grid(alpha=0.3)
         ax.legend()

@@ -95,6 +95,10 @@ def test_ridge_errors(rng):
         r.predict(s, h[:, :2], f)
     with pytest.raises(ValueError, match="at least 2"):
         RidgeBaseline().fit_split(_Split(s[:1], h[:1], f[:1], y[:1]))
+    s[:, 0] = 1.5  # a constant static input: collinear with the intercept
+    with pytest.raises(ValueError, match="lam=0 .* collinear"):
+        RidgeBaseline(lam=0.0).fit_split(_Split(s, h, f, y))
+    RidgeBaseline(lam=1e-3).fit_split(_Split(s, h, f, y))  # any penalty makes it solvable
 
 
 def test_seasonal_naive_forecast_by_index():

@@ -227,10 +227,12 @@ def test_plots_write_pngs(tmp_path):
     files = [
         plots.plot_loss_curves(
             {
-                "float": {"train": [3, 2, 1.5], "val": [3.1, 2.2, 2.0]},
+                "float": {"train": [3, 2, 1.5], "val": [3.1, 2.2, 2.0],
+                          "start_val_q_risk_P50": [2.5]},
                 "qat": {"train": [1.4], "val": [1.9]},
             },
             tmp_path / "l.png",
+            {"float": {"best epoch": 3, "plateau: lr x 0.1": 2}},
         ),  # fmt: skip
         plots.plot_forecast_fan(
             rng.normal(size=(3, 48)),

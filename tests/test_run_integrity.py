@@ -379,3 +379,15 @@ def test_diverged_float_training_is_a_clear_error(tmp_path, capsys):
     assert main(["train", *TINY, "--lr", "1e30", "--out", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err  # clipped already (--max-norm 1.0): no advice to set one
     assert "lower --lr" in err and "--max-norm" not in err
+
+
+def test_resuming_a_finished_run_is_refused_and_changes_nothing(tmp_path, capsys):
+    # a finished run has nothing to resume: evaluating it again would add to timings.json
+    out = tmp_path / "o"
+    assert main(["train", *TINY, "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out / "checkpoint")]) == 2
+    err = capsys.readouterr().err
+    assert "that run is finished" in err and str(out) in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

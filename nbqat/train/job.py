@@ -88,6 +88,12 @@ def _config(cfg: TrainConfig, resume: str | Path | None, par: Parallel) -> tuple
     if resume is not None:
         defaults = {f.name: f.default for f in fields(TrainConfig)}
         meta = ckpt.read_state(resume, defaults)
+        if meta["state"]["phase"] == "done":
+            raise ValueError(
+                f"--resume {str(resume)!r}: that run is finished; its outputs are in "
+                f"{meta['config']['out']} (summary.txt, metrics.json). Nothing to resume: "
+                "start a new run with another --out, or --overwrite it"
+            )
         saved = dict(meta["config"])
         saved["progress"] = cfg.progress
         saved["stop_after_steps"] = cfg.stop_after_steps

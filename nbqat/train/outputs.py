@@ -66,7 +66,10 @@ def plots(r: Run, y: np.ndarray, naive_point: Any, pred_float: np.ndarray,
 
     w, st, out, test = r.w, r.st, r.out, r.w.test
     curves = {ph: st.curves[ph] for ph in ("float", "qat", "qat_noclip") if ph in st.curves}
-    files = [pl.plot_loss_curves(curves, out / "loss_curves.png")]
+    events = {"best epoch": st.best_epoch + 1}
+    if st.plateau_epoch >= 0:
+        events[f"plateau: lr x {r.cfg.plateau_factor:g}"] = st.plateau_epoch + 1
+    files = [pl.plot_loss_curves(curves, out / "loss_curves.png", {"float": events})]
     preds = {"int8": ("int8 model", pred_int8), "float": ("float model", pred_float)}
     files += _fans(r, test, y, naive_point, preds, ridge_p50)
     if r.cfg.model == "tft":  # the TFT's interpretation (the LSTM has none)

@@ -66,7 +66,7 @@ def summary_table(metrics: dict, timings: dict) -> str:
             _versus(f"{what} P50", c[f"{naive_key}_P50_improvement"], "the seasonal naive")
             + ", "
             + _versus("", c[f"{key}_vs_ridge_P50_improvement"], "the ridge baseline").strip()
-            + ("" if None in dm else f" (Diebold-Mariano p = {dm[0]:.2g}, {dm[1]:.2g})")
+            + ("" if None in dm else f" (Diebold-Mariano p {dm[0]:.2g} and {dm[1]:.2g})")
         )
     lines.append(
         _versus("QAT int8 P50", -c["qat_int8_vs_float_finetuned_P50_relative_diff"], "")
