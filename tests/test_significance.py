@@ -1,8 +1,9 @@
 """The Diebold-Mariano test of the main job's summary (``nbqat.train.metrics.diebold_mariano``).
 
-Oracles: a slow, obvious re-implementation (explicit autocovariance loops, Bartlett weights,
-the normal CDF from ``math.erf``), the test's size under the null hypothesis and its power
-under an alternative, both by simulation with fixed seeds.
+Oracles: a slow, obvious re-implementation (explicit autocovariance loops, the kernel's
+weights written out, the normal CDF from ``math.erf``), the test's size under the null
+hypothesis (independent and overlapping windows) and its power under an alternative, by
+simulation with fixed seeds.
 """
 
 from __future__ import annotations
@@ -20,12 +21,16 @@ def _slow_dm(a, b, overlap):
     d = [float(x) - float(y) for x, y in zip(a, b)]
     n = len(d)
     mean = sum(d) / n
-    lags = min(n - 1, max(overlap - 1, int(math.floor(4 * (n / 100) ** (2 / 9)))))
+    m = int(math.floor(4 * (n / 100) ** (2 / 9)))  # Newey-West's lag rule
+    lags = min(n - 1, overlap - 1 + m)
 
     def gamma(k):
         return sum((d[t] - mean) * (d[t - k] - mean) for t in range(k, n)) / n
 
-    var = gamma(0) + 2 * sum((1 - k / (lags + 1)) * gamma(k) for k in range(1, lags + 1))
+    def weight(k):  # 1 over the overlap's lags, then a linear taper over m more
+        return 1.0 if k <= overlap - 1 else 1 - (k - (overlap - 1)) / (m + 1)
+
+    var = gamma(0) + 2 * sum(weight(k) * gamma(k) for k in range(1, lags + 1))
     dm = mean / math.sqrt(var / n)
     return dm, 2 * (1 - 0.5 * (1 + math.erf(abs(dm) / math.sqrt(2)))), lags
 
@@ -53,6 +58,45 @@ def test_size_under_the_null_and_power_under_an_alternative():
     assert 0.03 <= rate <= 0.08, rate  # nominal 5 % (Newey-West is slightly liberal)
     alt = diebold_mariano(rng.standard_normal(200) - 0.5, np.zeros(200))
     assert alt["dm"] < 0 and alt["p_value"] < 1e-3  # a has the smaller loss
+
+
+def test_size_with_overlapping_windows():
+    # The job's windows: horizon 24 at stride 6 (the defaults), so 4 consecutive windows share
+    # forecast steps. Each window's loss differential is the mean of its 24 steps' (iid, equal
+    # in mean) differentials; under this null the test must reject about 5 % at p < 0.05.
+    rng = np.random.default_rng(1)
+    horizon, stride, n = 24, 6, 432
+    rates = []
+    for persistence in (0.0, 0.5):  # and with step differentials that persist (AR(1))
+        p = []
+        for _ in range(1500):
+            s = rng.standard_normal(n * stride + horizon + 40)
+            s = np.convolve(s, persistence ** np.arange(40), "valid")  # AR(1), truncated
+            c = np.concatenate([[0.0], np.cumsum(s)])
+            starts = np.arange(n) * stride
+            d = (c[starts + horizon] - c[starts]) / horizon  # each window's mean
+            p.append(diebold_mariano(d, np.zeros(n), -(-horizon // stride))["p_value"])
+        rates.append(np.mean(np.array(p) < 0.05))
+    assert all(0.03 <= r <= 0.075 for r in rates), rates
+
+
+def test_a_negative_flat_top_variance_falls_back_to_bartlett():
+    # A short, strongly alternating differential: the flat-top weights give a negative
+    # variance; the test then uses the Bartlett weights 1 - k / (L + 1) (written out here).
+    d = np.array([0.619, -0.223, 1.432, -0.333, 0.508, 0.004, 1.292, 0.045, 0.414, -0.616,
+                  1.163, 0.478])  # fmt: skip
+    n, overlap = d.size, 2
+    e = d - d.mean()
+    g = [sum(e[t] * e[t - k] for t in range(k, n)) / n for k in range(n)]
+    m = int(math.floor(4 * (n / 100) ** (2 / 9)))
+    lags = overlap - 1 + m
+    flat = g[0] + 2 * sum((1 if k < overlap else 1 - (k - overlap + 1) / (m + 1)) * g[k]
+                          for k in range(1, lags + 1))  # fmt: skip
+    assert flat < 0  # the case under test
+    bartlett = g[0] + 2 * sum((1 - k / (lags + 1)) * g[k] for k in range(1, lags + 1))
+    r = diebold_mariano(d, np.zeros(n), overlap)
+    assert r["lags"] == lags
+    assert r["dm"] == pytest.approx(d.mean() / math.sqrt(bartlett / n), rel=1e-9)
 
 
 def test_constant_differentials():

@@ -106,11 +106,19 @@ def diebold_mariano(loss_a: np.ndarray, loss_b: np.ndarray, overlap: int = 1) ->
     """Diebold-Mariano test of equal forecast accuracy of two forecasters on the same windows.
 
     The loss differential ``d_i = loss_a[i] - loss_b[i]`` (one value per forecast window, in
-    time order) has mean ``dbar``; its long-run variance is the Newey-West (Bartlett kernel)
-    estimate with ``L = max(overlap - 1, floor(4 (n / 100)^(2/9)))`` lags, and
-    ``DM = dbar / sqrt(var / n)`` is compared with the standard normal (two-sided). Diebold &
-    Mariano, "Comparing Predictive Accuracy", J. Business & Economic Statistics 13 (1995);
-    Newey & West, Econometrica 55 (1987) and their lag rule, Rev. Econ. Studies 61 (1994).
+    time order) has mean ``dbar``; its long-run variance ``var = g_0 + 2 sum_k w_k g_k`` (``g_k``
+    the lag-k autocovariance, divided by n) weighs the ``overlap - 1`` lags that overlapping
+    windows correlate by construction fully (``w_k = 1``: Diebold & Mariano's truncated kernel)
+    and tapers ``m = floor(4 (n / 100)^(2/9))`` further lags linearly (``w_k = 1 - (k - overlap
+    + 1) / (m + 1)``: a trapezoidal flat-top kernel; with ``overlap`` 1 the Newey-West Bartlett
+    estimate). ``L = overlap - 1 + m`` lags in all (at most n - 1); should that variance not be
+    positive, the Bartlett weights ``1 - k / (L + 1)`` (never negative). ``DM = dbar / sqrt(var /
+    n)`` is compared with the standard normal (two-sided). The Bartlett weights alone would
+    shrink the overlap's covariances: with horizon 24 at stride 6 the test rejected a true null
+    9 % of the time at p < 0.05. Diebold & Mariano, "Comparing Predictive Accuracy",
+    J. Business & Economic Statistics 13 (1995); Politis & Romano, J. Time Series Analysis 16
+    (1995) (flat-top kernels); Newey & West, Econometrica 55 (1987) and their lag rule,
+    Rev. Econ. Studies 61 (1994).
 
     Parameters
     ----------
@@ -143,11 +151,16 @@ def diebold_mariano(loss_a: np.ndarray, loss_b: np.ndarray, overlap: int = 1) ->
         raise ValueError("loss_a and loss_b must be finite")
     d = a - b
     n = d.size
-    lags = min(n - 1, max(int(overlap) - 1, math.floor(4.0 * (n / 100.0) ** (2.0 / 9.0))))
+    flat = max(int(overlap), 1) - 1  # lags correlated by construction: weight 1
+    m = math.floor(4.0 * (n / 100.0) ** (2.0 / 9.0))
+    lags = min(n - 1, flat + m)
     e = d - d.mean()
-    var = float(e @ e) / n
-    for k in range(1, lags + 1):
-        var += 2.0 * (1.0 - k / (lags + 1.0)) * float(e[k:] @ e[:-k]) / n
+    g = [float(e[k:] @ e[: n - k]) / n for k in range(lags + 1)]
+    var = g[0] + 2.0 * sum(
+        min(1.0, 1.0 - (k - flat) / (m + 1.0)) * g[k] for k in range(1, lags + 1)
+    )
+    if var <= 0.0:  # the flat-top estimate is not always positive: Bartlett's is
+        var = g[0] + 2.0 * sum((1.0 - k / (lags + 1.0)) * g[k] for k in range(1, lags + 1))
     if var <= 0.0:  # a constant differential: no difference (p 1) or a certain one (p 0)
         same = bool(d.mean() == 0.0)
         return {"dm": 0.0 if same else None, "p_value": 1.0 if same else 0.0,
