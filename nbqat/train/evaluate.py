@@ -123,7 +123,8 @@ def _significance(p: dict, y: np.ndarray, w: Any) -> dict:
         return diebold_mariano(a, b, overlap)
 
     return {
-        "note": "Diebold-Mariano test on the per-window P50 pinball loss (Newey-West variance, "
+        "note": "Diebold-Mariano test on the per-window P50 pinball loss (long-run variance "
+        "with the overlapping windows' lags at full weight, then a Bartlett taper; "
         "two-sided normal p-value); negative dm: the model's loss is smaller; null with "
         "fewer than 2 test windows",
         **{
