@@ -43,8 +43,9 @@ __all__ = [
     "state_json",
 ]
 
-#: Version of the ``state.json`` schema (1: relative paths, no fingerprint; refused).
-CHECKPOINT_VERSION = 2
+#: Version of the ``state.json`` schema (1: relative paths, no fingerprint; 2: no plateau
+#: state; both refused).
+CHECKPOINT_VERSION = 3
 #: Phase names in run order.
 PHASES = ("float", "calibrate", "qat", "qat_noclip", "evaluate", "done")
 _STATE_KEYS = {
@@ -177,6 +178,10 @@ def _check_config(file: Path, cfg: Any, fields: dict[str, Any]) -> None:
         v = cfg[k]
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1:
             raise _err(file, f"config.{k}", f"expected a number in [0, 1), got {v!r}")
+    for k in ("csv", "time_col", "target_col", "entity_col", "known_cols", "static_cols",
+              "observed_cols"):  # fmt: skip
+        if cfg[k] is not None and not isinstance(cfg[k], str):
+            raise _err(file, f"config.{k}", f"expected a string or null, got {cfg[k]!r}")
     if cfg["csv"] is not None and not Path(cfg["csv"]).is_absolute():
         raise _err(file, "config.csv", f"expected an absolute path, got {cfg['csv']!r}")
 
@@ -303,7 +308,10 @@ def read_state(ck: str | Path, config_fields: dict[str, Any]) -> dict:
         raise _err(file, "(top level)", "expected an object")
     if meta.get("version") != CHECKPOINT_VERSION:
         raise _err(
-            file, "version", f"{meta.get('version')!r}; this nbqat reads {CHECKPOINT_VERSION}"
+            file,
+            "version",
+            f"{meta.get('version')!r}; this nbqat reads {CHECKPOINT_VERSION} (a checkpoint of "
+            "an older nbqat cannot be resumed: start a new run)",
         )
     extra = sorted(set(meta) - {"version", "config", "state", "data", "checksum"})
     if extra:

@@ -227,8 +227,11 @@ def test_plots_write_pngs(tmp_path):
     files = [
         plots.plot_loss_curves(
             {
-                "float": {"train": [3, 2, 1.5], "val": [3.1, 2.2, 2.0],
-                          "start_val_q_risk_P50": [2.5]},
+                "float": {
+                    "train": [3, 2, 1.5],
+                    "val": [3.1, 2.2, 2.0],
+                    "start_val_q_risk_P50": [2.5],
+                },
                 "qat": {"train": [1.4], "val": [1.9]},
             },
             tmp_path / "l.png",

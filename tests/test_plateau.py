@@ -216,3 +216,16 @@ def test_the_plateau_restarts_the_weight_average_at_the_best_weights(tmp_path, m
     best1 = ema(None, range(_STEPS))  # epoch 1's average: the best until the plateau
     np.testing.assert_array_equal(steps[2 * _STEPS][1], best1)  # live weights restored to it
     np.testing.assert_array_equal(best, ema(best1, range(2 * _STEPS, 3 * _STEPS)))
+
+
+def test_a_plateau_after_the_last_epoch_stops_without_a_rate_change(tmp_path, monkeypatch):
+    # epochs 1-4 improve, epoch 5 (the last) does not: no epoch is left to train at the lower
+    # rate, so the run stops there and reports no plateau
+    from nbqat.cli import main
+
+    _script(monkeypatch, 1.0, [0.9, 0.8, 0.7, 0.6, 0.65])
+    assert main([*_TINY, "--plateau-factor", "0.25", "--out", str(tmp_path)]) == 0
+    fl, _ = _float(tmp_path)
+    assert (fl["epochs_run"], fl["best_epoch"], fl["plateau_epoch"]) == (5, 4, None)
+    assert fl["early_stopped"] and fl["lr_factor_after_plateau"] is None
+    assert "plateau" not in (tmp_path / "summary.txt").read_text()

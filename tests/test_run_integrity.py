@@ -146,7 +146,7 @@ def test_resume_uses_the_checkpoint_location_and_sums_timings(run_copy, interrup
     original = snapshot(interrupted / "run" / "checkpoint")
     ck = run_copy / "run" / "checkpoint"
     meta = strict_json(ck / "state.json")
-    assert Path(meta["data"]["path"]).is_absolute() and meta["version"] == 2
+    assert Path(meta["data"]["path"]).is_absolute() and meta["version"] == 3
     first = meta["state"]["timings"]
     assert first["float"] > 0 and first["data"] > 0
     elsewhere = tmp_path / "elsewhere"
@@ -232,6 +232,10 @@ CORRUPTIONS = [
      "field 'config.csv': expected an absolute path"),
     (lambda ck: _edit_state(ck, lambda m: m.__setitem__("version", 1)),
      "field 'version': 1"),
+    (lambda ck: _edit_state(ck, lambda m: m.__setitem__("version", 2)),
+     "field 'version': 2; this nbqat reads 3 (a checkpoint of an older nbqat cannot be resumed"),
+    (lambda ck: _edit_state(ck, lambda m: m["config"].__setitem__("csv", 0)),
+     "field 'config.csv': expected a string or null, got 0"),
     (lambda ck: _edit_state(ck, lambda m: m["config"].__setitem__("seed", 4), sign=False),
      "field 'checksum': the content does not match it"),
     (lambda ck: _edit_state(ck, lambda m: m.pop("checksum"), sign=False),

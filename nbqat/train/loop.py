@@ -378,7 +378,8 @@ class Run:
                 st.bad_epochs += 1
                 plateau = self.par.agree(st.bad_epochs >= cfg.patience)
             swap_average(self.opt)  # training continues from its own weights
-            if plateau and cfg.plateau_factor > 0 and st.plateau_epoch < 0:
+            more = st.epoch + 1 < cfg.epochs  # a plateau after the last epoch just stops
+            if plateau and cfg.plateau_factor > 0 and st.plateau_epoch < 0 and more:
                 st.plateau_epoch, st.lr_factor, st.bad_epochs = st.epoch, cfg.plateau_factor, 0
                 self.restore_best()
             else:
