@@ -133,8 +133,9 @@ def plot_loss_curves(
         ax.set_xlabel("epoch" + (" (after the float epochs)" if start > 1 else ""))
         n_ep = max((len(v) for v in curves[phase].values()), default=0)
         first = 0 if any(k.startswith("start_") for k in curves[phase]) else start
-        if n_ep <= 20:  # integer epochs as ticks (a one-epoch QAT phase gets one tick)
-            ax.set_xticks(np.arange(first, start + n_ep))
+        if n_ep <= 40:  # integer epochs as ticks (a one-epoch QAT phase gets one tick)
+            every = 1 if start + n_ep - first <= 12 else 2 if n_ep <= 24 else 5
+            ax.set_xticks(np.arange(first, start + n_ep, every))
             ax.set_xlim(first - 0.5, start + n_ep - 0.5)
         ax.set_ylabel("quantile loss (standardised)")
         ax.grid(alpha=0.3)
