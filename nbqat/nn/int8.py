@@ -40,7 +40,6 @@ from nbqat.kernels.int8_cpu import (
 
 if TYPE_CHECKING:  # resolved at run time by __getattr__ below (no import cycle)
     from nbqat.nn.int8_tft import FrozenFakeQuantize, Int8TemporalFusionTransformer
-
 __all__ = [
     "Int8LSTM",
     "Int8Linear",
@@ -488,8 +487,7 @@ class Int8LSTM:
 
 
 def __getattr__(name: str) -> Any:
-    """The TFT twin and the frozen attention quantizer live in :mod:`nbqat.nn.int8_tft`; their
-    public home stays here. Resolved on first use, so either module can be imported first."""
+    """The names that live in :mod:`nbqat.nn.int8_tft`, resolved on first use (no cycle)."""
     if name in ("FrozenFakeQuantize", "Int8TemporalFusionTransformer"):
         from nbqat.nn import int8_tft
 
