@@ -110,8 +110,10 @@ def _comparisons(p50: dict, pred_int8: np.ndarray, pred_qat: np.ndarray) -> dict
 def _significance(p: dict, y: np.ndarray, w: Any) -> dict:
     """Diebold-Mariano tests of the float and int8 models against both baselines (P50)."""
     qi = list(w.quantiles).index(0.5)
-    loss = {k: np.mean(np.abs(y - p[k][..., qi]), axis=1) / 2 for k in ("float", "int8")}
-    loss.update({k: np.mean(np.abs(y - p[k][..., qi]), axis=1) / 2 for k in ("naive", "ridge")})
+    loss = {
+        k: np.mean(np.abs(y - p[k][..., qi]), axis=1) / 2
+        for k in ("float", "int8", "naive", "ridge")
+    }
     overlap = -(-w.horizon // w.eval_stride)  # windows sharing a forecast step
     n = len(y)
 
