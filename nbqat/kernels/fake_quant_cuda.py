@@ -5,7 +5,7 @@ Imported lazily by :mod:`nbqat.fake_quant` only once a CUDA array is seen (after
 arrays go through float32 temporaries and are rounded once on the way back) and use grid-stride
 loops sized by :func:`nbqat._cuda.grid_1d`, read at call time. The arithmetic is the CPU kernels'
 scalar functions (:mod:`nbqat.kernels.fake_quant_formula`) compiled for the device, so results
-are identical (``np.rint`` lowers to round-half-even).
+are identical (``rint`` is libdevice ``rintf``/``rint`` on the device: round half to even).
 
 Reductions (LSQ) are two-stage and deterministic: per-thread float64 sums, a per-block
 fixed-order sum over shared memory by thread 0, then a fixed-order pass over the block partials;
