@@ -24,6 +24,17 @@ from nbqat.kernels import fake_quant_formula as _fm
 #: Shared-memory slots per block for reductions (THREADS_PER_BLOCK must not exceed it).
 _SMEM = 1024
 
+_LSQ_F64 = (
+    "deterministic float64 sums of the dS, dZ terms, and the in-range difference "
+    "(xq - z) * s - x evaluated exactly in float64 (torch's FMA-contracted value)"
+)
+#: The float64 instructions of the float32 kernels, by kernel: (at most, in PTX; why). The PTX
+#: audit (tests/test_cuda_compile.py) fails on any other float64 op of a float16/float32 path.
+FLOAT64_USE = {
+    "lsq_tensor_backward_kernel": (56, _LSQ_F64),
+    "lsq_channel_backward_kernel": (98, _LSQ_F64),
+}
+
 
 # ----------------------------------------------------------------------------------------------
 # device helpers: the CPU kernels' scalar formulas (nbqat.kernels.fake_quant_formula) compiled

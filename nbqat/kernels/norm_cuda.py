@@ -26,6 +26,16 @@ from nbqat.kernels import norm_cpu as _k
 
 _MAX_TPB = 1024  # shared-memory partials per block (THREADS_PER_BLOCK must not exceed it)
 
+#: The float64 instructions of the float16/float32 kernels: (at most, in PTX; why), see
+#: :data:`nbqat.kernels.fake_quant_cuda.FLOAT64_USE`.
+FLOAT64_USE = {
+    "seg_partials_kernel": (
+        220,
+        "deterministic float64 accumulators of the norm terms and of max |x|, and the general "
+        "p-norm's |x| ** p in float64 rounded to float32 (the CPU twin's terms)",
+    )
+}
+
 
 @cuda.jit(device=True)
 def _gpu_term(x, kind, p, c32):
