@@ -88,17 +88,79 @@ def is_cuda_array(x: Any) -> bool:
         return getattr(x, "is_cuda", False) is True
 
 
+def rint(x: Any) -> Any:  # pragma: no cover - the body runs on the simulator only
+    """Round half to even, the device twin of :func:`numpy.rint` (see :func:`device_function`).
+
+    On the CUDA simulator (which executes a kernel's Python source with NumPy) this body runs:
+    ``numpy.rint``. Under the real compiler an overload registered by :func:`_register_rint`
+    lowers it to libdevice ``rintf`` (float32) or ``rint`` (float64), a single
+    ``cvt.rni.f32.f32`` / ``cvt.rni.f64.f64`` instruction: same bits, same dtype, no widening.
+    (numba-cuda has no ``np.rint`` for device code, and the simulator's ``libdevice.rintf``
+    returns None, hence the twin.)
+
+    Parameters
+    ----------
+    x : float32 or float64 scalar
+
+    Returns
+    -------
+    scalar of x's dtype
+    """
+    return np.rint(x)
+
+
+#: numpy functions that CUDA device code cannot call, and their device twins: the globals of a
+#: formula bound to a key are rebound to the value by :func:`device_function`.
+_NUMPY_TWINS: dict[Any, Any] = {np.rint: rint}
+_rint_registered = False
+
+
+def _register_rint(cuda: Any) -> None:
+    """Register the compiler's lowering of :func:`rint` (once; not on the simulator)."""
+    global _rint_registered
+    if _rint_registered or _simulator(cuda):
+        return
+    from numba import types as nbt
+    from numba.cuda import libdevice
+
+    try:  # numba-cuda >= 0.20 has its own typing registry
+        from numba.cuda.extending import overload  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - older numba-cuda / numba's bundled numba.cuda
+        from numba.core.extending import overload
+
+    @overload(rint, target="cuda", inline="always")
+    def _rint_cuda(x):  # pragma: no cover - typed by numba-cuda
+        if x == nbt.float32:
+            return lambda x: libdevice.rintf(x)
+        if x == nbt.float64:
+            return lambda x: libdevice.rint(x)
+        return None
+
+    _rint_registered = True
+
+
+def _simulator(cuda: Any) -> bool:
+    """Whether ``cuda`` is Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
+    import numba
+
+    return bool(getattr(numba.config, "ENABLE_CUDASIM", 0))
+
+
 def device_function(func: Any, **twins: Any) -> Any:
     """Compile a CPU kernel helper's plain Python source as a CUDA device function.
 
     The scalar formulas are written once (e.g. :mod:`nbqat.kernels.fake_quant_formula`) and
     compiled for each target: the CPU with ``njit(inline="always")``, the GPU by this function.
+    Globals of ``func`` bound to a NumPy function that device code cannot call
+    (:data:`_NUMPY_TWINS`: ``rint = numpy.rint`` becomes :func:`rint`) are rebound to the device
+    twin, so the formula names ``rint`` (not ``np.rint``) and keeps one source.
 
     Parameters
     ----------
     func : callable
         A Numba CPU dispatcher (its ``.py_func`` is compiled) or a plain Python function; it may
-        use only what CUDA kernels may use (NumPy scalar arithmetic, ``np.rint`` ...).
+        use only what CUDA kernels may use (NumPy scalar arithmetic, ``rint`` bound to
+        ``numpy.rint`` ...).
     **twins
         Global names of ``func`` that are other helpers, bound to their device twins (themselves
         results of this function), so helpers may call each other on both targets.
@@ -107,15 +169,21 @@ def device_function(func: Any, **twins: Any) -> Any:
     -------
     numba.cuda dispatcher
         ``cuda.jit(device=True, inline="always")`` of a copy of ``func`` (same code, same
-        name) whose globals have ``twins`` substituted.
+        name) whose globals have ``twins`` (and the NumPy twins) substituted.
     """
+    cuda = _load()
+    _register_rint(cuda)
     f = getattr(func, "py_func", func)
     g = dict(f.__globals__)
+    for name in f.__code__.co_names:
+        value = g.get(name)
+        if isinstance(value, np.ufunc) and value in _NUMPY_TWINS:
+            g[name] = _NUMPY_TWINS[value]
     g.update(twins)
     h = types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, f.__closure__)
     h.__qualname__ = f.__qualname__
     h.__doc__ = f.__doc__
-    return _load().jit(device=True, inline="always")(h)
+    return cuda.jit(device=True, inline="always")(h)
 
 
 def require_cuda(what: str = "this call") -> None:

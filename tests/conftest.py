@@ -6,6 +6,9 @@
 * The ``torch`` fixture gives the PyTorch oracle. Where torch is not installed the oracle tests
   are skipped, except when ``CI`` or ``NBQAT_REQUIRE_TORCH`` is set: then a missing torch is an
   error, so a skipped oracle can never count as a pass in CI.
+* Every simulated kernel launch is recorded (:mod:`cuda_launches`): the signatures that
+  ``test_cuda_compile.py`` compiles with the real compiler; tests marked ``run_last`` (the
+  compile test) run after all others so that they see the whole session's launches.
 * The ``small_cuda_blocks`` fixture patches the CUDA threads-per-block to a tiny value so that
   partial blocks and multi-block reductions are exercised.
 """
@@ -23,6 +26,22 @@ import pytest  # noqa: E402
 from numba.core.errors import NumbaPerformanceWarning  # noqa: E402
 
 warnings.simplefilter("ignore", NumbaPerformanceWarning)
+
+import cuda_launches  # noqa: E402
+
+cuda_launches.install()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "run_last: run after every other test of the session")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.get_closest_marker("run_last") is not None)  # stable
+
+
+def pytest_sessionfinish(session, exitstatus):
+    cuda_launches.finish()
 
 
 def _torch_required() -> bool:

@@ -5,7 +5,7 @@ Imported lazily by :mod:`nbqat.fake_quant` only once a CUDA array is seen (after
 arrays go through float32 temporaries and are rounded once on the way back) and use grid-stride
 loops sized by :func:`nbqat._cuda.grid_1d`, read at call time. The arithmetic is the CPU kernels'
 scalar functions (:mod:`nbqat.kernels.fake_quant_formula`) compiled for the device, so results
-are identical (``np.rint`` lowers to round-half-even).
+are identical (``rint`` is libdevice ``rintf``/``rint`` on the device: round half to even).
 
 Reductions (LSQ) are two-stage and deterministic: per-thread float64 sums, a per-block
 fixed-order sum over shared memory by thread 0, then a fixed-order pass over the block partials;
@@ -23,6 +23,17 @@ from nbqat.kernels import fake_quant_formula as _fm
 
 #: Shared-memory slots per block for reductions (THREADS_PER_BLOCK must not exceed it).
 _SMEM = 1024
+
+_LSQ_F64 = (
+    "deterministic float64 sums of the dS, dZ terms, and the in-range difference "
+    "(xq - z) * s - x evaluated exactly in float64 (torch's FMA-contracted value)"
+)
+#: The float64 instructions of the float32 kernels, by kernel: (at most, in PTX; why). The PTX
+#: audit (tests/test_cuda_compile.py) fails on any other float64 op of a float16/float32 path.
+FLOAT64_USE = {
+    "lsq_tensor_backward_kernel": (56, _LSQ_F64),
+    "lsq_channel_backward_kernel": (98, _LSQ_F64),
+}
 
 
 # ----------------------------------------------------------------------------------------------

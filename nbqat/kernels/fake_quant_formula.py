@@ -4,7 +4,9 @@ Each function here is plain Python compiled twice, minitorch's way: for the CPU 
 ``njit(inline="always")`` (through :func:`nbqat._jit.cpu_kernel`, so a kernel's on-disk cache is
 keyed on this file too, see :class:`nbqat._jit.SourceClosureCache`), and for the CUDA kernels
 with ``cuda.jit(device=True)`` (:func:`nbqat._cuda.device_function` on ``.py_func``, the calls
-between them rebound to their device twins). The kernels of :mod:`nbqat.kernels.fake_quant_cpu`,
+between them rebound to their device twins, and ``rint`` (``numpy.rint``, which CUDA device code
+lacks) to :func:`nbqat._cuda.rint`: libdevice ``rintf`` / ``rint`` under the compiler, the same
+round half to even). The kernels of :mod:`nbqat.kernels.fake_quant_cpu`,
 :mod:`~nbqat.kernels.fake_quant_cuda`, :mod:`~nbqat.kernels.qat_cpu` and
 :mod:`~nbqat.kernels.int8_cpu` only loop and store; the arithmetic is here.
 
@@ -18,6 +20,7 @@ on the unclamped rounded value; clamp in float (NaN -> ``qmin``); ``(q - zp) * s
 from __future__ import annotations
 
 import numpy as np
+from numpy import rint  # by name: nbqat._cuda.device_function rebinds it to the device's rint
 
 from nbqat._jit import cpu_kernel
 
@@ -30,7 +33,7 @@ def quantize_code(xi, inv, z, qmin, qmax):  # pragma: no cover
     zero point) and its clamp ``q = min(max(r, qmin), qmax)`` (``fmax``/``fmin``: NaN -> qmin).
 
     ``q`` is the integer code held in ``T`` (exact: ``|q| <= 2**24``)."""
-    r = np.rint(xi * inv) + z
+    r = rint(xi * inv) + z
     q = r if r > qmin else qmin
     q = q if q < qmax else qmax
     return r, q
@@ -107,4 +110,4 @@ def qparams_scale(mn, mx, qmin, qmax, eps, symmetric):  # pragma: no cover
         scale = _max_nan(_max_nan(-min_neg, max_pos) / T((qmax - qmin) / 2.0), eps)
         return scale, zero
     scale = _max_nan((max_pos - min_neg) / T(qmax - qmin), eps)
-    return scale, np.rint(min_neg / scale)
+    return scale, rint(min_neg / scale)

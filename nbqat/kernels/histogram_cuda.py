@@ -21,6 +21,16 @@ from nbqat.kernels import observe_cpu as _ok
 
 _F32 = np.float32
 
+#: The float64 instructions of the float16/float32 kernels: (at most, in PTX; why), see
+#: :data:`nbqat.kernels.fake_quant_cuda.FLOAT64_USE`.
+FLOAT64_USE = {
+    "histc_kernel": (
+        29,
+        "torch.histc's bin formula as the CPU twin: float64 when `wide` (ranges whose float32 "
+        "arithmetic overflows), and the float32 position truncated through float64",
+    )
+}
+
 
 #: ``torch.histc``'s bin of one value (-1: outside or NaN): the CPU twin's scalar function
 #: (:func:`nbqat.kernels.histogram_cpu.bin_f32`) compiled for the device, so the formula is

@@ -26,6 +26,16 @@ from nbqat.kernels import norm_cpu as _k
 
 _MAX_TPB = 1024  # shared-memory partials per block (THREADS_PER_BLOCK must not exceed it)
 
+#: The float64 instructions of the float16/float32 kernels: (at most, in PTX; why), see
+#: :data:`nbqat.kernels.fake_quant_cuda.FLOAT64_USE`.
+FLOAT64_USE = {
+    "seg_partials_kernel": (
+        220,
+        "deterministic float64 accumulators of the norm terms and of max |x|, and the general "
+        "p-norm's |x| ** p in float64 rounded to float32 (the CPU twin's terms)",
+    )
+}
+
 
 @cuda.jit(device=True)
 def _gpu_term(x, kind, p, c32):
@@ -107,7 +117,8 @@ def seg_partials_kernel(buf, table, starts, kind, p, c32, red, amax):
 @cuda.jit
 def apply_kernel(buf, op, a, b, c32):
     """In place over the whole buffer: ``x *= a`` (op 0, in float32 op-math when ``c32``) or
-    ``x = clamp(x, a, b)`` (op 1; NaN stays NaN)."""
+    ``x = clamp(x, a, b)`` (op 1; NaN stays NaN). ``a``, ``b`` are float32 when ``c32`` (float16
+    and float32 buffers), float64 otherwise."""
     start, stride = cuda.grid(1), cuda.gridsize(1)
     for i in range(start, buf.shape[0], stride):
         x = buf[i]
@@ -255,10 +266,11 @@ def apply(grads: list, groups, op: int, a: float, b: float) -> None:
     or clamp to ``[a, b]`` (op 1; bounds rounded to each dtype)."""
     for grp in groups:
         c32 = grp.dtype != np.float64
+        t = np.float32 if c32 else np.float64  # typed bounds: no float64 on a float32 path
         if op == 0:
-            aa, bb = float(np.float32(a) if c32 else a), 0.0
-        else:
-            aa, bb = float(grp.dtype.type(a)), float(grp.dtype.type(b))
+            aa, bb = t(a), t(0.0)
+        else:  # bounds rounded to the array's dtype (exact in t)
+            aa, bb = t(grp.dtype.type(a)), t(grp.dtype.type(b))
         for buf in grp.bufs:
             blocks, tpb = _cuda.grid_1d(int(buf.size))
             apply_kernel[blocks, tpb](buf, op, aa, bb, c32)
