@@ -10,6 +10,7 @@ CPU simulator (the test suite does this).
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
@@ -116,6 +117,53 @@ def device_function(func: Any, **twins: Any) -> Any:
     h.__qualname__ = f.__qualname__
     h.__doc__ = f.__doc__
     return _load().jit(device=True, inline="always")(h)
+
+
+def _simulated() -> bool:
+    from numba import config
+
+    return bool(getattr(config, "ENABLE_CUDASIM", False))
+
+
+@functools.cache
+def device_scalar_helpers() -> dict[str, Any]:
+    """Device twins of the per-target helpers of :mod:`nbqat.kernels.lowbit_formula`.
+
+    Returns
+    -------
+    dict
+        ``rint32`` (round a float32 half to even: libdevice ``rintf``, as ``np.rint`` does not
+        lower in CUDA device code), ``f32_bits`` (float32 -> its uint32 bits: libdevice
+        ``float_as_int``) and ``bits_f32`` (the inverse: ``int_as_float``), compiled with
+        ``cuda.jit(device=True, inline="always")``; pass them to :func:`device_function` as
+        twins. Under the simulator (whose libdevice is a stub) they are NumPy equivalents.
+    """
+    c = _load()
+    if _simulated():
+
+        def rint32(v):  # pragma: no cover - runs under the simulator
+            return np.float32(np.rint(v))
+
+        def f32_bits(v):  # pragma: no cover
+            return np.float32(v).view(np.uint32)
+
+        def bits_f32(u):  # pragma: no cover
+            return np.uint32(u).view(np.float32)
+
+    else:  # pragma: no cover - needs the real CUDA target
+        from numba.cuda import libdevice
+
+        def rint32(v):
+            return libdevice.rintf(v)
+
+        def f32_bits(v):
+            return np.uint32(libdevice.float_as_int(v))
+
+        def bits_f32(u):
+            return libdevice.int_as_float(np.int32(u))
+
+    jit = c.jit(device=True, inline="always")
+    return {"rint32": jit(rint32), "f32_bits": jit(f32_bits), "bits_f32": jit(bits_f32)}
 
 
 def require_cuda(what: str = "this call") -> None:
