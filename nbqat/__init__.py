@@ -14,8 +14,8 @@ from nbqat import float8 as _float8
 from nbqat.affine import *  # noqa: F403 - block-wise affine (torchao), re-exported below
 from nbqat.clip import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm
 from nbqat.fake_quant import *  # noqa: F403 - its __all__, re-exported below
-from nbqat.float8 import *  # noqa: F403 - float8 (torchao), re-exported below
 from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
+from nbqat.float8 import *  # noqa: F403 - float8 (torchao), re-exported below
 from nbqat.histogram_observers import HistogramObserver
 from nbqat.observers import (
     MinMaxObserver,

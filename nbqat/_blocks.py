@@ -168,9 +168,7 @@ def float8_block_of(scale_shape: tuple[int, ...], shape: tuple[int, ...]) -> tup
     """
     if math.prod(scale_shape) == 1 and len(scale_shape) <= len(shape):
         return tuple(shape)
-    if len(scale_shape) != len(shape) or any(
-        s < 1 or d % s for s, d in zip(scale_shape, shape)
-    ):
+    if len(scale_shape) != len(shape) or any(s < 1 or d % s for s, d in zip(scale_shape, shape)):
         raise ValueError(
             f"`scale` has shape {tuple(scale_shape)} but x has shape {tuple(shape)}: a float8 "
             "scale must have size 1 or x's rank with each dimension dividing x's (as "

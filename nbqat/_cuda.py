@@ -119,53 +119,6 @@ def device_function(func: Any, **twins: Any) -> Any:
     return _load().jit(device=True, inline="always")(h)
 
 
-def _simulated() -> bool:
-    from numba import config
-
-    return bool(getattr(config, "ENABLE_CUDASIM", False))
-
-
-@functools.cache
-def device_scalar_helpers() -> dict[str, Any]:
-    """Device twins of the per-target helpers of :mod:`nbqat.kernels.lowbit_formula`.
-
-    Returns
-    -------
-    dict
-        ``rint32`` (round a float32 half to even: libdevice ``rintf``, as ``np.rint`` does not
-        lower in CUDA device code), ``f32_bits`` (float32 -> its uint32 bits: libdevice
-        ``float_as_int``) and ``bits_f32`` (the inverse: ``int_as_float``), compiled with
-        ``cuda.jit(device=True, inline="always")``; pass them to :func:`device_function` as
-        twins. Under the simulator (whose libdevice is a stub) they are NumPy equivalents.
-    """
-    c = _load()
-    if _simulated():
-
-        def rint32(v):  # pragma: no cover - runs under the simulator
-            return np.float32(np.rint(v))
-
-        def f32_bits(v):  # pragma: no cover
-            return np.float32(v).view(np.uint32)
-
-        def bits_f32(u):  # pragma: no cover
-            return np.uint32(u).view(np.float32)
-
-    else:  # pragma: no cover - needs the real CUDA target
-        from numba.cuda import libdevice
-
-        def rint32(v):
-            return libdevice.rintf(v)
-
-        def f32_bits(v):
-            return np.uint32(libdevice.float_as_int(v))
-
-        def bits_f32(u):
-            return libdevice.int_as_float(np.int32(u))
-
-    jit = c.jit(device=True, inline="always")
-    return {"rint32": jit(rint32), "f32_bits": jit(f32_bits), "bits_f32": jit(bits_f32)}
-
-
 def require_cuda(what: str = "this call") -> None:
     """Raise a RuntimeError that says CUDA is unavailable and how to fix it.
 
@@ -210,3 +163,46 @@ def grid_1d(n: int) -> tuple[int, int]:
     tpb = THREADS_PER_BLOCK
     blocks = max(1, min(MAX_BLOCKS, (n + tpb - 1) // tpb))
     return blocks, tpb
+
+
+@functools.cache
+def device_scalar_helpers() -> dict[str, Any]:
+    """Device twins of the per-target helpers of :mod:`nbqat.kernels.lowbit_formula`.
+
+    Returns
+    -------
+    dict
+        ``f32_bits`` (float32 -> its uint32 bits: libdevice ``float_as_int``), ``bits_f32``
+        (the inverse: ``int_as_float``) and ``mul_rn`` (a float32 product never contracted into
+        an FMA: ``fmul_rn``), compiled with ``cuda.jit(device=True, inline="always")``; pass
+        them to :func:`device_function` as twins. Under the simulator (whose libdevice is a
+        stub) they are NumPy equivalents.
+    """
+    c = _load()
+    import numba
+
+    if getattr(numba.config, "ENABLE_CUDASIM", 0):
+
+        def f32_bits(v):  # pragma: no cover - runs under the simulator
+            return np.float32(v).view(np.uint32)
+
+        def bits_f32(u):  # pragma: no cover
+            return np.uint32(u).view(np.float32)
+
+        def mul_rn(a, b):  # pragma: no cover
+            return a * b
+
+    else:  # pragma: no cover - needs the real CUDA target
+        from numba.cuda import libdevice
+
+        def f32_bits(v):
+            return np.uint32(libdevice.float_as_int(v))
+
+        def bits_f32(u):
+            return libdevice.int_as_float(np.int32(u))
+
+        def mul_rn(a, b):
+            return libdevice.fmul_rn(a, b)
+
+    jit = c.jit(device=True, inline="always")
+    return {"f32_bits": jit(f32_bits), "bits_f32": jit(bits_f32), "mul_rn": jit(mul_rn)}

@@ -356,4 +356,3 @@ def choose_qparams_affine(
         mm = _k.merge_minmax(_k.unit_minmax_kernel(xf, b.geo, False), b.rows_map, b.geo, b.nblocks)
         _k.qparams_kernel(mm, scale, zp, T(qmin), T(qmax), e, symmetric, T(div), T(zp_sym))
     return scale.reshape(b.reduced), zp.reshape(b.reduced)
-

@@ -18,7 +18,9 @@ def load_quant_primitives():
             from torchao.quantization import quant_primitives
     except ImportError:
         if os.environ.get("CI") or os.environ.get("NBQAT_REQUIRE_TORCH"):
-            pytest.fail("torchao is required in CI for the oracle tests: pip install torchao==0.18.0")
+            pytest.fail(
+                "torchao is required in CI for the oracle tests: pip install torchao==0.18.0"
+            )
         pytest.skip("torchao is not installed (pip install torchao==0.18.0)")
     return quant_primitives
 

@@ -10,7 +10,13 @@ from ref_lowbit import assert_same_bits, load_quant_primitives
 import nbqat
 from nbqat import _blocks
 
-RANGES = [("symmetric", -8, 7), ("asymmetric", 0, 15), ("symmetric", 0, 15), ("asymmetric", -128, 127), ("symmetric", -128, 127)]  # fmt: skip
+RANGES = [
+    ("symmetric", -8, 7),
+    ("asymmetric", 0, 15),
+    ("symmetric", 0, 15),
+    ("asymmetric", -128, 127),
+    ("symmetric", -128, 127),
+]
 # (shape, block_size): per tensor, per channel (rows), per column, per group 32, a
 # non-power-of-2 group, 2-D tiles, per token on a 3-D tensor
 LAYOUTS = [

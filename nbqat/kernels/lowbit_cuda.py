@@ -8,6 +8,9 @@ CPU kernels' bit for bit. Element-wise kernels are grid-stride loops over the fl
 array (element ``i`` is row ``i // L``, block ``rows_map[row] * nseg + (i % L) // G``).
 Reductions: one thread per unit (as the CPU kernels' partials), one thread per segment column
 merging the units in (row, piece) order, the CPU merge order, so reductions are identical too.
+``rint`` is rebound to the device's by :func:`nbqat._cuda.device_function` (as in
+:mod:`nbqat.kernels.fake_quant_cuda`); the bit casts and the unfused product are
+:func:`nbqat._cuda.device_scalar_helpers`.
 Arguments are validated by :mod:`nbqat.affine` / :mod:`nbqat.float8` before any launch.
 """
 
@@ -20,17 +23,23 @@ from nbqat import _validate as V
 from nbqat._cuda import cuda
 from nbqat.kernels import lowbit_formula as _fm
 
+#: The float64 instructions of the float32 kernels, by kernel: (at most, in PTX; why).
+_SUMS = "per-unit LSQ sums accumulated in float64, merged in a fixed order (deterministic)"
+FLOAT64_USE = {
+    "backward_units_kernel": (16, _SUMS),
+    "merge_grad_kernel": (8, _SUMS),
+    "grad_block_kernel": (8, "the float64 block sums rounded once to float32"),
+}
+
 _h = _cuda.device_scalar_helpers()
 _df = _cuda.device_function
 _min = _df(_fm.min_nan)
 _max = _df(_fm.max_nan)
 _clamp = _df(_fm.clamp_nan)
-_affine = _df(_fm.affine_elem, rint32=_h["rint32"], clamp_nan=_clamp)
-_affine_grad = _df(_fm.affine_grad_elem, rint32=_h["rint32"], clamp_nan=_clamp)
-_grad_block = _df(_fm.affine_grad_block)
-_qparams = _df(
-    _fm.affine_qparams, rint32=_h["rint32"], min_nan=_min, max_nan=_max, clamp_nan=_clamp
-)
+_affine = _df(_fm.affine_elem, clamp_nan=_clamp)
+_affine_grad = _df(_fm.affine_grad_elem, clamp_nan=_clamp)
+_grad_block = _df(_fm.affine_grad_block, mul_rn=_h["mul_rn"])
+_qparams = _df(_fm.affine_qparams, min_nan=_min, max_nan=_max, clamp_nan=_clamp)
 _zp_int = _df(_fm.zp_to_int32)
 _round8 = _df(_fm.round_float8, f32_bits=_h["f32_bits"], bits_f32=_h["bits_f32"])
 _float8 = _df(_fm.float8_elem, round_float8=_round8, clamp_nan=_clamp)
@@ -60,7 +69,9 @@ def affine_forward_kernel(
 
 
 @cuda.jit
-def float8_forward_kernel(x, out, mask, rows_map, s, L, G, nseg, fmt, with_mask):  # pragma: no cover
+def float8_forward_kernel(
+    x, out, mask, rows_map, s, L, G, nseg, fmt, with_mask
+):  # pragma: no cover
     """Block-wise float8 fake quantization; s (nblocks,) float32."""
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         r = i // L

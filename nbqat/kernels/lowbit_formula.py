@@ -6,14 +6,17 @@ the CPU kernels of :mod:`nbqat.kernels.lowbit_cpu` with ``njit(inline="always")`
 :mod:`nbqat.kernels.lowbit_cuda`. All arithmetic is float32 (no fastmath: this is the rounding
 path); the sources are torchao 0.18's ``torchao/quantization/quant_primitives.py``.
 
-Three per-target helpers are the only calls that differ between targets, and the CUDA twins
-substitute them (``device_function(..., rint32=..., f32_bits=..., bits_f32=...)`` with the
-device versions of :func:`nbqat._cuda.device_scalar_helpers`):
+Rounding half to even is ``rint``, imported by name from NumPy as in
+:mod:`nbqat.kernels.fake_quant_formula`: :func:`nbqat._cuda.device_function` rebinds it to the
+device's ``rint`` (libdevice ``rintf``; ``np.rint`` does not lower in CUDA device code). Three
+more per-target helpers are substituted by the CUDA twins (``device_function(...,
+f32_bits=..., bits_f32=..., mul_rn=...)`` with :func:`nbqat._cuda.device_scalar_helpers`):
 
-* :func:`rint32`: round half to even (``np.rint`` here; ``np.rint`` does not lower in CUDA
-  device code, so the twins use libdevice ``rintf``);
 * :func:`f32_bits` / :func:`bits_f32`: reinterpret a float32 as its uint32 bits and back (an
-  LLVM ``bitcast`` here; libdevice ``float_as_int`` / ``int_as_float`` on the device).
+  LLVM ``bitcast`` here; libdevice ``float_as_int`` / ``int_as_float`` on the device);
+* :func:`mul_rn`: a product that is never contracted into a fused multiply-add (a plain
+  multiply here, where nothing contracts without fastmath; libdevice ``fmul_rn`` on the
+  device, where NVVM contracts ``a * b + c`` by default).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
+from numpy import rint  # by name: nbqat._cuda.device_function rebinds it to the device's rint
 
 from nbqat._jit import cpu_kernel
 
@@ -57,9 +61,9 @@ def _bitcast_u32_f32(typingctx, u):  # pragma: no cover - compiled
 
 
 @_inline
-def rint32(v):  # pragma: no cover
-    """Round a float32 half to even (the CPU target's helper; CUDA substitutes ``rintf``)."""
-    return np.rint(v)
+def mul_rn(a, b):  # pragma: no cover
+    """``a * b`` rounded on its own (CUDA substitutes libdevice ``fmul_rn``: no FMA)."""
+    return a * b
 
 
 @_inline
@@ -100,7 +104,7 @@ def affine_elem(xi, s, inv, z, qmin, qmax):  # pragma: no cover
     ``_dequantize_affine_no_dtype_check``: ``r = round(x * (1/s)) + z``,
     ``q = clamp(r, qmin, qmax)`` (NaN propagates), ``y = (q - z) * s``; ``mask`` is True where
     ``qmin <= r <= qmax`` (the gradient mask of ``torch.clamp``; False for NaN)."""
-    r = rint32(xi * inv) + z
+    r = rint(xi * inv) + z
     q = clamp_nan(r, qmin, qmax)
     return (q - z) * s, (r >= qmin) & (r <= qmax)
 
@@ -111,7 +115,7 @@ def affine_grad_elem(xi, gi, s, inv, z, qmin, qmax):  # pragma: no cover
     formula with the STE round), all float32: ``dx = where(mask, g*s, 0) * inv``,
     ``a = g * (q - z)`` (d y / d s directly), ``b = where(mask, g*s, 0) * x`` (the gradient
     reaching ``inv``) and ``c = where(mask, 0, -(g*s))`` (d y / d zero_point)."""
-    r = rint32(xi * inv) + z
+    r = rint(xi * inv) + z
     q = clamp_nan(r, qmin, qmax)
     gs = gi * s
     zero = z - z
@@ -127,7 +131,7 @@ def affine_grad_block(a, b, c, inv):  # pragma: no cover
     as torch autograd does: ``dscale = a + (b * 1) * -(inv * inv)`` (``1.0 / scale`` is
     ``reciprocal(scale) * 1.0``), ``dzero_point = c``."""
     T = np.float32
-    return T(a) + (T(b) * T(1.0)) * (-(inv * inv)), T(c)
+    return T(a) + mul_rn(T(b) * T(1.0), -(inv * inv)), T(c)
 
 
 @_inline
@@ -145,7 +149,7 @@ def affine_qparams(mn, mx, qmin, qmax, eps, symmetric, div, zp_sym):  # pragma: 
         scale = max_nan(max_nan(-min_neg, max_pos) / div, eps)
         return scale, zp_sym
     scale = max_nan((max_pos - min_neg) / div, eps)
-    zp = clamp_nan(qmin - rint32(min_neg / scale), qmin, qmax)
+    zp = clamp_nan(qmin - rint(min_neg / scale), qmin, qmax)
     return scale, zp
 
 
