@@ -8,10 +8,14 @@ live in :mod:`nbqat.nn`, the shipped dataset in :mod:`nbqat.data`, the main job 
 :mod:`nbqat.train` (``nbqat train``).
 """
 
+from nbqat import affine as _affine
 from nbqat import fake_quant as _fake_quant
+from nbqat import float8 as _float8
+from nbqat.affine import *  # noqa: F403 - block-wise affine (torchao), re-exported below
 from nbqat.clip import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm
 from nbqat.fake_quant import *  # noqa: F403 - its __all__, re-exported below
 from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
+from nbqat.float8 import *  # noqa: F403 - float8 (torchao), re-exported below
 from nbqat.histogram_observers import HistogramObserver
 from nbqat.observers import (
     MinMaxObserver,
@@ -47,3 +51,4 @@ __all__ = [
     "get_total_norm",
 ]
 __all__ += _fake_quant.__all__  # the fake-quantize functions, imported above
+__all__ += _affine.__all__ + _float8.__all__  # torchao's low-bit primitives

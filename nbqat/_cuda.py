@@ -10,6 +10,7 @@ CPU simulator (the test suite does this).
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
@@ -230,3 +231,46 @@ def grid_1d(n: int) -> tuple[int, int]:
     tpb = THREADS_PER_BLOCK
     blocks = max(1, min(MAX_BLOCKS, (n + tpb - 1) // tpb))
     return blocks, tpb
+
+
+@functools.cache
+def device_scalar_helpers() -> dict[str, Any]:
+    """Device twins of the per-target helpers of :mod:`nbqat.kernels.lowbit_formula`.
+
+    Returns
+    -------
+    dict
+        ``f32_bits`` (float32 -> its uint32 bits: libdevice ``float_as_int``), ``bits_f32``
+        (the inverse: ``int_as_float``) and ``mul_rn`` (a float32 product never contracted into
+        an FMA: ``fmul_rn``), compiled with ``cuda.jit(device=True, inline="always")``; pass
+        them to :func:`device_function` as twins. Under the simulator (whose libdevice is a
+        stub) they are NumPy equivalents.
+    """
+    c = _load()
+    import numba
+
+    if getattr(numba.config, "ENABLE_CUDASIM", 0):
+
+        def f32_bits(v):  # pragma: no cover - runs under the simulator
+            return np.float32(v).view(np.uint32)
+
+        def bits_f32(u):  # pragma: no cover
+            return np.uint32(u).view(np.float32)
+
+        def mul_rn(a, b):  # pragma: no cover
+            return a * b
+
+    else:  # pragma: no cover - needs the real CUDA target
+        from numba.cuda import libdevice
+
+        def f32_bits(v):
+            return np.uint32(libdevice.float_as_int(v))
+
+        def bits_f32(u):
+            return libdevice.int_as_float(np.int32(u))
+
+        def mul_rn(a, b):
+            return libdevice.fmul_rn(a, b)
+
+    jit = c.jit(device=True, inline="always")
+    return {"f32_bits": jit(f32_bits), "bits_f32": jit(bits_f32), "mul_rn": jit(mul_rn)}

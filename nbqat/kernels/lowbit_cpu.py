@@ -1,0 +1,227 @@
+"""CPU kernels of block-wise affine and float8 fake quantization (Numba, ``parallel=True``, no
+fastmath).
+
+Every kernel works on a flat C-contiguous float32 ``x`` seen through the block geometry of
+:mod:`nbqat._blocks` (``geo = (L, G, nseg, P, Cp, m, ni, rows)`` and ``rows_map``): the
+parallel loop runs over ``rows * ni`` items of ``m`` units, a unit being a contiguous span of at
+most :data:`nbqat._blocks.UNIT` elements with one block ``rows_map[r] * nseg + j``. The element
+arithmetic is :mod:`nbqat.kernels.lowbit_formula`; the kernels only loop, reduce and store.
+
+Reductions are deterministic: one partial per unit, merged serially in (row, segment, piece)
+order, so results do not depend on the thread count (and the CUDA twins merge in the same
+order). Min / max reductions are exact whatever the order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from nbqat._jit import cpu_kernel
+from nbqat.kernels.lowbit_formula import (
+    affine_elem,
+    affine_grad_block,
+    affine_grad_elem,
+    affine_qparams,
+    float8_elem,
+    float8_scale,
+    max_nan,
+    min_nan,
+    zp_to_int32,
+)
+
+_inline = cpu_kernel(parallel=False, inline="always")
+
+
+@_inline
+def unit_span(u, P, G, Cp):  # pragma: no cover
+    """``(j, a, b)``: unit ``u`` of a row is segment ``j``'s span ``[a, b)`` of the row."""
+    if P == 1:
+        return u, u * G, u * G + G
+    j = u // P
+    a = j * G + (u - j * P) * Cp
+    return j, a, min(a + Cp, j * G + G)
+
+
+@_inline
+def affine_span(x, y, mk, s, inv, z, qmin, qmax, with_mask):  # pragma: no cover
+    """:func:`affine_elem` over one unit (1-D views; ``mk`` ignored without a mask)."""
+    if with_mask:
+        for k in range(np.uint64(0), np.uint64(x.size)):
+            y[k], mk[k] = affine_elem(x[k], s, inv, z, qmin, qmax)
+    else:
+        for k in range(np.uint64(0), np.uint64(x.size)):
+            y[k] = affine_elem(x[k], s, inv, z, qmin, qmax)[0]
+
+
+@_inline
+def float8_span(x, y, mk, s, fmt, with_mask):  # pragma: no cover
+    """:func:`float8_elem` over one unit."""
+    if with_mask:
+        for k in range(np.uint64(0), np.uint64(x.size)):
+            y[k], mk[k] = float8_elem(x[k], s, fmt)
+    else:
+        for k in range(np.uint64(0), np.uint64(x.size)):
+            y[k] = float8_elem(x[k], s, fmt)[0]
+
+
+@cpu_kernel(parallel=True)
+def affine_forward_kernel(
+    x, out, mask, rows_map, s, inv, z, geo, qmin, qmax, with_mask
+):  # pragma: no cover
+    """Block-wise affine fake quantization.
+
+    Parameters
+    ----------
+    x, out : (n,) float32 (``out`` may be ``x``)
+    mask : (n,) bool, or (1,) dummy when ``with_mask`` is False
+    rows_map : (rows,) int64
+    s, inv, z : (nblocks,) float32: scale, ``1 / scale``, zero point
+    geo : UniTuple(int64, 8)
+    qmin, qmax : float32
+    with_mask : bool
+    """
+    L, G, nseg, P, Cp, m, ni, rows = geo
+    nunits = nseg * P
+    for it in prange(rows * ni):
+        r = it // ni
+        u0 = (it - r * ni) * m
+        base = r * L
+        fb = rows_map[r] * nseg
+        for u in range(u0, min(nunits, u0 + m)):
+            j, a, b = unit_span(u, P, G, Cp)
+            k = fb + j
+            sl = slice(base + a, base + b)
+            mk = mask[sl] if with_mask else mask
+            affine_span(x[sl], out[sl], mk, s[k], inv[k], z[k], qmin, qmax, with_mask)
+
+
+@cpu_kernel(parallel=True)
+def float8_forward_kernel(x, out, mask, rows_map, s, geo, fmt, with_mask):  # pragma: no cover
+    """Block-wise float8 fake quantization; ``s`` (nblocks,) float32, ``fmt`` the format id
+    (:data:`nbqat.kernels.lowbit_formula.E4M3FN` / ``E5M2``); the rest as
+    :func:`affine_forward_kernel`."""
+    L, G, nseg, P, Cp, m, ni, rows = geo
+    nunits = nseg * P
+    for it in prange(rows * ni):
+        r = it // ni
+        u0 = (it - r * ni) * m
+        base = r * L
+        fb = rows_map[r] * nseg
+        for u in range(u0, min(nunits, u0 + m)):
+            j, a, b = unit_span(u, P, G, Cp)
+            sl = slice(base + a, base + b)
+            mk = mask[sl] if with_mask else mask
+            float8_span(x[sl], out[sl], mk, s[fb + j], fmt, with_mask)
+
+
+@cpu_kernel(parallel=True)
+def unit_minmax_kernel(x, geo, absmax):  # pragma: no cover
+    """Per-unit NaN-propagating ``(min, max)`` of ``x`` (or ``(-, max |x|)`` when ``absmax``).
+
+    Returns
+    -------
+    (rows * nseg * P, 2) float32
+    """
+    L, G, nseg, P, Cp, m, ni, rows = geo
+    nunits = nseg * P
+    part = np.empty((rows * nunits, 2), np.float32)
+    for it in prange(rows * ni):
+        r = it // ni
+        u0 = (it - r * ni) * m
+        base = r * L
+        for u in range(u0, min(nunits, u0 + m)):
+            j, a, b = unit_span(u, P, G, Cp)
+            mn = np.float32(np.inf)
+            mx = np.float32(-np.inf)
+            for i in range(base + a, base + b):
+                v = abs(x[i]) if absmax else x[i]
+                mn = min_nan(mn, v)
+                mx = max_nan(mx, v)
+            part[r * nunits + u, 0] = mn
+            part[r * nunits + u, 1] = mx
+    return part
+
+
+@cpu_kernel(parallel=False)
+def merge_minmax(part, rows_map, geo, nblocks):  # pragma: no cover
+    """Merge per-unit ``(min, max)`` partials into (nblocks, 2) float32, in unit order."""
+    L, G, nseg, P, Cp, m, ni, rows = geo
+    nunits = nseg * P
+    res = np.empty((nblocks, 2), np.float32)
+    res[:, 0] = np.inf
+    res[:, 1] = -np.inf
+    for r in range(rows):
+        fb = rows_map[r] * nseg
+        for u in range(nunits):
+            k = fb + (u if P == 1 else u // P)
+            res[k, 0] = min_nan(res[k, 0], part[r * nunits + u, 0])
+            res[k, 1] = max_nan(res[k, 1], part[r * nunits + u, 1])
+    return res
+
+
+@cpu_kernel(parallel=True)
+def qparams_kernel(mm, scale, zp, qmin, qmax, eps, symmetric, div, zp_sym):  # pragma: no cover
+    """``scale`` (nblocks,) float32 and ``zp`` (nblocks,) int32 from the block min/max
+    ``mm`` (nblocks, 2) (:func:`nbqat.kernels.lowbit_formula.affine_qparams`)."""
+    for k in prange(mm.shape[0]):
+        sc, z = affine_qparams(mm[k, 0], mm[k, 1], qmin, qmax, eps, symmetric, div, zp_sym)
+        scale[k] = sc
+        zp[k] = zp_to_int32(z)
+
+
+@cpu_kernel(parallel=True)
+def float8_scale_kernel(mm, scale, lo, hi, fmt):  # pragma: no cover
+    """``scale[k] = float8_scale(max |x| of block k)`` from ``mm`` (nblocks, 2)."""
+    for k in prange(mm.shape[0]):
+        scale[k] = float8_scale(mm[k, 1], lo, hi, fmt)
+
+
+@cpu_kernel(parallel=True)
+def affine_backward_kernel(
+    x, grad_y, grad_x, rows_map, s, inv, z, geo, qmin, qmax
+):  # pragma: no cover
+    """LSQ backward of :func:`affine_forward_kernel`: writes ``grad_x`` (n,) float32.
+
+    Returns
+    -------
+    (nblocks, 2) float32
+        Per block ``(dscale, dzero_point)``: float64 sums per unit merged in unit order, then
+        :func:`nbqat.kernels.lowbit_formula.affine_grad_block`.
+    """
+    L, G, nseg, P, Cp, m, ni, rows = geo
+    nunits = nseg * P
+    part = np.empty((rows * nunits, 3), np.float64)
+    for it in prange(rows * ni):
+        r = it // ni
+        u0 = (it - r * ni) * m
+        base = r * L
+        fb = rows_map[r] * nseg
+        for u in range(u0, min(nunits, u0 + m)):
+            j, a, b = unit_span(u, P, G, Cp)
+            k = fb + j
+            sk, ik, zk = s[k], inv[k], z[k]
+            sa = 0.0
+            sb = 0.0
+            sc = 0.0
+            for i in range(base + a, base + b):
+                dx, ta, tb, tc = affine_grad_elem(x[i], grad_y[i], sk, ik, zk, qmin, qmax)
+                grad_x[i] = dx
+                sa += np.float64(ta)
+                sb += np.float64(tb)
+                sc += np.float64(tc)
+            part[r * nunits + u, 0] = sa
+            part[r * nunits + u, 1] = sb
+            part[r * nunits + u, 2] = sc
+    nb = s.size
+    acc = np.zeros((nb, 3), np.float64)
+    for r in range(rows):
+        fb = rows_map[r] * nseg
+        for u in range(nunits):
+            k = fb + (u if P == 1 else u // P)
+            for c in range(3):
+                acc[k, c] += part[r * nunits + u, c]
+    res = np.empty((nb, 2), np.float32)
+    for k in range(nb):
+        res[k, 0], res[k, 1] = affine_grad_block(acc[k, 0], acc[k, 1], acc[k, 2], inv[k])
+    return res
