@@ -26,7 +26,7 @@ from nbqat.kernels import lowbit_formula as _fm
 #: The float64 instructions of the float32 kernels, by kernel: (at most, in PTX; why).
 _SUMS = "per-unit LSQ sums accumulated in float64, merged in a fixed order (deterministic)"
 FLOAT64_USE = {
-    "backward_units_kernel": (16, _SUMS),
+    "backward_units_kernel": (96, _SUMS),  # 84 with NVVM 12.9: the sum loop unrolled
     "merge_grad_kernel": (8, _SUMS),
     "grad_block_kernel": (8, "the float64 block sums rounded once to float32"),
 }
