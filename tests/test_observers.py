@@ -136,7 +136,8 @@ def test_range_wider_than_float32_is_torch_on_the_data_halved(torch, rng, kind, 
         batches = [np.array([[-3e38, 3e38], [0.0, 1.0]], np.float32)]
     else:
         batches = [(rng.standard_normal((2, 500)) * 6e37).astype(np.float32) for _ in range(3)]
-    ours, theirs = make_pair(torch, kind, ch_axis=1) if "channel" in kind else make_pair(torch, kind)
+    kw = {"ch_axis": 1} if "channel" in kind else {}
+    ours, theirs = make_pair(torch, kind, **kw)
     for b in batches:
         ours(b)
         theirs(torch.from_numpy(b * np.float32(0.5)))
