@@ -162,6 +162,8 @@ def qparams(
 
     scale, r = np.empty_like(mn), np.empty_like(mn)
     qparams_rows(mn, mx, int(qmin), int(qmax), _F32(eps), symmetric_zp is not None, scale, r)
+    if symmetric_zp is None:
+        _rescale_wide(mn, mx, int(qmin), int(qmax), _F32(eps), scale, r)
     with np.errstate(invalid="ignore"):
         if symmetric_zp is not None:
             zp = np.full(mn.shape, symmetric_zp, np.int64)
@@ -175,6 +177,28 @@ def qparams(
         scale = np.where(unset, _F32(1.0), scale)
         zp = np.where(unset, 0, zp)
     return scale.astype(_F32), zp.astype(np.int32)
+
+
+def _rescale_wide(mn, mx, qmin: int, qmax: int, eps: np.float32, scale, r) -> None:
+    """Affine entries whose width ``max_pos - min_neg`` overflows float32 (a finite range of
+    width > 3.4e38): torch's formula on the range halved, the scale doubled back, in place.
+
+    Halving and doubling are exact in float32 there (the range's ends are far from the
+    subnormals), so the scale is the float32 rounding of the true ``width / (qmax - qmin)``
+    and ``r = rint(min_neg / scale)`` is unchanged; torch itself returns ``inf`` (and then
+    rejects that scale when fake-quantizing).
+    """
+    from nbqat.kernels.qat_cpu import qparams_rows
+
+    with np.errstate(invalid="ignore"):
+        wide = np.isinf(scale) & np.isfinite(mn) & np.isfinite(mx)
+    if not wide.any():
+        return
+    half = _F32(0.5)
+    s2, r2 = np.empty(int(wide.sum()), _F32), np.empty(int(wide.sum()), _F32)
+    qparams_rows(mn[wide] * half, mx[wide] * half, qmin, qmax, eps, False, s2, r2)
+    scale[wide] = s2 * _F32(2.0)  # inf again only where the true scale exceeds float32
+    r[wide] = r2
 
 
 def check_min_max_shapes(

@@ -5,6 +5,7 @@ context of the last forward and the state-dict plumbing around the observer's st
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,12 @@ def _make_observer(observer: Any, kwargs: dict[str, Any], who: str) -> _MinMaxBa
     obs = observer(**kwargs)
     VS.check_built(obs, _MinMaxBase, who)
     return obs
+
+
+def _numel(x: Any) -> int:
+    """The element count of an array, CUDA device array or array-like (not copied)."""
+    shape = getattr(x, "shape", None)
+    return math.prod(np.shape(x) if shape is None else shape)
 
 
 def _axis(ch_axis: int | None) -> int:
@@ -108,6 +115,28 @@ class _QuantizerPhases:
         self.fake_quant_enabled = True
         self.ctx = None
         self._ran = False
+
+    def _observe_empty(self, x: Any) -> bool:
+        """An empty batch (no element): the observer sees it (validation, and its part in a
+        data-parallel collective); True when that changed the observer's min/max (other ranks'
+        data), so the qparams must follow. A lone empty batch changes nothing (torch's fix)."""
+        if not self.observer_enabled:
+            return False
+        obs = self.activation_post_process
+        before = (obs.min_val.copy(), obs.max_val.copy())
+        obs(x)
+        after = (obs.min_val, obs.max_val)
+        return not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(before, after))
+
+    def _empty_result(self, x: Any) -> tuple[Any, Any]:
+        """``(y, mask)`` of an empty ``x``: empty arrays of its shape (CPU or CUDA), validated
+        as any input (the per-tensor function: the qparams' length has no meaning here, and a
+        per-channel quantizer has no channel count before its first non-empty batch)."""
+        from nbqat import fake_quant as _fq
+
+        return _fq.fake_quantize_per_tensor_affine_cachemask(
+            x, np.float32(1.0), 0, self.quant_min, self.quant_max
+        )
 
     def _saved_ctx(self, ctx: Any) -> Any:
         """``ctx`` itself, or the last forward's for :data:`_CACHED` (RuntimeError before any

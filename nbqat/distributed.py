@@ -17,7 +17,8 @@ How a data-parallel run stays exact (llm.c's scheme on nbqat's flat buffers):
   then overwrites them with rank 0's, pytorch#85627);
 * gradients: each rank's gradient (the mean over its slice) is weighted by ``b_r / B`` and the
   flat gradient buffer is summed with ONE allreduce per step (:func:`allreduce_gradients`, the
-  training step's ``grad_hook``), so every rank holds the global-batch mean; the norm for
+  training step's ``grad_hook``), so every rank holds the global-batch mean (LSQ activation
+  quantizers take the global batch's gradient factor, ``QATPhases.sharded``); the norm for
   ``clip_grad_norm_`` is then the global norm, identical on every rank, and the fused optimizer
   update keeps the parameters identical everywhere.
 
@@ -28,6 +29,7 @@ staged through the host (the MPICH wheel is not CUDA-aware): ``last_transport`` 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -432,7 +434,9 @@ def data_parallel_step(
     def hook(grads: Sequence[np.ndarray]) -> None:
         allreduce_gradients(grads, n_local, rows, group)
 
-    loss, total = run(model, local, optimizer, max_norm=max_norm, grad_hook=hook)
+    sharded = getattr(model, "sharded", None)  # LSQ: the global batch's gradient factor
+    with sharded(n_local, rows) if group.distributed and sharded else contextlib.nullcontext():
+        loss, total = run(model, local, optimizer, max_norm=max_norm, grad_hook=hook)
     if group.distributed:
         lb = np.array([loss * n_local / rows if n_local else 0.0])
         loss = float(group.allreduce_sum(lb)[0])

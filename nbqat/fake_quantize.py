@@ -28,7 +28,7 @@ import numpy as np
 from nbqat import _fake_quantize_fused as _fused
 from nbqat import _validate_state as VS
 from nbqat import fake_quant as _fq
-from nbqat._quantizer_base import _CACHED, _axis, _QuantizerPhases
+from nbqat._quantizer_base import _CACHED, _axis, _numel, _QuantizerPhases
 from nbqat.learnable_fake_quantize import LearnableFakeQuantize
 from nbqat.observers import MovingAverageMinMaxObserver
 
@@ -104,7 +104,8 @@ class FakeQuantize(_QuantizerPhases):
         y : array like ``x``
             ``fake_quantize_per_{tensor,channel}_affine(x, scale, zero_point, ...)``, or ``x``
             itself when fake quantization is disabled. Afterwards :attr:`ctx` holds the bool mask
-            (or None).
+            (or None). An empty ``x`` (shape (0, C), (C, 0), ...) gives an empty result and
+            changes neither the observer nor the qparams, per tensor and per channel.
 
         Raises
         ------
@@ -112,6 +113,8 @@ class FakeQuantize(_QuantizerPhases):
             Bad input (from the observer or the fake-quantize function); the observer state is
             unchanged when the observer rejects the batch.
         """
+        if _numel(x) == 0:
+            return self._forward_empty(x)
         observe = self.observer_enabled
         if observe and getattr(self.activation_post_process, "process_group", None) is not None:
             # a data-parallel run: the observer combines every rank's statistics (a collective),
@@ -145,6 +148,20 @@ class FakeQuantize(_QuantizerPhases):
             )
         self.ctx = mask
         self._ran = True
+        return y
+
+    def _forward_empty(self, x: Any) -> Any:
+        """:meth:`forward` of a batch without elements: qparams unchanged (unless a
+        data-parallel observer took other ranks' data), an empty result and mask."""
+        if self._observe_empty(x):
+            s, z = self.activation_post_process.calculate_qparams()
+            self.scale = s.astype(_F32)
+            self.zero_point = z.astype(np.int32)
+        self._ran = True
+        if not self.fake_quant_enabled:
+            self.ctx = None
+            return x
+        y, self.ctx = self._empty_result(x)
         return y
 
     def backward(self, grad_y: Any, ctx: Any = _CACHED, *, out: Any = None) -> Any:

@@ -16,7 +16,7 @@ from nbqat import _validate as V
 from nbqat import _validate_qparams as VQ
 from nbqat import _validate_state as VS
 from nbqat import fake_quant as _fq
-from nbqat._quantizer_base import _CACHED, _axis, _QuantizerPhases
+from nbqat._quantizer_base import _CACHED, _axis, _numel, _QuantizerPhases
 from nbqat.observers import MovingAverageMinMaxObserver
 
 __all__ = ["LearnableFakeQuantize"]
@@ -50,6 +50,10 @@ class LearnableFakeQuantize(_QuantizerPhases):
     grad_scale, grad_zero_point : float32 ndarray, shape of ``scale``
         Accumulated by :meth:`backward`; cleared by :meth:`zero_grad`.
     observer_enabled, fake_quant_enabled, learning_enabled : bool
+    shard_rows : (int, int) or None
+        ``(local rows, global rows)`` of a data-parallel step (set on activation quantizers by
+        :func:`nbqat.distributed.data_parallel_step`): the gradient factor then uses the
+        global batch's element count, so the allreduced gradients equal one process's.
     ctx : tuple or None
         ``(x, scale, zero_point, grad_factor)`` of the last forward (None: fake quant off).
         ``x`` is kept by reference: do not modify it in place before backward.
@@ -94,6 +98,7 @@ class LearnableFakeQuantize(_QuantizerPhases):
         self.use_grad_scaling = bool(use_grad_scaling)
         self.eps = _F32(np.finfo(np.float32).eps)
         self.learning_enabled = False
+        self.shard_rows: tuple[int, int] | None = None
 
     def enable_param_learning(self) -> LearnableFakeQuantize:
         """Learn scale / zero point: learning on, fake quant on, observer off. Returns self."""
@@ -140,24 +145,25 @@ class LearnableFakeQuantize(_QuantizerPhases):
         -------
         y : array like ``x`` (``x`` itself when fake quantization is disabled)
         """
-        if self.observer_enabled:
+        numel = _numel(x)
+        if numel == 0 and self._observe_empty(x):  # a data-parallel observer took other ranks'
+            self._take_observer_qparams()
+        elif numel and self.observer_enabled:
             self.activation_post_process(x)
-            s, z = self.activation_post_process.calculate_qparams()
-            self._set_shape(s.size)
-            self.scale[...] = s
-            self.zero_point[...] = z
-        else:
+            self._take_observer_qparams()
+        elif not self.observer_enabled:
             np.maximum(self.scale, self.eps, out=self.scale)
+        self._ran = True
         if not self.fake_quant_enabled:
             self.ctx = None
-            self._ran = True
             return x
+        if numel == 0:  # nothing to quantize, nothing to learn from; the qparams unchanged
+            y, _ = self._empty_result(x)
+            self.ctx = (x, self.scale.copy(), self.zero_point.copy(), 1.0)
+            return y
         if self.qscheme.endswith("symmetric"):
             self.zero_point[...] = 0
-        numel = int(np.prod(x.shape, dtype=np.int64))
-        # LSQ's gradient factor 1/sqrt(numel * quant_max); torch divides by zero on an
-        # empty batch, nbqat passes it through (no element, no gradient: any factor is exact)
-        gf = 1.0 / math.sqrt(numel * self.quant_max) if self.use_grad_scaling and numel else 1.0
+        gf = self._grad_factor(numel)
         s, z = self.scale.copy(), self.zero_point.copy()
         if self.is_per_channel:
             y = _fq.fake_quantize_learnable_per_channel_affine(
@@ -168,8 +174,25 @@ class LearnableFakeQuantize(_QuantizerPhases):
                 x, s, z, self.quant_min, self.quant_max, gf
             )
         self.ctx = (x, s, z, gf)
-        self._ran = True
         return y
+
+    def _take_observer_qparams(self) -> None:
+        s, z = self.activation_post_process.calculate_qparams()
+        self._set_shape(s.size)
+        self.scale[...] = s
+        self.zero_point[...] = z
+
+    def _grad_factor(self, numel: int) -> float:
+        """LSQ's gradient factor ``1 / sqrt(N * quant_max)`` (1.0 without grad scaling), ``N``
+        the element count of the GLOBAL batch: ``numel`` itself, or ``numel * global / local``
+        under :attr:`shard_rows` (the factor of the one-process run on the whole batch)."""
+        if not self.use_grad_scaling:
+            return 1.0
+        n = float(numel)
+        if self.shard_rows is not None and self.shard_rows[0] > 0:
+            local, whole = self.shard_rows
+            n = n * whole / local
+        return 1.0 / math.sqrt(n * self.quant_max)
 
     def backward(self, grad_y: Any, ctx: Any = _CACHED) -> Any:
         """LSQ backward: returns ``grad_x`` and accumulates ``grad_scale``/``grad_zero_point``.
@@ -195,6 +218,9 @@ class LearnableFakeQuantize(_QuantizerPhases):
         if ctx is None:
             return _fq.fake_quantize_backward(grad_y, None)
         x, s, z, gf = ctx
+        if math.prod(x.shape) == 0:  # an empty batch: no gradient for the scale / zero point
+            V.check_same_shape(x, grad_y, "the ctx's x", "grad_y")
+            return _fq.fake_quantize_backward(grad_y, None)  # an empty copy (CPU or CUDA)
         V.check_same_shape(self.grad_scale, s, "grad_scale", "the ctx's scale")
         if self.is_per_channel:
             gx, gs, gz = _fq.fake_quantize_learnable_per_channel_affine_backward(

@@ -272,7 +272,10 @@ class _MinMaxBase:
                        zp = clamp(qmin - rint(min_neg / scale), qmin, qmax)
 
         The int conversion of ``rint(min_neg / scale)`` and the int32 subtraction follow torch
-        on x86 (NaN or out-of-range converts to INT32_MIN; the subtraction wraps).
+        on x86 (NaN or out-of-range converts to INT32_MIN; the subtraction wraps). A finite
+        affine range whose width ``max_pos - min_neg`` overflows float32 (e.g. ``[-3e38, 3e38]``)
+        gets the qparams of the range halved with the scale doubled back (exact powers of two:
+        the float32 rounding of the true width / (qmax - qmin)); torch returns scale ``inf``.
 
         References
         ----------

@@ -275,7 +275,7 @@ class PercentileObserver(_KeyHistBase):
         Returns
         -------
         float32
-            NaN when nothing was observed.
+            NaN when nothing was observed; ``min_val`` for ``q = 0``, ``max_val`` for ``q = 1``.
         """
         h = self.histogram
         total = int(h.sum())
@@ -285,8 +285,10 @@ class PercentileObserver(_KeyHistBase):
         vlo, vhi = _grid_edges(self._shift)
         target = min(max(q, 0.0), 1.0) * total
         cum = np.cumsum(h)
+        # the first bin whose count reaches the target and holds values: q = 0 is the first
+        # non-empty bin's bottom (the minimum), not the empty NaN/-Inf bin below it
         b = int(np.searchsorted(cum, target, side="left"))
-        b = min(b, h.size - 1)
+        b = int(np.flatnonzero(h)[0]) if target <= 0.0 else min(b, h.size - 1)
         before = float(cum[b] - h[b])
         lo, hi = max(vlo[b], mn), min(vhi[b], mx)
         frac = 0.0 if h[b] == 0 else min(max((target - before) / h[b], 0.0), 1.0)

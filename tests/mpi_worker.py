@@ -3,6 +3,8 @@
 MODE ``observers``: each rank feeds its own shards to several quantizers; rank 0 saves states.
 MODE ``train``: data-parallel calibration + QAT steps of a tiny TFT; rank 0 saves the losses,
 norms, parameters, qparams and the int8 model's output.
+MODE ``train_uneven``: the same on 7-row batches (uneven shards): FakeQuantize, LSQ with SGD and
+Adam (:data:`UNEVEN_RUNS`).
 MODE ``fail``: rank 1 raises; the others wait in a collective (they must not hang).
 Every rank writes ``OUT/rank<r>.npz``.
 
@@ -23,6 +25,9 @@ import numpy as np
 
 import nbqat
 from nbqat import distributed as dist
+
+#: The ``train_uneven`` runs: (name, optimizer, learnable scales).
+UNEVEN_RUNS = (("fq", nbqat.SGD, False), ("sgd", nbqat.SGD, True), ("adam", nbqat.Adam, True))
 
 
 def global_batches(seed, n, shape):
@@ -148,6 +153,13 @@ def main():
         res = run_observers(group)
     elif mode == "train":
         res = run_train(group)
+    elif mode == "train_uneven":  # 7-row batches (4 + 3 rows): FakeQuantize; LSQ, SGD and Adam
+        from worker_common import tiny_run
+
+        res = {}
+        for name, opt, lsq in UNEVEN_RUNS:
+            run = tiny_run(group, 3, opt, rows=7, learnable=lsq)
+            res.update({f"{name}.{k}": v for k, v in run.items()})
     elif mode == "fail":
         if group.rank == 1:
             raise RuntimeError("deliberate failure")

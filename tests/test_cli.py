@@ -110,6 +110,41 @@ def test_resume_needs_a_checkpoint(tmp_path, capsys):
     assert "not a checkpoint folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("earlier", [False, True])
+def test_an_interrupt_after_a_nan_step_loss_exits_130_and_says_why(
+    tmp_path, capsys, monkeypatch, earlier
+):
+    # A NaN step loss, then Ctrl-C: state.json (strict JSON) cannot hold it; the run wrote
+    # nothing and crashed. Now it exits 130, says why no checkpoint was written, and keeps an
+    # earlier valid one unchanged (oracle: its bytes).
+    from nbqat.train import parallel
+
+    ck = tmp_path / "checkpoint"
+    if earlier:
+        assert _train(tmp_path, "--stop-after-steps", "1") == 130
+        before = (ck / "state.json").read_bytes()
+    real = parallel.Parallel.step
+    calls = []
+
+    def nan_step(self, *a, **k):
+        calls.append(1)
+        loss, total = real(self, *a, **k)
+        return (float("nan"), total) if len(calls) == 1 else (loss, total)
+
+    monkeypatch.setattr(parallel.Parallel, "step", nan_step)
+    capsys.readouterr()
+    args = ["--resume", str(ck)] if earlier else ["--out", str(tmp_path)]
+    rc = main(["train", *([] if earlier else TINY), *args, "--stop-after-steps", "2"])
+    assert rc == 130
+    err = capsys.readouterr().err
+    assert "no checkpoint written: state.step_losses.float is not finite" in err, err
+    assert not (tmp_path / "checkpoint.tmp").exists()
+    if earlier:
+        assert "earlier checkpoint" in err and (ck / "state.json").read_bytes() == before
+    else:
+        assert not ck.exists()
+
+
 def test_resume_refuses_an_option_given_at_its_default(tmp_path, capsys):
     # An lstm run with --seed 3 stopped after one step: `--model tft` and `--seed 0` are the
     # parser's defaults but not the checkpoint's values; they were silently ignored (the run

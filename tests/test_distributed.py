@@ -185,6 +185,23 @@ def test_two_process_training_equals_one_process_and_repeats_bit_for_bit(tmp_pat
     np.testing.assert_array_equal(ra0["int8"], one["int8"])
 
 
+def test_two_process_training_on_uneven_shards_equals_one_process(tmp_path):
+    """7-row batches, 4 + 3 rows per rank, FakeQuantize and LSQ (learnable_scales, SGD and
+    Adam): every step's loss and global gradient norm, and the final parameters, are the
+    one-process run's (the LSQ gradient factor uses the global batch's element count)."""
+    import mpi_worker as w
+    from worker_common import tiny_run
+
+    r = _mpirun("train_uneven", tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = _load(tmp_path, 0)
+    for name, opt, lsq in w.UNEVEN_RUNS:
+        one = tiny_run(dist.ProcessGroup(), 3, opt, rows=7, learnable=lsq)
+        for k in ("loss", "norm"):
+            np.testing.assert_allclose(two[f"{name}.{k}"], one[k], rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(two[f"{name}.params"], one["params"], atol=2e-4, err_msg=name)
+
+
 def test_a_failing_rank_stops_every_rank(tmp_path):
     t0 = time.perf_counter()
     r = _mpirun("fail", tmp_path, timeout=120)

@@ -175,7 +175,37 @@ def test_range_overflowing_float32_histogram():
     pos = np.floor((x64 - x64.min()) * 10 / (x64.max() - x64.min())).astype(np.int64).clip(0, 9)
     np.testing.assert_array_equal(o.histogram, np.bincount(pos, minlength=10))
     s, _ = o.calculate_qparams()
-    assert np.isfinite(s).all() or s[0] == np.inf  # no NaN, no crash
+    assert np.isfinite(s).all()
+
+
+def _wide_batches(rng, kind):
+    if kind == "extremes":
+        return [np.array([-3e38, 3e38, 0.0, 1.0], np.float32)]
+    return [(rng.standard_normal(1000) * 6e37).astype(np.float32) for _ in range(3)]
+
+
+@pytest.mark.parametrize("kind", ["extremes", "normal x 6e37"])
+def test_qparams_of_a_range_wider_than_float32_are_torch_on_scaled_data(torch, rng, kind):
+    """``max - min`` overflows float32: the scale is torch's on the data scaled by 2**-120 to
+    normal size, scaled back (torch itself gives scale inf, then refuses it), and FakeQuantize
+    uses it."""
+    batches = _wide_batches(rng, kind)
+    ref = _torch_obs(torch, "quint8", "per_tensor_affine", False)
+    ours = nbqat.HistogramObserver()
+    small = np.float32(2.0**-120)
+    for b in batches:
+        ref(torch.from_numpy(b * small))
+        ours(b)
+    s, z = ours.calculate_qparams()
+    ts, tz = ref.calculate_qparams()
+    assert np.isfinite(s[0]) and z[0] == tz.item()
+    np.testing.assert_allclose(s[0] * small, ts.item(), rtol=1e-5)
+    fq = nbqat.FakeQuantize(observer=nbqat.HistogramObserver)
+    for b in batches:
+        y = fq(b)
+    assert np.isfinite(y).all() and fq.scale[0] == s[0]
+    grid = (y.astype(np.float64) / fq.scale[0]).round()  # every output on the integer grid
+    np.testing.assert_allclose(y, grid * np.float64(fq.scale[0]), rtol=1e-6)
 
 
 def test_nonfinite_policies(torch, rng):

@@ -128,6 +128,27 @@ def test_per_channel_matches_torch(torch, rng, kind, ch_axis, dtype, sym):
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("wide", ["extremes", "normal x 6e37"])
+def test_range_wider_than_float32_is_torch_on_the_data_halved(torch, rng, kind, wide):
+    """``max - min`` overflows float32 (torch: scale inf): the qparams are torch's on the data
+    scaled by 2**-1, the scale scaled back (bit for bit)."""
+    if wide == "extremes":
+        batches = [np.array([[-3e38, 3e38], [0.0, 1.0]], np.float32)]
+    else:
+        batches = [(rng.standard_normal((2, 500)) * 6e37).astype(np.float32) for _ in range(3)]
+    kw = {"ch_axis": 1} if "channel" in kind else {}
+    ours, theirs = make_pair(torch, kind, **kw)
+    for b in batches:
+        ours(b)
+        theirs(torch.from_numpy(b * np.float32(0.5)))
+    s, z = ours.calculate_qparams()
+    ts, tz = theirs.calculate_qparams()
+    np.testing.assert_array_equal(s, ts.numpy() * np.float32(2))
+    np.testing.assert_array_equal(z, tz.numpy())
+    assert np.isfinite(s).all()
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize(
     "case", ["zeros", "constant", "negative_constant", "all_negative", "one", "all_positive"]
 )

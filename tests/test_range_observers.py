@@ -33,6 +33,26 @@ def test_percentile_quantiles_match_numpy(rng, p):
         assert abs(got - np.quantile(xs, q)) <= (upper - lower) + tol
 
 
+@pytest.mark.parametrize("kind", ["both signs", "all negative", "all positive"])
+def test_percentile_quantile_ends_are_min_and_max(rng, kind):
+    # q = 0 is the minimum and q = 1 the maximum (the empty NaN/-Inf bins below the data
+    # have edges 0: q = 0 gave 0.0 for data of both signs, max_val for all-negative data)
+    x = rng.standard_t(3, size=5_000).astype(np.float32) * np.float32(6)
+    x = {"both signs": x, "all negative": -np.abs(x) - 1, "all positive": np.abs(x) + 1}[kind]
+    x = x.astype(np.float32)
+    o = nbqat.PercentileObserver()
+    o(x)
+    assert o.quantile(0.0) == x.min() and o.quantile(1.0) == x.max()
+    xs, n, tiny = np.sort(x.astype(np.float64)), x.size, 1e-12
+    for q in (tiny, 0.5, 1 - tiny):
+        got, ref = float(o.quantile(q)), float(np.quantile(xs, q))
+        r = q * (n - 1)  # np.quantile's rank: between the neighbouring order statistics
+        lower, upper = xs[max(int(np.floor(r)) - 1, 0)], xs[min(int(np.ceil(r)) + 1, n - 1)]
+        tol = 2**-7 * max(abs(lower), abs(upper))  # the documented bin width
+        assert lower - tol <= got <= upper + tol
+        assert abs(got - ref) <= (upper - lower) + tol
+
+
 def test_percentile_qparams_are_torch_formula_on_the_range(torch, rng):
     x = rng.standard_normal(10_000).astype(np.float32)
     o = nbqat.PercentileObserver(percentile=99.9, dtype="qint8", qscheme="per_tensor_symmetric")

@@ -80,6 +80,75 @@ def test_size_with_overlapping_windows():
     assert all(0.03 <= r <= 0.075 for r in rates), rates
 
 
+def _t_two_sided(t, df, steps=20_000):
+    """P(|T| >= |t|) for Student's t with ``df`` degrees of freedom: 1 - 2 * the integral of
+    the density over [0, |t|] (Simpson's rule; the density from math.lgamma)."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    x = np.linspace(0.0, abs(t), steps + 1)
+    f = c * (1 + x * x / df) ** (-(df + 1) / 2)
+    w = np.ones(steps + 1)
+    w[1:-1:2], w[2:-1:2] = 4, 2
+    return 1.0 - 2.0 * float(w @ f) * (abs(t) / steps) / 3
+
+
+@pytest.mark.parametrize("n, overlap", [(30, 4), (100, 24), (432, 4)])
+def test_hln_statistic_and_t_p_value_match_the_slow_formula(n, overlap):
+    # Harvey, Leybourne & Newbold (1997): dm * sqrt((n + 1 - 2h + h (h - 1) / n) / n) with h
+    # the lags the variance estimated + 1, against Student's t with n - 1 degrees of freedom;
+    # the uncorrected dm and its normal p-value stay under their names
+    rng = np.random.default_rng(n + overlap)
+    e = rng.standard_normal(n + 1)
+    d = e[1:] + 0.6 * e[:-1] + 0.3
+    r = diebold_mariano(d, np.zeros(n), overlap)
+    dm, p, lags = _slow_dm(d, np.zeros(n), overlap)
+    assert r["dm"] == pytest.approx(dm, rel=1e-9) and r["p_value"] == pytest.approx(p, rel=1e-7)
+    h = lags + 1
+    hln = dm * math.sqrt((n + 1 - 2 * h + h * (h - 1) / n) / n)
+    assert r["dm_hln"] == pytest.approx(hln, rel=1e-9)
+    assert r["p_value_hln"] == pytest.approx(_t_two_sided(hln, n - 1), rel=1e-6, abs=1e-9)
+    assert r["p_value_hln"] > r["p_value"]  # the correction is conservative
+    assert r["small_sample"] == (n < 20 * h)
+
+
+def test_hln_needs_enough_windows_for_the_lags():
+    d = np.random.default_rng(3).standard_normal(12)
+    r = diebold_mariano(d, np.zeros(12), 10)  # 11 lags for 12 windows: the factor is < 0
+    assert r["dm"] is not None and r["dm_hln"] is None and r["p_value_hln"] is None
+    assert r["small_sample"]
+
+
+def _metrics(sig):
+    """The least metrics.json that summary_table reads."""
+    qr = {k: {"P10": 0.1, "P50": 0.2, "P90": 0.1} for k in (
+        "seasonal_naive", "ridge", "float", "float_finetuned", "ptq_int8", "qat_fake_quant",
+        "int8")}  # fmt: skip
+    names = ["float_vs_naive_P50_improvement", "float_vs_ridge_P50_improvement",
+             "int8_vs_naive_P50_improvement", "int8_vs_ridge_P50_improvement",
+             "qat_int8_vs_float_finetuned_P50_relative_diff",
+             "ptq_int8_vs_float_finetuned_P50_relative_diff",
+             "int8_vs_float_P50_relative_diff"]  # fmt: skip
+    c = dict.fromkeys(names, 0.1)
+    fl = {"epochs_run": 1, "best_epoch": 1}
+    return {"q_risk_test": qr, "comparisons": c, "float": fl, "significance": sig,
+            "grad_norm": {"float": {}, "qat": {}}, "data": {}}  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [100, 432])
+def test_summary_reports_the_hln_p_value_and_says_when_n_is_too_small(n):
+    from nbqat.train.summary import summary_table
+
+    rng = np.random.default_rng(n)
+    sig = {}
+    for m in ("float", "int8"):
+        for b in ("naive", "ridge"):
+            sig[f"{m}_vs_{b}_P50"] = diebold_mariano(rng.standard_normal(n) + 0.2, np.zeros(n), 4)
+    text = summary_table(_metrics(sig), {"phases_s": {"total": 1.0}})
+    f = [sig["float_vs_naive_P50"], sig["float_vs_ridge_P50"]]
+    line = next(ln for ln in text.splitlines() if ln.startswith("float P50"))
+    assert f"p {f[0]['p_value_hln']:.2g} and {f[1]['p_value_hln']:.2g}" in line
+    assert ("too few for a reliable test" in line) == (n < 20 * (f[0]["lags"] + 1)) == (n == 100)
+
+
 def test_a_negative_flat_top_variance_falls_back_to_bartlett():
     # A short, strongly alternating differential: the flat-top weights give a negative
     # variance; the test then uses the Bartlett weights 1 - k / (L + 1) (written out here).
@@ -104,9 +173,12 @@ def test_constant_differentials():
     assert diebold_mariano(x, x) == {
         "dm": 0.0,
         "p_value": 1.0,
+        "dm_hln": 0.0,
+        "p_value_hln": 1.0,
         "mean_diff": 0.0,
         "lags": 2,
         "n": 10,
+        "small_sample": True,
     }
     r = diebold_mariano(x + 1, x)
     assert r["dm"] is None and r["p_value"] == 0.0 and r["mean_diff"] == pytest.approx(1.0)

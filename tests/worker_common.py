@@ -19,28 +19,30 @@ def batch(rng, nb=GLOBAL_BATCH):
     return forecast_batch(rng, CFG, nb)
 
 
-def tiny_run(group, steps, optimizer=nbqat.SGD):
-    """Float steps; sharded calibration of a fresh copy; QAT steps. Returns what every rank
-    (and the 1-process run) must agree on."""
+def tiny_run(group, steps, optimizer=nbqat.SGD, *, rows=GLOBAL_BATCH, learnable=False):
+    """Float steps; sharded calibration of a fresh copy; QAT steps (LSQ with ``learnable``) on
+    global batches of ``rows`` rows. Returns what every rank (and the 1-process run) must agree
+    on."""
     rng = np.random.default_rng(0)
     out = {}
     model = TemporalFusionTransformer(CFG, seed=1)
-    qat = QATTemporalFusionTransformer.from_float(model)  # calibrated before any float step
+    cfg = nbqat.QATConfig(learnable_scales=learnable)
+    qat = QATTemporalFusionTransformer.from_float(model, config=cfg)  # before any float step
     opt = optimizer(model.params, lr=1e-2)
     losses, norms = [], []
     for _ in range(steps):
-        loss, total = dist.data_parallel_step(model, batch(rng), opt, group, max_norm=0.5)
+        loss, total = dist.data_parallel_step(model, batch(rng, rows), opt, group, max_norm=0.5)
         losses.append(loss)
         norms.append(total)
     out["float_params"] = model.params.copy()
-    assert dist.calibrate(qat, [batch(rng) for _ in range(3)], group) == 3
+    assert dist.calibrate(qat, [batch(rng, rows) for _ in range(3)], group) == 3
     for name, fq in qat.fake_quants.items():
         out[f"cal.{name}"] = np.concatenate([np.ravel(fq.scale), np.ravel(fq.zero_point)])
     s, h, f, _ = batch(np.random.default_rng(9), 5)
     out["int8"] = qat.to_int8().forward(s, h, f)
     qopt = optimizer(qat.params, lr=1e-2)
     for _ in range(steps):
-        loss, total = dist.data_parallel_step(qat, batch(rng), qopt, group, max_norm=0.5)
+        loss, total = dist.data_parallel_step(qat, batch(rng, rows), qopt, group, max_norm=0.5)
         losses.append(loss)
         norms.append(total)
     out["loss"] = np.array(losses)

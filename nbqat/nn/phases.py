@@ -18,6 +18,8 @@ evaluation then moves the ranges) and fake quantization uses the frozen qparams.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -55,6 +57,32 @@ class QATPhases:
         return [fq for fq in self.fake_quants.values() if is_learnable(fq)]
 
     _learnable = learnable_quantizers
+
+    @contextlib.contextmanager
+    def sharded(self, local_rows: int, global_rows: int) -> Iterator[None]:
+        """While a data-parallel step trains on ``local_rows`` of a ``global_rows`` batch: the
+        learnable activation quantizers' :attr:`~nbqat.LearnableFakeQuantize.shard_rows`, so
+        their LSQ gradient factor is the one-process run's (the weights' are unchanged: every
+        rank quantizes the whole weight).
+
+        Parameters
+        ----------
+        local_rows, global_rows : int
+            This rank's rows and the global batch's.
+        """
+        kinds = getattr(self, "quantizer_kinds", {})
+        acts = [
+            fq
+            for name, fq in self.fake_quants.items()
+            if is_learnable(fq) and kinds.get(name) == "activation" and hasattr(fq, "shard_rows")
+        ]
+        for fq in acts:
+            fq.shard_rows = (int(local_rows), int(global_rows))
+        try:
+            yield
+        finally:
+            for fq in acts:
+                fq.shard_rows = None
 
     def quantizer_parameters(self) -> QuantizerParameters:
         """The LSQ scales and zero points as one optimizer parameter group source (the same

@@ -183,6 +183,7 @@ class QATTemporalFusionTransformer(QATModel):
         self._out_ctx: Any = None
         self.output_fake_quant = qconfig.activation()
         self.fake_quants["output_fake_quant"] = self.output_fake_quant
+        self.quantizer_kinds["output_fake_quant"] = "activation"
         if not config.quantize_output_head:
             self._observe_only.add("output_fake_quant")
         self._apply_flags()

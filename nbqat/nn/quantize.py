@@ -280,6 +280,7 @@ class QATModel(QATCheckpoint, QATPhases):
         self.buffer = buf
         self.fake_quants: dict[str, Any] = {}
         self._observe_only: set[str] = set()
+        self.quantizer_kinds: dict[str, str] = {}  # name -> "weight" | "activation"
         self.float_fallback: list[str] = []
         for name, mod in model.named_modules():
             hooks = hooks_for(mod)
@@ -292,7 +293,8 @@ class QATModel(QATCheckpoint, QATPhases):
             for hook, kind in hooks.items():
                 fq = _new_quantizer(qc, kind, config)
                 setattr(mod, hook, fq)
-                self.fake_quants[f"{name}.{hook}" if name else hook] = fq
+                key = f"{name}.{hook}" if name else hook
+                self.fake_quants[key], self.quantizer_kinds[key] = fq, kind
         self._init_phases()
         self.step = 0
         self.optimizer: Any = None

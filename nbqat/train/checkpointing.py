@@ -3,6 +3,7 @@ validates the files; this module maps them onto a :class:`~nbqat.train.loop.Run`
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from dataclasses import asdict
@@ -17,7 +18,7 @@ from nbqat.train.config import SIDE_FILES
 from nbqat.train.loop import FLOAT, Run, RunState
 from nbqat.train.model import to_host
 
-__all__ = ["flatten", "load_checkpoint", "save_checkpoint", "unflatten"]
+__all__ = ["flatten", "load_checkpoint", "nonfinite_field", "save_checkpoint", "unflatten"]
 
 #: Phases whose checkpoint holds the QAT model (qat.npz).
 QAT_PHASES = ("qat", "qat_noclip", "evaluate", "done")
@@ -73,6 +74,26 @@ def save_checkpoint(r: Run) -> Path:
     if old.exists():
         shutil.rmtree(old)
     return ck
+
+
+def nonfinite_field(st: Any) -> str | None:
+    """The first field of the run state holding NaN or +-Inf (``"step_losses.qat"``), or
+    None: ``state.json`` is strict JSON and its reader accepts finite numbers only.
+
+    Parameters
+    ----------
+    st : RunState
+
+    Returns
+    -------
+    str or None
+    """
+    for name in ("step_losses", "grad_norms", "curves"):
+        for ph, v in getattr(st, name).items():
+            for key, lst in v.items() if isinstance(v, dict) else [("", v)]:
+                if not all(math.isfinite(x) for x in lst):
+                    return f"{name}.{ph}" + (f".{key}" if key else "")
+    return None if math.isfinite(st.epoch_loss_sum) else "epoch_loss_sum"
 
 
 def load_checkpoint(r: Run, ck: Path, meta: dict) -> None:

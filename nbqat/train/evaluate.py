@@ -120,15 +120,18 @@ def _significance(p: dict, y: np.ndarray, w: Any) -> dict:
     def test(a: np.ndarray, b: np.ndarray) -> dict:
         if n < 2 or not np.all(np.isfinite(a - b)):  # one test window: no variance to test
             # with; a non-finite forecast: metrics' finite check names it (dm, p_value null)
-            return {"dm": None, "p_value": None, "mean_diff": float(np.mean(a - b)), "lags": 0,
-                    "n": n}  # fmt: skip
+            return {"dm": None, "p_value": None, "dm_hln": None, "p_value_hln": None,
+                    "mean_diff": float(np.mean(a - b)), "lags": 0, "n": n,
+                    "small_sample": True}  # fmt: skip
         return diebold_mariano(a, b, overlap)
 
     return {
         "note": "Diebold-Mariano test on the per-window P50 pinball loss (long-run variance "
         "with the overlapping windows' lags at full weight, then a Bartlett taper; "
-        "two-sided normal p-value); negative dm: the model's loss is smaller; null with "
-        "fewer than 2 test windows",
+        "two-sided normal p-value; dm_hln / p_value_hln: Harvey-Leybourne-Newbold's "
+        "small-sample correction against Student's t, what the summary reports); negative dm: "
+        "the model's loss is smaller; null with fewer than 2 test windows; small_sample: fewer "
+        "than 20 windows per estimated lag (+1), the p-values are indicative only",
         **{
             f"{m}_vs_{b}_P50": test(loss[m], loss[b])
             for m in ("float", "int8")

@@ -14,7 +14,7 @@ from nbqat import checkpoint as ckpt
 from nbqat import preflight
 from nbqat.baselines import RidgeBaseline
 from nbqat.data import tmy3_path
-from nbqat.train.checkpointing import load_checkpoint, save_checkpoint
+from nbqat.train.checkpointing import load_checkpoint, nonfinite_field, save_checkpoint
 from nbqat.train.config import TrainConfig, TrainingInterrupted
 from nbqat.train.evaluate import evaluate
 from nbqat.train.loop import Interrupt, Run
@@ -166,10 +166,8 @@ def _run(cfg: TrainConfig, resume: str | Path | None, check_only: bool, par: Par
     try:
         try:
             _phases(r)
-        except TrainingInterrupted:
-            save_checkpoint(r)  # after the interrupted phase's time was counted
-            par.barrier()  # no rank exits before the checkpoint is complete
-            raise
+        except TrainingInterrupted as e:
+            raise _checkpoint_interrupted(r, e) from None
         save_checkpoint(r)  # phase "evaluate": a Ctrl-C in the evaluation loses no training
         try:
             return _finish(r, t_start)
@@ -183,6 +181,25 @@ def _run(cfg: TrainConfig, resume: str | Path | None, check_only: bool, par: Par
         if new_dir is not None:  # a failed run leaves no folder behind (README)
             shutil.rmtree(new_dir, ignore_errors=True)
         raise
+
+
+def _checkpoint_interrupted(r: Run, e: TrainingInterrupted) -> TrainingInterrupted:
+    """Ctrl-C: write the checkpoint (after the interrupted phase's time was counted) and
+    return ``e``. A progress that strict JSON cannot hold (a NaN step loss or gradient norm:
+    the training diverged, nothing to resume) writes none, keeps an earlier one, and the
+    returned exception says why (the CLI still exits with 130)."""
+    bad = nonfinite_field(r.st)
+    if bad is None:
+        save_checkpoint(r)
+    r.par.barrier()  # no rank exits before the checkpoint is complete
+    if bad is None:
+        return e
+    ck = r.out / "checkpoint"
+    kept = f"; the earlier checkpoint {ck} is kept" if ck.exists() else ""
+    return TrainingInterrupted(
+        f"interrupted: no checkpoint written: state.{bad} is not finite (the training "
+        f"diverged; lower --lr or set a --max-norm){kept}"
+    )
 
 
 def _timed(r: Run, name: str, fn: Any, *args: Any) -> None:

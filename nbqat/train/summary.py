@@ -5,6 +5,17 @@ from __future__ import annotations
 __all__ = ["summary_table"]
 
 
+def _small_sample(tests: list) -> str:
+    """The summary's warning when a Diebold-Mariano test had too few windows for its lags."""
+    t = next((t for t in tests if t.get("small_sample") and t.get("n")), None)
+    if t is None:
+        return ""
+    return (
+        f"; n = {t['n']} test windows is too few for a reliable test with {t['lags']} lags "
+        "(p-values indicative only)"
+    )
+
+
 def _versus(what: str, improvement: float, other: str) -> str:
     """'<what> 23.3% better than <other>' (or 'worse') from a relative improvement."""
     word = "better" if improvement >= 0 else "worse"
@@ -61,12 +72,14 @@ def summary_table(metrics: dict, timings: dict) -> str:
     sig = metrics.get("significance", {})
     for what, key in (("float", "float"), ("QAT int8", "int8")):
         naive_key = "float_vs_naive" if key == "float" else f"{key}_vs_naive"
-        dm = [sig.get(f"{key}_vs_{b}_P50", {}).get("p_value") for b in ("naive", "ridge")]
+        tests = [sig.get(f"{key}_vs_{b}_P50", {}) for b in ("naive", "ridge")]
+        dm = [t.get("p_value_hln") for t in tests]  # HLN-corrected (small samples)
         lines.append(
             _versus(f"{what} P50", c[f"{naive_key}_P50_improvement"], "the seasonal naive")
             + ", "
             + _versus("", c[f"{key}_vs_ridge_P50_improvement"], "the ridge baseline").strip()
             + ("" if None in dm else f" (Diebold-Mariano p {dm[0]:.2g} and {dm[1]:.2g})")
+            + _small_sample(tests)
         )
     lines.append(
         _versus("QAT int8 P50", -c["qat_int8_vs_float_finetuned_P50_relative_diff"], "")
