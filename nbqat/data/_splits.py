@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -184,6 +185,9 @@ class Windows:
         The time step.
     train_stride, eval_stride : int
         Steps between consecutive windows of the training / evaluation splits.
+    scaling : nbqat.data.Scaling, optional
+        The input transform the feature matrices were built with (fitted on the training
+        rows); ``nbqat predict`` applies the run's to new rows.
 
     Attributes
     ----------
@@ -231,6 +235,7 @@ class Windows:
     step: object = None
     train_stride: int = 1
     eval_stride: int = 1
+    scaling: Any = None
     train: SplitWindows = field(init=False, repr=False)
     val: SplitWindows = field(init=False, repr=False)
     test: SplitWindows = field(init=False, repr=False)
