@@ -330,7 +330,9 @@ def _add_data_options(t: Any) -> None:
     d.add_argument(
         "--fill-gaps",
         action="store_true",
-        help="repair missing steps and values by linear interpolation instead of failing",
+        help="repair missing steps and values instead of failing: linear interpolation, or "
+        "for a column of whole numbers (a 0/1 flag, a count) the last value carried forward "
+        "(the summary names those columns)",
     )
     d.add_argument(
         "--history",

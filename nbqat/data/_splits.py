@@ -188,6 +188,9 @@ class Windows:
     scaling : nbqat.data.Scaling, optional
         The input transform the feature matrices were built with (fitted on the training
         rows); ``nbqat predict`` applies the run's to new rows.
+    carried : dict
+        ``SeriesData.carried``: the whole-number columns ``fill_gaps`` repaired by carrying
+        the last value (not interpolating), per entity.
 
     Attributes
     ----------
@@ -236,6 +239,7 @@ class Windows:
     train_stride: int = 1
     eval_stride: int = 1
     scaling: Any = None
+    carried: dict = field(default_factory=dict)
     train: SplitWindows = field(init=False, repr=False)
     val: SplitWindows = field(init=False, repr=False)
     test: SplitWindows = field(init=False, repr=False)
@@ -259,4 +263,5 @@ class Windows:
             "test_start": str(self.cutoffs[1]),
             "step": str(self.step),
             "filled": self.filled,
+            **({"carried_not_interpolated": self.carried} if self.carried else {}),
         }

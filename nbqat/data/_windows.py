@@ -226,6 +226,7 @@ def _assemble(
         target_name=data.target_name,
         source=data.source,
         filled={e: dict(c) for e, c in data.filled.items()},
+        carried={e: list(c) for e, c in getattr(data, "carried", {}).items()},
         step=data.step,
         scaling=scaling,
     )

@@ -94,6 +94,13 @@ def summary_table(metrics: dict, timings: dict) -> str:
             f"{e}: " + ", ".join(f"{c} {n}" for c, n in cols.items()) for e, cols in filled.items()
         ]
         lines.append("filled by --fill-gaps (cells): " + "; ".join(parts))
+    carried = metrics["data"].get("carried_not_interpolated") or {}
+    if carried:
+        parts = [f"{e}: {', '.join(cols)}" for e, cols in carried.items()]
+        lines.append(
+            "whole-number columns repaired by carrying the last value (not interpolated): "
+            + "; ".join(parts)
+        )
     if "onnx_parity" in metrics:
         from nbqat.export import summary_lines
 
