@@ -195,10 +195,23 @@ def load_csv(
     def where(i: int) -> str:
         return f"{path}, row {i}" if parquet else f"{path}, line {_line_of_row(path, i)}"
 
-    return _frame_to_series(
+    data = _frame_to_series(
         df, where, str(path), time_col, target_col, entity_col, observed, known, static,
         (fill_gaps, future_rows),
     )  # fmt: skip
+    if not parquet:  # pyarrow parsed the times: the spelling from the file's first row
+        from nbqat.data._timecol import time_spelling
+
+        row = next((r for _, r in _csv_rows(path)), None)
+        if row is not None and len(row) > header.index(time_col):
+            data.time_format = time_spelling(_pd_series([row[header.index(time_col)]]))
+    return data
+
+
+def _pd_series(values: list) -> Any:
+    import pandas as pd
+
+    return pd.Series(values, dtype=object)
 
 
 def _parquet_header(path: Path) -> list[str]:

@@ -9,7 +9,49 @@ from typing import Any
 from nbqat.export.parity import check_parity, division_study
 
 
-def run_metadata(windows: Any, q_risk: Mapping[str, Any]) -> dict:
+def preprocessing_metadata(windows: Any, cfg: Any) -> dict:
+    """The ``nbqat`` metadata of a run's self-contained ``model.onnx``.
+
+    Parameters
+    ----------
+    windows : nbqat.data.Windows
+        The run's windows (their :class:`~nbqat.data.Scaling`, names, shapes).
+    cfg : TrainConfig
+        The resolved run options (the time and entity columns).
+
+    Returns
+    -------
+    dict
+        ``history``, ``horizon``, ``step_seconds``, ``quantiles``, ``entities``,
+        ``history_columns`` (target, observed, known CSV columns: the graph input
+        ``history``'s last axis), ``future_columns`` (the known CSV columns: ``future``'s),
+        ``target``, ``time_col``, ``entity_col``, ``calendar``, ``test_start`` and
+        ``scaling`` (:meth:`Scaling.to_json`).
+    """
+    from nbqat.data import TMY3_COLUMNS
+
+    w, sc = windows, windows.scaling
+    csv = getattr(cfg, "csv", None)
+    time_col = cfg.time_col if csv is not None else TMY3_COLUMNS["time_col"]
+    entity_col = cfg.entity_col if csv is not None else TMY3_COLUMNS["entity_col"]
+    return {
+        "history": int(w.history),
+        "horizon": int(w.horizon),
+        "step_seconds": float(sc.step),
+        "quantiles": [float(q) for q in w.quantiles],
+        "entities": list(sc.entities),
+        "history_columns": [sc.target, *sc.observed, *sc.known],
+        "future_columns": list(sc.known),
+        "target": sc.target,
+        "time_col": time_col,
+        "entity_col": entity_col,
+        "calendar": list(sc.calendar),
+        "test_start": str(w.cutoffs[1]),
+        "scaling": sc.to_json(),
+    }
+
+
+def run_metadata(windows: Any, q_risk: Mapping[str, Any], cfg: Any = None) -> dict:
     """ONNX metadata props of a training run: input feature names, the target's per-entity
     scaling (``pred * scale + level`` gives the target's units) and the run's q-risk.
 
@@ -19,6 +61,8 @@ def run_metadata(windows: Any, q_risk: Mapping[str, Any]) -> dict:
         The run's windows (names, per-entity ``level`` / ``scale``).
     q_risk : Mapping
         The run's test q-risk by model (``metrics["q_risk_test"]``).
+    cfg : TrainConfig, optional
+        With it, the ``nbqat`` key of :func:`preprocessing_metadata` is added.
 
     Returns
     -------
@@ -36,6 +80,7 @@ def run_metadata(windows: Any, q_risk: Mapping[str, Any]) -> dict:
             for e, lv, sc in zip(w.entity_names, w.level, w.scale)
         },
         "q_risk_test": dict(q_risk),
+        **({"nbqat": preprocessing_metadata(w, cfg)} if cfg is not None else {}),
     }
 
 
