@@ -8,6 +8,8 @@ live in :mod:`nbqat.nn`, the shipped dataset in :mod:`nbqat.data`, the main job 
 :mod:`nbqat.train` (``nbqat train``) and its Python API :class:`nbqat.Forecaster`.
 """
 
+from typing import TYPE_CHECKING
+
 from nbqat import fake_quant as _fake_quant
 from nbqat.clip import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm
 from nbqat.fake_quant import *  # noqa: F403 - its __all__, re-exported below
@@ -22,6 +24,9 @@ from nbqat.observers import (
 from nbqat.optim import SGD, Adam, AdamW
 from nbqat.qconfig import QATConfig, QConfig, default_qat_qconfig
 from nbqat.range_observers import MSEObserver, PercentileObserver
+
+if TYPE_CHECKING:  # imported lazily by __getattr__
+    from nbqat.forecaster import Forecaster
 
 __version__ = "0.1.0"
 

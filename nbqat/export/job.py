@@ -95,6 +95,11 @@ def export_run(
 ) -> dict:
     """The main job's export step: write ``out_dir/model.onnx`` and measure parity on ``split``.
 
+    With the ``nbqat`` metadata (:func:`preprocessing_metadata`, as :func:`run_metadata`
+    gives with a config) the file is the self-contained graph
+    (:func:`nbqat.export.preprocess.self_contained`: raw rows in, target units out); the
+    parity report is measured on its QDQ part, the graph :func:`nbqat.export.to_onnx` writes.
+
     Parameters
     ----------
     qat : QATTemporalFusionTransformer
@@ -118,12 +123,15 @@ def export_run(
         parity report of :func:`check_parity` (without predictions) and the
         :func:`division_study`.
     """
-    from nbqat.export.onnx_export import DEFAULT_OPSET, to_onnx
+    from nbqat._io import atomic_open
+    from nbqat.export.onnx_export import DEFAULT_OPSET, build_model
+    from nbqat.export.preprocess import self_contained
 
-    path = to_onnx(int8, pathlib.Path(out_dir) / "model.onnx", metadata=metadata)
+    path = pathlib.Path(out_dir) / "model.onnx"
+    proto, _ = build_model(int8, metadata=metadata)  # the QDQ graph: parity is measured on it
     rep = check_parity(  # the split read batch by batch: memory flat in the windows
         qat,
-        path,
+        proto,
         split,
         int8=int8,
         target=split.target_raw(),
@@ -131,7 +139,11 @@ def export_run(
         reference_rows=reference_rows,
     )
     rep.pop("_predictions")
-    rep["division_vs_reciprocal"] = division_study(path, split)
+    rep["division_vs_reciprocal"] = division_study(proto, split)
+    info = (metadata or {}).get("nbqat")
+    final = self_contained(proto, info) if info is not None else proto
+    with atomic_open(path, "wb", prefix=".nbqat-onnx-") as f:
+        f.write(final.SerializeToString())
     return {"file": path.name, "bytes": path.stat().st_size, "opset": DEFAULT_OPSET, **rep}
 
 
