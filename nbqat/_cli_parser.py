@@ -52,9 +52,17 @@ def _max_norm(s: str) -> float | None:
     return _positive_float(s)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (``nbqat train: error: ...``), not the
+    usage block."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``nbqat`` command."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="nbqat",
         description="nbqat: quantization-aware training on NumPy + Numba.",
     )

@@ -73,8 +73,11 @@ def _check_roles(data: SeriesData, sc: Scaling) -> None:
         )
 
 
-def _step(data: SeriesData) -> Any:
-    return data.step
+def _spell(data: SeriesData, t: Any) -> str:
+    """A time as the data spells it (for messages)."""
+    from nbqat.data._timecol import format_times
+
+    return format_times(np.asarray([t]), data.time_format)[0]
 
 
 def _origins(t: np.ndarray, n_past: int, name: str, k: int, tau: int, at: Any, bt: Any) -> Any:
@@ -157,11 +160,13 @@ def _check_future_known(data, sc, name, t, known, n0, origins, tau) -> None:
             raise DataError(
                 f"the model uses the known column(s) {list(sc.known)}, which the data does "
                 f"not give for the forecast steps of entity {name!r}: add the rows from "
-                f"{t[max(n0, int(o))]} to {t[int(o) + tau - 1]} with those columns filled and "
+                f"{_spell(data, t[max(n0, int(o))])} to {_spell(data, t[int(o) + tau - 1])} with "
+                "those columns filled and "
                 f"the target ({sc.target!r}) empty"
             )
         raise DataError(
-            f"entity {name!r}: known column {sc.known[j]!r} has no value at {t[i]}, a forecast "
+            f"entity {name!r}: known column {sc.known[j]!r} has no value at {_spell(data, t[i])}, "
+            "a forecast "
             "step; every known column needs a value in the rows to forecast"
         )
 
