@@ -211,6 +211,15 @@ class Forecaster:
     def load(cls, run_dir: str | os.PathLike) -> Forecaster:
         """The forecaster of any folder ``nbqat train`` wrote (finished).
 
+        Parameters
+        ----------
+        run_dir : str or os.PathLike
+            The ``--out`` folder of a finished run (of the CLI or of :meth:`fit`).
+
+        Returns
+        -------
+        Forecaster
+
         Raises
         ------
         FileNotFoundError, ValueError
@@ -295,8 +304,23 @@ class Forecaster:
 
     # ------------------------------------------------------------------------------ files
     def save(self, path: str | os.PathLike) -> Path:
-        """Copy the run folder to ``path`` (which must not exist); returns it. The copy is a
-        run folder like any: ``Forecaster.load(path)``, ``nbqat predict path``."""
+        """Copy the run folder to ``path``; the copy is a run folder like any
+        (``Forecaster.load(path)``, ``nbqat predict path``).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            A folder that does not exist yet.
+
+        Returns
+        -------
+        pathlib.Path
+
+        Raises
+        ------
+        ValueError
+            When ``path`` exists.
+        """
         dst = Path(path)
         if dst.exists():
             raise ValueError(f"save: {str(dst)!r} exists; choose a new folder")
@@ -304,7 +328,18 @@ class Forecaster:
         return dst
 
     def to_onnx(self, path: str | os.PathLike) -> Path:
-        """Write the self-contained ONNX model (raw rows in, target units out) to ``path``."""
+        """Write the self-contained ONNX model (raw rows in, target units out; see
+        docs/export.md) to ``path``, atomically.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The ``.onnx`` file (its folder must exist).
+
+        Returns
+        -------
+        pathlib.Path
+        """
         from nbqat._io import atomic_open
 
         data = (self._run() / "model.onnx").read_bytes()

@@ -238,8 +238,10 @@ def test_forecaster_fit_predict_load_round_trip(demand, tmp_path):
                 horizon=TAU, windows_per_epoch=32, calibration_batches=2, eval_stride=48,
                 progress=False, plots=False)  # fmt: skip
     df = pd.read_csv(train)
-    fc = nbqat.Forecaster(**opts).fit(df, time_col="ts", target_col="demand", entity_col="site",
-                                      observed_cols=["temp"], known_cols=["holiday", "price"])  # fmt: skip
+    fc = nbqat.Forecaster(**opts).fit(
+        df, time_col="ts", target_col="demand", entity_col="site", observed_cols=["temp"],
+        known_cols=["holiday", "price"],
+    )  # fmt: skip
     # the CLI run on the same data and options: the same numbers
     cli = nbqat.Forecaster.load(run)
     assert fc.metrics["q_risk_test"] == cli.metrics["q_risk_test"]

@@ -277,10 +277,10 @@ def from_dataframe(
         time-zone-aware), ISO 8601 strings or numbers.
     time_col, target_col, entity_col, known_cols, static_cols, observed_cols, fill_gaps
         As in :func:`load_csv`.
-    future_rows : bool, default False
-        As in :func:`load_csv`.
     source : str, default "DataFrame"
         The name used in messages and in ``SeriesData.source``.
+    future_rows : bool, default False
+        As in :func:`load_csv`.
 
     Returns
     -------

@@ -94,11 +94,27 @@ class Scaling:
 
     @classmethod
     def from_json(cls, d: dict) -> Scaling:
-        """The :class:`Scaling` of :meth:`to_json`'s dict."""
+        """The :class:`Scaling` of :meth:`to_json`'s dict.
+
+        Parameters
+        ----------
+        d : dict
+            :meth:`to_json`'s output (extra keys are ignored).
+        """
         return cls(**{k: d[k] for k in cls.__dataclass_fields__})
 
     def index(self, name: str) -> int:
-        """The index of entity ``name``; ValueError naming the run's entities if unknown."""
+        """The index of entity ``name``.
+
+        Parameters
+        ----------
+        name : str
+
+        Raises
+        ------
+        ValueError
+            For an entity the run does not know (the message names the run's entities).
+        """
         try:
             return self.entities.index(str(name))
         except ValueError:
@@ -109,20 +125,42 @@ class Scaling:
 
     def seconds(self, t: np.ndarray) -> np.ndarray:
         """Times as float64 numbers on the stored axis (seconds since the epoch for date
-        times)."""
+        times).
+
+        Parameters
+        ----------
+        t : ndarray (n,)
+            ``datetime64`` or numbers.
+        """
         if self.is_datetime:
             return t.astype("datetime64[s]").astype(np.int64).astype(np.float64)
         return np.asarray(t, dtype=np.float64)
 
     def observed_features(self, e: int, obs: np.ndarray) -> np.ndarray:
-        """float64 (n, 1 + m_obs): the standardised target and observed columns ``obs``
-        (raw, (n, 1 + m_obs)) of entity ``e``."""
+        """float64 (n, 1 + m_obs): the standardised target and observed columns.
+
+        Parameters
+        ----------
+        e : int
+            The entity's index.
+        obs : ndarray float64 (n, 1 + m_obs)
+            The raw target and observed columns.
+        """
         return (obs - np.asarray(self.obs_mu[e])) / np.asarray(self.obs_sd[e])
 
     def known_features(self, e: int, t: np.ndarray, known: np.ndarray) -> np.ndarray:
-        """float64 (n, m_x): the known inputs of entity ``e`` at times ``t`` (n,) with the raw
-        known columns ``known`` (n, m_known): calendar features, time index, standardised
-        known columns, in :attr:`future_names` order."""
+        """float64 (n, m_x): calendar features, time index, standardised known columns (in
+        :attr:`future_names` order).
+
+        Parameters
+        ----------
+        e : int
+            The entity's index.
+        t : ndarray (n,)
+            The times (``datetime64[s]`` or numbers).
+        known : ndarray float64 (n, m_known)
+            The raw known columns.
+        """
         parts = []
         if self.calendar_names:
             cal, names = calendar_features(t)
