@@ -120,7 +120,7 @@ def plot_loss_curves(
         twin = None  # the validation q-risk (another unit than the loss) on its own axis
         if any("q_risk" in n and len(v) for n, v in curves[phase].items()):
             twin = ax.twinx()
-            twin.set_ylabel("validation q-risk (target units)")
+            twin.set_ylabel("validation q-risk (normalised, right axis)")
         for j, (name, values) in enumerate(curves[phase].items()):
             if len(values) and not name.startswith("start_"):
                 a = twin if (twin is not None and "q_risk" in name) else ax
