@@ -121,7 +121,7 @@ def read_data(cfg: dict, data: Any, fill_gaps: bool | None = None, run: Path | N
             )
     if not Path(path).is_file():
         raise FileNotFoundError(f"--csv {str(path)!r} does not exist")
-    return load_csv(path, fill_gaps=fill, future_rows=True, **cols)
+    return load_csv(Path(path), fill_gaps=fill, future_rows=True, **cols)
 
 
 def parse_when(value: Any, sc: Scaling, opt: str = "--at") -> Any:

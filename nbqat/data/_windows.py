@@ -295,7 +295,7 @@ def make_windows(
     quantiles = tuple(float(q) for q in quantiles)
     cuts = _cut_points(data, split)
     rows = _split_rows(data, cuts)
-    sc = fit_scaling(data, [r[0] for r in rows], cuts, calendar)
+    sc = fit_scaling(data, [r[0] for r in rows], cuts, tuple(calendar))
     if not sc.future_names:
         raise DataError(
             f"the decoder has no known input: --calendar {','.join(calendar)!r} gives no "
