@@ -173,6 +173,12 @@ def test_at_gives_actuals_and_backtest_q_risk(demand, tmp_path, capsys):
         e = y - df[col].to_numpy()
         qr = 2 * np.sum(np.maximum(q * e, (q - 1) * e)) / np.sum(np.abs(y))
         assert f"{col.upper()} {qr:.4f}" in printed
+    # predict --backtest (with --data and --fill-gaps, as train accepts them) is the same
+    bt2 = tmp_path / "bt2.csv"
+    argv = ["predict", str(run), "--data", str(fut), "--backtest", "--stride", "12",
+            "--fill-gaps", "--out", str(bt2)]  # fmt: skip
+    assert main(argv) == 0
+    assert bt2.read_bytes() == bt.read_bytes()
 
 
 def _example_code() -> str:
