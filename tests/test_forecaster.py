@@ -285,3 +285,21 @@ def test_fill_gaps_carries_whole_number_columns(tmp_path):
     assert data.carried == {"series": ["holiday"]}
     price = data.known[0][29:34, 1]
     assert np.allclose(np.diff(price, 2)[:2], 0.0, atol=1e-9)  # interpolated linearly
+
+
+@pytest.mark.parametrize(
+    ("raw", "spelled"),
+    [
+        ("2024-03-01T00:00", "2024-03-01T05:00"),
+        ("2024-03-01 00:00:00", "2024-03-01 05:00:00"),
+        ("2024-03-01", "2024-03-01"),
+        ("2024-03-01T00:00Z", "2024-03-01T05:00Z"),
+        ("2024-03-01T00:00:00+01:00", "2024-03-01T05:00:00+00:00"),  # read as UTC
+    ],
+)
+def test_times_are_spelled_as_the_data_spells_them(raw, spelled):
+    from nbqat.data._timecol import format_times, time_spelling
+
+    fmt = time_spelling(pd.Series([raw], dtype=object))
+    assert format_times(np.array(["2024-03-01T05:00"], "datetime64[s]"), fmt) == [spelled]
+    assert format_times(np.array([17.0]), time_spelling(pd.Series(["17"]))) == ["17"]
