@@ -339,8 +339,8 @@ def _add_data_options(t: Any) -> None:
         "--fill-gaps",
         action="store_true",
         help="repair missing steps and values instead of failing: linear interpolation, or "
-        "for a column of whole numbers (a 0/1 flag, a count) the last value carried forward "
-        "(the summary names those columns)",
+        "for a column of a few whole-number levels (a 0/1 flag, a category: at most 16 "
+        "distinct values) the last value carried forward (the summary names those columns)",
     )
     d.add_argument(
         "--history",

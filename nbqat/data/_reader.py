@@ -157,8 +157,9 @@ def load_csv(
         nearest value at the ends of a series). The counts are in ``SeriesData.n_filled`` and
         ``SeriesData.filled`` (per entity and column); more than
         :data:`~nbqat.data.MAX_FILL_FRACTION` of an entity's rows in one column is refused.
-        A column whose values are all whole numbers (a 0/1 flag, a count) is not interpolated:
-        its last value is carried forward (the first one backward at the start).
+        A column of a few whole-number levels (at most 16 distinct values: a 0/1 flag, a
+        category, a small count) is not interpolated: its last value is carried forward (the
+        first one backward at the start); ``SeriesData.carried`` names those columns.
     future_rows : bool, default False
         Accept rows after each entity's last target value with an empty target (and empty
         observed columns): the rows to forecast, whose known columns ``nbqat predict`` reads.

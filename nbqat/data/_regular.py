@@ -202,11 +202,24 @@ def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray |
     return np.concatenate([[0], np.cumsum(nsteps)])
 
 
+#: A column of whole numbers with at most this many distinct values (a 0/1 flag, a category, a
+#: small count) is repaired by carrying its last value, not by interpolation.
+MAX_CARRIED_LEVELS = 16
+
+
+def _is_levels(vals: np.ndarray) -> bool:
+    """Whether ``vals`` (the finite values of a column) are whole numbers with at most
+    :data:`MAX_CARRIED_LEVELS` distinct values."""
+    if not np.all(vals == np.round(vals)):
+        return False
+    return len(np.unique(vals)) <= MAX_CARRIED_LEVELS
+
+
 def _fill(columns: list[np.ndarray], cols: list[str], entity: str, src: str) -> tuple:
     """Repair the NaN cells of each column (``columns[j]``, 1-D views of length n, named
-    ``cols[j]``) in place: linear interpolation, or for a column of whole numbers (a flag, a
-    count) the last value carried forward; return the counts per column and the carried
-    columns."""
+    ``cols[j]``) in place: linear interpolation, or for a column of a few whole-number levels
+    (a flag, a category; :func:`_is_levels`) the last value carried forward; return the counts
+    per column and the carried columns."""
     n = len(columns[0])
     xs = np.arange(n, dtype=np.float64)
     counts, carried = {}, []
@@ -229,7 +242,7 @@ def _fill(columns: list[np.ndarray], cols: list[str], entity: str, src: str) -> 
                 "fix the data at its source"
             )
         vals = x[ok]
-        if np.all(vals == np.round(vals)):  # whole numbers: carry, do not invent 0.5
+        if _is_levels(vals):  # a flag or a few whole-number levels: carry, do not invent 0.5
             idx = np.maximum.accumulate(np.where(ok, np.arange(n), -1))
             idx[idx < 0] = int(np.argmax(ok))  # before the first value: the first value
             x[:] = x[idx]

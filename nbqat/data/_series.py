@@ -60,8 +60,9 @@ class SeriesData:
         How the time column spells its values (a :meth:`datetime.strftime` format such as
         ``%Y-%m-%dT%H:%M``, ``"number"`` or ``"integer"``): forecasts are written that way.
     carried : dict
-        ``{entity: [column, ...]}``: the whole-number columns that ``fill_gaps`` repaired by
-        carrying the last value instead of interpolating.
+        ``{entity: [column, ...]}``: the columns of a few whole-number levels (flags,
+        categories) that ``fill_gaps`` repaired by carrying the last value instead of
+        interpolating.
     """
 
     entity_names: list[str]

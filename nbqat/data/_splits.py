@@ -189,7 +189,7 @@ class Windows:
         The input transform the feature matrices were built with (fitted on the training
         rows); ``nbqat predict`` applies the run's to new rows.
     carried : dict
-        ``SeriesData.carried``: the whole-number columns ``fill_gaps`` repaired by carrying
+        ``SeriesData.carried``: the flag / level columns ``fill_gaps`` repaired by carrying
         the last value (not interpolating), per entity.
 
     Attributes

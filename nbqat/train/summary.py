@@ -105,7 +105,7 @@ def summary_table(metrics: dict, timings: dict) -> str:
     if carried:
         parts = [f"{e}: {', '.join(cols)}" for e, cols in carried.items()]
         lines.append(
-            "whole-number columns repaired by carrying the last value (not interpolated): "
+            "flag / level columns repaired by carrying the last value (not interpolated): "
             + "; ".join(parts)
         )
     if "onnx_parity" in metrics:
