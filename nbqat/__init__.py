@@ -5,8 +5,10 @@ The public API carries PyTorch's names (``torch.fake_quantize_per_tensor_affine`
 NumPy arrays (run on the CPU kernels) or CUDA device arrays (run on the ``@cuda.jit`` twins);
 CUDA is imported only when a CUDA array is seen. The layer graph and the TFT-like forecaster
 live in :mod:`nbqat.nn`, the shipped dataset in :mod:`nbqat.data`, the main job in
-:mod:`nbqat.train` (``nbqat train``).
+:mod:`nbqat.train` (``nbqat train``) and its Python API :class:`nbqat.Forecaster`.
 """
+
+from typing import TYPE_CHECKING
 
 from nbqat import affine as _affine
 from nbqat import fake_quant as _fake_quant
@@ -27,12 +29,26 @@ from nbqat.optim import SGD, Adam, AdamW
 from nbqat.qconfig import QATConfig, QConfig, default_qat_qconfig
 from nbqat.range_observers import MSEObserver, PercentileObserver
 
+if TYPE_CHECKING:  # imported lazily by __getattr__
+    from nbqat.forecaster import Forecaster
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``nbqat.Forecaster``, imported on first use (``import nbqat`` stays light)."""
+    if name == "Forecaster":
+        from nbqat.forecaster import Forecaster
+
+        return Forecaster
+    raise AttributeError(f"module 'nbqat' has no attribute {name!r}")
+
 
 __all__ = [
     "Adam",
     "AdamW",
     "FakeQuantize",
+    "Forecaster",
     "HistogramObserver",
     "LearnableFakeQuantize",
     "MSEObserver",

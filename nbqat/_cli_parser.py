@@ -52,9 +52,17 @@ def _max_norm(s: str) -> float | None:
     return _positive_float(s)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (``nbqat train: error: ...``), not the
+    usage block."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``nbqat`` command."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="nbqat",
         description="nbqat: quantization-aware training on NumPy + Numba.",
     )
@@ -126,13 +134,13 @@ def _add_training(t: Any) -> Any:
         "--lr",
         type=_positive_float,
         default=None,
-        help="Adam learning rate of the float phase [default: 3e-3]",
+        help="AdamW learning rate of the float phase [default: 3e-3]",
     )
     g.add_argument(
         "--qat-lr",
         type=_positive_float,
         default=None,
-        help="Adam learning rate of the QAT phase [default: --lr / 10]",
+        help="AdamW learning rate of the QAT phase [default: --lr / 10]",
     )
     g.add_argument(
         "--max-norm",
@@ -330,7 +338,9 @@ def _add_data_options(t: Any) -> None:
     d.add_argument(
         "--fill-gaps",
         action="store_true",
-        help="repair missing steps and values by linear interpolation instead of failing",
+        help="repair missing steps and values instead of failing: linear interpolation, or "
+        "for a column of a few whole-number levels (a 0/1 flag, a category: at most 16 "
+        "distinct values) the last value carried forward (the summary names those columns)",
     )
     d.add_argument(
         "--history",
@@ -361,14 +371,54 @@ def _add_data_options(t: Any) -> None:
 def _add_predict(sub: Any) -> None:
     pr = sub.add_parser(
         "predict",
-        help="forecast the latest window of every series with a finished nbqat train run",
+        help="forecast the steps after each series' last target value with a finished run",
         description=(
-            "Load a finished run (checkpoint, scaling, column names), build the latest full "
-            "window of every series and write one row per entity and forecast step."
+            "Load a finished run (model, stored scaling, column names) and forecast the "
+            "--horizon steps after each series' last row with a target value. Rows after it "
+            "may be in the data with the target (and observed columns) empty and the known "
+            "columns filled: their known values are used; calendar features come from the "
+            "timestamps. Inputs are standardised with the run's stored (training) scaling. "
+            "Writes one row per entity and forecast step: entity,time,step,p10,p50,p90."
         ),
     )
+    _predict_common(pr)
+    pr.add_argument(
+        "--at",
+        metavar="TIME",
+        default=None,
+        help="forecast from origin TIME (its first forecast step is TIME) and add the column "
+        "actual from the data",
+    )
+    pr.add_argument(
+        "--backtest",
+        action="store_true",
+        help="rolling-origin forecasts with actuals (as nbqat backtest; --start, --stride)",
+    )
+    _backtest_options(pr)
+    bt = sub.add_parser(
+        "backtest",
+        help="rolling-origin forecasts of a finished run with actuals, and their q-risk",
+        description=(
+            "Forecast from every --stride steps from --start, keep the windows whose forecast "
+            "steps all have target values, write them with the column actual and print the "
+            "q-risk per quantile."
+        ),
+    )
+    _predict_common(bt)
+    _backtest_options(bt)
+
+
+def _predict_common(pr: Any) -> None:
     pr.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of nbqat train")
-    pr.add_argument("--csv", default=None, help="a CSV with the training run's columns")
+    pr.add_argument(
+        "--csv",
+        "--data",
+        dest="csv",
+        metavar="PATH",
+        default=None,
+        help="data with the training run's columns (.csv, .csv.gz, .parquet) [default: the "
+        "run's own data]",
+    )
     pr.add_argument(
         "--engine",
         choices=("onnx", "int8", "float"),
@@ -376,4 +426,23 @@ def _add_predict(sub: Any) -> None:
         help="onnxruntime on RUN_DIR/model.onnx, the nbqat int8 reference, or the best float "
         "weights [default: onnx]",
     )
-    pr.add_argument("--out", default="forecasts.csv", help="output CSV [default: forecasts.csv]")
+    pr.add_argument("--out", default=None, help="output CSV [default: RUN_DIR/forecasts.csv]")
+    pr.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    pr.add_argument(
+        "--fill-gaps",
+        action="store_true",
+        default=None,
+        help="repair gaps before the last target value as nbqat train --fill-gaps does "
+        "[default: as the run was trained]",
+    )
+
+
+def _backtest_options(pr: Any) -> None:
+    pr.add_argument(
+        "--start", metavar="TIME", default=None,
+        help="first backtest origin [default: the run's test split start]",
+    )  # fmt: skip
+    pr.add_argument(
+        "--stride", type=_positive_int, default=None,
+        help="steps between backtest origins [default: the horizon]",
+    )  # fmt: skip

@@ -17,6 +17,13 @@ from typing import IO, Any
 __all__ = ["atomic_open"]
 
 
+def _umask() -> int:
+    """The process umask (read by setting it and restoring it at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_open(
     path: str | os.PathLike, mode: str = "wb", *, prefix: str = ".nbqat-", **kwargs: Any
@@ -38,6 +45,8 @@ def atomic_open(
     ------
     file object
         Write to it; it is flushed, fsynced and renamed over ``path`` when the block ends.
+        The file gets the mode a plain ``open()`` would give (``0o666 & ~umask``: 0644 under
+        umask 022), not :func:`tempfile.mkstemp`'s 0600.
 
     Raises
     ------
@@ -53,6 +62,7 @@ def atomic_open(
         raise IsADirectoryError(f"{os.fspath(path)!r} is a folder: pass a file name")
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a plain open() honours the umask
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
             f.flush()

@@ -104,13 +104,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.time_col is None or args.target_col is None:
             parser.error("--csv needs --time-col and --target-col")
         from nbqat.data import DataError
-        from nbqat.train import TrainConfig, TrainingInterrupted, run
+        from nbqat.forecaster import Forecaster
+        from nbqat.train import TrainConfig, TrainingInterrupted
 
         try:
             cfg = TrainConfig.from_args(args)
             if args.resume is not None:
                 _resume_conflicts(args, sys.argv[1:] if argv is None else argv)
-            res = run(cfg, resume=args.resume, check_only=args.check)
+            fc = Forecaster().train(cfg, resume=args.resume, check=args.check)
+            res = fc.result or {}
             if args.check and _root():
                 d = res["data"]
                 print(
@@ -127,15 +129,48 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"nbqat train: error: {e}", file=sys.stderr)
             return 2
         return 0
-    if args.command == "predict":
-        from nbqat.predict import predict
-
-        try:
-            path = predict(args.run_dir, csv_path=args.csv, engine=args.engine, out=args.out)
-        except (ValueError, FileNotFoundError) as e:
-            print(f"nbqat predict: error: {e}", file=sys.stderr)
-            return 2
-        print(f"wrote {path}")
-        return 0
+    if args.command in ("predict", "backtest"):
+        return _predict(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2
+
+
+def _predict(args: argparse.Namespace) -> int:
+    """``nbqat predict`` / ``nbqat backtest``: :class:`nbqat.Forecaster` and one CSV."""
+    from pathlib import Path
+
+    from nbqat.data import DataError
+    from nbqat.forecaster import Forecaster
+    from nbqat.predict import check_out, write_csv
+
+    name = f"nbqat {args.command}"
+    backtest = args.command == "backtest" or getattr(args, "backtest", False)
+    try:
+        if backtest and getattr(args, "at", None) is not None:
+            raise ValueError(
+                "--at and --backtest exclude each other: --start sets the first origin"
+            )
+        if not backtest and (args.start is not None or args.stride is not None):
+            raise ValueError("--start and --stride need --backtest (or nbqat backtest)")
+        out = Path(args.out) if args.out is not None else Path(args.run_dir) / "forecasts.csv"
+        if Path(args.run_dir).is_dir():
+            check_out(out, args.overwrite)  # before anything is computed
+        if args.csv is not None and not Path(args.csv).is_file():
+            raise FileNotFoundError(f"--csv {args.csv!r} does not exist")
+        fc = Forecaster.load(args.run_dir)
+        if backtest:
+            df = fc.backtest(args.csv, start=args.start, stride=args.stride,
+                             engine=args.engine, fill_gaps=args.fill_gaps)  # fmt: skip
+        else:
+            df = fc.predict(args.csv, at=args.at, engine=args.engine, fill_gaps=args.fill_gaps)
+        path = write_csv(df, out, args.overwrite)
+    except (DataError, ValueError, FileNotFoundError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 2
+    if backtest:
+        qr = df.attrs["q_risk"]
+        n = df[["entity", "origin"]].drop_duplicates().shape[0]
+        print(f"backtest q-risk over {n} windows: "
+              + ", ".join(f"{k} {v:.4f}" for k, v in qr.items()))  # fmt: skip
+    print(f"wrote {path}")
+    return 0

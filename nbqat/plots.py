@@ -116,17 +116,23 @@ def plot_loss_curves(
     for i, phase in enumerate(phases):
         ax = fig.add_subplot(1, max(1, len(phases)), i + 1)
         start = n_float + 1 if phase.startswith("qat") else 1
-        colors = {}
-        for name, values in curves[phase].items():
+        colors: dict = {}
+        twin = None  # the validation q-risk (another unit than the loss) on its own axis
+        if any("q_risk" in n and len(v) for n, v in curves[phase].items()):
+            twin = ax.twinx()
+            twin.set_ylabel("validation q-risk (normalised, right axis)")
+        for j, (name, values) in enumerate(curves[phase].items()):
             if len(values) and not name.startswith("start_"):
+                a = twin if (twin is not None and "q_risk" in name) else ax
                 x = np.arange(start, start + len(values))
-                (line,) = ax.plot(x, values, marker="o" if len(values) < 30 else None, ms=3,
-                                  label=name)  # fmt: skip
+                (line,) = a.plot(x, values, marker="o" if len(values) < 30 else None, ms=3,
+                                 label=name, color=f"C{j}")  # fmt: skip
                 colors[name] = line.get_color()
         for name, values in curves[phase].items():
             if name.startswith("start_") and len(values):  # epoch 0: before training
-                ax.plot([0], values[:1], marker="D", ls="none", ms=5, color=colors.get(name[6:]),
-                        label=f"{name[6:]} at the start")  # fmt: skip
+                a = twin if (twin is not None and "q_risk" in name) else ax
+                a.plot([0], values[:1], marker="D", ls="none", ms=5, color=colors.get(name[6:]),
+                       label=f"{name[6:]} at the start")  # fmt: skip
         for j, (label, epoch) in enumerate((events or {}).get(phase, {}).items()):
             ax.axvline(epoch, color=f"C{7 + j}", ls="--", lw=1, label=label)
         ax.set_title(f"{_esc(phase)} phase")
@@ -139,7 +145,11 @@ def plot_loss_curves(
             ax.set_xlim(first - 0.5, start + n_ep - 0.5)
         ax.set_ylabel("quantile loss (standardised)")
         ax.grid(alpha=0.3)
-        ax.legend()
+        handles, labels = ax.get_legend_handles_labels()
+        if twin is not None:
+            h2, l2 = twin.get_legend_handles_labels()
+            handles, labels = handles + h2, labels + l2
+        ax.legend(handles, labels, fontsize=8)
     return _save(fig, path)
 
 

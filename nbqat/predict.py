@@ -1,16 +1,18 @@
 """``nbqat predict RUN_DIR``: forecasts of a finished ``nbqat train`` run.
 
 The run folder's ``checkpoint/`` (``state.json``: the run's options; ``qat.npz``: the QAT
-model; ``float.npz``: the best float weights) and ``model.onnx`` are read; the data (the shipped
-dataset by default, or a CSV with the training run's columns) goes through the run's own
-windowing (:func:`nbqat.data.make_windows` with the run's history, horizon, calendar and
-quantiles), and the latest full window of every series -- the one whose ``horizon`` forecast
-steps are the series' last rows -- is forecast.
+model; ``float.npz``: the best float weights) and ``model.onnx`` (its ``nbqat`` metadata: the
+run's stored input transform, :class:`nbqat.data.Scaling`) are read. The data (the run's own
+by default, or a CSV / DataFrame with the training run's columns) is loaded with rows to
+forecast allowed after each series' last target value, and :func:`forecast` forecasts the
+``horizon`` steps after that value (or from ``at``, or from rolling origins: a backtest).
+Inputs are standardised with the run's stored scaling, never refitted on the data given.
+:class:`nbqat.Forecaster` is the Python API over these functions; the CLI's ``predict`` and
+``backtest`` are a thin layer over it.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 from pathlib import Path
@@ -19,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from nbqat._io import atomic_open
-from nbqat.data import DataError
+from nbqat.data import Scaling, SeriesData
 
-__all__ = ["ENGINES", "load_run", "predict"]
+__all__ = ["ENGINES", "check_out", "forecast", "load_run", "q_risk_table", "run_info", "write_csv"]
 
 #: Inference engines of ``nbqat predict --engine``.
 ENGINES = ("onnx", "int8", "float")
@@ -67,216 +69,286 @@ def load_run(run_dir: str | os.PathLike) -> tuple[Path, dict]:
     return run, dict(meta["config"])
 
 
-def _windows(cfg: dict, csv_path: str | None) -> tuple[Any, list[int]]:
-    """The run's windows over the data, and each entity's series length."""
-    from nbqat.data import TMY3_COLUMNS, load_csv, load_tmy3, make_windows
-    from nbqat.train import QUANTILES
-
-    if csv_path is None and cfg.get("csv") is None:
-        data = load_tmy3()
-    else:
-        path = csv_path if csv_path is not None else cfg["csv"]
-        # a run on the shipped data reads a CSV with the shipped file's columns
-        cols: dict[str, Any] = dict(TMY3_COLUMNS)
-        if cfg.get("csv") is not None:
-            names = ("time_col", "target_col", "entity_col", "known_cols", "static_cols")
-            cols = {k: cfg.get(k) for k in (*names, "observed_cols")}
-        data = load_csv(path, fill_gaps=bool(cfg.get("fill_gaps")), **cols)
-    short = [
-        (n, ln)
-        for n, ln in zip(data.entity_names, data.lengths)
-        if ln < cfg["history"] + cfg["horizon"]
-    ]
-    if short:
-        raise DataError(
-            f"series {short[0][0]!r} has {short[0][1]} rows; a forecast window needs history + "
-            f"horizon = {cfg['history'] + cfg['horizon']} consecutive steps"
-        )
-    w = make_windows(
-        data,
-        history=cfg["history"],
-        horizon=cfg["horizon"],
-        eval_stride=cfg["eval_stride"],
-        quantiles=QUANTILES,
-        calendar=[c.strip() for c in cfg["calendar"].split(",") if c.strip()],
-    )
-    return w, list(data.lengths)
-
-
-def _check_columns(w: Any, run: Path, qat: Any) -> None:
-    """The data's inputs must be the trained model's (names from model.onnx's metadata when
-    there, sizes from the checkpoint's network config)."""
-    mc = qat.model.config
-    got = {
-        "static": list(w.static_names),
-        "historical": list(w.historical_names),
-        "future": list(w.future_names),
-    }
-    sizes = {
-        "static": mc.num_static_features,
-        "historical": mc.num_unknown_features,
-        "future": mc.num_known_features,
-    }
-    want: dict[str, Any] = {}
-    onnx_path = run / "model.onnx"
-    if onnx_path.is_file():
+def run_info(run: Path, cfg: dict) -> dict:
+    """The run's ``nbqat`` metadata (``model.onnx``): shapes, columns and the stored
+    :class:`~nbqat.data.Scaling` (``"scaling"``). A run without it (an older nbqat's) gets it
+    rebuilt from its training data, as training computed it."""
+    path = run / "model.onnx"
+    if path.is_file():
         import onnx
 
-        props = {p.key: p.value for p in onnx.load(str(onnx_path)).metadata_props}
-        for k in got:
-            if f"{k}_features" in props:
-                want[k] = json.loads(props[f"{k}_features"])
-    for k in got:
-        if (k in want and got[k] != want[k]) or len(got[k]) != sizes[k]:
-            raise DataError(
-                f"the data's {k} inputs {got[k]} do not match the trained model's "
-                f"{want.get(k, f'{sizes[k]} columns')}: give a CSV with the training run's columns"
+        props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False)
+                 .metadata_props}  # fmt: skip
+        if "nbqat" in props:
+            return json.loads(props["nbqat"])
+    from nbqat.export.job import preprocessing_metadata
+    from nbqat.train import TrainConfig, load_data
+
+    c = TrainConfig(**{k: v for k, v in cfg.items() if k in TrainConfig.__dataclass_fields__})
+    return preprocessing_metadata(load_data(c), c)
+
+
+def read_data(cfg: dict, data: Any, fill_gaps: bool | None = None, run: Path | None = None
+              ) -> SeriesData:  # fmt: skip
+    """The data to forecast from: ``data`` (a path, a pandas DataFrame, a SeriesData; None:
+    the run's own data) read with the run's column roles and rows to forecast allowed.
+
+    Raises
+    ------
+    FileNotFoundError
+        A path that does not exist.
+    DataError
+        As :func:`nbqat.data.load_csv` (the columns named by the run missing, bad values ...).
+    """
+    from nbqat.data import TMY3_COLUMNS, from_dataframe, load_csv, tmy3_path
+
+    if isinstance(data, SeriesData):
+        return data
+    cols: dict[str, Any] = dict(TMY3_COLUMNS)
+    if cfg.get("csv") is not None:
+        names = ("time_col", "target_col", "entity_col", "known_cols", "static_cols")
+        cols = {k: cfg.get(k) for k in (*names, "observed_cols")}
+    fill = bool(cfg.get("fill_gaps")) if fill_gaps is None else bool(fill_gaps)
+    if data is not None and not isinstance(data, (str, os.PathLike)):
+        return from_dataframe(data, fill_gaps=fill, future_rows=True, **cols)
+    path = data if data is not None else (cfg.get("csv") or tmy3_path())
+    if data is None and run is not None and not Path(path).is_file():
+        if (run / "data.parquet").is_file():  # a Forecaster's run folder, moved or copied
+            path = run / "data.parquet"
+        else:
+            raise FileNotFoundError(
+                f"the run's data {str(path)!r} no longer exists: pass the data (--csv PATH)"
             )
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--csv {str(path)!r} does not exist")
+    return load_csv(Path(path), fill_gaps=fill, future_rows=True, **cols)
 
 
-def _check_scaling(w: Any, run: Path) -> None:
-    """Warn when the data's per-entity target level/scale (fitted on its first 70 % of time, as
-    training does) differ from the run's (``model.onnx``'s ``target_scaling``): the inputs are
-    then not standardised as in training (the input statistics are not stored in a run)."""
-    import warnings
+def parse_when(value: Any, sc: Scaling, opt: str = "--at") -> Any:
+    """``--at`` / ``--start`` as a time on the data's axis (``datetime64[s]``, aware values
+    converted to UTC as the loader does, or a float)."""
+    import pandas as pd
 
-    path = run / "model.onnx"
-    if not path.is_file():
-        return
-    import onnx
+    from nbqat.data._timecol import parse_time_column
 
-    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
-    saved = json.loads(props.get("target_scaling", "{}"))
-    for e, lv, sc in zip(w.entity_names, w.level, w.scale):
-        ref = saved.get(str(e))
-        if ref is not None and not np.allclose([lv, sc], [ref["level"], ref["scale"]], rtol=1e-9):
-            warnings.warn(
-                f"entity {e!r}: the data's target level/scale ({lv:.6g}, {sc:.6g}) differ from "
-                f"the training run's ({ref['level']:.6g}, {ref['scale']:.6g}); the windows are "
-                "standardised with the data's own statistics",
-                stacklevel=3,
-            )
+    def where(i: int) -> str:
+        return opt
+
+    t = parse_time_column(pd.Series([value]), opt, where)
+    if (t.dtype.kind == "M") != sc.is_datetime:
+        raise ValueError(
+            f"{opt} {value!r}: the run's time axis holds "
+            + ("date times (give an ISO 8601 time)" if sc.is_datetime else "numbers")
+        )
+    return t[0]
 
 
 def _engine(engine: str, run: Path, qat: Any) -> Any:
-    """``forward(static, historical, future) -> (B, tau, Q)`` of the chosen engine."""
+    """``forward(fw) -> (B, tau, Q)`` float64 in the target's units, of the chosen engine."""
     if engine == "onnx":
-        from nbqat.export.parity import ort_session
-
-        path = run / "model.onnx"
-        if not path.is_file():
-            raise ValueError(
-                f"RUN_DIR {str(run)!r} has no model.onnx (a run of an older nbqat?): use "
-                "--engine int8, or export it with nbqat.export.to_onnx"
-            )
-        import onnx
-
-        sess = ort_session(onnx.load(str(path)), optimize=True)
-        return lambda s, h, f: sess.run(None, {"static": s, "historical": h, "future": f})[0]
+        return _onnx_engine(run)
     if engine == "int8":
-        return qat.to_int8().forward
-    z = np.load(run / "checkpoint" / "float.npz")
-    model = type(qat.model)(qat.model.config, dtype=np.float32)  # the run's forecaster class
-    model.params[...] = z["best_params"] if "best_params" in z.files else z["params"]
-    if callable(getattr(model, "eval", None)):
-        model.eval()  # inference mode (dropout, where a model has it, is the identity)
-    return model.forward
+        fwd = qat.to_int8().forward
+    else:
+        z = np.load(run / "checkpoint" / "float.npz")
+        model = type(qat.model)(qat.model.config, dtype=np.float32)  # the run's forecaster
+        model.params[...] = z["best_params"] if "best_params" in z.files else z["params"]
+        if callable(getattr(model, "eval", None)):
+            model.eval()  # inference mode (dropout, where a model has it, is the identity)
+        fwd = model.forward
+
+    def run_features(fw: Any) -> np.ndarray:
+        s, h, f, _ = fw.split.batch()
+        return fw.split.unscale(np.asarray(fwd(s, h, f), np.float32))
+
+    return run_features
 
 
-def predict(
+def _onnx_engine(run: Path) -> Any:
+    """onnxruntime on the self-contained ``model.onnx`` (raw rows in, target units out)."""
+    from nbqat.export.parity import ort_session
+
+    path = run / "model.onnx"
+    if not path.is_file():
+        raise ValueError(
+            f"RUN_DIR {str(run)!r} has no model.onnx (a run of an older nbqat?): use "
+            "--engine int8, or export it with nbqat.Forecaster.load(RUN).to_onnx(PATH)"
+        )
+    import onnx
+
+    proto = onnx.load(str(path))
+    names = [i.name for i in proto.graph.input]
+    sess = ort_session(proto, optimize=True)
+    if names[:2] != ["entity", "time"]:  # an older nbqat's graph: standardised inputs
+        return lambda fw: fw.split.unscale(
+            sess.run(None, dict(zip(("static", "historical", "future"), fw.split.batch()[:3])))[0]
+        )
+    return lambda fw: np.asarray(sess.run(None, onnx_inputs(fw))[0], np.float64)
+
+
+def onnx_inputs(fw: Any) -> dict:
+    """The self-contained graph's inputs of forecast windows ``fw`` (raw values)."""
+    t = fw.time
+    secs = t.astype("datetime64[s]").astype(np.int64) if t.dtype.kind == "M" else t
+    return {
+        "entity": fw.run_entity.astype(np.int64),
+        "time": np.asarray(np.round(secs), np.int64),
+        "history": fw.history_raw.astype(np.float32),
+        "future": fw.future_raw.astype(np.float32),
+    }
+
+
+def _model(run: Path, cfg: dict) -> Any:
+    from nbqat.nn.forecasters import load_qat_forecaster
+    from nbqat.report import activation_qconfig
+
+    # the run's activation observer (--observer; "all" trains with min/max), as nbqat.train
+    # builds it: another observer type would not take the checkpoint's observer state
+    obs = cfg.get("observer", "minmax")
+    qconfig = activation_qconfig("minmax" if obs == "all" else obs)
+    return load_qat_forecaster(run / "checkpoint" / "qat.npz", qconfig=qconfig)
+
+
+def forecast(
     run_dir: str | os.PathLike,
+    data: Any = None,
     *,
-    csv_path: str | None = None,
+    at: Any = None,
+    backtest: tuple[Any, int] | None = None,
     engine: str = "onnx",
-    out: str | os.PathLike = "forecasts.csv",
-) -> Path:
-    """Forecast the latest full window of every series with a finished run's model.
+    fill_gaps: bool | None = None,
+) -> Any:
+    """Forecasts of a finished run as a DataFrame (what ``nbqat predict`` writes).
 
     Parameters
     ----------
     run_dir : str or os.PathLike
         The ``--out`` folder of a finished ``nbqat train``.
-    csv_path : str, optional
-        A CSV with the training run's columns (for a run on the shipped data: the shipped
-        file's columns); default the run's own data. It is windowed like the training data
-        (standardisation fitted on its first 70 % of time, as in training).
+    data : str, os.PathLike, pandas.DataFrame or SeriesData, optional
+        The data (the run's columns; rows after a series' last target value, with the target
+        empty and the known columns filled, are the steps to forecast); default the run's own.
+    at : str, numpy.datetime64 or float, optional
+        The origin (first forecast step) of every series; adds the column ``actual``.
+    backtest : (start, stride), optional
+        Rolling origins (see :func:`nbqat.data._forecast.forecast_windows`); adds the columns
+        ``origin`` and ``actual``.
     engine : {"onnx", "int8", "float"}, default "onnx"
-        onnxruntime on ``model.onnx``, the nbqat int8 reference, or the best float weights.
-    out : str or os.PathLike, default "forecasts.csv"
-        Written atomically; columns ``entity, time, step, p10, p50, p90`` (one column per
-        trained quantile), one row per entity and forecast step, in the target's units.
+        onnxruntime on the self-contained ``model.onnx``, the nbqat int8 reference, or the
+        best float weights.
+    fill_gaps : bool, optional
+        Repair gaps before the last target value (default: as the run was trained).
 
     Returns
     -------
-    pathlib.Path
-        ``out``.
+    pandas.DataFrame
+        Columns ``entity, [origin,] time, step, p10, p50, p90 [, actual]`` (one column per
+        trained quantile), one row per window and forecast step; times spelled as the data
+        spells them; forecasts in the target's units (float64).
 
     Raises
     ------
     ValueError
-        For an unknown engine, a folder without a finished model, a missing ``model.onnx``
-        (engine onnx), an ``out`` whose folder does not exist or that is a folder.
+        An unknown engine, a folder without a finished model, an ``at`` that does not parse.
     DataError
-        (a ValueError) for columns that do not match the trained model or a series shorter
-        than history + horizon. Nothing is written on any error.
+        (a ValueError) see :func:`read_data` and :func:`~nbqat.data._forecast.forecast_windows`.
     FileNotFoundError
-        When ``run_dir`` or ``csv_path`` does not exist.
+        ``run_dir`` or a data path that does not exist.
     """
-    from nbqat.data import SplitWindows
-    from nbqat.nn.forecasters import load_qat_forecaster
+    from nbqat.data._forecast import forecast_windows
 
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")
-    out = Path(out)
-    if not (out.parent if str(out.parent) else Path(".")).is_dir():
-        raise ValueError(f"--out {str(out)!r}: the folder {str(out.parent)!r} does not exist")
-    if out.is_dir():
-        raise ValueError(
-            f"--out {str(out)!r} is a folder: name the CSV file to write "
-            f"(--out {out / 'forecasts.csv'})"
-        )
-    if csv_path is not None and not Path(csv_path).is_file():
-        raise FileNotFoundError(f"--csv {csv_path!r} does not exist")
     run, cfg = load_run(run_dir)
-    from nbqat.report import activation_qconfig
-
-    # the run's activation observer (--observer; "all" trains with min/max), as nbqat.train builds
-    # it: another observer type would not take the checkpoint's observer state
-    obs = cfg.get("observer", "minmax")
-    qconfig = activation_qconfig("minmax" if obs == "all" else obs)
-    qat = load_qat_forecaster(run / "checkpoint" / "qat.npz", qconfig=qconfig)  # tft | lstm
-    w, lengths = _windows(cfg, csv_path)
-    _check_columns(w, run, qat)
-    _check_scaling(w, run)
-    ends = np.cumsum(lengths)
-    rows = (ends - w.horizon).astype(np.int64)
-    split = SplitWindows(
-        name="latest", rows=rows, entity=np.arange(len(lengths), dtype=np.int64), parent=w
-    )
-    s, h, f, _ = split.batch()
-    fwd = _engine(engine, run, qat)
-    pred = split.unscale(np.asarray(fwd(s, h, f), np.float32))  # (E, tau, Q)
-    _write_csv(out, w, split, pred)
-    return out
+    info = run_info(run, cfg)
+    sc = Scaling.from_json(info["scaling"])
+    series = read_data(cfg, data, fill_gaps, run)
+    when = None if at is None else parse_when(at, sc)
+    bt = None
+    if backtest is not None:
+        start = None if backtest[0] is None else parse_when(backtest[0], sc, "--start")
+        bt = (start, int(backtest[1]))
+    fw = forecast_windows(
+        series, sc, history=info["history"], horizon=info["horizon"],
+        quantiles=info["quantiles"], at=when, backtest=bt,
+    )  # fmt: skip
+    qat = _model(run, cfg) if engine != "onnx" else None
+    pred = _batched(_engine(engine, run, qat), fw)
+    return _frame(fw, series, pred, info["quantiles"], at is not None or bt is not None, bt)
 
 
-def _qname(q: float) -> str:
+def _batched(fwd: Any, fw: Any, size: int = 512) -> np.ndarray:
+    """``fwd`` over the windows in batches (a backtest has many)."""
+    from nbqat.data import SplitWindows
+    from nbqat.data._forecast import ForecastWindows
+
+    out = []
+    for i in range(0, len(fw.split), size):
+        j = slice(i, i + size)
+        sub = SplitWindows("forecast", fw.split.rows[j], fw.split.entity[j], fw.split.parent)
+        part = ForecastWindows(sub, fw.run_entity[j], fw.origin[j], fw.time[j],
+                               fw.history_raw[j], fw.future_raw[j], fw.actual[j])  # fmt: skip
+        out.append(np.asarray(fwd(part), np.float64))
+    return np.concatenate(out)
+
+
+def qname(q: float) -> str:
+    """The column of quantile ``q`` (``p10`` for 0.1)."""
     v = 100 * q
     return f"p{int(round(v))}" if abs(v - round(v)) < 1e-9 else f"p{v:g}"
 
 
-def _write_csv(out: Path, w: Any, split: Any, pred: np.ndarray) -> None:
-    times = split.times()
-    with atomic_open(out, "w", prefix=".nbqat-forecasts-", newline="") as fh:
-        wr = csv.writer(fh)
-        wr.writerow(["entity", "time", "step"] + [_qname(q) for q in w.quantiles])
-        for i, e in enumerate(split.entity):
-            for t in range(w.horizon):
-                tv = times[i, t]
-                ts = (
-                    np.datetime_as_string(tv)
-                    if isinstance(tv, np.datetime64)
-                    else str(np.asarray(tv).item())
-                )
-                vals = [f"{float(v):.6g}" for v in pred[i, t]]
-                wr.writerow([w.entity_names[e], ts, t + 1] + vals)
+def _frame(fw: Any, data: SeriesData, pred: np.ndarray, quantiles, actual: bool, bt) -> Any:
+    import pandas as pd
+
+    from nbqat.data._timecol import format_times
+
+    b, tau, _ = pred.shape
+    k = fw.time.shape[1] - tau
+    cols: dict[str, Any] = {"entity": np.repeat([fw.split.parent.entity_names[e]
+                                                 for e in fw.split.entity], tau)}  # fmt: skip
+    if bt is not None:
+        cols["origin"] = np.repeat(format_times(fw.time[:, k], data.time_format), tau)
+    cols["time"] = format_times(fw.time[:, k:].reshape(-1), data.time_format)
+    cols["step"] = np.tile(np.arange(1, tau + 1), b)
+    for j, q in enumerate(quantiles):
+        cols[qname(q)] = pred[:, :, j].reshape(-1)
+    if actual:
+        cols["actual"] = fw.actual.reshape(-1)
+    return pd.DataFrame(cols)
+
+
+def q_risk_table(df: Any, quantiles) -> dict:
+    """The q-risk per quantile of a backtest frame: ``2 sum pinball_q / sum |actual|``."""
+    y = df["actual"].to_numpy(np.float64)
+    ok = np.isfinite(y)
+    out = {}
+    for q in quantiles:
+        p = df[qname(q)].to_numpy(np.float64)[ok]
+        d = y[ok] - p
+        out[qname(q).upper()] = float(2 * np.sum(np.maximum(q * d, (q - 1) * d)) /
+                                      max(np.sum(np.abs(y[ok])), 1e-300))  # fmt: skip
+    return out
+
+
+def check_out(out: str | os.PathLike, overwrite: bool) -> Path:
+    """Refuse an ``--out`` that exists (unless ``overwrite``), is a folder or has no folder;
+    called before anything is computed or written."""
+    p = Path(out)
+    if not (p.parent if str(p.parent) else Path(".")).is_dir():
+        raise ValueError(f"--out {str(p)!r}: the folder {str(p.parent)!r} does not exist")
+    if p.is_dir():
+        raise ValueError(
+            f"--out {str(p)!r} is a folder: name the CSV file to write "
+            f"(--out {p / 'forecasts.csv'})"
+        )
+    if p.exists() and not overwrite:
+        raise ValueError(f"--out {str(p)!r} exists; pass --overwrite to replace it")
+    return p
+
+
+def write_csv(df: Any, out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write a forecast frame atomically (mode as the umask gives); see :func:`check_out`."""
+    p = check_out(out, overwrite)
+    with atomic_open(p, "w", prefix=".nbqat-forecasts-", newline="") as fh:
+        df.to_csv(fh, index=False, float_format="%.6g", lineterminator="\n")
+    return p

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from nbqat.data._calendar import CALENDAR_FEATURES
 from nbqat.data._reader import from_dataframe, load_csv
+from nbqat.data._scaling import Scaling
 from nbqat.data._series import MAX_ABS_VALUE, MAX_FILL_FRACTION, DataError, SeriesData
 from nbqat.data._tmy3 import TMY3_COLUMNS, TMY3_FILE, TMY3_UNITS, load_tmy3, tmy3_path
 from nbqat.data._windows import SplitWindows, Windows, make_windows, seasonal_naive_quantiles
@@ -38,6 +39,7 @@ __all__ = [
     "DataError",
     "MAX_ABS_VALUE",
     "MAX_FILL_FRACTION",
+    "Scaling",
     "SeriesData",
     "SplitWindows",
     "Windows",

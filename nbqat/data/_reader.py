@@ -127,6 +127,7 @@ def load_csv(
     static_cols: Sequence[str] | str | None = None,
     observed_cols: Sequence[str] | str | None = None,
     fill_gaps: bool = False,
+    future_rows: bool = False,
 ) -> SeriesData:
     """Read a long-format CSV (optionally gzip-compressed) or Parquet file into SeriesData.
 
@@ -156,6 +157,14 @@ def load_csv(
         nearest value at the ends of a series). The counts are in ``SeriesData.n_filled`` and
         ``SeriesData.filled`` (per entity and column); more than
         :data:`~nbqat.data.MAX_FILL_FRACTION` of an entity's rows in one column is refused.
+        A column of a few whole-number levels (at most 16 distinct values: a 0/1 flag, a
+        category, a small count) is not interpolated: its last value is carried forward (the
+        first one backward at the start); ``SeriesData.carried`` names those columns.
+    future_rows : bool, default False
+        Accept rows after each entity's last target value with an empty target (and empty
+        observed columns): the rows to forecast, whose known columns ``nbqat predict`` reads.
+        Their target and observed cells stay NaN, their known cells as given (NaN when
+        empty); the checks and repairs above apply to the rows up to the last target value.
 
     Returns
     -------
@@ -187,9 +196,23 @@ def load_csv(
     def where(i: int) -> str:
         return f"{path}, row {i}" if parquet else f"{path}, line {_line_of_row(path, i)}"
 
-    return _frame_to_series(
-        df, where, str(path), time_col, target_col, entity_col, observed, known, static, fill_gaps
-    )
+    data = _frame_to_series(
+        df, where, str(path), time_col, target_col, entity_col, observed, known, static,
+        (fill_gaps, future_rows),
+    )  # fmt: skip
+    if not parquet:  # pyarrow parsed the times: the spelling from the file's first row
+        from nbqat.data._timecol import time_spelling
+
+        row = next((r for _, r in _csv_rows(path)), None)
+        if row is not None and len(row) > header.index(time_col):
+            data.time_format = time_spelling(_pd_series([row[header.index(time_col)]]))
+    return data
+
+
+def _pd_series(values: list) -> Any:
+    import pandas as pd
+
+    return pd.Series(values, dtype=object)
 
 
 def _parquet_header(path: Path) -> list[str]:
@@ -244,6 +267,7 @@ def from_dataframe(
     observed_cols: Sequence[str] | str | None = None,
     fill_gaps: bool = False,
     source: str = "DataFrame",
+    future_rows: bool = False,
 ) -> SeriesData:
     """A long-format pandas DataFrame -> :class:`SeriesData`, with :func:`load_csv`'s checks.
 
@@ -256,6 +280,8 @@ def from_dataframe(
         As in :func:`load_csv`.
     source : str, default "DataFrame"
         The name used in messages and in ``SeriesData.source``.
+    future_rows : bool, default False
+        As in :func:`load_csv`.
 
     Returns
     -------
@@ -289,7 +315,7 @@ def from_dataframe(
         observed,
         known,
         static,
-        fill_gaps,
+        (fill_gaps, future_rows),
     )
 
 
@@ -313,13 +339,16 @@ def _roles(time_col, target_col, entity_col, known, static, observed_cols) -> di
 
 
 def _frame_to_series(
-    df, where, src, time_col, target_col, entity_col, observed, known, static, fill_gaps
+    df, where, src, time_col, target_col, entity_col, observed, known, static, modes
 ) -> SeriesData:
-    from nbqat.data._timecol import parse_time_column
+    from nbqat.data._timecol import parse_time_column, time_spelling
 
+    fill_gaps, future_rows = modes
     if len(df) == 0:
         raise DataError(f"{src}: the file has a header but no data rows")
-    t = parse_time_column(df[time_col], time_col, where)
+    t_col = df[time_col]
+    t = parse_time_column(t_col, time_col, where)
+    spelling = time_spelling(t_col)
     if entity_col is not None:
         coded = df.entity_codes(entity_col) if isinstance(df, ArrowColumns) else None
         if coded is None:
@@ -344,16 +373,18 @@ def _frame_to_series(
         (observed, obs),
         (known, kno),
     ):
-        place([numeric_pieces(df, c, where, fill_gaps) for c in cols_k], per, dest)
+        place([numeric_pieces(df, c, where, fill_gaps or future_rows) for c in cols_k], per, dest)
     statics = np.zeros((len(names), len(static)))
     changes = []
     for j, c in enumerate(static):
         statics[:, j], change = static_values(numeric_pieces(df, c, where, False), per)
         changes.append(change)
-    return regularise(
+    data = regularise(
         t, per, names, target, obs, kno, statics, changes, where, src, target_col, observed,
-        known, static, fill_gaps,
+        known, static, modes,
     )  # fmt: skip
+    data.time_format = spelling
+    return data
 
 
 def _factorize(s: Any) -> tuple[np.ndarray, list]:

@@ -61,7 +61,7 @@ def entity_rows(codes: np.ndarray, n_entities: int) -> list[Any]:
 
 def regularise(
     t, per, names, target, obs, kno, statics, changes, where: Callable[[int], str], src,
-    target_col, observed, known, static, fill_gaps,
+    target_col, observed, known, static, modes,
 ) -> SeriesData:  # fmt: skip
     """Check each entity's order and the common step, insert missing steps and fill gaps.
 
@@ -69,28 +69,38 @@ def regularise(
     file order (``(N_e,)``, ``(N_e, m_obs)``, ``(N_e, m_known)`` float64, owned here: an
     entity without missing steps keeps them, repairs are made in place); ``statics``
     ``(n_entities, m_static)`` and ``changes`` (per static column, per entity ``(row, first,
-    other)`` or ``None``): :func:`nbqat.data._values.static_values`.
+    other)`` or ``None``): :func:`nbqat.data._values.static_values`. ``modes``: ``(fill_gaps,
+    future_rows)`` (a bare bool: ``fill_gaps``), see :func:`nbqat.data.load_csv`.
     """
+    fill_gaps, future_rows = modes if isinstance(modes, tuple) else (modes, False)
     is_dt = t.dtype.kind == "M"
     diffs = _check_order(t, per, names, changes, static, where)
     step = _step(diffs, is_dt, src)
     numeric_cols = [target_col] + list(observed) + list(known)
     out_t = []
     filled: dict[str, dict[str, int]] = {}
+    carried: dict[str, list[str]] = {}
     n_filled = 0
     for e, rows in enumerate(per):
         pos = _positions(t[rows], diffs[e], step, is_dt, rows, names[e], where, fill_gaps)
         n = len(diffs[e]) + 1 if pos is None else int(pos[-1]) + 1
         if pos is not None and n != len(pos):  # missing steps: NaN rows, filled below
             target[e], obs[e], kno[e] = (_spread(a, pos, n) for a in (target[e], obs[e], kno[e]))
-        if fill_gaps:
-            columns = [target[e]] + [obs[e][:, j] for j in range(obs[e].shape[1])]
-            columns += [kno[e][:, j] for j in range(kno[e].shape[1])]
-            filled_e = _fill(columns, numeric_cols, names[e], src)
-            if filled_e:
-                filled[names[e]] = filled_e
-                n_filled += sum(filled_e.values())
-        out_t.append(t[rows][0] + np.arange(n) * step)
+        times_e = t[rows][0] + np.arange(n) * step
+        if fill_gaps or future_rows:
+            m = _n_past(target[e], names[e], src, target_col) if future_rows else n
+            columns = [target[e][:m]] + [obs[e][:m, j] for j in range(obs[e].shape[1])]
+            columns += [kno[e][:m, j] for j in range(kno[e].shape[1])]
+            if fill_gaps:
+                filled_e, carried_e = _fill(columns, numeric_cols, names[e], src)
+                if filled_e:
+                    filled[names[e]] = filled_e
+                    n_filled += sum(filled_e.values())
+                if carried_e:
+                    carried[names[e]] = carried_e
+            else:
+                _check_missing(columns, numeric_cols, names[e], times_e, src)
+        out_t.append(times_e)
     return SeriesData(
         entity_names=list(names),
         times=out_t,
@@ -106,7 +116,28 @@ def regularise(
         n_filled=n_filled,
         source=src,
         filled=filled,
+        carried=carried,
     )
+
+
+def _n_past(y: np.ndarray, entity: str, src: str, col: str) -> int:
+    """The number of rows up to the last one with a target value (``future_rows``)."""
+    ok = np.flatnonzero(np.isfinite(y))
+    if not len(ok):
+        raise DataError(f"{src}: entity {entity!r} has no value of the target {col!r} at all")
+    return int(ok[-1]) + 1
+
+
+def _check_missing(columns, cols, entity, times, src) -> None:
+    """DataError for the first missing cell before an entity's last target value."""
+    for x, c in zip(columns, cols):
+        bad = np.flatnonzero(~np.isfinite(x))
+        if len(bad):
+            raise DataError(
+                f"{src}: column {c!r} of entity {entity!r} has a missing value at {times[bad[0]]} "
+                f"({len(bad)} before the entity's last target value); fill it, or pass "
+                "--fill-gaps (fill_gaps=True) to repair it"
+            )
 
 
 def _spread(a: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
@@ -171,12 +202,27 @@ def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray |
     return np.concatenate([[0], np.cumsum(nsteps)])
 
 
-def _fill(columns: list[np.ndarray], cols: list[str], entity: str, src: str) -> dict[str, int]:
-    """Interpolate the NaN cells of each column (``columns[j]``, 1-D views of length n,
-    named ``cols[j]``) in place; return the counts per column."""
+#: A column of whole numbers with at most this many distinct values (a 0/1 flag, a category, a
+#: small count) is repaired by carrying its last value, not by interpolation.
+MAX_CARRIED_LEVELS = 16
+
+
+def _is_levels(vals: np.ndarray) -> bool:
+    """Whether ``vals`` (the finite values of a column) are whole numbers with at most
+    :data:`MAX_CARRIED_LEVELS` distinct values."""
+    if not np.all(vals == np.round(vals)):
+        return False
+    return len(np.unique(vals)) <= MAX_CARRIED_LEVELS
+
+
+def _fill(columns: list[np.ndarray], cols: list[str], entity: str, src: str) -> tuple:
+    """Repair the NaN cells of each column (``columns[j]``, 1-D views of length n, named
+    ``cols[j]``) in place: linear interpolation, or for a column of a few whole-number levels
+    (a flag, a category; :func:`_is_levels`) the last value carried forward; return the counts
+    per column and the carried columns."""
     n = len(columns[0])
     xs = np.arange(n, dtype=np.float64)
-    counts = {}
+    counts, carried = {}, []
     for j, c in enumerate(cols):
         x = columns[j]
         ok = np.isfinite(x)
@@ -195,6 +241,13 @@ def _fill(columns: list[np.ndarray], cols: list[str], entity: str, src: str) -> 
                 f"{100 * MAX_FILL_FRACTION:.0f}% it repairs (nbqat.data.MAX_FILL_FRACTION); "
                 "fix the data at its source"
             )
-        x[:] = np.interp(xs, xs[ok], x[ok])
+        vals = x[ok]
+        if _is_levels(vals):  # a flag or a few whole-number levels: carry, do not invent 0.5
+            idx = np.maximum.accumulate(np.where(ok, np.arange(n), -1))
+            idx[idx < 0] = int(np.argmax(ok))  # before the first value: the first value
+            x[:] = x[idx]
+            carried.append(c)
+        else:
+            x[:] = np.interp(xs, xs[ok], x[ok])
         counts[c] = n_bad
-    return counts
+    return counts, carried

@@ -56,6 +56,13 @@ class SeriesData:
     filled : dict
         ``{entity: {column: count}}``: the cells repaired per entity and column (only the
         non-zero counts; empty without repairs).
+    time_format : str
+        How the time column spells its values (a :meth:`datetime.strftime` format such as
+        ``%Y-%m-%dT%H:%M``, ``"number"`` or ``"integer"``): forecasts are written that way.
+    carried : dict
+        ``{entity: [column, ...]}``: the columns of a few whole-number levels (flags,
+        categories) that ``fill_gaps`` repaired by carrying the last value instead of
+        interpolating.
     """
 
     entity_names: list[str]
@@ -72,6 +79,8 @@ class SeriesData:
     n_filled: int = 0
     source: str = ""
     filled: dict = field(default_factory=dict)
+    time_format: str = "%Y-%m-%dT%H:%M:%S"
+    carried: dict = field(default_factory=dict)
 
     @property
     def is_datetime(self) -> bool:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -184,6 +185,12 @@ class Windows:
         The time step.
     train_stride, eval_stride : int
         Steps between consecutive windows of the training / evaluation splits.
+    scaling : nbqat.data.Scaling, optional
+        The input transform the feature matrices were built with (fitted on the training
+        rows); ``nbqat predict`` applies the run's to new rows.
+    carried : dict
+        ``SeriesData.carried``: the flag / level columns ``fill_gaps`` repaired by carrying
+        the last value (not interpolating), per entity.
 
     Attributes
     ----------
@@ -231,6 +238,8 @@ class Windows:
     step: object = None
     train_stride: int = 1
     eval_stride: int = 1
+    scaling: Any = None
+    carried: dict = field(default_factory=dict)
     train: SplitWindows = field(init=False, repr=False)
     val: SplitWindows = field(init=False, repr=False)
     test: SplitWindows = field(init=False, repr=False)
@@ -254,4 +263,5 @@ class Windows:
             "test_start": str(self.cutoffs[1]),
             "step": str(self.step),
             "filled": self.filled,
+            **({"carried_not_interpolated": self.carried} if self.carried else {}),
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -105,3 +106,49 @@ def _finite(x: np.ndarray, col: str, where: Callable[[int], str]) -> np.ndarray:
             f"{float(x[i])!r}; a numeric time axis needs finite step numbers"
         )
     return x
+
+
+def time_spelling(s: Any) -> str:
+    """How the time column ``s`` spells its values, read from its first value.
+
+    Returns
+    -------
+    str
+        A :meth:`datetime.strftime` format (``%Y-%m-%dT%H:%M``, ``%Y-%m-%d %H:%M:%S``,
+        ``%Y-%m-%d``; with ``Z`` or ``+00:00`` appended when the values carry a UTC offset,
+        since they are read as UTC), ``"integer"`` for whole numbers or ``"number"``.
+    """
+    import pandas as pd
+
+    if len(s) == 0:
+        return "%Y-%m-%dT%H:%M:%S"
+    if pd.api.types.is_numeric_dtype(s.dtype) and s.dtype != bool:
+        x = s.to_numpy(dtype=np.float64)
+        return "integer" if bool(np.all(np.mod(x[np.isfinite(x)], 1.0) == 0)) else "number"
+    if pd.api.types.is_datetime64_any_dtype(s.dtype):
+        return "%Y-%m-%dT%H:%M:%S"
+    v = str(s.iloc[0]).strip()
+    if re.fullmatch(r"[+-]?\d+", v):
+        return "integer"
+    if re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", v):
+        return "number"
+    tz = re.search(_OFFSET, v[10:]) if len(v) > 10 else None
+    zone = "" if tz is None else ("Z" if tz.group(0) == "Z" else "+00:00")
+    clock = v[11 : len(v) - (len(tz.group(0)) if tz else 0)]
+    if len(v) <= 10 or not clock:
+        return "%Y-%m-%d" + zone
+    sep = v[10]
+    fmt = "%H:%M:%S" if clock.count(":") >= 2 else ("%H:%M" if ":" in clock else "%H")
+    return f"%Y-%m-%d{sep}{fmt}{zone}"
+
+
+def format_times(t: np.ndarray, spelling: str) -> list[str]:
+    """Times ``t`` (``datetime64`` or float64) as strings spelled ``spelling`` (see
+    :func:`time_spelling`)."""
+    import pandas as pd
+
+    if spelling == "integer":
+        return [str(int(round(float(v)))) for v in np.asarray(t, np.float64)]
+    if spelling == "number":
+        return [repr(float(v)) for v in np.asarray(t, np.float64)]
+    return list(pd.DatetimeIndex(np.asarray(t, "datetime64[s]")).strftime(spelling))

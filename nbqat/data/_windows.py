@@ -12,18 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nbqat.data._calendar import _CAL_GROUP, CALENDAR_FEATURES, calendar_features, default_season
+from nbqat.data._calendar import CALENDAR_FEATURES, default_season
+from nbqat.data._scaling import Scaling, entity_features, fit_scaling, zscore_fit
 from nbqat.data._series import DataError, SeriesData
 from nbqat.data._splits import SplitWindows, Windows
 
 __all__ = ["SplitWindows", "Windows", "make_windows", "seasonal_naive_quantiles"]
 
-
-def _zscore_fit(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    mu = x.mean(axis=0)
-    sd = x.std(axis=0)
-    sd = np.where(sd > 1e-12 * np.maximum(1.0, np.abs(mu)), sd, 1.0)
-    return mu, sd
+_zscore_fit = zscore_fit  # the former private name
 
 
 def seasonal_naive_quantiles(
@@ -101,58 +97,6 @@ def _check_options(data, history, horizon, split, season, train_stride, eval_str
     return int(season), calendar
 
 
-def _known_inputs(data, e, i_val, calendar, t0, cut_val) -> tuple[np.ndarray, list[str]]:
-    """Entity e's known inputs (calendar, time index, the user's standardised known columns)."""
-    t = data.times[e]
-    known_parts = []
-    if data.is_datetime:
-        cal, cal_names = calendar_features(t)
-        step_s = int(data.step / np.timedelta64(1, "s"))  # type: ignore[operator]
-        keep = [
-            j
-            for j, c in enumerate(cal_names)
-            if _CAL_GROUP[c] in calendar and not (step_s >= 86400 and _CAL_GROUP[c] == "hour")
-        ]
-        cal = cal[:, keep]
-        cal_names = [cal_names[j] for j in keep]
-        known_parts.append(cal)
-        tnum = (t - t0) / np.timedelta64(1, "s")
-        tval = (cut_val - t0) / np.timedelta64(1, "s")
-    else:
-        cal_names = []
-        tnum = t - t0
-        tval = cut_val - t0
-    if "time_index" in calendar:
-        known_parts.append((2.0 * tnum / max(float(tval), 1e-300) - 1.0)[:, None])
-    if data.known[e].shape[1]:
-        mu_k, sd_k = _zscore_fit(data.known[e][:i_val])
-        known_parts.append((data.known[e] - mu_k) / sd_k)
-    if not known_parts:
-        raise DataError(
-            f"the decoder has no known input: --calendar {','.join(calendar)!r} gives no "
-            f"feature for a time step of {data.step}; add doy, dow or time_index to "
-            "--calendar or pass --known-cols"
-        )
-    return np.concatenate(known_parts, axis=1), cal_names
-
-
-def _static_features(data, level, scale) -> tuple[np.ndarray, list[str]]:
-    """Entity id, the user's static columns, target level and scale; z-scored across entities."""
-    n_ent = len(data.entity_names)
-    static_cols = [np.linspace(-1.0, 1.0, n_ent) if n_ent > 1 else np.zeros(1)]
-    static_names = ["entity_id"]
-    for j, c in enumerate(data.static_names):
-        static_cols.append(data.static[:, j])
-        static_names.append(c)
-    static_cols += [level, scale]
-    static_names += [f"{data.target_name}_level", f"{data.target_name}_scale"]
-    s = np.stack(static_cols, axis=1)
-    mu_s = s.mean(axis=0)
-    sd_s = s.std(axis=0)
-    s = np.where(sd_s > 0, (s - mu_s) / np.where(sd_s > 0, sd_s, 1.0), 0.0)
-    return s, static_names
-
-
 @dataclass
 class _EntityPart:
     """One entity's rows: its feature blocks, target statistics and split boundaries."""
@@ -178,31 +122,36 @@ def _cut_points(data: SeriesData, split: tuple[float, float]) -> tuple[object, o
     return t0, cut_val, cut_test
 
 
-def _entity_part(data: SeriesData, e: int, cuts: tuple, calendar, season, quantiles) -> _EntityPart:
-    """Entity ``e``'s standardised features (statistics of its training rows only)."""
-    t0, cut_val, cut_test = cuts
+def _entity_part(data: SeriesData, e: int, sc: Scaling, i_val: int, i_test: int, season,
+                 quantiles) -> _EntityPart:  # fmt: skip
+    """Entity ``e``'s standardised features (``sc``: fitted on the training rows only)."""
     t, y = data.times[e], data.target[e]
-    i_val = int(np.searchsorted(t, cut_val, side="left"))
-    i_test = int(np.searchsorted(t, cut_test, side="left"))
-    if i_val < 2:
-        raise DataError(
-            f"entity {data.entity_names[e]!r} has {i_val} row(s) in the training split "
-            f"(before {cut_val}); each entity needs training rows to fit its standardisation"
-        )
-    lvl, scl = _zscore_fit(y[:i_val, None])
-    obs = np.concatenate([y[:, None], data.observed[e]], axis=1)
-    mu, sd = _zscore_fit(obs[:i_val])
-    known, cal_names = _known_inputs(data, e, i_val, calendar, t0, cut_val)
+    hist, known, ystd = entity_features(sc, e, t, y, data.observed[e], data.known[e])
     return _EntityPart(
-        level=float(lvl[0]),
-        scale=float(scl[0]),
-        hist=np.concatenate([(obs - mu) / sd, known], axis=1).astype(np.float32),
+        level=sc.level[e],
+        scale=sc.scale[e],
+        hist=hist.astype(np.float32),
         fut=known.astype(np.float32),
-        ystd=(y - lvl[0]) / scl[0],
+        ystd=ystd,
         naive_q=seasonal_naive_quantiles(y[:i_val], int(season), quantiles),
-        cal_names=cal_names,
+        cal_names=list(sc.calendar_names),
         bounds={"train": (0, i_val), "val": (i_val, i_test), "test": (i_test, len(t))},
     )
+
+
+def _split_rows(data: SeriesData, cuts: tuple) -> list[tuple[int, int]]:
+    """Per entity, the first row of its validation and of its test split; an entity without
+    two training rows is a DataError."""
+    rows = []
+    for e, t in enumerate(data.times):
+        i_val = int(np.searchsorted(t, cuts[1], side="left"))
+        if i_val < 2:
+            raise DataError(
+                f"entity {data.entity_names[e]!r} has {i_val} row(s) in the training split "
+                f"(before {cuts[1]}); each entity needs training rows to fit its standardisation"
+            )
+        rows.append((i_val, int(np.searchsorted(t, cuts[2], side="left"))))
+    return rows
 
 
 def _attach_splits(w: Windows, data: SeriesData, parts: list[_EntityPart], split) -> None:
@@ -239,6 +188,7 @@ def _assemble(
     history: int,
     horizon: int,
     season: int,
+    scaling: Scaling,
 ) -> Windows:
     """The :class:`Windows` of the entities' parts (without splits)."""
     cal_names = parts[-1].cal_names
@@ -251,7 +201,9 @@ def _assemble(
         )
     level = np.array([p.level for p in parts])
     scale = np.array([p.scale for p in parts])
-    static, static_names = _static_features(data, level, scale)
+    static = np.asarray(scaling.static, dtype=np.float64)
+    static_names = ["entity_id", *data.static_names]
+    static_names += [f"{data.target_name}_level", f"{data.target_name}_scale"]
     return Windows(
         history=int(history),
         horizon=int(horizon),
@@ -274,7 +226,9 @@ def _assemble(
         target_name=data.target_name,
         source=data.source,
         filled={e: dict(c) for e, c in data.filled.items()},
+        carried={e: list(c) for e, c in getattr(data, "carried", {}).items()},
         step=data.step,
+        scaling=scaling,
     )
 
 
@@ -340,11 +294,19 @@ def make_windows(
     )
     quantiles = tuple(float(q) for q in quantiles)
     cuts = _cut_points(data, split)
+    rows = _split_rows(data, cuts)
+    sc = fit_scaling(data, [r[0] for r in rows], cuts, tuple(calendar))
+    if not sc.future_names:
+        raise DataError(
+            f"the decoder has no known input: --calendar {','.join(calendar)!r} gives no "
+            f"feature for a time step of {data.step}; add doy, dow or time_index to "
+            "--calendar or pass --known-cols"
+        )
     parts = [
-        _entity_part(data, e, cuts, calendar, season, quantiles)
+        _entity_part(data, e, sc, *rows[e], season, quantiles)
         for e in range(len(data.entity_names))
     ]
-    w = _assemble(data, parts, cuts, calendar, quantiles, history, horizon, season)
+    w = _assemble(data, parts, cuts, calendar, quantiles, history, horizon, season, sc)
     w.train_stride, w.eval_stride = int(train_stride), int(eval_stride)
     _attach_splits(w, data, parts, split)
     return w

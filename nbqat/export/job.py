@@ -9,7 +9,49 @@ from typing import Any
 from nbqat.export.parity import check_parity, division_study
 
 
-def run_metadata(windows: Any, q_risk: Mapping[str, Any]) -> dict:
+def preprocessing_metadata(windows: Any, cfg: Any) -> dict:
+    """The ``nbqat`` metadata of a run's self-contained ``model.onnx``.
+
+    Parameters
+    ----------
+    windows : nbqat.data.Windows
+        The run's windows (their :class:`~nbqat.data.Scaling`, names, shapes).
+    cfg : TrainConfig
+        The resolved run options (the time and entity columns).
+
+    Returns
+    -------
+    dict
+        ``history``, ``horizon``, ``step_seconds``, ``quantiles``, ``entities``,
+        ``history_columns`` (target, observed, known CSV columns: the graph input
+        ``history``'s last axis), ``future_columns`` (the known CSV columns: ``future``'s),
+        ``target``, ``time_col``, ``entity_col``, ``calendar``, ``test_start`` and
+        ``scaling`` (:meth:`Scaling.to_json`).
+    """
+    from nbqat.data import TMY3_COLUMNS
+
+    w, sc = windows, windows.scaling
+    csv = getattr(cfg, "csv", None)
+    time_col = cfg.time_col if csv is not None else TMY3_COLUMNS["time_col"]
+    entity_col = cfg.entity_col if csv is not None else TMY3_COLUMNS["entity_col"]
+    return {
+        "history": int(w.history),
+        "horizon": int(w.horizon),
+        "step_seconds": float(sc.step),
+        "quantiles": [float(q) for q in w.quantiles],
+        "entities": list(sc.entities),
+        "history_columns": [sc.target, *sc.observed, *sc.known],
+        "future_columns": list(sc.known),
+        "target": sc.target,
+        "time_col": time_col,
+        "entity_col": entity_col,
+        "calendar": list(sc.calendar),
+        "test_start": str(w.cutoffs[1]),
+        "scaling": sc.to_json(),
+    }
+
+
+def run_metadata(windows: Any, q_risk: Mapping[str, Any], cfg: Any = None) -> dict:
     """ONNX metadata props of a training run: input feature names, the target's per-entity
     scaling (``pred * scale + level`` gives the target's units) and the run's q-risk.
 
@@ -19,6 +61,8 @@ def run_metadata(windows: Any, q_risk: Mapping[str, Any]) -> dict:
         The run's windows (names, per-entity ``level`` / ``scale``).
     q_risk : Mapping
         The run's test q-risk by model (``metrics["q_risk_test"]``).
+    cfg : TrainConfig, optional
+        With it, the ``nbqat`` key of :func:`preprocessing_metadata` is added.
 
     Returns
     -------
@@ -36,6 +80,7 @@ def run_metadata(windows: Any, q_risk: Mapping[str, Any]) -> dict:
             for e, lv, sc in zip(w.entity_names, w.level, w.scale)
         },
         "q_risk_test": dict(q_risk),
+        **({"nbqat": preprocessing_metadata(w, cfg)} if cfg is not None else {}),
     }
 
 
@@ -49,6 +94,11 @@ def export_run(
     reference_rows: int = 16,
 ) -> dict:
     """The main job's export step: write ``out_dir/model.onnx`` and measure parity on ``split``.
+
+    With the ``nbqat`` metadata (:func:`preprocessing_metadata`, as :func:`run_metadata`
+    gives with a config) the file is the self-contained graph
+    (:func:`nbqat.export.preprocess.self_contained`: raw rows in, target units out); the
+    parity report is measured on its QDQ part, the graph :func:`nbqat.export.to_onnx` writes.
 
     Parameters
     ----------
@@ -73,12 +123,15 @@ def export_run(
         parity report of :func:`check_parity` (without predictions) and the
         :func:`division_study`.
     """
-    from nbqat.export.onnx_export import DEFAULT_OPSET, to_onnx
+    from nbqat._io import atomic_open
+    from nbqat.export.onnx_export import DEFAULT_OPSET, build_model
+    from nbqat.export.preprocess import self_contained
 
-    path = to_onnx(int8, pathlib.Path(out_dir) / "model.onnx", metadata=metadata)
+    path = pathlib.Path(out_dir) / "model.onnx"
+    proto, _ = build_model(int8, metadata=metadata)  # the QDQ graph: parity is measured on it
     rep = check_parity(  # the split read batch by batch: memory flat in the windows
         qat,
-        path,
+        proto,
         split,
         int8=int8,
         target=split.target_raw(),
@@ -86,7 +139,11 @@ def export_run(
         reference_rows=reference_rows,
     )
     rep.pop("_predictions")
-    rep["division_vs_reciprocal"] = division_study(path, split)
+    rep["division_vs_reciprocal"] = division_study(proto, split)
+    info = (metadata or {}).get("nbqat")
+    final = self_contained(proto, info) if info is not None else proto
+    with atomic_open(path, "wb", prefix=".nbqat-onnx-") as f:
+        f.write(final.SerializeToString())
     return {"file": path.name, "bytes": path.stat().st_size, "opset": DEFAULT_OPSET, **rep}
 
 

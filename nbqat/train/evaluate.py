@@ -300,6 +300,6 @@ def _rank0_outputs(r: Run, metrics: dict, p: dict, y: np.ndarray, qr: dict, t0: 
         metrics["plots"] = plots(r, y, p["naive_point"], p["float"], p["int8"], ridge_p50)
     r.tick("evaluate", t0)
     t0 = time.perf_counter()
-    meta = run_metadata(w, qr)
+    meta = run_metadata(w, qr, r.cfg)
     metrics["onnx_parity"] = export_run(r.qat, p["int8_model"], w.test, r.out, metadata=meta)
     r.tick("onnx", t0)

@@ -99,6 +99,11 @@ def _config(cfg: TrainConfig, resume: str | Path | None, par: Parallel) -> tuple
         saved["stop_after_steps"] = cfg.stop_after_steps
         cfg = TrainConfig(**saved)
     elif cfg.csv is not None:
+        if not isinstance(cfg.csv, (str, Path)):
+            raise TypeError(
+                f"TrainConfig.csv must be a path, got {type(cfg.csv).__name__}: to train on a "
+                "DataFrame use nbqat.Forecaster(...).fit(df, time_col=..., target_col=...)"
+            )
         cfg.csv = str(Path(cfg.csv).resolve())
     cfg = cfg.resolved()
     if par.distributed and cfg.compare_clipping:

@@ -144,7 +144,6 @@ def write_outputs(r: Run, metrics: dict, timings: dict) -> None:
     with atomic_open(out / "summary.txt", "w") as fh:
         fh.write(table + "\n")
     print(table)
-    print(
-        f"outputs in {out.resolve()}: metrics.json, summary.txt, timings.json, checkpoint/"
-        + (", *.png" if r.cfg.plots else "")
-    )
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir()
+                   if not p.name.startswith("."))  # fmt: skip
+    print(f"outputs in {out.resolve()}: {', '.join(names)}")

@@ -107,6 +107,20 @@ def summary_table(metrics: dict, timings: dict) -> str:
             f"{e}: " + ", ".join(f"{c} {n}" for c, n in cols.items()) for e, cols in filled.items()
         ]
         lines.append("filled by --fill-gaps (cells): " + "; ".join(parts))
+    top = (metrics.get("quant_report") or {}).get("sensitivity_top")
+    if top:
+        lines.append(
+            "most sensitive modules (test P50 with only it quantized, float "
+            f"{top[0]['float_P50']:.4f}): "
+            + ", ".join(f"{t['module']} {t['only_P50']:.4f}" for t in top)
+        )
+    carried = metrics["data"].get("carried_not_interpolated") or {}
+    if carried:
+        parts = [f"{e}: {', '.join(cols)}" for e, cols in carried.items()]
+        lines.append(
+            "flag / level columns repaired by carrying the last value (not interpolated): "
+            + "; ".join(parts)
+        )
     if "onnx_parity" in metrics:
         from nbqat.export import summary_lines
 

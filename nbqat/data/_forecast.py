@@ -1,0 +1,255 @@
+"""Forecast windows over new data with a run's stored :class:`~nbqat.data.Scaling`.
+
+``nbqat predict`` forecasts the ``horizon`` steps after each series' last target value (or
+from an origin ``--at TIME``, or from every rolling origin of a backtest). The rows of the
+forecast steps may be in the data (target empty, known columns filled) or not (then they are
+generated from the time step; a model with known columns other than the calendar then needs
+them). The model inputs are built by the training code's own path: the stored scaling's
+:func:`~nbqat.data._scaling.entity_features` on each entity's rows, gathered by
+:meth:`SplitWindows.batch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from nbqat.data._scaling import Scaling, entity_features
+from nbqat.data._series import DataError, SeriesData
+from nbqat.data._splits import SplitWindows, Windows
+
+__all__ = ["ForecastWindows", "forecast_windows"]
+
+
+@dataclass
+class ForecastWindows:
+    """The forecast windows of ``nbqat predict`` and their raw inputs.
+
+    Attributes
+    ----------
+    split : SplitWindows
+        The windows over the data's rows (``batch()`` gives the model inputs, ``times()`` the
+        forecast times, ``unscale()`` the target's units).
+    run_entity : ndarray int64 (B,)
+        Each window's entity as an index into the run's entity list.
+    origin : ndarray int64 (B,)
+        Each window's first forecast step as a row of its entity.
+    time : ndarray (B, k + tau)
+        The times of the history and forecast steps (``datetime64[s]`` or float64).
+    history_raw : ndarray float64 (B, k, 1 + m_obs + m_known)
+        The raw target, observed and known columns over the history steps.
+    future_raw : ndarray float64 (B, tau, m_known)
+        The raw known columns over the forecast steps.
+    actual : ndarray float64 (B, tau)
+        The target over the forecast steps (NaN where the data has none).
+    """
+
+    split: SplitWindows
+    run_entity: np.ndarray
+    origin: np.ndarray
+    time: np.ndarray
+    history_raw: np.ndarray
+    future_raw: np.ndarray
+    actual: np.ndarray
+
+
+def _check_roles(data: SeriesData, sc: Scaling) -> None:
+    got = (data.target_name, list(data.observed_names), list(data.known_names))
+    want = (sc.target, list(sc.observed), list(sc.known))
+    if got != want:
+        raise DataError(
+            f"the data's columns (target, observed, known) {got} are not the trained model's "
+            f"{want}: give data with the training run's columns"
+        )
+    if data.is_datetime != sc.is_datetime:
+        raise DataError(
+            "the data's time column holds "
+            + ("date times" if data.is_datetime else "numbers")
+            + " but the model was trained on "
+            + ("date times" if sc.is_datetime else "numbers")
+        )
+
+
+def _spell(data: SeriesData, t: Any) -> str:
+    """A time as the data spells it (for messages)."""
+    from nbqat.data._timecol import format_times
+
+    return format_times(np.asarray([t]), data.time_format)[0]
+
+
+def _origins(t: np.ndarray, n_past: int, name: str, k: int, tau: int, at: Any, bt: Any) -> Any:
+    """The origin rows of one entity: after its last target value, at ``at``, or the rolling
+    origins ``bt = (start, stride)`` whose forecast steps all have a target value."""
+    lo, hi = k, n_past  # an origin needs k history rows with a target value before it
+    if n_past < k:
+        raise DataError(
+            f"entity {name!r} has {n_past} rows with a target value; a forecast needs "
+            f"--history {k} of them before its first step"
+        )
+    if at is None and bt is None:
+        return np.array([n_past], dtype=np.int64)
+    step = t[1] - t[0] if len(t) > 1 else None
+    if bt is not None:
+        start, stride = bt
+        first = lo if start is None else _row_of(t, start, step, name, "--start")
+        rows = np.arange(max(first, lo), hi - tau + 1, stride, dtype=np.int64)
+        if not len(rows):
+            raise DataError(
+                f"entity {name!r}: no backtest origin from {start if start is not None else t[lo]}"
+                f" has its {tau} forecast steps with target values (the last such origin is "
+                f"{t[hi - tau] if hi - tau >= lo else 'none: the series is too short'}); use an "
+                "earlier --start"
+            )
+        return rows
+    o = _row_of(t, at, step, name, "--at")
+    if not lo <= o <= hi:
+        raise DataError(
+            f"--at {at} is outside the data of entity {name!r}: an origin needs --history {k} "
+            f"rows with a target value before it, so it must lie from {t[lo]} to "
+            f"{_time_at(t, hi, step)}"
+        )
+    return np.array([o], dtype=np.int64)
+
+
+def _time_at(t: np.ndarray, i: int, step: Any) -> Any:
+    return t[i] if i < len(t) else t[-1] + (i - len(t) + 1) * step
+
+
+def _row_of(t: np.ndarray, when: Any, step: Any, name: str, opt: str) -> int:
+    """The row of time ``when`` on the entity's regular axis (it may be past the end)."""
+    d = (when - t[0]) / step if step is not None else 0.0
+    r = int(np.floor(float(d) + 1e-9))
+    if abs(float(d) - r) > 1e-6:
+        raise DataError(
+            f"{opt} {when} is not on entity {name!r}'s time grid ({t[0]} + a multiple of {step})"
+        )
+    if r < 0:
+        raise DataError(f"{opt} {when} is before the data of entity {name!r} (from {t[0]})")
+    return r
+
+
+def _extend(data: SeriesData, e: int, n: int) -> tuple:
+    """Entity ``e``'s times, target, observed and known columns extended to ``n`` rows (the
+    generated rows: times from the step, values NaN); and the number of rows it had."""
+    t, n0 = data.times[e], len(data.times[e])
+    if n <= n0:
+        return t, data.target[e], data.observed[e], data.known[e], n0
+    extra = n - n0
+    t = np.concatenate([t, t[-1] + np.arange(1, extra + 1) * data.step])
+
+    def pad(a: np.ndarray) -> np.ndarray:
+        return np.concatenate([a, np.full((extra,) + a.shape[1:], np.nan)])
+
+    return t, pad(data.target[e]), pad(data.observed[e]), pad(data.known[e]), n0
+
+
+def _check_future_known(data, sc, name, t, known, n0, origins, tau) -> None:
+    """Every known column the forecast steps need has a value (no silent zero-fill)."""
+    if not sc.known:
+        return
+    for o in origins:
+        block = known[o : o + tau]
+        bad = np.argwhere(~np.isfinite(block))
+        if not len(bad):
+            continue
+        i, j = int(bad[0][0]) + int(o), int(bad[0][1])
+        if i >= n0:
+            raise DataError(
+                f"the model uses the known column(s) {list(sc.known)}, which the data does "
+                f"not give for the forecast steps of entity {name!r}: add the rows from "
+                f"{_spell(data, t[max(n0, int(o))])} to {_spell(data, t[int(o) + tau - 1])} with "
+                "those columns filled and "
+                f"the target ({sc.target!r}) empty"
+            )
+        raise DataError(
+            f"entity {name!r}: known column {sc.known[j]!r} has no value at {_spell(data, t[i])}, "
+            "a forecast "
+            "step; every known column needs a value in the rows to forecast"
+        )
+
+
+def forecast_windows(
+    data: SeriesData,
+    sc: Scaling,
+    *,
+    history: int,
+    horizon: int,
+    quantiles: Sequence[float],
+    at: Any = None,
+    backtest: tuple[Any, int] | None = None,
+) -> ForecastWindows:
+    """Forecast windows of every entity of ``data`` with the stored transform ``sc``.
+
+    Parameters
+    ----------
+    data : SeriesData
+        Loaded with ``future_rows=True`` (rows after the last target value are the steps to
+        forecast) and the run's columns.
+    sc : Scaling
+        The run's stored transform (never refitted here).
+    history, horizon : int
+        k and tau of the run.
+    quantiles : sequence of float
+    at : numpy.datetime64 or float, optional
+        The origin (first forecast step) of every entity's window; default the step after
+        its last target value.
+    backtest : (start, stride), optional
+        Rolling origins from ``start`` (None: the first possible) every ``stride`` steps,
+        each with all its forecast steps holding target values.
+
+    Returns
+    -------
+    ForecastWindows
+
+    Raises
+    ------
+    DataError
+        Columns other than the run's; an entity the run does not know; too few history rows;
+        an ``at`` outside the data or off its time grid; known values missing in the
+        forecast steps (naming the column, the time and the rows to add).
+    """
+    _check_roles(data, sc)
+    k, tau = int(history), int(horizon)
+    feats, raws, rows, ents, offs = [], [], [], [], 0
+    for e, name in enumerate(data.entity_names):
+        r = sc.index(name)
+        n_past = int(np.flatnonzero(np.isfinite(data.target[e]))[-1]) + 1
+        o = _origins(data.times[e], n_past, name, k, tau, at, backtest)
+        t, y, obs, known, n0 = _extend(data, e, int(o.max()) + tau)
+        _check_future_known(data, sc, name, t, known, n0, o, tau)
+        hist, fut, ystd = entity_features(sc, r, t, y, obs, known)
+        feats.append((hist, fut, ystd, t))
+        raws.append((np.concatenate([y[:, None], obs, known], axis=1), known, y))
+        rows.append(o + offs)
+        ents.append(np.full(len(o), e, dtype=np.int64))
+        offs += len(t)
+    idx = [sc.index(n) for n in data.entity_names]
+    w = Windows(
+        history=k, horizon=tau, season=k, quantiles=tuple(float(q) for q in quantiles),
+        static=np.asarray(sc.static, np.float64)[idx].astype(np.float32),
+        hist_features=np.concatenate([f[0] for f in feats]).astype(np.float32),
+        future_features=np.concatenate([f[1] for f in feats]).astype(np.float32),
+        target_std=np.concatenate([f[2] for f in feats]).astype(np.float32),
+        target_raw=np.concatenate([r[2] for r in raws]), time=np.concatenate([f[3] for f in feats]),
+        level=np.asarray(sc.level)[idx], scale=np.asarray(sc.scale)[idx],
+        entity_names=list(data.entity_names), static_names=[], historical_names=[],
+        future_names=sc.future_names, naive_residual_quantiles=np.zeros((len(idx), 0)),
+        cutoffs=(None, None), target_name=sc.target, source=data.source, step=data.step,
+        scaling=sc,
+    )  # fmt: skip
+    split = SplitWindows("forecast", np.concatenate(rows), np.concatenate(ents), w)
+    hraw, kraw = np.concatenate([r[0] for r in raws]), np.concatenate([r[1] for r in raws])
+    g = split.rows[:, None]
+    return ForecastWindows(
+        split=split,
+        run_entity=np.asarray(idx, np.int64)[split.entity],
+        origin=split.rows
+        - np.concatenate([[0], np.cumsum([len(f[3]) for f in feats])])[split.entity],
+        time=w.time[g + np.arange(-k, tau)],
+        history_raw=hraw[g + np.arange(-k, 0)],
+        future_raw=kraw[g + np.arange(tau)],
+        actual=split.target_raw(),
+    )

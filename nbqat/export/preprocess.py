@@ -1,0 +1,204 @@
+"""The self-contained ``model.onnx``: raw rows in, forecasts in the target's units out.
+
+:func:`self_contained` wraps the QDQ graph of :func:`nbqat.export.build_model` (inputs
+``static``, ``historical``, ``future``: standardised features) with the run's input transform
+(:class:`nbqat.data.Scaling`) and the output's unscaling, all inside the graph:
+
+* inputs ``entity`` int64 (B,) (index into the run's entity list), ``time`` int64 (B, k + tau)
+  (seconds since the Unix epoch of every history and forecast step; naive timestamps read as
+  UTC, as the loader does), ``history`` float32 (B, k, n_h) (the raw CSV columns
+  ``history_columns``: target, observed, known), ``future`` float32 (B, tau, n_f) (the raw
+  known CSV columns ``future_columns``);
+* output ``quantiles`` float32 (B, tau, Q) in the target's units.
+
+The transform is computed in float64, with the formulas of
+:meth:`Scaling.observed_features` / :meth:`Scaling.known_features` /
+:func:`nbqat.data._calendar.calendar_features` in the same operation order, then cast to
+float32 where the QDQ graph starts; so the graph's inputs equal nbqat's up to the float32
+rounding of the raw values. The QDQ part is the one :func:`nbqat.export.to_onnx` writes (its
+parity report is measured on it). Calendar features need times from 1900 to 2399.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+__all__ = ["self_contained"]
+
+_FIRST_YEAR, _N_YEARS = 1900, 500
+
+
+def _year_starts() -> np.ndarray:
+    """Days since the epoch of 1 January of each year from 1900 (one more entry at the end)."""
+    y = (np.arange(_FIRST_YEAR, _FIRST_YEAR + _N_YEARS + 2) - 1970).astype("datetime64[Y]")
+    return y.astype("datetime64[D]").astype(np.int64)
+
+
+class _G:
+    """A tiny node/initializer collector (names prefixed ``pre.``)."""
+
+    def __init__(self) -> None:
+        from onnx import helper, numpy_helper
+
+        self.h, self.nh = helper, numpy_helper
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+        self.n = 0
+
+    def name(self, hint: str) -> str:
+        self.n += 1
+        return f"pre.{hint}.{self.n}"
+
+    def c(self, value: Any, dtype: Any = np.float64) -> str:
+        arr = np.asarray(value, dtype=dtype)
+        name = self.name("c")
+        self.inits.append(self.nh.from_array(np.array(arr, order="C"), name))
+        return name
+
+    def op(self, op: str, inputs: list[str], hint: str = "", out: str | None = None, **kw) -> str:
+        o = out or self.name(hint or op)
+        self.nodes.append(self.h.make_node(op, inputs, [o], name=self.name("n." + op), **kw))
+        return o
+
+    def slice(self, x: str, lo: int, hi: int, axis: int) -> str:
+        i64 = np.int64
+        return self.op("Slice", [x, self.c([lo], i64), self.c([hi], i64), self.c([axis], i64)])
+
+    def per_entity(self, table: Any, entity: str, rank: int, dtype: Any = np.float64) -> str:
+        """Row ``entity`` of ``table`` (E, m), shaped (B, 1, m) for rank 3 or (B, 1, 1)."""
+        g = self.op("Gather", [self.c(table, dtype), entity], axis=0)
+        return self.op("Unsqueeze", [g, self.c([1] if rank == 3 else [1, 2], np.int64)])
+
+
+def _calendar(g: _G, secs: str, names: list[str]) -> dict[str, str]:
+    """The calendar features (B, n) float64 of int64 seconds ``secs``."""
+    i64 = np.int64
+    sod = g.op("Mod", [secs, g.c(86400, i64)], fmod=0)  # floor semantics, as numpy's
+    day = g.op("Div", [g.op("Sub", [secs, sod]), g.c(86400, i64)])
+    out: dict[str, str] = {}
+    two_pi = g.c(2 * np.pi)
+    if {"hour_sin", "hour_cos"} & set(names):
+        frac = g.op("Div", [g.op("Cast", [sod], to=11), g.c(86400.0)])
+        ang = g.op("Mul", [two_pi, frac])
+        out["hour_sin"], out["hour_cos"] = g.op("Sin", [ang]), g.op("Cos", [ang])
+    if {"doy_sin", "doy_cos"} & set(names):
+        ys = _year_starts()
+        q = g.op("Div", [g.op("Mul", [g.op("Sub", [day, g.c(ys[0], i64)]), g.c(400, i64)]),
+                         g.c(146097, i64)])  # fmt: skip
+        q = g.op("Clip", [q, g.c(0, i64), g.c(_N_YEARS - 1, i64)])
+        table = g.c(ys, i64)
+        below = g.op("Cast", [g.op("Less", [day, g.op("Gather", [table, q], axis=0)])], to=7)
+        q = g.op("Sub", [q, below])
+        q1 = g.op("Add", [q, g.c(1, i64)])
+        above = g.op("Cast", [g.op("GreaterOrEqual", [day, g.op("Gather", [table, q1])])], to=7)
+        q = g.op("Add", [q, above])
+        start = g.op("Mul", [g.op("Gather", [table, q], axis=0), g.c(86400, i64)])
+        end = g.op("Mul", [g.op("Gather", [table, g.op("Add", [q, g.c(1, i64)])], axis=0),
+                           g.c(86400, i64)])  # fmt: skip
+        frac = g.op("Div", [g.op("Cast", [g.op("Sub", [secs, start])], to=11),
+                            g.op("Cast", [g.op("Sub", [end, start])], to=11)])  # fmt: skip
+        ang = g.op("Mul", [two_pi, frac])
+        out["doy_sin"], out["doy_cos"] = g.op("Sin", [ang]), g.op("Cos", [ang])
+    if "day_of_week" in names:
+        dow = g.op("Cast", [g.op("Mod", [g.op("Add", [day, g.c(3, i64)]), g.c(7, i64)], fmod=0)],
+                   to=11)  # fmt: skip
+        out["day_of_week"] = g.op("Sub", [g.op("Div", [dow, g.c(3.0)]), g.c(1.0)])
+    return out
+
+
+def _known(g: _G, sc: Any, entity: str, secs: str, raw: str) -> str:
+    """The known inputs (B, n, m_x) float64 at int64 times ``secs`` (B, n) with the raw known
+    columns ``raw`` (B, n, m_known) float64, in :attr:`Scaling.future_names` order."""
+    parts = []
+    cal = _calendar(g, secs, list(sc.calendar_names)) if sc.calendar_names else {}
+    for c in sc.calendar_names:
+        parts.append(g.op("Unsqueeze", [cal[c], g.c([2], np.int64)]))
+    if "time_index" in sc.calendar:
+        tnum = g.op("Sub", [g.op("Cast", [secs], to=11), g.c(sc.t0)])
+        ti = g.op("Sub", [g.op("Div", [g.op("Mul", [g.c(2.0), tnum]),
+                                       g.c(max(float(sc.t_span), 1e-300))]), g.c(1.0)])  # fmt: skip
+        parts.append(g.op("Unsqueeze", [ti, g.c([2], np.int64)]))
+    if sc.known:
+        mu = g.per_entity(np.asarray(sc.known_mu), entity, 3)
+        sd = g.per_entity(np.asarray(sc.known_sd), entity, 3)
+        parts.append(g.op("Div", [g.op("Sub", [raw, mu]), sd]))
+    return parts[0] if len(parts) == 1 else g.op("Concat", parts, axis=2)
+
+
+def self_contained(inner: Any, info: dict) -> Any:
+    """The QDQ model ``inner`` (inputs static / historical / future) wrapped with the run's
+    transform: raw rows in, target units out (see the module docstring).
+
+    Parameters
+    ----------
+    inner : onnx.ModelProto
+        :func:`nbqat.export.build_model`'s model (its metadata is kept).
+    info : dict
+        :func:`nbqat.export.job.preprocessing_metadata` (stored as the metadata key ``nbqat``).
+
+    Returns
+    -------
+    onnx.ModelProto
+        Checked (``onnx.checker.check_model(full_check=True)``).
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    from nbqat.data import Scaling
+
+    sc = Scaling.from_json(info["scaling"])
+    k, tau = int(info["history"]), int(info["horizon"])
+    n_obs, n_h, n_f = 1 + len(sc.observed), len(info["history_columns"]), len(sc.known)
+    g = _G()
+    hist = g.op("Cast", ["history"], to=11)
+    fut = g.op("Cast", ["future"], to=11)
+    obs = g.slice(hist, 0, n_obs, 2)
+    mu = g.per_entity(np.asarray(sc.obs_mu), "entity", 3)
+    sd = g.per_entity(np.asarray(sc.obs_sd), "entity", 3)
+    obs_std = g.op("Div", [g.op("Sub", [obs, mu]), sd])
+    t_hist, t_fut = g.slice("time", 0, k, 1), g.slice("time", k, k + tau, 1)
+    kh = _known(g, sc, "entity", t_hist, g.slice(hist, n_obs, n_h, 2))
+    kf = _known(g, sc, "entity", t_fut, fut)
+    g.op("Cast", [g.op("Concat", [obs_std, kh], axis=2)], out="historical", to=1)
+    g.op("Cast", [kf], out="future_features", to=1)
+    static = np.asarray(sc.static, np.float64).astype(np.float32)
+    g.op("Gather", [g.c(static, np.float32), "entity"], out="static", axis=0)
+    body = onnx.ModelProto()
+    body.CopyFrom(inner)
+    for node in body.graph.node:  # the QDQ graph's future input is the known features
+        node.input[:] = ["future_features" if i == "future" else i for i in node.input]
+        node.output[:] = ["pre.quantiles_std" if o == "quantiles" else o for o in node.output]
+    post = _G()
+    post.n = g.n
+    y = post.op("Cast", ["pre.quantiles_std"], to=11)
+    scl = post.per_entity(np.asarray(sc.scale), "entity", 2)
+    lvl = post.per_entity(np.asarray(sc.level), "entity", 2)
+    post.op("Cast", [post.op("Add", [post.op("Mul", [y, scl]), lvl])], out="quantiles", to=1)
+    nq = len(info["quantiles"])
+    inputs = [
+        helper.make_tensor_value_info("entity", TensorProto.INT64, ["batch"]),
+        helper.make_tensor_value_info("time", TensorProto.INT64, ["batch", k + tau]),
+        helper.make_tensor_value_info("history", TensorProto.FLOAT, ["batch", k, n_h]),
+        helper.make_tensor_value_info("future", TensorProto.FLOAT, ["batch", tau, n_f]),
+    ]
+    graph = helper.make_graph(
+        g.nodes + list(body.graph.node) + post.nodes,
+        "nbqat_forecaster",
+        inputs,
+        [helper.make_tensor_value_info("quantiles", TensorProto.FLOAT, ["batch", tau, nq])],
+        initializer=list(body.graph.initializer) + g.inits + post.inits,
+    )
+    model = helper.make_model(graph, producer_name=inner.producer_name,
+                              producer_version=inner.producer_version,
+                              opset_imports=list(inner.opset_import))  # fmt: skip
+    model.ir_version = inner.ir_version
+    props = {p.key: p.value for p in inner.metadata_props}
+    props["nbqat"] = json.dumps(info)
+    props["inputs"] = json.dumps({"entity": [], "time": [k + tau], "history": [k, n_h],
+                                  "future": [tau, n_f]})  # fmt: skip
+    helper.set_model_props(model, props)
+    onnx.checker.check_model(model, full_check=True)
+    return model

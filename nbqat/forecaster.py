@@ -1,0 +1,367 @@
+"""``nbqat.Forecaster``: the main job (``nbqat train`` / ``nbqat predict``) as a Python API.
+
+::
+
+    from nbqat import Forecaster
+
+    fc = Forecaster(quick=True, history=48, horizon=24, plots=False)
+    fc.fit(df, time_col="time", target_col="demand", entity_col="site", known_cols=["holiday"])
+    future = fc.predict()            # the 24 steps after each site's last demand value
+    fc.save("demand-run")            # a run folder, as nbqat train writes
+    Forecaster.load("demand-run").predict(df_with_future_rows)
+
+The CLI's ``train``, ``predict`` and ``backtest`` are a thin layer over this class, so both
+give the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Forecaster"]
+
+#: TrainConfig fields the Forecaster sets from ``fit``'s arguments (not options).
+_DATA_FIELDS = ("csv", "time_col", "target_col", "entity_col", "known_cols", "static_cols",
+                "observed_cols")  # fmt: skip
+#: Options whose CLI flag is the negation (``--no-plots``) or that only tests use.
+_HIDDEN = ("stop_after_steps",)
+
+
+def _names(cols: Any) -> str | None:
+    if cols is None:
+        return None
+    if isinstance(cols, str):
+        return cols
+    return ",".join(str(c) for c in cols)
+
+
+def _option_names() -> list[str]:
+    from nbqat.train import TrainConfig
+
+    return [f.name for f in fields(TrainConfig) if f.name not in _DATA_FIELDS + _HIDDEN]
+
+
+class Forecaster:
+    """Train, load and run a quantile forecaster (``nbqat train`` with its long options).
+
+    Parameters
+    ----------
+    **options
+        The ``nbqat train`` long options with underscores: ``history=``, ``horizon=``,
+        ``calendar="hour,dow"``, ``quick=True``, ``plots=False``, ``progress=False``,
+        ``model="lstm"``, ``epochs=``, ``seed=``, ``fill_gaps=True``, ``overwrite=True`` ...;
+        ``out=None`` (default) trains into a temporary run folder (keep it with :meth:`save`).
+
+    Raises
+    ------
+    TypeError
+        For an option ``nbqat train`` does not have (the message lists them).
+    """
+
+    def __init__(self, **options: Any) -> None:
+        bad = sorted(set(options) - set(_option_names()))
+        if bad:
+            raise TypeError(
+                f"Forecaster got unknown option(s) {bad}; the options are nbqat train's: "
+                f"{', '.join(_option_names())}"
+            )
+        self.options = dict(options)
+        self.run_dir: Path | None = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._result: dict | None = None
+
+    # ------------------------------------------------------------------------------ training
+    def fit(
+        self,
+        data: Any,
+        time_col: str | None = None,
+        target_col: str | None = None,
+        entity_col: str | None = None,
+        observed_cols: Any = None,
+        known_cols: Any = (),
+        static_cols: Any = (),
+    ) -> Forecaster:
+        """Train on ``data`` (float training, calibration, QAT, int8, ONNX export, metrics).
+
+        Parameters
+        ----------
+        data : pandas.DataFrame, str, os.PathLike or SeriesData
+            A long-format table (one row per entity and time step), a ``.csv`` /
+            ``.csv.gz`` / ``.parquet`` path, or loaded :class:`~nbqat.data.SeriesData` (then
+            the column arguments come from it). A DataFrame or SeriesData is stored in the
+            run folder as ``data.parquet`` (``predict()`` without data reads it).
+        time_col, target_col : str
+            The time column (ISO 8601 date times, naive ones read as UTC, or numbers) and the
+            column to forecast.
+        entity_col : str, optional
+            The series id column.
+        observed_cols : sequence of str, optional
+            Past-only inputs; default every column not named otherwise (as the CLI).
+        known_cols, static_cols : sequence of str
+            Inputs known in advance; per-entity constants.
+
+        Returns
+        -------
+        Forecaster
+            ``self``.
+
+        Raises
+        ------
+        DataError, ValueError
+            Bad data or options, before anything is trained (the message names the fix).
+        """
+
+        created = self.options.get("out") is None or not Path(self.options["out"]).exists()
+        try:
+            return self._fit(data, time_col, target_col, entity_col, observed_cols, known_cols,
+                             static_cols)  # fmt: skip
+        except BaseException:
+            out = Path(self.options["out"])
+            if created and out.is_dir() and not (out / "checkpoint").exists():
+                shutil.rmtree(out, ignore_errors=True)  # a failed fit leaves no folder behind
+            raise
+
+    def _fit(self, data, time_col, target_col, entity_col, observed_cols, known_cols,
+             static_cols) -> Forecaster:  # fmt: skip
+        from nbqat.data import SeriesData
+
+        if isinstance(data, SeriesData):
+            time_col, target_col = "time", data.target_name
+            entity_col, observed_cols = "entity", list(data.observed_names)
+            known_cols, static_cols = list(data.known_names), list(data.static_names)
+            data = _series_frame(data)
+        if time_col is None or target_col is None:
+            raise ValueError(
+                "fit needs time_col= and target_col= (the --time-col and --target-col)"
+            )
+        out = self._out()
+        path: Any = data
+        if not isinstance(data, (str, os.PathLike)):
+            import pandas as pd
+
+            if not isinstance(data, pd.DataFrame):
+                raise TypeError(
+                    f"data must be a pandas DataFrame, a path or a SeriesData, got "
+                    f"{type(data).__name__}"
+                )
+            from nbqat import preflight
+
+            preflight.check_out(out, bool(self.options.get("overwrite")))
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / "data.parquet"
+            data.to_parquet(path, index=False)
+        cfg = self._config(
+            csv=str(path), time_col=time_col, target_col=target_col, entity_col=entity_col,
+            observed_cols=_names(observed_cols), known_cols=_names(known_cols) or None,
+            static_cols=_names(static_cols) or None,
+        )  # fmt: skip
+        return self.train(cfg)
+
+    def _out(self) -> Path:
+        if self.options.get("out") is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="nbqat-run-")
+            self.options["out"] = str(Path(self._tmp.name) / "run")
+        return Path(self.options["out"])
+
+    def _config(self, **data_fields: Any) -> Any:
+        from nbqat.train import TrainConfig
+
+        kw = {k: v for k, v in self.options.items() if v is not None or k == "max_norm"}
+        return TrainConfig(**kw, **data_fields)
+
+    def train(self, cfg: Any, resume: Any = None, check: bool = False) -> Forecaster:
+        """Run ``nbqat train`` with a :class:`~nbqat.train.TrainConfig` (what the CLI calls;
+        :meth:`fit` builds ``cfg`` from its arguments).
+
+        Parameters
+        ----------
+        cfg : TrainConfig
+        resume : str or Path, optional
+            A checkpoint folder to continue (``--resume``).
+        check : bool, default False
+            Only validate (``--check``): nothing is written, :attr:`result` holds the data
+            summary.
+
+        Returns
+        -------
+        Forecaster
+            ``self`` (:attr:`run_dir` is the run folder unless ``check``).
+        """
+        from nbqat.train import run
+
+        self._result = run(cfg, resume=resume, check_only=check)
+        if not check:
+            out = Path(cfg.out) if resume is None else Path(resume).parent
+            self.run_dir = out
+        return self
+
+    @property
+    def result(self) -> dict | None:
+        """What the last :meth:`train` returned (metrics, or ``--check``'s data summary)."""
+        return self._result
+
+    # ------------------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike) -> Forecaster:
+        """The forecaster of any folder ``nbqat train`` wrote (finished).
+
+        Parameters
+        ----------
+        run_dir : str or os.PathLike
+            The ``--out`` folder of a finished run (of the CLI or of :meth:`fit`).
+
+        Returns
+        -------
+        Forecaster
+
+        Raises
+        ------
+        FileNotFoundError, ValueError
+            No such folder, or no finished run in it (:func:`nbqat.predict.load_run`).
+        """
+        from nbqat.predict import load_run
+
+        run, cfg = load_run(run_dir)
+        names = set(_option_names())
+        fc = cls(**{k: v for k, v in cfg.items() if k in names})
+        fc.run_dir = run
+        return fc
+
+    def _run(self) -> Path:
+        if self.run_dir is None:
+            raise ValueError("this Forecaster is not trained: call fit() or Forecaster.load(RUN)")
+        return self.run_dir
+
+    @property
+    def metrics(self) -> dict:
+        """The run's ``metrics.json`` (q-risk of every model, data, training, ONNX parity)."""
+        return json.loads((self._run() / "metrics.json").read_text())
+
+    # ------------------------------------------------------------------------------ forecasts
+    def predict(self, data: Any = None, at: Any = None, engine: str = "onnx",
+                fill_gaps: bool | None = None) -> Any:  # fmt: skip
+        """Forecast the ``horizon`` steps after each series' last target value (or from
+        ``at``); the same numbers as ``nbqat predict`` with the same engine.
+
+        Parameters
+        ----------
+        data : DataFrame, path or SeriesData, optional
+            The run's columns; rows after the last target value (target empty, known columns
+            filled) are the steps to forecast. Default: the data it was fitted on.
+        at : str, numpy.datetime64 or float, optional
+            The origin: the first forecast step (adds ``actual``).
+        engine : {"onnx", "int8", "float"}, default "onnx"
+        fill_gaps : bool, optional
+            Default: as trained.
+
+        Returns
+        -------
+        pandas.DataFrame
+            ``entity, time, step, p10, p50, p90 [, actual]`` (:func:`nbqat.predict.forecast`).
+        """
+        from nbqat.predict import forecast
+
+        return forecast(self._run(), data, at=at, engine=engine, fill_gaps=fill_gaps)
+
+    def backtest(self, data: Any = None, start: Any = None, stride: int | None = None,
+                 engine: str = "onnx", fill_gaps: bool | None = None) -> Any:  # fmt: skip
+        """Rolling-origin forecasts with actuals (every ``stride`` steps from ``start``).
+
+        Parameters
+        ----------
+        data : DataFrame, path or SeriesData, optional
+        start : str, numpy.datetime64 or float, optional
+            The first origin; default the run's test split start.
+        stride : int, optional
+            Steps between origins; default the horizon.
+        engine, fill_gaps
+            As in :meth:`predict`.
+
+        Returns
+        -------
+        pandas.DataFrame
+            ``entity, origin, time, step, p10, p50, p90, actual``; ``.attrs["q_risk"]``: the
+            q-risk per quantile (:func:`nbqat.predict.q_risk_table`).
+        """
+        from nbqat.predict import forecast, load_run, q_risk_table, run_info
+
+        run, cfg = load_run(self._run())
+        info = run_info(run, cfg)
+        if start is None:
+            start = info.get("test_start")
+        stride = int(stride) if stride is not None else int(info["horizon"])
+        if stride < 1:
+            raise ValueError(f"--stride must be a positive integer, got {stride}")
+        df = forecast(run, data, backtest=(start, stride), engine=engine, fill_gaps=fill_gaps)
+        df.attrs["q_risk"] = q_risk_table(df, info["quantiles"])
+        return df
+
+    # ------------------------------------------------------------------------------ files
+    def save(self, path: str | os.PathLike) -> Path:
+        """Copy the run folder to ``path``; the copy is a run folder like any
+        (``Forecaster.load(path)``, ``nbqat predict path``).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            A folder that does not exist yet.
+
+        Returns
+        -------
+        pathlib.Path
+
+        Raises
+        ------
+        ValueError
+            When ``path`` exists.
+        """
+        dst = Path(path)
+        if dst.exists():
+            raise ValueError(f"save: {str(dst)!r} exists; choose a new folder")
+        shutil.copytree(self._run(), dst)
+        return dst
+
+    def to_onnx(self, path: str | os.PathLike) -> Path:
+        """Write the self-contained ONNX model (raw rows in, target units out; see
+        docs/export.md) to ``path``, atomically.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The ``.onnx`` file (its folder must exist).
+
+        Returns
+        -------
+        pathlib.Path
+        """
+        from nbqat._io import atomic_open
+
+        data = (self._run() / "model.onnx").read_bytes()
+        with atomic_open(path, "wb", prefix=".nbqat-onnx-") as f:
+            f.write(data)
+        return Path(path)
+
+
+def _series_frame(data: Any) -> Any:
+    """A long-format DataFrame of :class:`~nbqat.data.SeriesData` (entity, time, target,
+    observed, known, static columns)."""
+    import numpy as np
+    import pandas as pd
+
+    parts = []
+    for e, name in enumerate(data.entity_names):
+        cols = {"entity": name, "time": data.times[e], data.target_name: data.target[e]}
+        for j, c in enumerate(data.observed_names):
+            cols[c] = data.observed[e][:, j]
+        for j, c in enumerate(data.known_names):
+            cols[c] = data.known[e][:, j]
+        for j, c in enumerate(data.static_names):
+            cols[c] = np.full(len(data.times[e]), data.static[e, j])
+        parts.append(pd.DataFrame(cols))
+    return pd.concat(parts, ignore_index=True)

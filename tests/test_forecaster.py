@@ -1,0 +1,305 @@
+"""Forecasting the future on held-back data of another kind than the shipped one.
+
+A synthetic hourly demand table (three sites, a holiday flag and a price known in advance, a
+temperature observed) is built here: ``nbqat predict`` forecasts the steps after the last
+demand value (rows with the demand empty and the known columns filled), ``--at`` gives actuals,
+the onnxruntime example of docs/export.md reproduces ``nbqat predict`` without nbqat, and
+``nbqat.Forecaster`` gives the CLI's numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nbqat.cli import main
+
+TAU, K = 6, 24
+TINY = [
+    "--epochs", "1", "--qat-epochs", "1", "--batch-size", "16", "--hidden-dim", "4",
+    "--heads", "1", "--history", str(K), "--horizon", str(TAU), "--windows-per-epoch", "32",
+    "--calibration-batches", "2", "--eval-stride", "48", "--no-progress", "--no-plots",
+]  # fmt: skip
+COLS = [
+    "--time-col", "ts", "--target-col", "demand", "--entity-col", "site",
+    "--known-cols", "holiday,price", "--observed-cols", "temp",
+]  # fmt: skip
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _demand(days: int = 30) -> pd.DataFrame:
+    """Hourly demand of three sites (daily cycle, holidays, price response, noise)."""
+    rng = np.random.default_rng(7)
+    parts = []
+    for i, site in enumerate(["north", "south", "east"]):
+        t = pd.date_range("2024-03-01", periods=24 * days, freq="h")
+        hol = ((t.day_of_week >= 5) | (t.day == 15)).astype(int)
+        price = 20 + 5 * np.sin(np.arange(len(t)) / 17.0) + rng.normal(0, 1, len(t))
+        temp = 10 + 8 * np.sin(2 * np.pi * (t.hour - 6) / 24) + rng.normal(0, 1, len(t))
+        y = (100 * (i + 1) + 30 * np.sin(2 * np.pi * t.hour / 24) - 25 * hol - 1.5 * price
+             + rng.normal(0, 3, len(t)))  # fmt: skip
+        parts.append(pd.DataFrame({"site": site, "ts": t.strftime("%Y-%m-%d %H:%M"),
+                                   "demand": y.round(2), "temp": temp.round(2),
+                                   "holiday": hol, "price": price.round(3)}))  # fmt: skip
+    return pd.concat(parts, ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def demand(tmp_path_factory):
+    """(folder, full frame, train CSV, future CSV, trained run)."""
+    d = tmp_path_factory.mktemp("demand")
+    full = _demand()
+    last = full.groupby("site").cumcount(ascending=False) < TAU  # the last 6 h of each site
+    full[~last].to_csv(d / "train.csv", index=False)
+    fut = full.copy()
+    fut.loc[last, ["demand", "temp"]] = np.nan  # the future: demand unknown, covariates known
+    fut.to_csv(d / "future.csv", index=False)
+    run = d / "run"
+    assert main(["train", *TINY, *COLS, "--csv", str(d / "train.csv"), "--out", str(run)]) == 0
+    return d, full, d / "train.csv", d / "future.csv", run
+
+
+def _fails(argv, capsys, needle: str, out: Path | None = None) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+    if out is not None:
+        assert not out.exists()
+    return err
+
+
+def test_predict_forecasts_the_future_from_future_rows(demand, tmp_path):
+    d, full, _, fut, run = demand
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "f.csv"
+        assert main(["predict", str(run), "--csv", str(fut), "--out", str(out)]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
+    got = pd.read_csv(out)
+    assert list(got.columns) == ["entity", "time", "step", "p10", "p50", "p90"]
+    raw = pd.read_csv(fut)
+    for site, g in got.groupby("entity", sort=False):
+        r = raw[raw.site == site]
+        last_t = pd.Timestamp(r.ts[r.demand.notna()].iloc[-1])  # oracle: the raw file
+        want = [last_t + pd.Timedelta(hours=h) for h in range(1, TAU + 1)]
+        assert [pd.Timestamp(x) for x in g.time] == want
+        assert g.time.iloc[0] == want[0].strftime("%Y-%m-%d %H:%M")  # the data's spelling
+        assert list(g.step) == list(range(1, TAU + 1))
+        assert np.all(g.p10 <= g.p90)
+    # the model's run files honour the umask as well
+    for f in ("metrics.json", "summary.txt", "model.onnx", "checkpoint/state.json"):
+        assert stat.S_IMODE((run / f).stat().st_mode) & 0o044 == 0o044, f
+
+
+def test_future_known_values_are_used_and_scaling_is_not_refitted(demand, tmp_path):
+    d, full, _, fut, run = demand
+    a, b, c = tmp_path / "a.csv", tmp_path / "b.csv", tmp_path / "c.csv"
+    assert main(["predict", str(run), "--csv", str(fut), "--out", str(a)]) == 0
+    raw = pd.read_csv(fut)
+    raw.loc[raw.demand.isna(), "price"] += 25.0  # a price shock in the future rows only
+    raw.to_csv(tmp_path / "shock.csv", index=False)
+    assert main(["predict", str(run), "--csv", str(tmp_path / "shock.csv"), "--out", str(b)]) == 0
+    assert not np.allclose(pd.read_csv(a).p50, pd.read_csv(b).p50)
+    # only the last three days given: the same forecast (the run's scaling, not the data's)
+    short = pd.read_csv(fut).groupby("site").tail(72)
+    short.to_csv(tmp_path / "short.csv", index=False)
+    assert main(["predict", str(run), "--csv", str(tmp_path / "short.csv"), "--out", str(c)]) == 0
+    np.testing.assert_allclose(pd.read_csv(c)[["p10", "p50", "p90"]],
+                               pd.read_csv(a)[["p10", "p50", "p90"]], rtol=1e-5)  # fmt: skip
+
+
+def test_bad_inputs(demand, tmp_path, capsys):
+    d, full, train, fut, run = demand
+    out = tmp_path / "x.csv"
+    base = ["predict", str(run), "--out", str(out)]
+    # no future rows: the known columns are needed, no silent zero-fill
+    err = _fails([*base, "--csv", str(train)], capsys, "['holiday', 'price']", out)
+    assert "add the rows from 2024-03-30 18:00" in err
+    # a future row with a known value missing
+    raw = pd.read_csv(fut)
+    i = raw.index[raw.demand.isna() & (raw.site == "south")][2]
+    raw.loc[i, "price"] = np.nan
+    raw.to_csv(tmp_path / "hole.csv", index=False)
+    err = _fails([*base, "--csv", str(tmp_path / "hole.csv")], capsys, "'price'", out)
+    assert "2024-03-30 20:00" in err and "south" in err
+    # an --at outside the data
+    _fails([*base, "--csv", str(fut), "--at", "2025-01-01T00:00"], capsys, "outside the data", out)
+    _fails([*base, "--csv", str(fut), "--at", "2024-03-01T03:00"], capsys, "outside the data", out)
+    # an --out that exists is refused, --overwrite replaces it
+    out.write_text("keep\n")
+    _fails([*base, "--csv", str(fut)], capsys, "--overwrite")
+    assert out.read_text() == "keep\n"
+    assert main([*base, "--csv", str(fut), "--overwrite"]) == 0
+    # an entity the run does not know
+    raw = pd.read_csv(fut)
+    raw.loc[raw.site == "east", "site"] = "west"
+    raw.to_csv(tmp_path / "west.csv", index=False)
+    _fails([*base, "--overwrite", "--csv", str(tmp_path / "west.csv")], capsys, "'west'")
+    # a value error prints one line, not the usage block
+    with pytest.raises(SystemExit) as ex:
+        main(["train", "--epochs", "0", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert ex.value.code == 2 and len(err.splitlines()) == 1 and "--epochs" in err, err
+
+
+def test_at_gives_actuals_and_backtest_q_risk(demand, tmp_path, capsys):
+    d, full, _, fut, run = demand
+    out = tmp_path / "at.csv"
+    assert main(["predict", str(run), "--csv", str(fut), "--at", "2024-03-28 05:00",
+                 "--out", str(out)]) == 0  # fmt: skip
+    got = pd.read_csv(out)
+    assert list(got.columns)[-1] == "actual"
+    for site, g in got.groupby("entity", sort=False):
+        f = full[full.site == site].set_index("ts")
+        want = f.loc[[pd.Timestamp(t).strftime("%Y-%m-%d %H:%M") for t in g.time], "demand"]
+        np.testing.assert_allclose(g.actual, want.to_numpy())
+        assert g.time.iloc[0] == "2024-03-28 05:00"
+    bt = tmp_path / "bt.csv"
+    capsys.readouterr()
+    assert main(["backtest", str(run), "--csv", str(fut), "--stride", "12", "--out", str(bt)]) == 0
+    printed = capsys.readouterr().out
+    df = pd.read_csv(bt)
+    assert {"origin", "actual"} <= set(df.columns) and df.actual.notna().all()
+    y = df.actual.to_numpy()
+    for q, col in ((0.1, "p10"), (0.5, "p50"), (0.9, "p90")):  # an independent q-risk
+        e = y - df[col].to_numpy()
+        qr = 2 * np.sum(np.maximum(q * e, (q - 1) * e)) / np.sum(np.abs(y))
+        assert f"{col.upper()} {qr:.4f}" in printed
+    # predict --backtest (with --data and --fill-gaps, as train accepts them) is the same
+    bt2 = tmp_path / "bt2.csv"
+    argv = ["predict", str(run), "--data", str(fut), "--backtest", "--stride", "12",
+            "--fill-gaps", "--out", str(bt2)]  # fmt: skip
+    assert main(argv) == 0
+    assert bt2.read_bytes() == bt.read_bytes()
+
+
+def _example_code() -> str:
+    text = (ROOT / "docs" / "export.md").read_text()
+    m = re.search(r"```python\n(import json, numpy as np, onnxruntime.*?)```", text, re.S)
+    assert m is not None
+    return m.group(1)
+
+
+def test_docs_onnxruntime_example_reproduces_predict(demand, tmp_path):
+    d, full, _, fut, run = demand
+    code = _example_code()
+    assert "nbqat" not in code.replace('["nbqat"]', "").replace('"nbqat-run"', "")
+    assert len([ln for ln in code.splitlines() if ln.strip()]) <= 16  # imports + 15 lines
+    code = code.replace('"nbqat-run", "demand.csv"', f"{str(run)!r}, {str(fut)!r}")
+    ns: dict = {}
+    exec(compile(code, "docs/export.md", "exec"), ns)
+    ref = tmp_path / "ref.csv"
+    assert main(["predict", str(run), "--csv", str(fut), "--out", str(ref)]) == 0
+    want, got = pd.read_csv(ref), ns["out"]
+    assert list(got.entity) == list(want.entity)
+    assert [pd.Timestamp(t) for t in got.time] == [pd.Timestamp(t) for t in want.time]
+    for c in ("p10", "p50", "p90"):
+        np.testing.assert_allclose(got[c].to_numpy(np.float64), want[c], rtol=1e-4)
+
+
+def test_onnx_graph_matches_nbqat_features_and_qdq_part(demand):
+    """The self-contained graph against nbqat's own path: nbqat's features fed to the QDQ part
+    (rebuilt from the checkpoint), unscaled by nbqat, on every backtest window."""
+    from nbqat import predict as P
+    from nbqat.data import Scaling
+    from nbqat.data._forecast import forecast_windows
+    from nbqat.export.onnx_export import build_model
+    from nbqat.export.parity import ort_session
+
+    d, full, _, fut, run = demand
+    r, cfg = P.load_run(run)
+    info = P.run_info(r, cfg)
+    fw = forecast_windows(P.read_data(cfg, str(fut)), Scaling.from_json(info["scaling"]),
+                          history=K, horizon=TAU, quantiles=info["quantiles"],
+                          backtest=(None, 5))  # fmt: skip
+    qat = P._model(r, cfg)
+    qat.freeze_observers()
+    s, h, f, _ = fw.split.batch()
+    inner = ort_session(build_model(qat)[0], optimize=True)
+    ref = fw.split.unscale(inner.run(None, {"static": s, "historical": h, "future": f})[0])
+    got = P._batched(P._onnx_engine(r), fw)
+    assert len(fw.split) > 100
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    meta = info
+    for key in ("history", "horizon", "step_seconds", "quantiles", "entities", "history_columns",
+                "future_columns", "target", "time_col", "entity_col"):  # fmt: skip
+        assert key in meta
+    assert meta["history_columns"] == ["demand", "temp", "holiday", "price"]
+    assert meta["future_columns"] == ["holiday", "price"] and meta["step_seconds"] == 3600.0
+
+
+def test_forecaster_fit_predict_load_round_trip(demand, tmp_path):
+    import nbqat
+
+    d, full, train, fut, run = demand
+    opts = dict(epochs=1, qat_epochs=1, batch_size=16, hidden_dim=4, heads=1, history=K,
+                horizon=TAU, windows_per_epoch=32, calibration_batches=2, eval_stride=48,
+                progress=False, plots=False)  # fmt: skip
+    df = pd.read_csv(train)
+    fc = nbqat.Forecaster(**opts).fit(
+        df, time_col="ts", target_col="demand", entity_col="site", observed_cols=["temp"],
+        known_cols=["holiday", "price"],
+    )  # fmt: skip
+    # the CLI run on the same data and options: the same numbers
+    cli = nbqat.Forecaster.load(run)
+    assert fc.metrics["q_risk_test"] == cli.metrics["q_risk_test"]
+    a = fc.predict(pd.read_csv(fut))
+    b = pd.read_csv(_cli_predict(run, fut, tmp_path))
+    assert list(a.columns) == list(b.columns) and list(a.time) == list(b.time)
+    np.testing.assert_allclose(a[["p10", "p50", "p90"]], b[["p10", "p50", "p90"]], rtol=1e-5)
+    saved = fc.save(tmp_path / "kept")
+    back = nbqat.Forecaster.load(saved)
+    pd.testing.assert_frame_equal(back.predict(pd.read_csv(fut)), a)
+    at = back.predict(at="2024-03-20 00:00")  # data=None: the data it was fitted on
+    assert at.time.iloc[0] == "2024-03-20 00:00" and at.actual.notna().all()
+    onnx_path = back.to_onnx(tmp_path / "m.onnx")
+    assert onnx_path.read_bytes() == (saved / "model.onnx").read_bytes()
+    with pytest.raises(TypeError, match="unknown option"):
+        nbqat.Forecaster(epoch=3)
+
+
+def _cli_predict(run: Path, fut: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "cli.csv"
+    assert main(["predict", str(run), "--csv", str(fut), "--out", str(out)]) == 0
+    return out
+
+
+def test_fill_gaps_carries_whole_number_columns(tmp_path):
+    from nbqat.data import load_csv
+
+    df = _demand(days=3)
+    df = df[df.site == "north"].drop(index=[30, 31, 32])  # a 3-hour gap
+    df.to_csv(tmp_path / "gap.csv", index=False)
+    data = load_csv(tmp_path / "gap.csv", time_col="ts", target_col="demand",
+                    known_cols="holiday,price", observed_cols="temp", fill_gaps=True)  # fmt: skip
+    hol = data.known[0][:, 0]
+    assert set(np.unique(hol)) <= {0.0, 1.0}  # carried, not interpolated
+    assert data.carried == {"series": ["holiday"]}
+    price = data.known[0][29:34, 1]
+    assert np.allclose(np.diff(price, 2)[:2], 0.0, atol=1e-9)  # interpolated linearly
+
+
+@pytest.mark.parametrize(
+    ("raw", "spelled"),
+    [
+        ("2024-03-01T00:00", "2024-03-01T05:00"),
+        ("2024-03-01 00:00:00", "2024-03-01 05:00:00"),
+        ("2024-03-01", "2024-03-01"),
+        ("2024-03-01T00:00Z", "2024-03-01T05:00Z"),
+        ("2024-03-01T00:00:00+01:00", "2024-03-01T05:00:00+00:00"),  # read as UTC
+    ],
+)
+def test_times_are_spelled_as_the_data_spells_them(raw, spelled):
+    from nbqat.data._timecol import format_times, time_spelling
+
+    fmt = time_spelling(pd.Series([raw], dtype=object))
+    assert format_times(np.array(["2024-03-01T05:00"], "datetime64[s]"), fmt) == [spelled]
+    assert format_times(np.array([17.0]), time_spelling(pd.Series(["17"]))) == ["17"]
