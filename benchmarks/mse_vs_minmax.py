@@ -63,8 +63,10 @@ def case(name: str, w: np.ndarray, **kw) -> str:
     worse = int(np.sum(got > mm))
     gap = float(np.max(got / best - 1.0))
     return (
-        f"| {name} | {kw.get('max_exact', 'default')} | {got.sum() / mm.sum():.4f} | {worse} of {len(rows)} | {gap * 100:.2f} % "
-        f"| {(t1 - t0) * 1e3:.1f} ms | {(t2 - t1) * 1e3:.1f} ms |"
+        f"| {name} | {kw.get('max_exact', 'default')} | {got.sum() / mm.sum():.4f} "
+        f"| {worse} of {len(rows)} | {gap * 100:.2f} % | {(t1 - t0) * 1e3:.1f} ms "
+        f"| {(t2 - t1) * 1e3:.1f} ms | {obs.exact_values.nbytes / 2**10:.0f} KiB "
+        f"| {obs.histogram.nbytes / 2**10:.0f} KiB |"
     )
 
 
@@ -80,8 +82,9 @@ def main() -> None:
         warm = nbqat.MSEObserver(**kw)
         warm(np.ones((2, 2), np.float32))
         warm.calculate_qparams()
-    print("| data | max_exact | total MSE / min-max | channels worse | worst gap to best | forward | qparams |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    head = "data | max_exact | total MSE / min-max | channels worse | worst gap to best"
+    print(f"| {head} | forward | qparams | values | counts |")
+    print("| --- " * 9 + "|")
     for name, w in data.items():
         for extra in ({"max_exact": 0}, {}):  # 0: the histogram estimate (before)
             print(case(name + " (64, 512)", w.astype(np.float32), **pc, **extra))
