@@ -2,7 +2,8 @@
 
 :func:`key_counts` / :func:`key_counts_channel` bin float32 values by the top bits of their
 order key (a logarithmic grid fixed in advance), so two histograms merge by adding counts;
-:func:`mse_errors` evaluates candidate fake-quant qparams on such a histogram. Counting is
+:func:`mse_errors` evaluates candidate fake-quant qparams on such a histogram and
+:func:`exact_mse_errors` on the observed values themselves. Counting is
 deterministic and thread-count independent (chunks fixed by index, integer counts).
 """
 
@@ -113,4 +114,29 @@ def mse_errors(counts, vlo, vhi, mins, maxs, scales, zps, qmin, qmax, sub):  # p
                     q = min(max(np.rint(v / sc) + z, qmin), qmax)
                     d = (q - z) * sc - v
                     err[k, c] += w * d * d
+    return err
+
+
+@cpu_kernel(parallel=True)
+def exact_mse_errors(vals, scales, zps, qmin, qmax):  # pragma: no cover
+    """(K, C) exact squared fake-quant errors of the values ``vals`` (C, n) float32 (each row
+    ascending, padded with +inf, which is skipped) for K candidate qparams (``scales`` float32,
+    ``zps`` float64 (K, C)); float64, the values in row order (deterministic)."""
+    nch, n = vals.shape
+    nk = scales.shape[0]
+    err = np.zeros((nk, nch), np.float64)
+    for c in prange(nch):
+        m = n
+        while m > 0 and vals[c, m - 1] == np.inf:
+            m -= 1
+        for k in range(nk):
+            sc = np.float64(scales[k, c])
+            z = np.float64(zps[k, c])
+            acc = 0.0
+            for i in range(m):
+                v = np.float64(vals[c, i])
+                q = min(max(np.rint(v / sc) + z, qmin), qmax)
+                d = (q - z) * sc - v
+                acc += d * d
+            err[k, c] = acc
     return err
