@@ -36,31 +36,54 @@ def decode(keys: Any) -> np.ndarray:
     return (k ^ ((k >> 31) & np.int32(0x7FFFFFFF))).view(np.float32)
 
 
+def decode_half(keys: Any) -> np.ndarray:
+    """float32 values of float16 order keys (see :mod:`nbqat.kernels.observe_cpu`); the
+    float32 "none seen" keys decode to +-inf."""
+    k = np.asarray(keys, dtype=np.int64).astype(np.int32)
+    w = k ^ ((k >> 31) & np.int32(0x7FFFFFFF))
+    out = (w >> 16).astype(np.int16).view(np.float16).astype(np.float32)  # exact
+    out[k == _k.KEY_POS_INF] = np.inf
+    out[k == _k.KEY_NEG_INF] = -np.inf
+    return out
+
+
+def _bits(x: np.ndarray) -> tuple[np.ndarray, Any, int, int]:
+    """The integer view of float16/float32 data (float64 is converted to float32 first, as
+    torch's ``x.to(float32)``), its key decoder and the keys of +Inf and -Inf."""
+    if x.dtype == np.float16:
+        return x.view(np.int16), decode_half, _k.KEY_POS_INF_H, _k.KEY_NEG_INF_H
+    return as_f32_host(x).view(np.int32), decode, _k.KEY_POS_INF, _k.KEY_NEG_INF
+
+
 def as_f32_host(x: np.ndarray) -> np.ndarray:
     """float32 view of ``x`` (copy only for float16/float64, as torch's ``x.to(float32)``)."""
     return x if x.dtype == np.float32 else x.astype(np.float32)
 
 
 def stats_cpu_tensor(x: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(fmin, fmax, n_nan, n_pinf, n_ninf), each shape (1,), of a non-empty NumPy array."""
-    flat = np.ravel(as_f32_host(x), order="K")  # a view for any contiguous memory order
+    """(fmin, fmax, n_nan, n_pinf, n_ninf), each shape (1,), of a non-empty NumPy array.
+
+    float16 data is reduced on its own bits (no float32 copy); the results are those of
+    ``x.astype(float32)`` bit for bit (the conversion is exact and keeps NaN, Inf and -0)."""
+    flat = np.ravel(x, order="K")  # a view for any contiguous memory order
     if not flat.flags.c_contiguous:  # pragma: no cover - ravel always returns contiguous
         flat = np.ascontiguousarray(flat)
-    b = flat.view(np.int32)
+    b, dec, pinf, ninf = _bits(flat)
     if b.size < _jit.PARALLEL_MIN:
         kmin, kmax = _k.row_keys(b, 0, b.size, _k.KEY_POS_INF, _k.KEY_NEG_INF)
     else:
         kmin, kmax = _k.minmax_keys_1d(b)
-    if kmin > _k.KEY_NEG_INF and kmax < _k.KEY_POS_INF:
+    if kmin > ninf and kmax < pinf:
         z = np.zeros(1, np.int64)
-        return decode([kmin]), decode([kmax]), z, z, z
+        return dec([kmin]), dec([kmax]), z, z, z
     r = _k.minmax_finite_3d(b, 1, 1, b.size)[0]
-    return (decode(r[0:1]), decode(r[1:2]), r[2:3].copy(), r[3:4].copy(), r[4:5].copy())
+    return (dec(r[0:1]), dec(r[1:2]), r[2:3].copy(), r[3:4].copy(), r[4:5].copy())
 
 
 def stats_cpu_channel(x: np.ndarray, axis: int) -> tuple[np.ndarray, ...]:
-    """Per-channel (fmin, fmax, n_nan, n_pinf, n_ninf), each (C,), over a (outer, C, inner) view."""
-    x32 = as_f32_host(x)
+    """Per-channel (fmin, fmax, n_nan, n_pinf, n_ninf), each (C,), over a (outer, C, inner) view
+    (float16 reduced on its own bits, as in :func:`stats_cpu_tensor`)."""
+    x32 = x if x.dtype == np.float16 else as_f32_host(x)
     if x32.flags.c_contiguous:
         v, ax = x32, axis
     elif x32.flags.f_contiguous:  # the transpose is C-contiguous: no copy
@@ -68,14 +91,14 @@ def stats_cpu_channel(x: np.ndarray, axis: int) -> tuple[np.ndarray, ...]:
     else:  # arbitrary strides: one contiguous copy
         v, ax = np.ascontiguousarray(x32), axis
     outer, c, inner = split_axis(v.shape, ax)
-    b = v.reshape(-1).view(np.int32)
+    b, dec, pinf, ninf = _bits(v.reshape(-1))
     kern = _k.minmax_keys_3d if b.size >= _jit.PARALLEL_MIN else _k.minmax_keys_3d_serial
     kmin, kmax = kern(b, outer, c, inner)
-    if kmin.min() > _k.KEY_NEG_INF and kmax.max() < _k.KEY_POS_INF:
+    if kmin.min() > ninf and kmax.max() < pinf:
         z = np.zeros(c, np.int64)
-        return decode(kmin), decode(kmax), z, z, z
+        return dec(kmin), dec(kmax), z, z, z
     r = _k.minmax_finite_3d(b, outer, c, inner)
-    return (decode(r[:, 0]), decode(r[:, 1]), r[:, 2].copy(), r[:, 3].copy(), r[:, 4].copy())
+    return (dec(r[:, 0]), dec(r[:, 1]), r[:, 2].copy(), r[:, 3].copy(), r[:, 4].copy())
 
 
 def device(x: Any) -> Any:

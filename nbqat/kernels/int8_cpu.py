@@ -13,6 +13,11 @@ step on small arrays, where waking Numba's OpenMP pool costs more than the work 
   int32 (int64 where the codes' ranges could overflow int32), then requantized
   ``y = float32(acc * (s_x * s_w[n])) + b[n]`` (the multiplier is the
   exact float64 product of two float32 scales; one rounding to float32).
+* :func:`quantize_rows_f32`, :func:`requantize_rows` -- the fast path: codes minus the zero
+  point as float32, a float32 matmul (BLAS), requantized in place. float32 carries the integer
+  sum exactly while ``K * max|x - zp_x| * max|w - zp_w| <= 2**24`` (:data:`F32_EXACT`: uint8 x
+  int8 codes up to K = 513), so the result is :func:`qlinear_kernel`'s bit for bit;
+  :func:`lstm_steps_kernel` runs a whole integer LSTM recurrence this way in one call.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from numba import prange
 
 from nbqat._jit import cpu_kernel
 from nbqat.kernels.fake_quant_formula import quantize_code
+from nbqat.kernels.lstm_cpu import lstm_cell_forward
 
 
 @cpu_kernel(parallel=False)
@@ -118,3 +124,74 @@ def quantize_per_row_kernel(
         zp = np.float32(zero_point[c])
         for j in range(inner):
             out[c, j] = np.int32(quantize_code(x[c, j], inv, zp, lo, hi)[1])
+
+
+@cpu_kernel(parallel=False)
+def quantize_rows_f32(x, inv_scale, zero_point, quant_min, quant_max, out):  # pragma: no cover
+    """``out = q - zero_point`` in float32 (exact), ``q`` the codes of
+    :func:`quantize_per_tensor_kernel`, for C-contiguous float32 ``x`` and ``out`` of one shape
+    (one flat loop: rows of 16 would leave the vector loop to its scalar remainder)."""
+    zp = np.float32(zero_point)
+    lo = np.float32(quant_min)
+    hi = np.float32(quant_max)
+    xr = x.reshape(-1)
+    orow = out.reshape(-1)
+    for i in range(np.uint64(xr.size)):
+        orow[i] = quantize_code(xr[i], inv_scale, zp, lo, hi)[1] - zp
+
+
+@cpu_kernel(parallel=False)
+def requantize_rows(acc, multiplier_t, bias_t):  # pragma: no cover
+    """In place, ``acc[m, n] = float32(acc[m, n] * multiplier[n]) + bias[n]`` (:func:`requantize`)
+    for the C-contiguous (M, N) float32 integer sums ``acc``.
+
+    ``multiplier_t`` (float64) and ``bias_t`` (float32) are the (N,) vectors tiled ``T`` times
+    (:func:`tile_rows`): the kernel walks ``acc`` in flat blocks of ``T`` rows, so the loop is
+    long enough to vectorise for any ``N``."""
+    a = acc.reshape(-1)
+    n = np.uint64(a.size)
+    span = np.uint64(multiplier_t.size)
+    for s in range(np.uint64(0), n, span):
+        e = min(n, s + span) - s
+        for j in range(np.uint64(0), e):
+            a[s + j] = requantize(a[s + j], multiplier_t[j], bias_t[j])
+
+
+def tile_rows(v, n_cols):
+    """``v`` (N,) tiled to cover at least 256 elements (whole rows): :func:`requantize_rows`."""
+    return np.tile(v, max(1, -(-256 // max(1, n_cols))))
+
+
+#: Bound on ``K * max|x_q - zp_x| * max|w_q - zp_w|`` up to which float32 carries the integer
+#: sum exactly: every product and partial sum is then an integer of at most 2**24 in magnitude,
+#: so any summation order (a BLAS sgemm with FMA included) gives the exact integer sum.
+F32_EXACT = 1 << 24
+
+
+@cpu_kernel(parallel=False)
+def lstm_steps_kernel(xg, h0, c0, hq, wt, multiplier_t, zero_t, hs, cs, gates, tc, hf, hh):
+    """The whole recurrence of :class:`nbqat.nn.int8.Int8LSTM` in one call.
+
+    Per step ``t``: ``hf = codes(h_{t-1}) - zp`` (:func:`quantize_rows_f32` with the hidden
+    qparams ``hq = (inv_scale, zero_point, quant_min, quant_max)``), ``hh = hf @ wt`` (the exact
+    integer sums, float32 BLAS), requantized (:func:`requantize_rows`, tiled multiplier and zero
+    bias: the step-by-step path adds its zero bias too), then :func:`lstm_cell_forward` writes
+    ``gates``, ``cs[t]``, ``tc`` and ``hs[t]``; ``h_{-1} = h0``, ``c_{-1} = c0``.
+
+    Parameters
+    ----------
+    xg : (L, B, 4d) float32, the input projection of every step
+    h0, c0 : (B, d) float32
+    hq : tuple (float32, int, int, int)
+    wt : (d, 4d) float32, ``(w_q - zp_w).T``; multiplier_t float64, zero_t float32 zeros
+    hs, cs : (L, B, d) float32, written
+    gates : (B, 4d), tc : (B, d), hf : (B, d), hh : (B, 4d) float32 scratch
+    """
+    inv, zp, qmin, qmax = hq
+    for t in range(xg.shape[0]):
+        h = h0 if t == 0 else hs[t - 1]
+        c_prev = c0 if t == 0 else cs[t - 1]
+        quantize_rows_f32(h, inv, zp, qmin, qmax, hf)
+        np.dot(hf, wt, hh)
+        requantize_rows(hh, multiplier_t, zero_t)
+        lstm_cell_forward(xg[t], hh, c_prev, gates, cs[t], tc, hs[t])

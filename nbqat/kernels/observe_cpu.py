@@ -13,6 +13,12 @@ the exact float32 value. NaN and Inf need no test in the hot loop: they show up 
 kernel (:func:`minmax_finite_3d`, also used per tensor as one channel), which counts
 NaN/+Inf/-Inf and reduces over the finite values.
 
+float16 data is reduced on its own bits, without a float32 copy: the ``int16`` view, shifted
+into the top half of an int32 (:func:`widen`), has the sign bit, the exponent and the mantissa
+where the formula expects them, so the same keys order it (the half +Inf and -Inf keys are
+:data:`KEY_POS_INF_H`, :data:`KEY_NEG_INF_H`, strictly inside the float32 ones), and the decoded
+float16 extremes convert exactly to float32, as ``x.astype(float32)`` would have given them.
+
 Reductions are deterministic: work is split into chunks fixed by index (never by the thread
 count), each chunk writes its own partial, and the partials are merged serially in index order.
 Integer min/max are exact, so the result does not depend on the chunking either.
@@ -24,6 +30,8 @@ import types
 
 import numpy as np
 from numba import prange
+from numba import types as nbtypes
+from numba.extending import overload
 
 from nbqat._jit import cpu_kernel
 
@@ -32,6 +40,9 @@ CHUNK = 1 << 16
 #: Order key of +Inf (0x7f800000) and of -Inf (bits 0xff800000 -> 0x807fffff).
 KEY_POS_INF = np.int32(0x7F800000)
 KEY_NEG_INF = np.int32(-0x7F800001)
+#: The same keys of float16 +Inf and -Inf (bits 0x7c00, 0xfc00, shifted up 16 bits).
+KEY_POS_INF_H = np.int32(0x7C000000)
+KEY_NEG_INF_H = np.int32(-0x7C000001)
 #: Rows at least this long are reduced one (outer, channel) row at a time; shorter rows are
 #: handled by a sweep over whole outer slices with per-chunk (C,) partials.
 ROW_MIN = 32
@@ -41,6 +52,8 @@ OUTER_CHUNKS = 64
 _M = np.int32(0x7FFFFFFF)
 _E = np.int32(0x7F800000)
 _S = np.int32(31)
+_Z = np.int32(0)
+_SH = np.int32(16)
 
 
 @cpu_kernel(parallel=False, inline="always")
@@ -51,13 +64,34 @@ def order_key(w):  # pragma: no cover
     return np.int32(w ^ ((w >> _S) & _M))
 
 
+def widen(w):  # pragma: no cover - compiled through the overload below
+    """int32 bits of a float32 as they are, int16 bits of a float16 shifted up 16 bits."""
+    return np.int32(w)
+
+
+@overload(widen, inline="always")
+def _widen_impl(w):  # pragma: no cover
+    if isinstance(w, nbtypes.Integer) and w.bitwidth == 16:
+        return lambda w: np.int32(np.int32(w) << _SH)
+    return lambda w: np.int32(w)
+
+
+@cpu_kernel(parallel=False, inline="always")
+def wide_key(w):  # pragma: no cover
+    """:func:`order_key` of :func:`widen` ``(w)`` (int32 or int16 bits), as a select on the
+    sign (``v ^ (M if v < 0 else 0)``, the same map): for int16 input it stays in 32-bit lanes
+    (load, shift, compare to a mask, masked xor), where the shift form widens to 64-bit lanes."""
+    v = widen(w)
+    return np.int32(v ^ (_M if v < _Z else _Z))
+
+
 @cpu_kernel(parallel=False)
 def row_keys(b, start, stop, kmin, kmax):  # pragma: no cover
     """Reduce the order keys of ``b[start:stop]`` into ``(kmin, kmax)``.
 
     Parameters
     ----------
-    b : (n,) int32, the bits of float32 data
+    b : (n,) int32 or int16, the bits of float32 (float16) data
     start, stop : int, element range (unsigned loop: no wraparound check, so it vectorizes)
     kmin, kmax : int32, running keys
 
@@ -68,7 +102,7 @@ def row_keys(b, start, stop, kmin, kmax):  # pragma: no cover
     mn = np.int32(kmin)
     mx = np.int32(kmax)
     for i in range(np.uint64(start), np.uint64(stop)):
-        k = order_key(b[i])
+        k = wide_key(b[i])
         mn = min(k, mn)
         mx = max(k, mx)
     return mn, mx
@@ -106,21 +140,22 @@ def minmax_keys_1d(b):  # pragma: no cover
 
 
 @cpu_kernel(parallel=False)
-def _count_row(b, start, stop, acc):  # pragma: no cover
+def _count_row(b, start, stop, acc, e):  # pragma: no cover
     """Slow path over ``b[start:stop]``: ``acc = [kmin_finite, kmax_finite, nan, +inf, -inf]``.
 
     Parameters
     ----------
-    b : (n,) int32 (bits of float32 data)
+    b : (n,) int32 or int16 (bits of float32 or float16 data)
     start, stop : int
     acc : (5,) int64, updated in place
+    e : int32, the +Inf bits of the format (:func:`widen` ed)
     """
     for i in range(np.uint64(start), np.uint64(stop)):
-        w = b[i]
+        w = widen(b[i])
         a = w & _M
-        if a > _E:
+        if a > e:
             acc[2] += 1
-        elif a == _E:
+        elif a == e:
             if w < 0:
                 acc[4] += 1
             else:
@@ -190,7 +225,7 @@ def _minmax_keys_3d(b, outer, nchan, inner):  # pragma: no cover
             base = o * nchan * inner
             if inner == 1:
                 for c in range(np.uint64(nchan)):
-                    k = order_key(b[np.uint64(base) + c])
+                    k = wide_key(b[np.uint64(base) + c])
                     rmin[c] = min(rmin[c], k)
                     rmax[c] = max(rmax[c], k)
             else:
@@ -228,7 +263,7 @@ def minmax_finite_3d(b, outer, nchan, inner):  # pragma: no cover
 
     Parameters
     ----------
-    b : (outer * C * inner,) int32, C-contiguous (bits of float32 data)
+    b : (outer * C * inner,) int32 or int16, C-contiguous (bits of float32 or float16 data)
     outer, nchan, inner : int, all >= 1
 
     Returns
@@ -242,6 +277,7 @@ def minmax_finite_3d(b, outer, nchan, inner):  # pragma: no cover
     The rare path (only when the fast kernel saw NaN/Inf): parallel over channels, so a single
     channel (the per-tensor case, ``outer = nchan = 1``) runs on one thread.
     """
+    e = KEY_POS_INF_H if b.itemsize == 2 else _E  # the +Inf bits (widened)
     out = np.zeros((nchan, 5), np.int64)
     for c in prange(nchan):
         acc = out[c]
@@ -249,5 +285,5 @@ def minmax_finite_3d(b, outer, nchan, inner):  # pragma: no cover
         acc[1] = KEY_NEG_INF
         for o in range(outer):
             s = (o * nchan + c) * inner
-            _count_row(b, s, s + inner, acc)
+            _count_row(b, s, s + inner, acc, e)
     return out

@@ -9,9 +9,10 @@ integers --
 * activations quantized to uint8 codes with the per-tensor qparams the QAT observers chose
   (``input_scale``, ``input_zero_point``), with PyTorch's fake-quantize arithmetic
   (``rint(x * (1/s)) + zp``, clamp) so the codes are exactly those of training,
-* ``acc = sum_k (x_q - zp_x) * (w_q - zp_w)`` accumulated in int32 (exact; no overflow for
-  ``in_features <= 65793``), then requantized to float32 with the multiplier
-  ``s_x * s_w[n]`` (computed exactly in float64, one rounding) and the float bias added;
+* ``acc = sum_k (x_q - zp_x) * (w_q - zp_w)`` computed exactly -- in float32 through BLAS while
+  every partial sum is an integer below 2**24 (``in_features <= 513`` for uint8 x int8), else
+  in int32/int64 -- then requantized to float32 with the multiplier ``s_x * s_w[n]``
+  (exact in float64, one rounding) and the float bias added;
 
 and the rest of the network -- LayerNorm, ELU, sigmoid/tanh gates, softmax, the LSTM cell, the
 attention score and ``P @ V`` products (``P`` fake-quantized with its frozen qparams), the
@@ -33,9 +34,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nbqat.kernels.int8_cpu import (
+    F32_EXACT,
+    lstm_steps_kernel,
     qlinear_kernel,
     quantize_per_row_kernel,
     quantize_per_tensor_kernel,
+    quantize_rows_f32,
+    requantize_rows,
+    tile_rows,
 )
 
 if TYPE_CHECKING:  # resolved at run time by __getattr__ below (no import cycle)
@@ -350,20 +356,16 @@ class Int8Linear:
         w_span = int(np.abs(self._wc.astype(np.int64)).max(initial=0))
         #: int32 or int64: the accumulator in which this layer's integer sums are exact
         self.accumulator_dtype = accumulator_dtype(self.in_features, x_span, w_span)
+        self._fused = self.in_features * x_span * w_span <= F32_EXACT
+        self._wt = np.ascontiguousarray(self._wc.T, dtype=np.float32)
+        self._xq = (np.float32(1.0) / self.input_scale, self.input_zero_point, xmin, xmax)
+        self._zero_b = np.zeros(self.out_features, np.float32)
+        vecs = (self._mult, self.bias, self._zero_b)  # fused path: float32 sums, tiled vectors
+        self._tiled = tuple(tile_rows(v, self.out_features) for v in vecs)
 
     def quantize_input(self, x: np.ndarray) -> np.ndarray:
-        """Activation codes with this layer's input qparams (:func:`quantize_per_tensor`).
-
-        Parameters
-        ----------
-        x : ndarray float
-            Any shape; computed in float32.
-
-        Returns
-        -------
-        ndarray of int32, shape of ``x``
-            Codes in ``[input_quant_min, input_quant_max]``.
-        """
+        """int32 codes (shape of ``x``, in ``[input_quant_min, input_quant_max]``) of float ``x``
+        (computed in float32) with this layer's input qparams (:func:`quantize_per_tensor`)."""
         return quantize_per_tensor(
             x, self.input_scale, self.input_zero_point, self.input_quant_min, self.input_quant_max
         )
@@ -381,9 +383,8 @@ class Int8Linear:
         Returns
         -------
         ndarray (M, N) float32
-            ``float32(acc * (input_scale * weight_scale[n])) + bias[n]`` with
-            ``acc = sum_k (x_q - input_zero_point) * (weight_q - weight_zero_point)`` in
-            :attr:`accumulator_dtype` (exact).
+            ``float32(acc * (input_scale * weight_scale[n])) + bias[n]``, ``acc`` the exact
+            ``sum_k (x_q - input_zero_point) * (weight_q - weight_zero_point)``.
         """
         out = np.empty((x_q.shape[0], self.out_features), np.float32)
         b = self.bias if bias is None else bias
@@ -392,24 +393,19 @@ class Int8Linear:
         return out
 
     def forward(self, x: np.ndarray, add_bias: bool = True) -> np.ndarray:
-        """Quantize ``x`` with the input qparams and apply the integer matmul.
-
-        Parameters
-        ----------
-        x : ndarray (..., K) float
-            Any leading shape; K = ``in_features``.
-        add_bias : bool, default True
-            False leaves the bias out (the float :class:`~nbqat.nn.Linear`'s option, used by
-            the GRN, which adds it in its ELU pass).
-
-        Returns
-        -------
-        ndarray (..., N) float32
-            N = ``out_features``.
-        """
+        """Quantize ``x`` (..., K) float with the input qparams and apply the integer matmul:
+        (..., N) float32. ``add_bias=False`` leaves the bias out (the float
+        :class:`~nbqat.nn.Linear`'s option, used by the GRN, which adds it in its ELU pass)."""
         lead = x.shape[:-1]
+        if self._fused:  # codes - zp in float32, exact integer sums (BLAS), requantize in place
+            x2 = np.ascontiguousarray(np.reshape(x, (-1, self.in_features)), dtype=np.float32)
+            xf = np.empty_like(x2)
+            quantize_rows_f32(x2, *self._xq, xf)
+            acc = np.matmul(xf, self._wt)  # numpy's BLAS: faster than Numba's np.dot at large M
+            requantize_rows(acc, self._tiled[0], self._tiled[1 if add_bias else 2])
+            return acc.reshape(*lead, self.out_features)
+        b = self.bias if add_bias else self._zero_b
         xq = self.quantize_input(np.reshape(x, (-1, self.in_features)))
-        b = None if add_bias else np.zeros(self.out_features, np.float32)
         return self.matmul_codes(xq, b).reshape(*lead, self.out_features)
 
     __call__ = forward
@@ -475,12 +471,15 @@ class Int8LSTM:
         cs = np.empty((nl, nb, d), np.float32)
         tcs = np.empty((nb, d), np.float32)
         hs = np.empty((nl, nb, d), np.float32)
-        zero_b = np.zeros(4 * d, np.float32)
         c_prev = np.ascontiguousarray(c0, dtype=np.float32)
         h = np.ascontiguousarray(h0, dtype=np.float32)
-        for t in range(nl):
-            hh = self.hh.matmul_codes(self.hh.quantize_input(h), zero_b)  # (B, 4d)
-            nn_cpu.lstm_cell_forward(xg[t], hh, c_prev, gates, cs[t], tcs, hs[t])
+        hh = self.hh
+        if hh._fused:  # the whole recurrence in one compiled call (same arithmetic)
+            st = (h, c_prev, hh._xq, hh._wt, hh._tiled[0], hh._tiled[2], hs, cs, gates, tcs)
+            lstm_steps_kernel(xg, *st, np.empty((nb, d), np.float32), np.empty_like(gates))
+        for t in range(0 if hh._fused else nl):
+            h_mm = hh.matmul_codes(hh.quantize_input(h), hh._zero_b)  # (B, 4d)
+            nn_cpu.lstm_cell_forward(xg[t], h_mm, c_prev, gates, cs[t], tcs, hs[t])
             h, c_prev = hs[t], cs[t]
         out = np.ascontiguousarray(hs.transpose(1, 0, 2))  # (B, L, d)
         return out, (hs[nl - 1].copy(), cs[nl - 1].copy())

@@ -1,0 +1,61 @@
+"""The int8 engine's fast path (codes minus the zero point in float32, a BLAS matmul, in-place
+requantization; the fused LSTM recurrence) gives the integer path's results bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nbqat.kernels.int8_cpu import F32_EXACT
+from nbqat.nn import LSTM, Linear, ParameterBuffer
+from nbqat.nn.int8 import Int8Linear, Int8LSTM
+from nbqat.qconfig import default_qat_qconfig as qc
+
+
+def _same(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _linear(rng, k, n, scale=3.0):
+    lin = Linear(k, n)
+    ParameterBuffer(lin, np.float32, seed=int(rng.integers(1 << 30)))
+    lin.weight_fake_quant, lin.input_fake_quant = qc.weight(), qc.activation()
+    lin.forward((rng.standard_normal((16, k)) * scale).astype(np.float32))
+    return Int8Linear(lin.weight, lin.bias, lin.weight_fake_quant, lin.input_fake_quant)
+
+
+@pytest.mark.parametrize("k,n", [(1, 1), (12, 5), (16, 16), (16, 64), (96, 6), (513, 3)])
+def test_fast_linear_equals_integer_path(rng, k, n):
+    i8 = _linear(rng, k, n)
+    assert i8._fused and k * 255 * 128 <= F32_EXACT
+    x = (rng.standard_normal((7, 3, k)) * 4).astype(np.float32)
+    x.reshape(-1)[:4] = [np.nan, np.inf, -np.inf, -0.0]
+    for add_bias in (True, False):
+        fast = i8.forward(x, add_bias)
+        i8._fused = False
+        slow = i8.forward(x, add_bias)
+        i8._fused = True
+        _same(fast, slow)
+    _same(i8.forward(x[:0]), np.empty((0, 3, n), np.float32))
+
+
+def test_wide_layers_keep_the_integer_path(rng):
+    i8 = _linear(rng, 1100, 2)
+    assert not i8._fused  # 1100 * 128 * 127 > 2**24: float32 could round a partial sum
+
+
+def test_fused_lstm_equals_step_by_step(rng):
+    lstm = LSTM(5, 16)
+    ParameterBuffer(lstm, np.float32, seed=3)
+    lstm.weight_ih_fake_quant, lstm.weight_hh_fake_quant = qc.weight(), qc.weight()
+    lstm.input_fake_quant, lstm.hidden_fake_quant = qc.activation(), qc.activation()
+    xs = rng.standard_normal((9, 11, 5)).astype(np.float32)
+    h0 = rng.standard_normal((9, 16)).astype(np.float32) * 0.5
+    c0 = rng.standard_normal((9, 16)).astype(np.float32) * 0.5
+    lstm.forward(xs, h0, c0)
+    i8 = Int8LSTM(lstm)
+    fast = i8.forward(xs, h0, c0)
+    i8.hh._fused = i8.ih._fused = False
+    slow = i8.forward(xs, h0, c0)
+    for a, b in zip((fast[0], *fast[1]), (slow[0], *slow[1]), strict=True):
+        _same(a, b)
