@@ -115,6 +115,18 @@ def tft_qconfig_mapping(model: Any, config: Any) -> dict[str, None]:
     return mapping
 
 
+def _output_quantizer(qconfig: Any) -> Any:
+    """``qconfig.activation()``, or the default per-tensor quint8 quantizer where the qconfig's
+    activations are float or dynamic (its scale is the output step of :meth:`to_int8`)."""
+    from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
+    from nbqat.qconfig import default_qat_qconfig
+
+    fq = None if qconfig.activation is None else qconfig.activation()
+    if not isinstance(fq, (FakeQuantize, LearnableFakeQuantize)):
+        fq = default_qat_qconfig.activation()
+    return fq
+
+
 # ---------------------------------------------------------------------------------------------
 # the QAT model
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +185,8 @@ class QATTemporalFusionTransformer(QATModel):
         if qconfig is None:
             qconfig = config.qconfig
         for attr in ("activation", "weight"):
-            if not callable(getattr(qconfig, attr, None)):
+            fac = getattr(qconfig, attr, None)
+            if not callable(fac) and not (attr == "activation" and fac is None):
                 raise TypeError(
                     "`qconfig` must be a nbqat.QConfig with callable `activation` and `weight` "
                     f"factories, got {type(qconfig).__name__}"
@@ -181,7 +194,7 @@ class QATTemporalFusionTransformer(QATModel):
         mapping = tft_qconfig_mapping(model, config)
         QATModel.__init__(self, model, qconfig, mapping, config, getattr(model, "buffer", None))
         self._out_ctx: Any = None
-        self.output_fake_quant = qconfig.activation()
+        self.output_fake_quant = _output_quantizer(qconfig)
         self.fake_quants["output_fake_quant"] = self.output_fake_quant
         if not config.quantize_output_head:
             self._observe_only.add("output_fake_quant")
