@@ -115,6 +115,14 @@ def tft_qconfig_mapping(model: Any, config: Any) -> dict[str, None]:
     return mapping
 
 
+def _static_activations(qconfig: Any) -> bool:
+    """Whether ``qconfig.activation`` builds per-tensor FakeQuantize / LSQ modules (or None)."""
+    from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
+
+    fac = qconfig.activation
+    return fac is None or isinstance(fac(), (FakeQuantize, LearnableFakeQuantize))
+
+
 def _output_quantizer(qconfig: Any) -> Any:
     """``qconfig.activation()``, or the default per-tensor quint8 quantizer where the qconfig's
     activations are float or dynamic (its scale is the output step of :meth:`to_int8`)."""
@@ -191,7 +199,13 @@ class QATTemporalFusionTransformer(QATModel):
                     "`qconfig` must be a nbqat.QConfig with callable `activation` and `weight` "
                     f"factories, got {type(qconfig).__name__}"
                 )
-        mapping = tft_qconfig_mapping(model, config)
+        mapping: dict[Any, Any] = dict(tft_qconfig_mapping(model, config))
+        if not _static_activations(qconfig):  # per-token / float8: static per-tensor probs
+            from nbqat.nn.layers import InterpretableMultiHeadAttention
+            from nbqat.qconfig import QConfig, default_qat_qconfig
+
+            static = QConfig(activation=default_qat_qconfig.activation, weight=qconfig.weight)
+            mapping.setdefault(InterpretableMultiHeadAttention, static)
         QATModel.__init__(self, model, qconfig, mapping, config, getattr(model, "buffer", None))
         self._out_ctx: Any = None
         self.output_fake_quant = _output_quantizer(qconfig)
