@@ -8,8 +8,8 @@ STE mask in ``ctx``, ``backward(grad, ctx)``).
   and the backward the straight-through estimator. torchao's ``Int8DynActInt4WeightQATLinear``
   weight (``IntxFakeQuantizeConfig(int4, group_size=G, is_symmetric=True)``). A weight whose
   input width ``K`` is smaller than ``G`` or not a multiple of it is quantized per output
-  channel instead (``block_size = (1, K)``, same formula); :attr:`GroupFakeQuantize.per_channel_fallback`
-  says so after the first forward.
+  channel instead (``block_size = (1, K)``, same formula);
+  :attr:`GroupFakeQuantize.per_channel_fallback` says so after the first forward.
 * :class:`PerTokenFakeQuantize` -- activations: per token (last axis) asymmetric int8
   ``[-128, 127]`` with qparams computed from every batch (dynamic, no statistics), torchao's
   8da4w activation (``eps = finfo(float32).eps``).
@@ -79,6 +79,8 @@ class _LowBitBase(_QuantizerPhases):
     supports_lsq = False
     is_per_channel = False
     ch_axis: int | None = None
+    #: nbqat.distributed.sync_observers' hook: nothing to merge (dynamic qparams per batch).
+    process_group: Any = None
     _FLAG_KEYS = {k: k for k in ("fake_quant_enabled", "observer_enabled")}
 
     def _init_flags(self) -> None:
@@ -86,8 +88,8 @@ class _LowBitBase(_QuantizerPhases):
         self.fake_quant_enabled = True
         self.ctx: Any = None
         self._ran = False
-        self.scale = np.ones(1, _F32)
-        self.zero_point = np.zeros(1, np.int32)
+        self.scale: np.ndarray = np.ones(1, _F32)
+        self.zero_point: np.ndarray = np.zeros(1, np.int32)
 
     @staticmethod
     def _x32(x: Any, who: str) -> np.ndarray:
@@ -172,6 +174,9 @@ class GroupAffineObserver:
         True when the last tensor was quantized per channel (``K`` not a multiple of ``G``).
     """
 
+    #: nbqat.distributed.sync_observers' hook: the weights are the same on every rank.
+    process_group: Any = None
+
     def __init__(
         self,
         group_size: int,
@@ -241,10 +246,9 @@ class GroupFakeQuantize(_LowBitBase):
         mapping_type: str = "symmetric",
         eps: float | None = None,
     ) -> None:
-        self.activation_post_process = GroupAffineObserver(
-            group_size, quant_min, quant_max, mapping_type, eps
-        )
-        self.group_size = self.activation_post_process.group_size
+        obs = GroupAffineObserver(group_size, quant_min, quant_max, mapping_type, eps)
+        self.activation_post_process = obs  # type: ignore[assignment]
+        self.group_size = obs.group_size
         self.quant_min, self.quant_max = int(quant_min), int(quant_max)
         bits = int(np.ceil(np.log2(self.quant_max - self.quant_min + 1)))
         self.dtype = f"q{'u' if self.quant_min >= 0 else ''}int{bits}"
@@ -286,7 +290,7 @@ class GroupFakeQuantize(_LowBitBase):
         """
         x = self._x32(x, type(self).__name__)
         if self.observer_enabled:
-            obs = self.activation_post_process
+            obs: Any = self.activation_post_process
             obs(x)
             self.scale, self.zero_point = obs.calculate_qparams()
             self.block_size = obs.block_size
@@ -298,6 +302,19 @@ class GroupFakeQuantize(_LowBitBase):
             x, self.block_size, self.scale, self.zero_point, self.quant_min, self.quant_max
         )
         return self._done(x, y, mask)
+
+    def report_fake_quant(self, x: Any) -> tuple[np.ndarray, int]:
+        """float64 fake quantization with the current qparams and the saturated count
+        (:func:`nbqat.report.quantizer_report`)."""
+        x = np.asarray(x, np.float64)
+        if self.block_size is None:
+            return x, 0
+        b = self.block_size[-1]
+        s = np.repeat(np.asarray(self.scale, np.float64).reshape(x.shape[0], -1), b, axis=1)
+        z = np.repeat(np.asarray(self.zero_point, np.float64).reshape(x.shape[0], -1), b, axis=1)
+        q = np.rint(x / s) + z
+        sat = int(np.count_nonzero((q < self.quant_min) | (q > self.quant_max)))
+        return (np.clip(q, self.quant_min, self.quant_max) - z) * s, sat
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Flags, ``scale``, ``zero_point`` and ``block_size``."""
@@ -364,10 +381,18 @@ class PerTokenFakeQuantize(_LowBitBase):
             return self._done(x, x, None)
         s, z, block = self.qparams_of(x)
         self.scale, self.zero_point = s, z
-        y, mask = fake_quantize_affine_cachemask(
-            x, block, s, z, self.quant_min, self.quant_max
-        )
+        y, mask = fake_quantize_affine_cachemask(x, block, s, z, self.quant_min, self.quant_max)
         return self._done(x, y, mask)
+
+    def report_fake_quant(self, x: Any) -> tuple[np.ndarray, int]:
+        """This batch's per-token fake quantization (float64 of the float32 result), 0
+        saturated (the range spans every token's min and max)."""
+        x32 = np.ascontiguousarray(x, _F32)
+        if x32.size == 0:
+            return x32.astype(np.float64), 0
+        s, z, block = self.qparams_of(x32)
+        y = fake_quantize_affine_cachemask(x32, block, s, z, self.quant_min, self.quant_max)[0]
+        return np.asarray(y, np.float64), 0
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(quant_min={self.quant_min}, quant_max={self.quant_max})"
@@ -400,7 +425,8 @@ class Float8FakeQuantize(_LowBitBase):
             raise ValueError(f"granularity must be 'per_row' or 'per_tensor', got {granularity!r}")
         self.dtype, self.granularity = dtype, granularity
         self.qscheme = f"{granularity}_float8"
-        self.quant_min, self.quant_max = -self._MAX[dtype], self._MAX[dtype]
+        mx: Any = self._MAX[dtype]
+        self.quant_min, self.quant_max = -mx, mx
         self._init_flags()
         self.zero_point = np.zeros(1, np.int32)
 
@@ -431,6 +457,17 @@ class Float8FakeQuantize(_LowBitBase):
 
     def _set_state(self, scale: np.ndarray, zero_point: np.ndarray) -> None:
         self.scale, self.zero_point = scale, np.zeros(scale.shape, np.int32)
+
+    def report_fake_quant(self, x: Any) -> tuple[np.ndarray, int]:
+        """Float8 fake quantization with the current scale (float64) and the count past
+        ``+-max``."""
+        x32 = np.ascontiguousarray(x, _F32)
+        if x32.size == 0 or self.scale.size == 1 and self.scale.ndim != x32.ndim:
+            s = np.asarray(self.scale, _F32).reshape((1,) * x32.ndim)
+        else:
+            s = self.scale
+        y, mask = fake_quantize_float8_cachemask(x32, s, self.dtype)
+        return np.asarray(y, np.float64), int(np.count_nonzero(~np.asarray(mask)))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(dtype={self.dtype}, granularity={self.granularity})"

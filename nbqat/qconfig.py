@@ -32,6 +32,7 @@ __all__ = [
     "default_qat_qconfig",
     "float8_qconfig",
     "int4_weight_qconfig",
+    "weight_format_qconfig",
 ]
 
 
@@ -159,6 +160,21 @@ def float8_qconfig(dtype: str = "float8_e4m3fn", activations: bool = True) -> QC
     Float8FakeQuantize(dtype)  # validates dtype now, not at prepare_qat
     a = Float8FakeQuantize.with_args(dtype=dtype, granularity="per_tensor") if activations else None
     return QConfig(activation=a, weight=w)
+
+
+def weight_format_qconfig(qconfig: QConfig, cfg: Any) -> QConfig:
+    """``qconfig`` with the weights of ``nbqat train``'s ``--weight-bits`` / ``--group-size`` /
+    ``--weight-dtype`` (``cfg``: a TrainConfig); the activations are kept."""
+    from nbqat.lowbit_quantize import Float8FakeQuantize, GroupFakeQuantize
+
+    fmt = cfg.weight_format()
+    if fmt["weight_dtype"] != "int":
+        w = Float8FakeQuantize.with_args(dtype=fmt["weight_dtype"], granularity="per_row")
+    elif fmt["weight_bits"] == 4:
+        w = GroupFakeQuantize.with_args(group_size=fmt["group_size"])
+    else:
+        return qconfig
+    return QConfig(activation=qconfig.activation, weight=w)
 
 
 @dataclasses.dataclass

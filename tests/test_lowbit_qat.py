@@ -140,7 +140,8 @@ def _slow_grouped(x, lin):
             tot = 0.0
             for g in range(k // b):
                 acc = sum(
-                    (int(xq[i, c]) - xz) * (int(lin.weight_q[j, c]) - int(lin.weight_zero_point[j, g]))
+                    (int(xq[i, c]) - xz)
+                    * (int(lin.weight_q[j, c]) - int(lin.weight_zero_point[j, g]))
                     for c in range(g * b, (g + 1) * b)
                 )
                 tot += acc * (xs * float(lin.weight_scale[j, g]))
@@ -183,3 +184,19 @@ def test_float8_qconfig_flow():
     qat.freeze_observers()
     y = qat.model.forward(x)
     np.testing.assert_allclose(convert(qat)(x), y, rtol=0, atol=1e-6)
+
+
+def test_train_weight_format_options():
+    from nbqat._cli_parser import build_parser
+    from nbqat.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match="--group-size needs --weight-bits 4"):
+        TrainConfig(group_size=16).resolved()
+    with pytest.raises(ValueError, match="--group-size must be a positive"):
+        TrainConfig(weight_bits=4, group_size=0).resolved()
+    with pytest.raises(ValueError, match="--weight-dtype"):
+        TrainConfig(weight_bits=4, weight_dtype="float8_e4m3fn").resolved()
+    assert TrainConfig().resolved().weight_format()["name"] == "int8"
+    args = build_parser().parse_args(["train", "--weight-bits", "4", "--group-size", "16"])
+    fmt = TrainConfig.from_args(args).resolved().weight_format()
+    assert fmt == {"weight_bits": 4, "group_size": 16, "weight_dtype": "int", "name": "int4_g16"}

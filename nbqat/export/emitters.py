@@ -230,7 +230,11 @@ def emit_lstm(
     hs = []
     for t in range(steps):
         hint = f"{name}.step{t}"
-        hq = h if hqp is None else _quant_in(g, h, hqp, name + ".hidden_fake_quant", hint + ".hidden")
+        hq = (
+            h
+            if hqp is None
+            else _quant_in(g, h, hqp, name + ".hidden_fake_quant", hint + ".hidden")
+        )
         a = g.node("Add", [g.gather(xg, t, 1, hint), g.node("MatMul", [hq, w_hh], hint)], hint)
         i, f, gg, o = g.node("Split", [a, split], hint, n_out=4, axis=-1)
         i, f, o = (g.node("Sigmoid", [v], hint) for v in (i, f, o))

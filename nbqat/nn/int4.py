@@ -111,19 +111,23 @@ class GroupedLinear:
         self.weight_scale, self.weight_zero_point = ws, wz
         self.weight_quant_min, self.weight_quant_max = qmin, qmax
         self._w_deq = y  # the QAT forward's weights, for weight-only layers
-        self.bias = np.zeros(self.out_features, np.float32) if bias is None else (
-            np.asarray(bias, np.float32).copy()
+        self.bias = (
+            np.zeros(self.out_features, np.float32)
+            if bias is None
+            else (np.asarray(bias, np.float32).copy())
         )
         ngroups = self.in_features // b
         wc = (codes - np.repeat(wz, b, axis=1)).astype(np.float64)
-        self._wc = np.ascontiguousarray(wc.reshape(self.out_features, ngroups, b).transpose(1, 2, 0))
+        self._wc = np.ascontiguousarray(
+            wc.reshape(self.out_features, ngroups, b).transpose(1, 2, 0)
+        )
         self._ws = ws.astype(np.float64).T  # (groups, N)
         self.input_mode = {"int8": "per_tensor", "per_token": "per_token", "float": "float"}.get(
             _kind(input_fq), "?"
         )
         if self.input_mode == "?":
             raise ValueError(f"{name}: unsupported input quantizer {type(input_fq).__name__}")
-        self._input_fq = input_fq if self.input_mode == "per_token" else None
+        self._input_fq: Any = input_fq if self.input_mode == "per_token" else None
         self.input_scale: Any = None
         self.input_zero_point: Any = None
         self.input_quant_min: Any = None
@@ -226,8 +230,10 @@ class FakeQuantLinear:
         if self._in is not None:
             self._in.enable_observer(False)
             self._in.enable_fake_quant(True)
-        self.bias = np.zeros(self.out_features, np.float32) if bias is None else (
-            np.asarray(bias, np.float32).copy()
+        self.bias = (
+            np.zeros(self.out_features, np.float32)
+            if bias is None
+            else (np.asarray(bias, np.float32).copy())
         )
 
     def quantize_input(self, x: np.ndarray) -> np.ndarray:

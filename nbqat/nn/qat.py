@@ -131,7 +131,8 @@ def _output_quantizer(qconfig: Any) -> Any:
 
     fq = None if qconfig.activation is None else qconfig.activation()
     if not isinstance(fq, (FakeQuantize, LearnableFakeQuantize)):
-        fq = default_qat_qconfig.activation()
+        default: Any = default_qat_qconfig.activation
+        fq = default()
     return fq
 
 
@@ -204,7 +205,8 @@ class QATTemporalFusionTransformer(QATModel):
             from nbqat.nn.layers import InterpretableMultiHeadAttention
             from nbqat.qconfig import QConfig, default_qat_qconfig
 
-            static = QConfig(activation=default_qat_qconfig.activation, weight=qconfig.weight)
+            act: Any = default_qat_qconfig.activation
+            static = QConfig(activation=act, weight=qconfig.weight)
             mapping.setdefault(InterpretableMultiHeadAttention, static)
         QATModel.__init__(self, model, qconfig, mapping, config, getattr(model, "buffer", None))
         self._out_ctx: Any = None

@@ -40,14 +40,15 @@ def summary_table(metrics: dict, timings: dict) -> str:
     str
     """
     qr = metrics["q_risk_test"]
+    fmt = metrics.get("weight_format", {}).get("name", "int8")  # --weight-bits / --weight-dtype
     rows = [
         ("seasonal naive", qr["seasonal_naive"]),
         ("ridge (window)", qr["ridge"]),
         ("float", qr["float"]),
         ("float fine-tuned", qr["float_finetuned"]),
-        ("PTQ int8", qr["ptq_int8"]),
+        (f"PTQ {fmt}", qr["ptq_int8"]),
         ("QAT (fake quant)", qr["qat_fake_quant"]),
-        ("QAT int8", qr["int8"]),
+        (f"QAT {fmt}", qr["int8"]),
     ]
     lines = [
         "",
