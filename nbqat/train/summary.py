@@ -60,7 +60,7 @@ def summary_table(metrics: dict, timings: dict) -> str:
     c = metrics["comparisons"]
     lines.append(_float_training(metrics["float"]))
     sig = metrics.get("significance", {})
-    for what, key in (("float", "float"), ("QAT int8", "int8")):
+    for what, key in (("float", "float"), (f"QAT {fmt}", "int8")):
         naive_key = "float_vs_naive" if key == "float" else f"{key}_vs_naive"
         dm = [sig.get(f"{key}_vs_{b}_P50", {}).get("p_value") for b in ("naive", "ridge")]
         lines.append(
@@ -70,10 +70,10 @@ def summary_table(metrics: dict, timings: dict) -> str:
             + ("" if None in dm else f" (Diebold-Mariano p {dm[0]:.2g} and {dm[1]:.2g})")
         )
     lines.append(
-        _versus("QAT int8 P50", -c["qat_int8_vs_float_finetuned_P50_relative_diff"], "")
+        _versus(f"QAT {fmt} P50", -c["qat_int8_vs_float_finetuned_P50_relative_diff"], "")
         + "the equally fine-tuned float; "
-        + _versus("PTQ int8", -c["ptq_int8_vs_float_finetuned_P50_relative_diff"], "it")
-        + "; int8 vs float (early-stopped): "
+        + _versus(f"PTQ {fmt}", -c["ptq_int8_vs_float_finetuned_P50_relative_diff"], "it")
+        + f"; {fmt} vs float (early-stopped): "
         + f"{100 * c['int8_vs_float_P50_relative_diff']:+.1f}%"
     )
     g = metrics["grad_norm"]
