@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = _add_training(t)
     _add_model_options(g)
     _add_report_options(t, g)
+    _add_lowbit_options(t)
     _add_output_options(t)
     _add_data_options(t)
     _add_predict(sub)
@@ -285,6 +286,24 @@ def _add_report_options(t: Any, g: Any) -> None:
     g.add_argument(
         "--stop-after-steps", type=_positive_int, default=None, help=argparse.SUPPRESS
     )  # testing: behave as if Ctrl-C came after N steps
+
+
+def _add_lowbit_options(t: Any) -> None:
+    """The weight format of QAT, PTQ and the integer model (issue 30)."""
+    w = t.add_argument_group("weight format (default: per-channel int8)")
+    w.add_argument(
+        "--weight-bits", type=int, choices=(4, 8), default=None, help="[default: 8]; 4: grouped "
+        "symmetric int4 weights (8-bit activations as --observer's)",
+    )  # fmt: skip
+    w.add_argument(
+        "--group-size", type=int, default=None, metavar="G",
+        help="input features per int4 weight scale (with --weight-bits 4) [default: 32]; a "
+        "layer whose width is not a multiple of G is quantized per channel",
+    )  # fmt: skip
+    w.add_argument(
+        "--weight-dtype", choices=("int", "float8_e4m3fn"), default=None,
+        help="[default: int]; float8_e4m3fn: float8 weights, a scale per output channel",
+    )  # fmt: skip
 
 
 def _add_output_options(t: Any) -> None:

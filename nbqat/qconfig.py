@@ -26,7 +26,14 @@ from nbqat.observers import (
     _MinMaxBase,
 )
 
-__all__ = ["QATConfig", "QConfig", "default_qat_qconfig"]
+__all__ = [
+    "QATConfig",
+    "QConfig",
+    "default_qat_qconfig",
+    "float8_qconfig",
+    "int4_weight_qconfig",
+    "weight_format_qconfig",
+]
 
 
 def _check_factory(value: Any, name: str) -> None:
@@ -45,9 +52,11 @@ class QConfig:
 
     Parameters
     ----------
-    activation : callable
+    activation : callable or None
         No-argument factory returning a new FakeQuantize (or LearnableFakeQuantize) for
-        activations, e.g. ``FakeQuantize.with_args(observer=MovingAverageMinMaxObserver)``.
+        activations, e.g. ``FakeQuantize.with_args(observer=MovingAverageMinMaxObserver)``;
+        None keeps activations in float (weight-only quantization, e.g.
+        ``int4_weight_qconfig(32, activation=None)``).
     weight : callable
         The same for weights.
 
@@ -57,14 +66,15 @@ class QConfig:
         A module instance instead of a factory, or something not callable.
     """
 
-    activation: Callable[[], Any]
+    activation: Callable[[], Any] | None
     weight: Callable[[], Any]
 
     def __post_init__(self) -> None:
-        _check_factory(self.activation, "activation")
+        if self.activation is not None:
+            _check_factory(self.activation, "activation")
         _check_factory(self.weight, "weight")
 
-    def __iter__(self) -> Iterator[Callable[[], Any]]:  # torch's QConfig is a namedtuple
+    def __iter__(self) -> Iterator[Callable[[], Any] | None]:  # torch's QConfig: a namedtuple
         return iter((self.activation, self.weight))
 
 
@@ -86,6 +96,85 @@ default_qat_qconfig = QConfig(
         ch_axis=0,
     ),
 )
+
+
+_ACTIVATIONS = ("per_tensor", "per_token", None)
+
+
+def int4_weight_qconfig(group_size: int, activation: str | None = "per_tensor") -> QConfig:
+    """Grouped symmetric int4 weights with 8-bit (or float) activations.
+
+    Parameters
+    ----------
+    group_size : int
+        Input features per weight scale (``G``, positive). A layer whose input width is
+        smaller than ``G`` or not a multiple of it is quantized per output channel instead
+        (:attr:`~nbqat.lowbit_quantize.GroupFakeQuantize.per_channel_fallback`).
+    activation : {"per_tensor", "per_token", None}, default "per_tensor"
+        ``"per_tensor"``: the default static quint8 activations (``default_qat_qconfig``'s);
+        ``"per_token"``: dynamic per-token asymmetric int8 (torchao's
+        ``Int8DynActInt4WeightQATQuantizer``); None: float activations (weight-only int4,
+        torchao's ``Int4WeightOnlyQATQuantizer`` arithmetic on the weights).
+
+    Returns
+    -------
+    QConfig
+        Weights: :class:`~nbqat.lowbit_quantize.GroupFakeQuantize` (``[-8, 7]``, scale
+        ``max |w| / 7.5`` per group, :func:`~nbqat.choose_qparams_affine`).
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``group_size`` not a positive int; an unknown ``activation``.
+    """
+    from nbqat.lowbit_quantize import GroupFakeQuantize, PerTokenFakeQuantize, check_group_size
+
+    g = check_group_size(group_size)
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
+    act: Any = {
+        "per_tensor": default_qat_qconfig.activation,
+        "per_token": PerTokenFakeQuantize.with_args(),
+        None: None,
+    }[activation]
+    return QConfig(activation=act, weight=GroupFakeQuantize.with_args(group_size=g))
+
+
+def float8_qconfig(dtype: str = "float8_e4m3fn", activations: bool = True) -> QConfig:
+    """Float8 weights (a dynamic scale per output channel) and activations (per tensor).
+
+    Parameters
+    ----------
+    dtype : {"float8_e4m3fn", "float8_e5m2"}, default "float8_e4m3fn"
+    activations : bool, default True
+        False keeps activations in float (weight-only float8).
+
+    Returns
+    -------
+    QConfig
+        :class:`~nbqat.lowbit_quantize.Float8FakeQuantize` factories.
+    """
+    from nbqat.lowbit_quantize import Float8FakeQuantize
+
+    w = Float8FakeQuantize.with_args(dtype=dtype, granularity="per_row")
+    Float8FakeQuantize(dtype)  # validates dtype now, not at prepare_qat
+    a = Float8FakeQuantize.with_args(dtype=dtype, granularity="per_tensor") if activations else None
+    return QConfig(activation=a, weight=w)
+
+
+def weight_format_qconfig(qconfig: QConfig, cfg: Any) -> QConfig:
+    """``qconfig`` with the weights of ``nbqat train``'s ``--weight-bits`` / ``--group-size`` /
+    ``--weight-dtype`` (``cfg``: a TrainConfig); the activations are kept."""
+    from nbqat.lowbit_quantize import Float8FakeQuantize, GroupFakeQuantize
+
+    fmt = cfg.weight_format()
+    if fmt["weight_dtype"] != "int":
+        w = Float8FakeQuantize.with_args(dtype=fmt["weight_dtype"], granularity="per_row")
+    elif fmt["weight_bits"] == 4:
+        w = GroupFakeQuantize.with_args(group_size=fmt["group_size"])
+    else:
+        return qconfig
+    return QConfig(activation=qconfig.activation, weight=w)
 
 
 @dataclasses.dataclass

@@ -99,6 +99,8 @@ def _module(name: str) -> str:
 
 def _fq_numpy(fq: Any, x: np.ndarray) -> tuple[np.ndarray, int]:
     """float64 fake quantization of ``x`` with ``fq``'s qparams, and the saturated count."""
+    if hasattr(fq, "report_fake_quant"):  # the low-bit quantizers (grouped, per token, float8)
+        return fq.report_fake_quant(x)
     s: Any = np.asarray(fq.scale, np.float64).reshape(-1)
     z: Any = np.asarray(fq.zero_point, np.float64).reshape(-1)
     x = np.asarray(x, np.float64)
@@ -110,6 +112,17 @@ def _fq_numpy(fq: Any, x: np.ndarray) -> tuple[np.ndarray, int]:
     q = np.rint(x / s) + z
     sat = int(np.count_nonzero((q < fq.quant_min) | (q > fq.quant_max)))
     return (np.clip(q, fq.quant_min, fq.quant_max) - z) * s, sat
+
+
+def _lowbit_fields(fq: Any) -> dict:
+    """A grouped weight quantizer's ``group_size``, ``block_size`` and ``per_channel_fallback``."""
+    if not hasattr(fq, "group_size"):
+        return {}
+    return {
+        "group_size": int(fq.group_size),
+        "block_size": list(fq.block_size or ()),
+        "per_channel_fallback": fq.per_channel_fallback,
+    }
 
 
 def _finite(v: float) -> float | None:
@@ -201,7 +214,7 @@ def quantizer_report(qat: Any, batches: Iterable[tuple], n_inputs: int = 3) -> l
                 "name": name,
                 "module": _module(name),
                 "kind": _KINDS.get(name.rsplit(".", 1)[-1], "activation"),
-                "observer": type(fq.activation_post_process).__name__,
+                "observer": type(getattr(fq, "activation_post_process", fq)).__name__,
                 "per_channel": bool(s.size > 1),
                 "fake_quant_enabled": bool(fq.fake_quant_enabled),
                 "range": [float(lo.min()), float(hi.max())],
@@ -210,6 +223,7 @@ def quantizer_report(qat: Any, batches: Iterable[tuple], n_inputs: int = 3) -> l
                 "values": int(n),
                 "saturated_fraction": sat / n if n else None,
                 "sqnr_db": _finite(sqnr) if n else None,
+                **_lowbit_fields(fq),
             }
         )
     return rows
@@ -397,6 +411,12 @@ def from_run(r: Any, test: Any) -> dict:
         "observer": cfg.observer,
         "quantizers": quantizer_report(r.qat, batches),
     }
+    fmt = cfg.weight_format() if hasattr(cfg, "weight_format") else None
+    if fmt is not None and fmt["weight_bits"] == 4:  # the layers too narrow for the group size
+        report["weight_format"] = fmt
+        report["per_channel_fallback"] = [
+            q["module"] for q in report["quantizers"] if q.get("per_channel_fallback")
+        ]
     if cfg.sensitivity or cfg.float_fallback:
         report["sensitivity"] = sensitivity(r.qat, evaluate)
         if cfg.float_fallback:

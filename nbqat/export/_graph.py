@@ -165,7 +165,12 @@ class GraphBuilder:
 
     def weight_dq(self, lin: Any, hint: str) -> str:
         """The (K, N) float weight of an ``Int8Linear`` as int codes + per-axis
-        DequantizeLinear (``axis=1``: one scale per output channel of ``x @ W``)."""
+        DequantizeLinear (``axis=1``: one scale per output channel of ``x @ W``); a low-bit
+        layer's (grouped int4, float8) from :func:`nbqat.export.lowbit.weight_dq`."""
+        if not hasattr(lin, "weight_q") or hasattr(lin, "block_size"):
+            from nbqat.export.lowbit import weight_dq
+
+            return weight_dq(self, lin, hint)
         dt = storage_dtype(
             int(lin.weight_q.min()) if lin.weight_q.size else 0,
             int(lin.weight_q.max()) if lin.weight_q.size else 0,

@@ -66,9 +66,19 @@ def _input_qparams(lin: Any, name: str) -> QParams:
     )
 
 
+def _quant_in(g: GraphBuilder, x: str, lin: Any, qname: str, hint: str) -> str:
+    """``DQ(Q(x))`` with an ``Int8Linear``'s input qparams; a low-bit layer's input
+    quantization (per token, float8, none) from :func:`nbqat.export.lowbit.quantize_input`."""
+    if type(lin).__name__ == "Int8Linear":
+        return g.qdq(x, _input_qparams(lin, qname), hint)
+    from nbqat.export.lowbit import quantize_input
+
+    return quantize_input(g, x, lin, qname, hint)
+
+
 def qlinear(g: GraphBuilder, name: str, lin: Any, x: str, bias: Any = None) -> str:
     """The quantized matmul of an ``Int8Linear``: ``DQ(Q(x)) @ DQ(W_q)`` [+ ``bias``]."""
-    xq = g.qdq(x, _input_qparams(lin, name + ".input_fake_quant"), name + ".input")
+    xq = _quant_in(g, x, lin, name + ".input_fake_quant", name + ".input")
     y = g.node("MatMul", [xq, g.weight_dq(lin, name)], name)
     if bias is not None:
         y = g.node("Add", [y, g.init(name + ".bias", np.asarray(bias, np.float32))], name)
@@ -202,11 +212,11 @@ def emit_lstm(
     d = mod.hidden_size
     lstm = g.layers.get(name)
     if lstm is not None:
-        xq = g.qdq(x, _input_qparams(lstm.ih, name + ".input_fake_quant"), name + ".input")
+        xq = _quant_in(g, x, lstm.ih, name + ".input_fake_quant", name + ".input")
         w_ih = g.weight_dq(lstm.ih, name + ".ih")
         w_hh = g.weight_dq(lstm.hh, name + ".hh")
         bias = np.asarray(lstm.ih.bias, np.float32)
-        hqp: QParams | None = _input_qparams(lstm.hh, name + ".hidden_fake_quant")
+        hqp: Any = lstm.hh
     else:
         xq = x
         w_ih = g.init(name + ".weight_ih", np.asarray(mod.weight_ih, np.float32).T)
@@ -220,7 +230,11 @@ def emit_lstm(
     hs = []
     for t in range(steps):
         hint = f"{name}.step{t}"
-        hq = h if hqp is None else g.qdq(h, hqp, hint + ".hidden")
+        hq = (
+            h
+            if hqp is None
+            else _quant_in(g, h, hqp, name + ".hidden_fake_quant", hint + ".hidden")
+        )
         a = g.node("Add", [g.gather(xg, t, 1, hint), g.node("MatMul", [hq, w_hh], hint)], hint)
         i, f, gg, o = g.node("Split", [a, split], hint, n_out=4, axis=-1)
         i, f, o = (g.node("Sigmoid", [v], hint) for v in (i, f, o))

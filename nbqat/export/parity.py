@@ -42,6 +42,9 @@ def ort_session(proto: Any, optimize: bool) -> Any:
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
+    # int4 DequantizeLinear -> MatMul fuses into MatMulNBits; its default accuracy level 4
+    # quantizes the activations to int8 per block: level 1 keeps them float32 (issue 30)
+    so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
     if not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])

@@ -34,12 +34,12 @@ class QuantizedLinear(Module):
     """
 
     def __init__(self, linear: Any, name: str) -> None:
-        from nbqat.nn.int8 import Int8Linear
+        from nbqat.nn.int4 import int_linear  # Int8Linear, or the low-bit twin (issue 30)
 
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         bias = linear.bias if linear.has_bias else None
-        self.int8 = Int8Linear(
+        self.int8 = int_linear(
             np.asarray(linear.weight, np.float32),
             bias,
             linear.weight_fake_quant,
@@ -85,11 +85,11 @@ class QuantizedLSTM(Module):
     """
 
     def __init__(self, lstm: Any, name: str) -> None:
-        from nbqat.nn.int8 import Int8LSTM
+        from nbqat.nn.int4 import int_lstm  # Int8LSTM, or GroupedLSTM (issue 30)
 
         super().__init__()
         self.input_size, self.hidden_size = lstm.input_size, lstm.hidden_size
-        self.int8 = Int8LSTM(lstm, name)
+        self.int8 = int_lstm(lstm, name)
 
     def forward(self, x: np.ndarray, h0: np.ndarray, c0: np.ndarray) -> Any:
         """Run the LSTM with integer matmuls.

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from nbqat._docs import FORECAST_IO, fill_doc
-from nbqat.nn.int8 import Int8Linear, Int8LSTM, _qparams, quantize_per_tensor
+from nbqat.nn.int8 import _qparams, quantize_per_tensor
 
 __all__ = ["FrozenFakeQuantize", "Int8TemporalFusionTransformer"]
 
@@ -88,6 +88,7 @@ class Int8TemporalFusionTransformer:
         RuntimeError
             When a quantizer has never observed data.
         """
+        from nbqat.nn.int4 import int_linear, int_lstm  # int8, or low-bit twins (issue 30)
         from nbqat.nn.layers import LSTM, InterpretableMultiHeadAttention, Linear
         from nbqat.nn.tft import TemporalFusionTransformer
 
@@ -99,7 +100,7 @@ class Int8TemporalFusionTransformer:
         for name, mod in model.named_modules():
             s = src_mods[name]
             if isinstance(mod, Linear) and s.weight_fake_quant is not None:
-                lin = Int8Linear(
+                lin = int_linear(
                     mod.weight,
                     mod.bias if mod.has_bias else None,
                     s.weight_fake_quant,
@@ -111,7 +112,7 @@ class Int8TemporalFusionTransformer:
             elif isinstance(mod, LSTM) and s.weight_ih_fake_quant is not None:
                 # Int8LSTM reads the quantizers from the source layer, weights from the copy
                 tmp = _LSTMView(mod, s)
-                lstm = Int8LSTM(tmp, name)
+                lstm = int_lstm(tmp, name)
                 self.layers[name] = lstm
                 mod.forward = lstm.forward  # type: ignore[method-assign]
             elif (

@@ -115,6 +115,27 @@ def tft_qconfig_mapping(model: Any, config: Any) -> dict[str, None]:
     return mapping
 
 
+def _static_activations(qconfig: Any) -> bool:
+    """Whether ``qconfig.activation`` builds per-tensor FakeQuantize / LSQ modules (or None)."""
+    from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
+
+    fac = qconfig.activation
+    return fac is None or isinstance(fac(), (FakeQuantize, LearnableFakeQuantize))
+
+
+def _output_quantizer(qconfig: Any) -> Any:
+    """``qconfig.activation()``, or the default per-tensor quint8 quantizer where the qconfig's
+    activations are float or dynamic (its scale is the output step of :meth:`to_int8`)."""
+    from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
+    from nbqat.qconfig import default_qat_qconfig
+
+    fq = None if qconfig.activation is None else qconfig.activation()
+    if not isinstance(fq, (FakeQuantize, LearnableFakeQuantize)):
+        default: Any = default_qat_qconfig.activation
+        fq = default()
+    return fq
+
+
 # ---------------------------------------------------------------------------------------------
 # the QAT model
 # ---------------------------------------------------------------------------------------------
@@ -173,15 +194,23 @@ class QATTemporalFusionTransformer(QATModel):
         if qconfig is None:
             qconfig = config.qconfig
         for attr in ("activation", "weight"):
-            if not callable(getattr(qconfig, attr, None)):
+            fac = getattr(qconfig, attr, None)
+            if not callable(fac) and not (attr == "activation" and fac is None):
                 raise TypeError(
                     "`qconfig` must be a nbqat.QConfig with callable `activation` and `weight` "
                     f"factories, got {type(qconfig).__name__}"
                 )
-        mapping = tft_qconfig_mapping(model, config)
+        mapping: dict[Any, Any] = dict(tft_qconfig_mapping(model, config))
+        if not _static_activations(qconfig):  # per-token / float8: static per-tensor probs
+            from nbqat.nn.layers import InterpretableMultiHeadAttention
+            from nbqat.qconfig import QConfig, default_qat_qconfig
+
+            act: Any = default_qat_qconfig.activation
+            static = QConfig(activation=act, weight=qconfig.weight)
+            mapping.setdefault(InterpretableMultiHeadAttention, static)
         QATModel.__init__(self, model, qconfig, mapping, config, getattr(model, "buffer", None))
         self._out_ctx: Any = None
-        self.output_fake_quant = qconfig.activation()
+        self.output_fake_quant = _output_quantizer(qconfig)
         self.fake_quants["output_fake_quant"] = self.output_fake_quant
         self.quantizer_kinds["output_fake_quant"] = "activation"
         if not config.quantize_output_head:

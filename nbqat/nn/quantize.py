@@ -78,7 +78,8 @@ def _copy_model(model: Module) -> tuple[Module, ParameterBuffer]:
 
 
 def _is_qconfig(qc: Any) -> bool:
-    return callable(getattr(qc, "weight", None)) and callable(getattr(qc, "activation", None))
+    act = getattr(qc, "activation", False)  # None: float activations (weight-only)
+    return callable(getattr(qc, "weight", None)) and (act is None or callable(act))
 
 
 def _check_mapping(model: Module, qconfig: Any, qconfig_mapping: Any) -> dict:
@@ -214,7 +215,14 @@ def prepare_qat(
 def _new_quantizer(qc: Any, kind: str, config: Any) -> Any:
     """``qc.<kind>()``, as a LearnableFakeQuantize (LSQ) with ``config.learnable_scales``."""
     factory = getattr(qc, kind)
+    if factory is None:  # weight-only qconfig: this hook stays float
+        return None
     fq = factory()
+    if getattr(config, "learnable_scales", False) and getattr(fq, "supports_lsq", True) is False:
+        raise ValueError(
+            f"QATConfig.learnable_scales: {type(fq).__name__} has no LSQ variant (use "
+            "learnable_scales=False with low-bit qconfigs)"
+        )
     if getattr(config, "learnable_scales", False) and not is_learnable(fq):
         fq = _to_learnable(factory, kind)
     return fq
@@ -292,6 +300,8 @@ class QATModel(QATCheckpoint, QATPhases):
                 continue
             for hook, kind in hooks.items():
                 fq = _new_quantizer(qc, kind, config)
+                if fq is None:
+                    continue
                 setattr(mod, hook, fq)
                 key = f"{name}.{hook}" if name else hook
                 self.fake_quants[key], self.quantizer_kinds[key] = fq, kind

@@ -95,6 +95,9 @@ class TrainConfig:
     sensitivity: bool = False
     float_fallback: int = 0
     model: str = "tft"  # the forecaster (nbqat.nn.forecasters.FORECASTERS)
+    weight_bits: int = 8  # --weight-bits: 8 (per-channel int8) or 4 (grouped int4)
+    group_size: int | None = None  # --group-size: int4 group (default 32 with --weight-bits 4)
+    weight_dtype: str = "int"  # --weight-dtype: int or float8_e4m3fn
 
     FULL = {
         "epochs": 20,
@@ -179,10 +182,36 @@ class TrainConfig:
             raise ValueError(f"--max-norm must be positive or 'none', got {self.max_norm!r}")
         if self.compare_clipping and self.max_norm is None:
             raise ValueError("--compare-clipping needs a --max-norm (the clipped run)")
+        self._validate_weight_format()
         if self.observer not in ("minmax", "histogram", "percentile", "mse", "all"):
             raise ValueError(
                 f"--observer must be minmax|histogram|percentile|mse|all, got {self.observer!r}"
             )
+
+    def _validate_weight_format(self) -> None:
+        """--weight-bits / --group-size / --weight-dtype (issue 30)."""
+        if self.weight_bits not in (4, 8):
+            raise ValueError(f"--weight-bits must be 4 or 8, got {self.weight_bits!r}")
+        if self.weight_dtype not in ("int", "float8_e4m3fn"):
+            raise ValueError(
+                f"--weight-dtype must be 'int' or 'float8_e4m3fn', got {self.weight_dtype!r}"
+            )
+        g = self.group_size
+        if g is not None and self.weight_bits != 4:
+            raise ValueError("--group-size needs --weight-bits 4 (int8 weights are per channel)")
+        if g is not None and (isinstance(g, bool) or not isinstance(g, Integral) or g < 1):
+            raise ValueError(f"--group-size must be a positive integer, got {g!r}")
+        if self.weight_dtype != "int" and self.weight_bits != 8:
+            raise ValueError("--weight-dtype float8_e4m3fn is 8-bit: drop --weight-bits 4")
+
+    def weight_format(self) -> dict:
+        """``{weight_bits, group_size, weight_dtype, name}`` of the run (metrics.json)."""
+        g = (self.group_size or 32) if self.weight_bits == 4 else None
+        name = "int8" if self.weight_bits == 8 else f"int4_g{g}"
+        if self.weight_dtype != "int":
+            name = self.weight_dtype
+        return {"weight_bits": self.weight_bits, "group_size": g,
+                "weight_dtype": self.weight_dtype, "name": name}  # fmt: skip
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

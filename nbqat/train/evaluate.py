@@ -154,6 +154,31 @@ def _targets(p50: dict) -> dict:
     }
 
 
+def _weight_format(cfg: Any, p50: dict, qr: dict) -> dict:
+    """metrics.json's ``weight_format``: the run's weight format (``--weight-bits``,
+    ``--group-size``, ``--weight-dtype``) and its float fine-tuned / PTQ / QAT rows by name
+    (``ptq_int8`` / ``int8`` elsewhere are this format's rows), with the issue-30 goals."""
+    fmt = cfg.weight_format()
+    name = fmt["name"]
+    ff, ptq, qat = p50["float_finetuned"], p50["ptq_int8"], p50["int8"]
+    lost = ptq - ff
+    recovered = (ptq - qat) / lost if lost > 0 else None
+    return {
+        **fmt,
+        "rows": {
+            "float_finetuned": qr["float_finetuned"],
+            f"ptq_{name}": qr["ptq_int8"],
+            f"qat_{name}": qr["int8"],
+        },  # fmt: skip
+        f"qat_{name}_vs_float_finetuned_P50_relative_diff": qat / ff - 1.0,
+        "qat_recovered_fraction_of_ptq_loss": recovered,
+        "targets": {
+            f"qat_{name}_P50_at_most_2pct_worse_than_float_finetuned": bool(qat <= 1.02 * ff),
+            "qat_recovers_at_least_half_of_ptq_loss": bool(recovered is None or recovered >= 0.5),
+        },
+    }
+
+
 def _training(r: Run) -> dict:
     """metrics.json's ``float``, ``qat`` and ``grad_norm`` sections."""
     cfg, st = r.cfg, r.st
@@ -271,6 +296,7 @@ def evaluate(r: Run) -> dict:
             },
         },
         "targets": _targets(p50),
+        "weight_format": _weight_format(cfg, p50, qr),
         "baseline": BASELINE_NOTE,
         "ridge": RIDGE_NOTE,
         **_training(r),

@@ -51,14 +51,15 @@ def summary_table(metrics: dict, timings: dict) -> str:
     str
     """
     qr = metrics["q_risk_test"]
+    fmt = metrics.get("weight_format", {}).get("name", "int8")  # --weight-bits / --weight-dtype
     rows = [
         ("seasonal naive", qr["seasonal_naive"]),
         ("ridge (window)", qr["ridge"]),
         ("float", qr["float"]),
         ("float fine-tuned", qr["float_finetuned"]),
-        ("PTQ int8", qr["ptq_int8"]),
+        (f"PTQ {fmt}", qr["ptq_int8"]),
         ("QAT (fake quant)", qr["qat_fake_quant"]),
-        ("QAT int8", qr["int8"]),
+        (f"QAT {fmt}", qr["int8"]),
     ]
     lines = [
         "",
@@ -70,7 +71,7 @@ def summary_table(metrics: dict, timings: dict) -> str:
     c = metrics["comparisons"]
     lines.append(_float_training(metrics["float"]))
     sig = metrics.get("significance", {})
-    for what, key in (("float", "float"), ("QAT int8", "int8")):
+    for what, key in (("float", "float"), (f"QAT {fmt}", "int8")):
         naive_key = "float_vs_naive" if key == "float" else f"{key}_vs_naive"
         tests = [sig.get(f"{key}_vs_{b}_P50", {}) for b in ("naive", "ridge")]
         dm = [t.get("p_value_hln") for t in tests]  # HLN-corrected (small samples)
@@ -82,10 +83,10 @@ def summary_table(metrics: dict, timings: dict) -> str:
             + _small_sample(tests)
         )
     lines.append(
-        _versus("QAT int8 P50", -c["qat_int8_vs_float_finetuned_P50_relative_diff"], "")
+        _versus(f"QAT {fmt} P50", -c["qat_int8_vs_float_finetuned_P50_relative_diff"], "")
         + "the equally fine-tuned float; "
-        + _versus("PTQ int8", -c["ptq_int8_vs_float_finetuned_P50_relative_diff"], "it")
-        + "; int8 vs float (early-stopped): "
+        + _versus(f"PTQ {fmt}", -c["ptq_int8_vs_float_finetuned_P50_relative_diff"], "it")
+        + f"; {fmt} vs float (early-stopped): "
         + f"{100 * c['int8_vs_float_P50_relative_diff']:+.1f}%"
     )
     g = metrics["grad_norm"]

@@ -1,0 +1,85 @@
+"""ONNX export of low-bit TFTs (issue 30): INT4 blocked DequantizeLinear and FLOAT8 Q/DQ.
+Oracles: onnxruntime's CPU provider (as written and optimized, which fuses INT4 DQ + MatMul
+into MatMulNBits) against the nbqat reference engine, and onnx's own unpacking of the INT4
+initializers against the engine's codes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from test_export import _batch, _qat
+
+from nbqat.export import to_onnx
+from nbqat.export.onnx_export import INPUTS, build_model
+from nbqat.export.parity import ort_session
+from nbqat.qconfig import float8_qconfig, int4_weight_qconfig
+
+
+@pytest.fixture(scope="module")
+def q4():
+    return _qat(qconfig=int4_weight_qconfig(4))
+
+
+def _run(proto, b, optimize):
+    return ort_session(proto, optimize).run(None, dict(zip(INPUTS, b, strict=True)))[0]
+
+
+@pytest.mark.parametrize("optimize", [False, True])
+def test_int4_parity_with_engine(q4, optimize):
+    proto, _ = build_model(q4)
+    b = _batch(np.random.default_rng(3), 12)
+    int8 = q4.to_int8()
+    y = _run(proto, b, optimize)
+    assert np.abs(y - int8(*b)).max() <= float(int8.output_scale)
+
+
+def test_int4_initializers_are_blocked(q4):
+    proto, _ = build_model(q4)
+    int8 = q4.to_int8()
+    inits = {t.name: t for t in proto.graph.initializer}
+    dqs = [n for n in proto.graph.node if n.op_type == "DequantizeLinear"]
+    blocked = [n for n in dqs if any(a.name == "block_size" for a in n.attribute)]
+    assert blocked and all(inits[n.input[0]].data_type == onnx.TensorProto.INT4 for n in blocked)
+    lin = int8.layers["static_vsn.flat_grn.fc1"]
+    t = inits["static_vsn.flat_grn.fc1.weight_q"]
+    assert len(t.raw_data) == (t.dims[0] * t.dims[1] + 1) // 2  # two codes per byte
+    np.testing.assert_array_equal(numpy_helper.to_array(t).astype(np.int8), lin.weight_q.T)
+
+
+def test_int4_weight_bytes_about_half_of_int8(q4):
+    def wbytes(proto, types):
+        return sum(len(t.raw_data) for t in proto.graph.initializer if t.data_type in types)
+
+    p4, _ = build_model(q4)
+    p8, _ = build_model(_qat())
+    b4 = wbytes(p4, (onnx.TensorProto.INT4,))
+    b8 = wbytes(p8, (onnx.TensorProto.INT8,))
+    assert 0.4 * b8 < b4 < 0.6 * b8
+
+
+@pytest.mark.parametrize("act", ["per_token", None])
+def test_int4_dynamic_and_weight_only_parity(act):
+    q = _qat(qconfig=int4_weight_qconfig(4, act))
+    b = _batch(np.random.default_rng(4), 8)
+    int8 = q.to_int8()
+    np.testing.assert_allclose(int8(*b), q.predict(*b), rtol=0, atol=float(int8.output_scale))
+    y = _run(build_model(q)[0], b, True)
+    assert np.abs(y - int8(*b)).max() <= float(int8.output_scale)
+
+
+def test_float8_export(tmp_path):
+    q = _qat(qconfig=float8_qconfig())
+    path = to_onnx(q, tmp_path / "f8.onnx")
+    proto = onnx.load(str(path))
+    types = {t.data_type for t in proto.graph.initializer}
+    assert onnx.TensorProto.FLOAT8E4M3FN in types
+    b = _batch(np.random.default_rng(5), 8)
+    int8 = q.to_int8()
+    assert np.abs(_run(proto, b, False) - int8(*b)).max() <= float(int8.output_scale)
+
+
+def test_int4_needs_opset_21(q4):
+    with pytest.raises(ValueError, match="opset >= 21"):
+        build_model(q4, opset=20)
