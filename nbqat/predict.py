@@ -200,13 +200,12 @@ def onnx_inputs(fw: Any) -> dict:
 
 def _model(run: Path, cfg: dict) -> Any:
     from nbqat.nn.forecasters import load_qat_forecaster
-    from nbqat.report import activation_qconfig
+    from nbqat.train import TrainConfig
 
-    # the run's activation observer (--observer; "all" trains with min/max), as nbqat.train
-    # builds it: another observer type would not take the checkpoint's observer state
-    obs = cfg.get("observer", "minmax")
-    qconfig = activation_qconfig("minmax" if obs == "all" else obs)
-    return load_qat_forecaster(run / "checkpoint" / "qat.npz", qconfig=qconfig)
+    # the run's own qconfig, as nbqat.train builds it: another observer or weight format would
+    # not take the checkpoint's quantizer state
+    c = TrainConfig(**{k: v for k, v in cfg.items() if k in TrainConfig.__dataclass_fields__})
+    return load_qat_forecaster(run / "checkpoint" / "qat.npz", qconfig=c.qconfig())
 
 
 def forecast(

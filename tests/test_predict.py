@@ -215,14 +215,17 @@ def test_onnx_metadata_of_the_run(run):
     assert json.loads(props["q_risk_test"]) == m["q_risk_test"]
 
 
-@pytest.mark.parametrize("observer", ["histogram"])
-def test_predict_a_run_trained_with_another_observer(tmp_path, observer):
-    """predict rebuilt the model with min/max observers, which refused the checkpoint's
-    histogram state ("unexpected key(s) ['histogram_count', ...]") for every --observer run.
-    Oracle: the int8 engine (the checkpoint, reloaded) agrees with model.onnx (exported by the
-    run itself) within one output step."""
+@pytest.mark.parametrize(
+    "options", [["--observer", "histogram"], ["--weight-bits", "4", "--group-size", "16"]]
+)
+def test_predict_a_run_trained_with_another_qconfig(tmp_path, options):
+    """predict rebuilt the model with min/max observers and int8 weights, which refused the
+    checkpoint's histogram state ("unexpected key(s) ['histogram_count', ...]") for every
+    --observer run, and the grouped weights' state ("unexpected key(s) ['block_size']") of a
+    --weight-bits 4 run. Oracle: the int8 engine (the checkpoint, reloaded) agrees with
+    model.onnx (exported by the run itself) within one output step."""
     run = tmp_path / "run"
-    assert main(["train", *TINY, "--observer", observer, "--out", str(run)]) == 0
+    assert main(["train", *TINY, *options, "--out", str(run)]) == 0
     outs = {}
     for eng in ("onnx", "int8"):
         p = tmp_path / f"{eng}.csv"

@@ -474,11 +474,12 @@ class Int8LSTM:
         c_prev = np.ascontiguousarray(c0, dtype=np.float32)
         h = np.ascontiguousarray(h0, dtype=np.float32)
         hh = self.hh
-        if hh._fused:  # the whole recurrence in one compiled call (same arithmetic)
+        fused = isinstance(hh, Int8Linear) and hh._fused  # else (int4, float8) step by step
+        if fused:
             st = (h, c_prev, hh._xq, hh._wt, hh._tiled[0], hh._tiled[2], hs, cs, gates, tcs)
             lstm_steps_kernel(xg, *st, np.empty((nb, d), np.float32), np.empty_like(gates))
-        for t in range(0 if hh._fused else nl):
-            h_mm = hh.matmul_codes(hh.quantize_input(h), hh._zero_b)  # (B, 4d)
+        for t in range(0 if fused else nl):
+            h_mm = hh.matmul_codes(hh.quantize_input(h), np.zeros(4 * d, np.float32))
             nn_cpu.lstm_cell_forward(xg[t], h_mm, c_prev, gates, cs[t], tcs, hs[t])
             h, c_prev = hs[t], cs[t]
         out = np.ascontiguousarray(hs.transpose(1, 0, 2))  # (B, L, d)

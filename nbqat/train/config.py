@@ -213,5 +213,15 @@ class TrainConfig:
         return {"weight_bits": self.weight_bits, "group_size": g,
                 "weight_dtype": self.weight_dtype, "name": name}  # fmt: skip
 
+    def qconfig(self) -> Any:
+        """The QConfig of the run's QAT model: ``--observer``'s activation observer (``all``
+        trains with min/max) and the ``--weight-bits`` / ``--group-size`` / ``--weight-dtype``
+        weights. The one definition, for training and for loading a finished run."""
+        from nbqat.qconfig import weight_format_qconfig
+        from nbqat.report import activation_qconfig
+
+        obs = self.observer if self.observer != "all" else "minmax"
+        return weight_format_qconfig(activation_qconfig(obs), self)
+
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

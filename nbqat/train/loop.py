@@ -214,14 +214,12 @@ class Run:
     # ------------------------------------------------------------------ models
     def qat_config(self) -> Any:
         """The QATConfig of the QAT phase (and of the PTQ row): ``--observer``'s qconfig."""
-        from nbqat.qconfig import QATConfig, weight_format_qconfig
-        from nbqat.report import activation_qconfig
+        from nbqat.qconfig import QATConfig
 
-        obs = self.observer_name()
         return QATConfig(
             calibration_batches=self.cfg.calibration_batches, max_norm=self.cfg.max_norm,
-            qconfig=weight_format_qconfig(activation_qconfig(obs), self.cfg),
-            freeze_observers_after_calibration=obs != "minmax",
+            qconfig=self.cfg.qconfig(),
+            freeze_observers_after_calibration=self.observer_name() != "minmax",
         )  # fmt: skip
 
     def observer_name(self) -> str:
