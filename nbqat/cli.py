@@ -104,9 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from nbqat.data import DataError
         from nbqat.forecaster import Forecaster
         from nbqat.train import TrainConfig, TrainingInterrupted
+        from nbqat.train.config import check_model_options
 
         try:
             cfg = TrainConfig.from_args(args)
+            check_model_options(args.model, _given(sys.argv[1:] if argv is None else argv))
             if args.resume is not None:
                 _resume_conflicts(args, sys.argv[1:] if argv is None else argv)
             fc = Forecaster().train(cfg, resume=args.resume, check=args.check)

@@ -19,7 +19,12 @@ from nbqat.train.checkpointing import (
     read_run_state,
     save_checkpoint,
 )
-from nbqat.train.config import TrainConfig, TrainingInterrupted
+from nbqat.train.config import (
+    TrainConfig,
+    TrainingInterrupted,
+    check_model_options,
+    explicit_model_options,
+)
 from nbqat.train.evaluate import evaluate
 from nbqat.train.loop import Interrupt, Run
 from nbqat.train.model import build_model, check_device, load_data, make_optimizer
@@ -101,7 +106,9 @@ def _config(cfg: TrainConfig, resume: str | Path | None, par: Parallel) -> tuple
         saved["progress"] = cfg.progress
         saved["stop_after_steps"] = cfg.stop_after_steps
         cfg = TrainConfig(**saved)
-    elif cfg.csv is not None:
+    else:
+        check_model_options(cfg.model, explicit_model_options(cfg))
+    if resume is None and cfg.csv is not None:
         if not isinstance(cfg.csv, (str, Path)):
             raise TypeError(
                 f"TrainConfig.csv must be a path, got {type(cfg.csv).__name__}: to train on a "
