@@ -116,8 +116,8 @@ def _add_training(t: Any) -> Any:
         choices=("tft", "lstm"),
         default="tft",
         help="the forecaster: tft (the TFT-like network) or lstm (an LSTM encoder + MLP "
-        "quantile head, nbqat.nn.LSTMForecaster; --heads, --dropout and the linear skip are "
-        "the TFT's) [default: tft]",
+        "quantile head, nbqat.nn.LSTMForecaster; --heads, --dropout and --linear-skip are "
+        "the TFT's: an error with lstm) [default: tft]",
     )
     g.add_argument(
         "--hidden-dim",

@@ -8,7 +8,9 @@ bit for bit, as the public path, and without re-validating what the module guara
 nothing changed -- when the input or the state needs the public path (non-finite data or state,
 an overflowing zero point, a custom observer); the caller then takes it.
 
-The observer's state is read and written here only (its ``_min``/``_max`` arrays and settings).
+Nothing here writes to the quantizer or its observer: each function returns the new state and
+:meth:`nbqat.FakeQuantize.forward` (``_forward_fused``) applies it, so the class owns its
+state on both paths.
 """
 
 from __future__ import annotations
@@ -81,9 +83,17 @@ def _outputs(fq: Any, x: np.ndarray) -> tuple[Any, Any, np.ndarray, np.ndarray]:
     return x, None, _DUMMY_F32, _DUMMY_BOOL
 
 
-def forward_tensor(fq: Any, x: np.ndarray, observe: bool) -> Any:
+def forward_tensor(fq: Any, x: np.ndarray, observe: bool) -> tuple | None:
     """Per-tensor fused forward of ``fq`` on an :func:`eligible` ``x``; ``observe`` False
-    fake-quantizes with the current qparams. Returns ``y`` or None (module docstring)."""
+    fake-quantizes with the current qparams.
+
+    Returns
+    -------
+    (y, mask, new_state) or None
+        ``mask`` None when fake quantization is off (``y`` is ``x``); ``new_state`` is
+        ``(min_val, max_val, scale (1,) float32, zero_point (1,) int32)`` when ``observe``,
+        else None. None: nothing was computed that the caller may keep (module docstring).
+    """
     obs = fq.activation_post_process
     if observe:
         settings = _settings(obs, _TENSOR_OBSERVERS)
@@ -100,18 +110,14 @@ def forward_tensor(fq: Any, x: np.ndarray, observe: bool) -> Any:
     )
     if not ok:
         return None
-    if observe:
-        obs.set_min_max(mn, mx)  # the observer's public state interface
-        fq.scale = np.array([s], _F32)
-        fq.zero_point = np.array([z], np.int32)
-    fq.ctx = mask
-    fq._ran = True
-    return y
+    new = (mn, mx, np.array([s], _F32), np.array([z], np.int32)) if observe else None
+    return y, mask, new
 
 
-def forward_channel(fq: Any, x: np.ndarray, observe: bool) -> Any:
-    """Per-channel (channel axis first) fused forward; None also for another channel axis or a
-    channel count the state does not have."""
+def forward_channel(fq: Any, x: np.ndarray, observe: bool) -> tuple | None:
+    """Per-channel (channel axis first) fused forward, returning as :func:`forward_tensor`
+    ((C,) new state); None also for another channel axis or a channel count the state does
+    not have."""
     nd = x.ndim
     if nd == 0 or fq.ch_axis % nd != 0:
         return None
@@ -135,13 +141,11 @@ def forward_channel(fq: Any, x: np.ndarray, observe: bool) -> Any:
     )
     if not ok:
         return None
-    if observe:
-        obs.set_min_max(out[0], out[1])  # rows of out: new min_val, max_val, scale
-        fq.scale = out[2]
-        fq.zero_point = zp
-    fq.ctx = mask
-    fq._ran = True
-    return y
+    return (
+        y,
+        mask,
+        (out[0], out[1], out[2], zp) if observe else None,
+    )  # rows of out: min, max, scale
 
 
 def ste_backward(grad_y: Any, ctx: Any, out: Any) -> Any:

@@ -8,8 +8,10 @@ Files:
   timings), a fingerprint of the data file (absolute path, size, SHA-256) and the SHA-256 of
   the rest (:func:`digest`: an edit is refused even where every field stays in range). Strict
   JSON (an infinite best validation loss is stored as ``null``).
-* ``float.npz`` -- ``params``, ``best_params`` and the Adam state (``opt.*``) of the float
-  phase (plain NumPy arrays, no pickles).
+* ``float.npz`` -- ``params``, ``best_params`` and the Adam state (``opt``) of the float phase:
+  an :mod:`nbqat.npz_state` file of format :data:`FLOAT_FORMAT` (:func:`write_float_arrays`).
+  The manifest-free layout of nbqat 0.x (members ``params``, ``best_params``, ``opt.<a/0/b>``)
+  still loads (:func:`load_float_state`).
 * ``qat.npz`` and the ``--compare-clipping`` side files -- :meth:`nbqat.nn.qat.
   QATTemporalFusionTransformer.save` files (their own validated format).
 
@@ -23,24 +25,29 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import zipfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from nbqat.nn.qat import CheckpointError
+from nbqat._checkpoint_float import (
+    FLOAT_FORMAT,
+    load_float_state,
+    read_float_arrays,
+    write_float_arrays,
+)
+from nbqat.npz_state import CheckpointError
 
 __all__ = [
     "CHECKPOINT_VERSION",
     "PHASES",
+    "FLOAT_FORMAT",
     "CheckpointError",
     "data_fingerprint",
     "digest",
+    "load_float_state",
     "read_float_arrays",
-    "read_run_config",
     "read_state",
     "state_json",
+    "write_float_arrays",
 ]
 
 #: Version of the ``state.json`` schema (1: relative paths, no fingerprint; 2: no plateau
@@ -337,34 +344,6 @@ def read_state(ck: str | Path, config_fields: dict[str, Any]) -> dict:
     return meta
 
 
-def read_run_config(ck: str | Path) -> Any:
-    """The validated options of the run whose checkpoint folder is ``ck``.
-
-    Parameters
-    ----------
-    ck : str or Path
-        A run's ``checkpoint/`` folder (``OUT/checkpoint``).
-
-    Returns
-    -------
-    nbqat.train.TrainConfig
-        Resolved options; ``out`` is the checkpoint's parent folder and ``csv`` the absolute
-        data path (``None``: the shipped dataset). ``nbqat.train.load_data(cfg)`` rebuilds
-        the run's windows (scaling, column names) from it.
-
-    Raises
-    ------
-    FileNotFoundError, CheckpointError
-        As :func:`read_state`.
-    """
-    from dataclasses import fields
-
-    from nbqat.train import TrainConfig
-
-    meta = read_state(ck, {f.name: f.default for f in fields(TrainConfig)})
-    return TrainConfig(**meta["config"])
-
-
 def check_data(meta: dict, fingerprint: dict) -> None:
     """Raise CheckpointError when the data file changed since the checkpoint was written.
 
@@ -389,56 +368,10 @@ def check_data(meta: dict, fingerprint: dict) -> None:
             )
 
 
-def read_float_arrays(ck: str | Path, n_params: int, state: dict) -> dict[str, np.ndarray]:
-    """Read and validate ``ck/float.npz`` (every member, CRC-checked); nothing is written.
-
-    Parameters
-    ----------
-    ck : str or Path
-        The checkpoint folder.
-    n_params : int
-        The parameter count of the model the configuration builds.
-    state : dict
-        The validated ``state`` of :func:`read_state` (``best_epoch`` says whether
-        ``best_params`` must be there).
-
-    Returns
-    -------
-    dict
-        ``{"params", "best_params" (when saved), "opt.<key>"...}``: float32 (n_params,) arrays
-        and the Adam state.
-
-    Raises
-    ------
-    CheckpointError
-        Naming the file and the member for a truncated file, a missing or unknown member, or
-        arrays that do not fit a model of ``n_params`` parameters.
-    """
-    file = Path(ck) / "float.npz"
-    if not file.is_file():
-        raise _err(file, "(file)", "missing")
-    try:
-        with np.load(file, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{file}: unreadable (truncated or corrupt?): {e}") from None
-    if "params" not in arrays:
-        raise _err(file, "params", "missing member")
-    unknown = sorted(k for k in arrays if k not in ("params", "best_params") and k[:4] != "opt.")
-    if unknown:
-        raise _err(file, unknown[0], "unknown member")
-    if math.isfinite(state["best_val"]) and "best_params" not in arrays:
-        raise _err(file, "best_params", f"missing, but state.best_val is {state['best_val']}")
-    for k in ("params", "best_params"):
-        if k in arrays:
-            a = arrays[k]
-            if a.ndim != 1 or a.size != n_params or a.dtype != np.float32:
-                raise _err(
-                    file,
-                    k,
-                    f"{a.dtype} shape {a.shape}, but the model of this configuration has "
-                    f"{n_params} float32 parameters (a checkpoint of another model size?)",
-                )
-            if not np.all(np.isfinite(a)):
-                raise _err(file, k, "holds non-finite values")
-    return arrays
+def __getattr__(name: str) -> Any:
+    if name == "read_run_config":  # it builds the job's TrainConfig: it lives with the job
+        raise AttributeError(
+            "nbqat.checkpoint.read_run_config moved to nbqat.train.read_run_config (the job's "
+            "schema lives with the job; this module only validates against it)"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

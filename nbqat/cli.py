@@ -31,17 +31,15 @@ def _given(argv: Sequence[str]) -> set[str]:
 
 def _resume_conflicts(args: argparse.Namespace, argv: Sequence[str]) -> None:
     """Raise ValueError for options given with --resume that differ from the checkpoint's."""
-    from dataclasses import fields
     from pathlib import Path
 
-    from nbqat import checkpoint
-    from nbqat.train import TrainConfig
+    from nbqat.train.checkpointing import read_run_state
 
     explicit = _given(argv) - set(_RESUME_FREE)
     given = [k for k in vars(args) if k in explicit]  # in --help's order
     if not given:
         return
-    meta = checkpoint.read_state(args.resume, {f.name: f.default for f in fields(TrainConfig)})
+    meta = read_run_state(args.resume)
     saved = meta["config"]
     bad = []
     for k in given:
@@ -106,9 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from nbqat.data import DataError
         from nbqat.forecaster import Forecaster
         from nbqat.train import TrainConfig, TrainingInterrupted
+        from nbqat.train.config import check_model_options
 
         try:
             cfg = TrainConfig.from_args(args)
+            check_model_options(args.model, _given(sys.argv[1:] if argv is None else argv))
             if args.resume is not None:
                 _resume_conflicts(args, sys.argv[1:] if argv is None else argv)
             fc = Forecaster().train(cfg, resume=args.resume, check=args.check)

@@ -119,21 +119,14 @@ class FakeQuantize(_QuantizerPhases):
         if observe and getattr(self.activation_post_process, "process_group", None) is not None:
             # a data-parallel run: the observer combines every rank's statistics (a collective),
             # then the fused kernel fake-quantizes with the qparams (same bits either way)
-            self.activation_post_process(x)
-            s, z = self.activation_post_process.calculate_qparams()
-            self.scale = s.astype(_F32)
-            self.zero_point = z.astype(np.int32)
+            self._observe(x)
             observe = False
-        if _fused.eligible(x):  # the QAT hot path: one compiled call (nbqat._fake_quantize_fused)
-            fast = _fused.forward_channel if self.is_per_channel else _fused.forward_tensor
-            y = fast(self, x, observe)
-            if y is not None:
+        if _fused.eligible(x):  # the QAT hot path: one compiled call
+            done, y = self._forward_fused(x, observe)
+            if done:
                 return y
         if observe:
-            self.activation_post_process(x)
-            s, z = self.activation_post_process.calculate_qparams()
-            self.scale = s.astype(_F32)
-            self.zero_point = z.astype(np.int32)
+            self._observe(x)
         if not self.fake_quant_enabled:
             self.ctx = None
             self._ran = True
@@ -150,13 +143,37 @@ class FakeQuantize(_QuantizerPhases):
         self._ran = True
         return y
 
+    def _observe(self, x: Any) -> None:
+        """The public path's observer step: observe ``x``, then take the observer's qparams."""
+        self.activation_post_process(x)
+        self._take_observer_qparams()
+
+    def _take_observer_qparams(self) -> None:
+        s, z = self.activation_post_process.calculate_qparams()
+        self.scale = s.astype(_F32)
+        self.zero_point = z.astype(np.int32)
+
+    def _forward_fused(self, x: np.ndarray, observe: bool) -> tuple[bool, Any]:
+        """The fast path of :meth:`forward` (:mod:`nbqat._fake_quantize_fused`: one compiled
+        call, the public path's bits): ``(True, y)`` with the new state applied here, or
+        ``(False, None)`` with nothing changed when the public path must run."""
+        fast = _fused.forward_channel if self.is_per_channel else _fused.forward_tensor
+        res = fast(self, x, observe)
+        if res is None:
+            return False, None
+        y, mask, new = res
+        if new is not None:
+            mn, mx, self.scale, self.zero_point = new
+            self.activation_post_process.set_min_max(mn, mx)  # the observer's public setter
+        self.ctx = mask
+        self._ran = True
+        return True, y
+
     def _forward_empty(self, x: Any) -> Any:
         """:meth:`forward` of a batch without elements: qparams unchanged (unless a
         data-parallel observer took other ranks' data), an empty result and mask."""
         if self._observe_empty(x):
-            s, z = self.activation_post_process.calculate_qparams()
-            self.scale = s.astype(_F32)
-            self.zero_point = z.astype(np.int32)
+            self._take_observer_qparams()
         self._ran = True
         if not self.fake_quant_enabled:
             self.ctx = None

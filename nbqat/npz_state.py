@@ -1,8 +1,9 @@
 """One checkpoint codec: a nested state as an atomic, validated ``.npz`` archive (no pickles).
 
-Used by every QAT model's ``save`` / ``load`` (:class:`~nbqat.nn.qat.QATTemporalFusionTransformer`,
-:class:`~nbqat.nn.quantize.QATModel`) and meant for the main job's checkpoint files too, so that
-nbqat has one on-disk format::
+The one module that writes or reads ``.npz`` files: every QAT model's ``save`` / ``load``
+(:class:`~nbqat.nn.qat.QATTemporalFusionTransformer`, :class:`~nbqat.nn.quantize.QATModel`) and
+the main job's ``float.npz`` (its schema is :mod:`nbqat.checkpoint`'s, handed in as a format
+name), so that nbqat has one on-disk format::
 
     save_state("qat.npz", {"params": p, "opt": opt.state_dict()}, format="nbqat.qat")
     state = load_state("qat.npz", format="nbqat.qat")   # the same nested dict back
@@ -28,9 +29,11 @@ from nbqat._io import atomic_open
 __all__ = [
     "MANIFEST_KEY",
     "CheckpointError",
+    "decode_members",
     "decode_state",
     "encode_state",
     "load_state",
+    "read_members",
     "save_state",
 ]
 
@@ -158,7 +161,27 @@ def save_state(path: str | os.PathLike, state: dict, *, format: str, version: in
         np.savez(f, **members)  # type: ignore[arg-type]
 
 
-def _read_members(path: str) -> dict[str, np.ndarray]:
+def read_members(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every member of the ``.npz`` archive ``path`` (each read and CRC-checked; no pickles).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+
+    Returns
+    -------
+    dict of str -> ndarray
+        The raw members, the manifest included (:func:`decode_members` reads them as a state;
+        a reader of an older, manifest-free layout reads them directly).
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` does not exist.
+    CheckpointError
+        A truncated or corrupt file, or not an ``.npz`` archive.
+    """
+    path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist")
     try:
@@ -169,6 +192,55 @@ def _read_members(path: str) -> dict[str, np.ndarray]:
             f"{path!r} is not a readable nbqat checkpoint (a corrupt or truncated file, or not "
             f"an .npz archive): {type(e).__name__}: {e}"
         ) from e
+
+
+#: The old private name.
+_read_members = read_members
+
+
+def decode_members(
+    members: dict[str, np.ndarray], path: str | os.PathLike, *, format: str, version: int = 1
+) -> Any:
+    """The state held by :func:`read_members`'s ``members`` (checked as :func:`load_state`).
+
+    Parameters
+    ----------
+    members : dict of str -> ndarray
+        Not modified.
+    path : str or os.PathLike
+        The file they came from (for error messages).
+    format : str
+    version : int, default 1
+
+    Returns
+    -------
+    nested state
+
+    Raises
+    ------
+    CheckpointError
+        No manifest (a foreign file), a corrupt manifest, another format name or version.
+    """
+    path = os.fspath(path)
+    members = dict(members)
+    if MANIFEST_KEY not in members:
+        raise CheckpointError(
+            f"{path!r} is an .npz archive but not an nbqat checkpoint (no {MANIFEST_KEY!r} "
+            "member): a foreign file"
+        )
+    try:
+        manifest = json.loads(members.pop(MANIFEST_KEY).tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path!r} has a corrupt manifest: {e}") from e
+    fmt = manifest.get("format") if isinstance(manifest, dict) else None
+    if fmt != format:
+        raise CheckpointError(f"{path!r} is a {fmt!r} file, not a {format!r} checkpoint")
+    if manifest.get("version") != version:
+        raise CheckpointError(
+            f"{path!r} has checkpoint format version {manifest.get('version')!r}; this nbqat "
+            f"reads version {version}"
+        )
+    return decode_state(manifest.get("state"), members)
 
 
 def load_state(path: str | os.PathLike, *, format: str, version: int = 1) -> Any:
@@ -195,23 +267,4 @@ def load_state(path: str | os.PathLike, *, format: str, version: int = 1) -> Any
         A truncated or corrupt file, an ``.npz`` without the manifest (a foreign file), another
         format name or version.
     """
-    path = os.fspath(path)
-    members = _read_members(path)
-    if MANIFEST_KEY not in members:
-        raise CheckpointError(
-            f"{path!r} is an .npz archive but not an nbqat checkpoint (no {MANIFEST_KEY!r} "
-            "member): a foreign file"
-        )
-    try:
-        manifest = json.loads(members.pop(MANIFEST_KEY).tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path!r} has a corrupt manifest: {e}") from e
-    fmt = manifest.get("format") if isinstance(manifest, dict) else None
-    if fmt != format:
-        raise CheckpointError(f"{path!r} is a {fmt!r} file, not a {format!r} checkpoint")
-    if manifest.get("version") != version:
-        raise CheckpointError(
-            f"{path!r} has checkpoint format version {manifest.get('version')!r}; this nbqat "
-            f"reads version {version}"
-        )
-    return decode_state(manifest.get("state"), members)
+    return decode_members(read_members(path), path, format=format, version=version)

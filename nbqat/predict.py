@@ -50,13 +50,10 @@ def load_run(run_dir: str | os.PathLike) -> tuple[Path, dict]:
             f"RUN_DIR {str(run)!r} has no finished model (no checkpoint/state.json): run "
             f"`nbqat train --out {run}` to the end first"
         )
-    from dataclasses import fields
-
-    from nbqat.checkpoint import read_state
-    from nbqat.train import TrainConfig
+    from nbqat.train.checkpointing import read_run_state
 
     # the schema-validated state (a tampered or inconsistent file is a CheckpointError)
-    meta = read_state(state.parent, {f.name: f.default for f in fields(TrainConfig)})
+    meta = read_run_state(state.parent)
     if meta.get("state", {}).get("phase") != "done":
         raise ValueError(
             f"RUN_DIR {str(run)!r} holds an unfinished run (phase "
@@ -150,9 +147,11 @@ def _engine(engine: str, run: Path, qat: Any) -> Any:
     if engine == "int8":
         fwd = qat.to_int8().forward
     else:
-        z = np.load(run / "checkpoint" / "float.npz")
+        from nbqat.checkpoint import load_float_state
+
+        z = load_float_state(run / "checkpoint" / "float.npz")
         model = type(qat.model)(qat.model.config, dtype=np.float32)  # the run's forecaster
-        model.params[...] = z["best_params"] if "best_params" in z.files else z["params"]
+        model.params[...] = z["best_params"] if "best_params" in z else z["params"]
         if callable(getattr(model, "eval", None)):
             model.eval()  # inference mode (dropout, where a model has it, is the identity)
         fwd = model.forward

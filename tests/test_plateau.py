@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pytest
 
+from nbqat.checkpoint import load_float_state
 from nbqat.recipe import GroupedAdamW, lr_at
 
 _TINY = ["train", "--epochs", "5", "--qat-epochs", "1", "--batch-size", "16", "--hidden-dim",
@@ -52,7 +53,7 @@ def _script(monkeypatch, start: float, per_epoch: list[float]) -> list[tuple]:
 
 def _float(out) -> tuple[dict, np.ndarray]:
     m = json.loads((out / "metrics.json").read_text())
-    return m["float"], np.load(out / "checkpoint" / "float.npz")["best_params"]
+    return m["float"], load_float_state(out / "checkpoint" / "float.npz")["best_params"]
 
 
 @pytest.mark.parametrize("factor", [0.25, 0.0])

@@ -323,7 +323,9 @@ def test_main_job_evaluates_and_keeps_the_weight_average(tmp_path, monkeypatch):
     ema = seen[0]
     for p in seen[1:n]:
         ema = 0.5 * ema + 0.5 * p
-    best = np.load(tmp_path / "checkpoint" / "float.npz")["best_params"]
+    from nbqat.checkpoint import load_float_state
+
+    best = load_float_state(tmp_path / "checkpoint" / "float.npz")["best_params"]
     np.testing.assert_allclose(best, ema, rtol=1e-5, atol=1e-6)
     assert np.max(np.abs(best - seen[n - 1])) > 1e-3  # not the last step's own weights
 

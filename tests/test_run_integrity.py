@@ -162,6 +162,43 @@ def test_resume_uses_the_checkpoint_location_and_sums_timings(run_copy, interrup
     assert m["float"]["epochs_run"] == 2
 
 
+def _legacy_float_npz(ck: Path) -> None:
+    """Rewrite float.npz in the layout of nbqat releases before the one codec: flat members
+    ``params``, ``best_params``, ``opt.<a/0/b>`` (lists as ``<path>/__list__``), no manifest."""
+    from nbqat.checkpoint import load_float_state
+
+    state = load_float_state(ck / "float.npz")
+    flat: dict[str, np.ndarray] = {}
+
+    def put(v, key):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                put(x, f"{key}{k}/")
+        elif isinstance(v, (list, tuple)):
+            flat[key + "__list__"] = np.asarray(len(v))
+            for i, x in enumerate(v):
+                put(x, f"{key}{i}/")
+        else:
+            flat[key.rstrip("/")] = np.asarray(v)
+
+    put(state.pop("opt"), "opt.")
+    with open(ck / "float.npz", "wb") as fh:
+        np.savez(fh, **state, **{k.replace("opt./", "opt."): v for k, v in flat.items()})
+
+
+def test_checkpoint_of_the_previous_layout_resumes_to_the_same_metrics(run_copy, tmp_path):
+    shutil.copytree(run_copy, tmp_path / "legacy")
+    _legacy_float_npz(tmp_path / "legacy" / "run" / "checkpoint")
+    with np.load(tmp_path / "legacy" / "run" / "checkpoint" / "float.npz") as z:
+        assert "params" in z.files and any(k.startswith("opt.") for k in z.files)
+    metrics = []
+    for root in (run_copy, tmp_path / "legacy"):
+        assert resume(root / "run" / "checkpoint") == 0
+        m = strict_json(root / "run" / "metrics.json")
+        metrics.append({k: v for k, v in m.items() if k not in ("version", "data", "out")})
+    assert metrics[0] == metrics[1]
+
+
 def test_resume_refuses_changed_data(run_copy, capsys):
     import gzip
 
@@ -207,10 +244,13 @@ def _edit_state(ck: Path, fn, sign: bool = True) -> None:
 
 
 def _npz(ck: Path, fn) -> None:
-    with np.load(ck / "float.npz") as z:
-        arrays = {k: z[k] for k in z.files}
-    fn(arrays)
-    np.savez(ck / "float.npz", **arrays)
+    """Edit float.npz's state through the codec (the file stays a valid npz_state file)."""
+    from nbqat import npz_state
+    from nbqat.checkpoint import FLOAT_FORMAT
+
+    state = npz_state.load_state(ck / "float.npz", format=FLOAT_FORMAT)
+    fn(state)
+    npz_state.save_state(ck / "float.npz", state, format=FLOAT_FORMAT)
 
 
 CORRUPTIONS = [
@@ -302,7 +342,7 @@ def test_plots_take_dollar_names_and_label_units(tmp_path):
 
 
 def test_qat_phase_checkpoint_corruption_and_config(interrupted, tmp_path, capsys):
-    from nbqat.checkpoint import read_run_config
+    from nbqat.train import read_run_config
 
     shutil.copytree(interrupted, tmp_path / "c")
     ck = tmp_path / "c" / "run" / "checkpoint"

@@ -41,6 +41,7 @@ files), :mod:`~nbqat.train.summary` (the final table) and :mod:`~nbqat.train.job
 
 from __future__ import annotations
 
+from nbqat.train.checkpointing import read_run_config
 from nbqat.train.config import QUANTILES, TrainConfig, TrainingInterrupted
 from nbqat.train.job import run
 from nbqat.train.metrics import pinball_loss, q_risk
@@ -56,5 +57,6 @@ __all__ = [
     "load_data",
     "pinball_loss",
     "q_risk",
+    "read_run_config",
     "run",
 ]

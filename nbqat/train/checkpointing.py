@@ -1,24 +1,30 @@
 """The main job's checkpoint: write (rank 0, atomically) and restore (:mod:`nbqat.checkpoint`
-validates the files; this module maps them onto a :class:`~nbqat.train.loop.Run`)."""
+validates the files against the schema handed to it, :func:`config_schema`; this module maps
+them onto a :class:`~nbqat.train.loop.Run`)."""
 
 from __future__ import annotations
 
 import math
 import os
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from nbqat import checkpoint as ckpt
 from nbqat._io import atomic_open
-from nbqat.train.config import SIDE_FILES
+from nbqat.train.config import SIDE_FILES, TrainConfig
 from nbqat.train.loop import FLOAT, Run, RunState
 from nbqat.train.model import to_host
 
-__all__ = ["flatten", "load_checkpoint", "nonfinite_field", "save_checkpoint", "unflatten"]
+__all__ = [
+    "config_schema",
+    "load_checkpoint",
+    "nonfinite_field",
+    "read_run_config",
+    "read_run_state",
+    "save_checkpoint",
+]
 
 #: Phases whose checkpoint holds the QAT model (qat.npz).
 QAT_PHASES = ("qat", "qat_noclip", "evaluate", "done")
@@ -49,14 +55,8 @@ def save_checkpoint(r: Run) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    arrays: dict[str, np.ndarray] = {"params": to_host(r.model.params)}
-    if r.best_params is not None:
-        arrays["best_params"] = r.best_params
-    if r.opt is not None:
-        for k, v in flatten(r.opt.state_dict()).items():
-            arrays["opt." + k] = v
-    with atomic_open(tmp / "float.npz", "wb") as fh:
-        np.savez(fh, **arrays)  # type: ignore[arg-type]
+    opt = None if r.opt is None else r.opt.state_dict()
+    ckpt.write_float_arrays(tmp / "float.npz", to_host(r.model.params), r.best_params, opt)
     if r.qat is not None and r.st.phase in QAT_PHASES:
         r.qat.save(tmp / "qat.npz", optimizer=r.qat_opt)
     for side in SIDE_FILES:
@@ -121,7 +121,7 @@ def load_checkpoint(r: Run, ck: Path, meta: dict) -> None:
             f"{nb} batches of an epoch of this data and configuration"
         )
     z = ckpt.read_float_arrays(ck, int(to_host(r.model.params).size), meta["state"])
-    opt_state = unflatten({k[4:]: v for k, v in z.items() if k.startswith("opt.")})
+    opt_state = z.get("opt")
     try:
         if opt_state:
             r.opt.load_state_dict(opt_state)
@@ -140,57 +140,56 @@ def load_checkpoint(r: Run, ck: Path, meta: dict) -> None:
             shutil.copyfile(ck / side, r.out / side)
 
 
-def flatten(d: Any, prefix: str = "") -> dict[str, np.ndarray]:
-    """A nested optimizer state (dicts, lists, arrays, scalars) as ``{"a/0/b": array}``.
-
-    Parameters
-    ----------
-    d : dict, list, tuple, array or scalar
-    prefix : str, default ""
-
-    Returns
-    -------
-    dict of str -> ndarray
-        Lists keep their length under ``<path>/__list__``; inverted by :func:`unflatten`.
-    """
-    out: dict[str, np.ndarray] = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out.update(flatten(v, f"{prefix}{k}/"))
-    elif isinstance(d, (list, tuple)):
-        out[prefix + "__list__"] = np.asarray(len(d))
-        for i, v in enumerate(d):
-            out.update(flatten(v, f"{prefix}{i}/"))
-    else:
-        out[prefix.rstrip("/")] = np.asarray(to_host(d) if not np.isscalar(d) else d)
-    return out
-
-
-def unflatten(flat: dict[str, np.ndarray]) -> dict:
-    """The nested state of :func:`flatten`'s ``flat`` (0-d arrays become Python scalars).
-
-    Parameters
-    ----------
-    flat : dict of str -> ndarray
+def config_schema() -> dict[str, Any]:
+    """The schema of a checkpoint's ``config``: ``{option: default}`` of every
+    :class:`~nbqat.train.TrainConfig` field (handed to :func:`nbqat.checkpoint.read_state`).
 
     Returns
     -------
     dict
     """
-    root: dict = {}
-    for key, v in flat.items():
-        parts = key.split("/")
-        node = root
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = v
+    return {f.name: f.default for f in fields(TrainConfig)}
 
-    def fix(node: Any) -> Any:
-        if not isinstance(node, dict):
-            return node.item() if node.ndim == 0 else node
-        if "__list__" in node:
-            n = int(node["__list__"])
-            return [fix(node[str(i)]) for i in range(n)]
-        return {k: fix(v) for k, v in node.items()}
 
-    return fix(root)
+def read_run_state(ck: str | Path) -> dict:
+    """:func:`nbqat.checkpoint.read_state` of ``ck`` under this job's :func:`config_schema`.
+
+    Parameters
+    ----------
+    ck : str or Path
+        The checkpoint folder (or a file inside it).
+
+    Returns
+    -------
+    dict
+        ``{"version", "config", "state", "data", "folder"}`` (see ``read_state``).
+
+    Raises
+    ------
+    FileNotFoundError, CheckpointError
+        As :func:`nbqat.checkpoint.read_state`.
+    """
+    return ckpt.read_state(ck, config_schema())
+
+
+def read_run_config(ck: str | Path) -> TrainConfig:
+    """The validated options of the run whose checkpoint folder is ``ck``.
+
+    Parameters
+    ----------
+    ck : str or Path
+        A run's ``checkpoint/`` folder (``OUT/checkpoint``).
+
+    Returns
+    -------
+    nbqat.train.TrainConfig
+        Resolved options; ``out`` is the checkpoint's parent folder and ``csv`` the absolute
+        data path (``None``: the shipped dataset). ``nbqat.train.load_data(cfg)`` rebuilds
+        the run's windows (scaling, column names) from it.
+
+    Raises
+    ------
+    FileNotFoundError, CheckpointError
+        As :func:`nbqat.checkpoint.read_state`.
+    """
+    return TrainConfig(**read_run_state(ck)["config"])

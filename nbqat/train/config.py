@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from numbers import Integral
 from typing import Any
@@ -12,12 +13,14 @@ __all__ = [
     "CHECKPOINT_VERSION",
     "DEFAULT_CALENDAR",
     "MIN_HISTORY",
+    "MODEL_OPTIONS",
     "NOT_IN_METRICS",
     "NOT_IN_METRICS_AT_DEFAULT",
     "QUANTILES",
     "SIDE_FILES",
     "TrainConfig",
     "TrainingInterrupted",
+    "check_model_options",
 ]
 
 QUANTILES = (0.1, 0.5, 0.9)
@@ -225,3 +228,45 @@ class TrainConfig:
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+#: Options that only some forecasters read: option -> the ``--model`` values that read it.
+#: Any other model refuses the option (it would be accepted and silently ignored).
+MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
+    "heads": ("tft",),
+    "dropout": ("tft",),
+    "linear_skip": ("tft",),
+}
+
+
+def check_model_options(model: str, given: Iterable[str]) -> None:
+    """Raise ValueError for an option of ``given`` that ``model`` does not read.
+
+    Parameters
+    ----------
+    model : str
+        The ``--model`` value.
+    given : iterable of str
+        The options set explicitly (TrainConfig field names); those not in
+        :data:`MODEL_OPTIONS` are read by every model.
+
+    Raises
+    ------
+    ValueError
+        One line naming the option and the model: ``--heads is not used by --model lstm``.
+    """
+    for name in given:
+        models = MODEL_OPTIONS.get(name, (model,))
+        if model not in models:
+            opt = "--" + name.replace("_", "-")
+            raise ValueError(
+                f"{opt} is not used by --model {model} (only by --model {', '.join(models)}): "
+                f"drop {opt}, or choose --model {models[0]}"
+            )
+
+
+def explicit_model_options(cfg: TrainConfig) -> list[str]:
+    """The :data:`MODEL_OPTIONS` that the unresolved ``cfg`` sets (not None; the linear skip
+    when turned off, its default being on)."""
+    out = [k for k in ("heads", "dropout") if getattr(cfg, k) is not None]
+    return out + ([] if cfg.linear_skip else ["linear_skip"])

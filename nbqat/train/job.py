@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, cast
 
@@ -14,8 +13,18 @@ from nbqat import checkpoint as ckpt
 from nbqat import preflight
 from nbqat.baselines import RidgeBaseline
 from nbqat.data import tmy3_path
-from nbqat.train.checkpointing import load_checkpoint, nonfinite_field, save_checkpoint
-from nbqat.train.config import TrainConfig, TrainingInterrupted
+from nbqat.train.checkpointing import (
+    load_checkpoint,
+    nonfinite_field,
+    read_run_state,
+    save_checkpoint,
+)
+from nbqat.train.config import (
+    TrainConfig,
+    TrainingInterrupted,
+    check_model_options,
+    explicit_model_options,
+)
 from nbqat.train.evaluate import evaluate
 from nbqat.train.loop import Interrupt, Run
 from nbqat.train.model import build_model, check_device, load_data, make_optimizer
@@ -86,8 +95,7 @@ def _config(cfg: TrainConfig, resume: str | Path | None, par: Parallel) -> tuple
     """The resolved configuration (the checkpoint's on --resume) and the checkpoint's meta."""
     meta: dict | None = None
     if resume is not None:
-        defaults = {f.name: f.default for f in fields(TrainConfig)}
-        meta = ckpt.read_state(resume, defaults)
+        meta = read_run_state(resume)
         if meta["state"]["phase"] == "done":
             raise ValueError(
                 f"--resume {str(resume)!r}: that run is finished; its outputs are in "
@@ -98,7 +106,9 @@ def _config(cfg: TrainConfig, resume: str | Path | None, par: Parallel) -> tuple
         saved["progress"] = cfg.progress
         saved["stop_after_steps"] = cfg.stop_after_steps
         cfg = TrainConfig(**saved)
-    elif cfg.csv is not None:
+    else:
+        check_model_options(cfg.model, explicit_model_options(cfg))
+    if resume is None and cfg.csv is not None:
         if not isinstance(cfg.csv, (str, Path)):
             raise TypeError(
                 f"TrainConfig.csv must be a path, got {type(cfg.csv).__name__}: to train on a "
