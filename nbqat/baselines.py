@@ -131,6 +131,46 @@ def _normal_equations(split: Any) -> tuple:
     return n, mx, my, xtx, xty
 
 
+def _solve(eq: tuple, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(coef, intercept)`` of the normal equations ``eq`` (:func:`_normal_equations`) with the
+    penalty ``lam`` (``eq`` is not modified: a grid shares it).
+
+    Raises
+    ------
+    ValueError
+        For ``lam`` 0 and collinear features.
+    """
+    n, mx, my, xtx0, xty = eq
+    nf = mx.size
+    xtx = xtx0.copy()
+    xtx[np.diag_indices(nf)] += lam
+    if lam == 0 and np.linalg.matrix_rank(xtx) < nf:
+        raise ValueError(
+            f"lam=0 (ordinary least squares) needs linearly independent features, but the "
+            f"{nf} features of the {n} training windows are collinear (a constant input, or "
+            "more features than windows): use lam > 0 (e.g. the default 1.0)"
+        )
+    coef = np.linalg.solve(xtx, xty)
+    return coef, my - mx @ coef
+
+
+def _stacked_means(
+    split: Any, sols: Sequence[tuple[np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The point forecasts (n, tau, L) float64 of the L solutions ``(coef, intercept)`` on
+    ``split``'s windows (standardised units; one pass over the windows for all of them), and
+    the windows' standardised targets (n, tau) float64."""
+    coef = np.concatenate([c for c, _ in sols], axis=1)  # (F, L tau)
+    icpt = np.concatenate([b for _, b in sols])
+    tau = sols[0][1].size
+    out, ys = [], []
+    for idx in _chunks(len(split)):
+        s, h, f, y = split.batch(idx)
+        out.append((flatten_window(s, h, f) @ coef + icpt).reshape(len(idx), len(sols), tau))
+        ys.append(y.astype(np.float64))
+    return np.concatenate(out).transpose(0, 2, 1), np.concatenate(ys)
+
+
 class RidgeBaseline:
     """Ridge regression on the flattened window with empirical residual quantiles.
 
@@ -178,32 +218,11 @@ class RidgeBaseline:
 
     def fit_split(self, split: Any) -> RidgeBaseline:
         """Fit on every window of ``split`` (a :class:`nbqat.data.SplitWindows`), in chunks."""
-        return self._fit_equations(_normal_equations(split), split)
-
-    def _fit_equations(self, eq: tuple, split: Any) -> RidgeBaseline:
-        """Solve the centred normal equations ``eq`` of ``split`` (:func:`_normal_equations`)
-        with this penalty; set the residual quantiles from ``split``'s windows."""
-        n, mx, my, xtx0 = eq[:4]
-        nf = mx.size
-        xtx = xtx0.copy()  # eq is shared by every penalty of a grid
-        xtx[np.diag_indices(nf)] += self.lam
-        if self.lam == 0 and np.linalg.matrix_rank(xtx) < nf:
-            raise ValueError(
-                f"lam=0 (ordinary least squares) needs linearly independent features, but the "
-                f"{nf} features of the {n} training windows are collinear (a constant input, or "
-                "more features than windows): use lam > 0 (e.g. the default 1.0)"
-            )
-        self.coef = np.linalg.solve(xtx, eq[4])
-        self.intercept = my - mx @ self.coef
-        res = np.concatenate(
-            [split.batch(idx)[3].astype(np.float64) - self._mean(split, idx) for idx in _chunks(n)]
-        )
-        self.residual_quantiles = np.quantile(res, self.quantiles, axis=0).T  # (tau, Q)
+        eq = _normal_equations(split)
+        self.coef, self.intercept = _solve(eq, self.lam)
+        fit, y = _stacked_means(split, [(self.coef, self.intercept)])
+        self.residual_quantiles = np.quantile(y - fit[..., 0], self.quantiles, axis=0).T
         return self
-
-    def _mean(self, split: Any, idx: np.ndarray) -> np.ndarray:
-        s, h, f, _ = split.batch(idx)
-        return self.predict_mean(s, h, f)
 
     def predict_mean(
         self, static: np.ndarray, historical: np.ndarray, future: np.ndarray
@@ -426,10 +445,15 @@ def tune_ridge(
     best: tuple | None = None
     for h, wh in allowed.items():
         eq = _normal_equations(wh.train)
+        rs = [RidgeBaseline(lam, q) for lam in lambdas]  # validates the penalties
+        sols = [_solve(eq, r.lam) for r in rs]
+        fit, yt = _stacked_means(wh.train, sols)  # one pass over the windows for every penalty
+        val = _stacked_means(wh.val, sols)[0]
         y = wh.val.target_raw()
-        for lam in lambdas:
-            r = RidgeBaseline(lam, q)._fit_equations(eq, wh.train)
-            qr = q_risk_table(r.predict_split(wh.val), y, q)
+        for j, r in enumerate(rs):
+            r.coef, r.intercept = sols[j]
+            r.residual_quantiles = np.quantile(yt - fit[..., j], q, axis=0).T  # (tau, Q)
+            qr = q_risk_table(wh.val.unscale(val[..., j, None] + r.residual_quantiles), y, q)
             score = qr["P50"] if criterion == "val_P50" else float(np.mean(list(qr.values())))
             grid.append({"history": h, "lambda": r.lam, "train_windows": len(wh.train),
                          criterion: score})  # fmt: skip

@@ -332,12 +332,13 @@ class Windows:
             :attr:`split_bounds`.
         """
         n_rows = len(self.target_std)
-        if isinstance(history, bool) or not isinstance(history, (int, np.integer)) or not (
-            self.season <= history < n_rows
+        if (
+            isinstance(history, bool)
+            or not isinstance(history, (int, np.integer))
+            or not (self.season <= history < n_rows)
         ):
             raise ValueError(
-                f"history must be an integer in [season={self.season}, {n_rows}), got "
-                f"{history!r}"
+                f"history must be an integer in [season={self.season}, {n_rows}), got {history!r}"
             )
         w = replace(self, history=int(history))
         for name in ("train", "val", "test"):

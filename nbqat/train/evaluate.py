@@ -48,6 +48,7 @@ RIDGE_FIXED_NOTE = (
     "model's history and lambda 1 (also the start of the TFT's linear skip)"
 )
 
+
 def fair_rows(r: Run) -> dict:
     """q-risk of the float model fine-tuned like QAT and of post-training quantization
     (:func:`nbqat.recipe.fair_rows`, on the CPU).

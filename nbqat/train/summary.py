@@ -38,9 +38,7 @@ def _float_training(fl: dict) -> str:
 
 def _ridge_tuning(t: dict) -> str:
     """'ridge (tuned): history 24 (1 season), lambda 10, chosen on validation (P50 0.1610)'."""
-    best = next(
-        g for g in t["grid"] if g["history"] == t["history"] and g["lambda"] == t["lambda"]
-    )
+    best = next(g for g in t["grid"] if g["history"] == t["history"] and g["lambda"] == t["lambda"])
     seasons = t["history_seasons"]
     return (
         f"ridge (tuned): history {t['history']} ({seasons:g} season{'s' if seasons != 1 else ''})"
