@@ -37,7 +37,8 @@ def _float_training(fl: dict) -> str:
 
 
 def _ridge_tuning(t: dict) -> str:
-    """'ridge (tuned): history 24 (1 season), lambda 10, chosen on validation (P50 0.1610)'."""
+    """'ridge (tuned): history 24 (1 season), lambda 10, chosen on the validation split
+    (val_P50 0.1610; ...)' from metrics.json's ``ridge_tuning``."""
     best = next(g for g in t["grid"] if g["history"] == t["history"] and g["lambda"] == t["lambda"])
     seasons = t["history_seasons"]
     return (
