@@ -6,16 +6,32 @@ transformer forecasters). :class:`RidgeBaseline` is that yardstick: one closed-f
 regression from every input of a window (all history steps' observed and known inputs, the
 known future inputs and the static inputs) to the tau standardised targets, with P10/P90 (any
 quantile) from the empirical quantiles of its training residuals per forecast step.
+
+The main job's ``ridge`` row is the strongest such model a practitioner would fit:
+:func:`tune_ridge` chooses its history length (whole seasons, up to the longest the data
+allows) and its penalty on the validation split (:class:`TunedRidge`). The fixed configuration
+(the model's history, penalty 1) is the ``ridge_fixed`` row, and the start of the TFT's linear
+skip (:func:`nbqat.recipe.init_linear_skip_from_ridge`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["RidgeBaseline", "flatten_window", "seasonal_naive_forecast"]
+__all__ = [
+    "HISTORY_SEASONS",
+    "LAMBDAS",
+    "RidgeBaseline",
+    "TunedRidge",
+    "flatten_window",
+    "ridge_histories",
+    "seasonal_naive_forecast",
+    "tune_ridge",
+]
 
 #: Windows per chunk when accumulating the normal equations (bounds the float64 design matrix).
 _CHUNK = 2048
@@ -81,6 +97,80 @@ def seasonal_naive_forecast(split: Any) -> tuple[np.ndarray, np.ndarray]:
     return point[..., None] + res[:, None, :], point
 
 
+def _chunks(n: int) -> list[np.ndarray]:
+    return [np.arange(i, min(i + _CHUNK, n)) for i in range(0, n, _CHUNK)]
+
+
+def _normal_equations(split: Any) -> tuple:
+    """``(n, mean(X), mean(y), Xc^T Xc, Xc^T yc)`` of ``split``'s windows (float64, centred:
+    numerically safer than raw sums), accumulated over chunks of :data:`_CHUNK` windows.
+
+    Raises
+    ------
+    ValueError
+        For fewer than 2 windows.
+    """
+    n = len(split)
+    if n < 2:
+        raise ValueError(f"the ridge baseline needs at least 2 training windows, got {n}")
+    chunks = _chunks(n)
+    sx: Any = 0.0
+    sy: Any = 0.0
+    for idx in chunks:  # pass 1: the means
+        s, h, f, y = split.batch(idx)
+        sx = sx + flatten_window(s, h, f).sum(axis=0)
+        sy = sy + y.astype(np.float64).sum(axis=0)
+    mx, my = sx / n, sy / n
+    xtx = np.zeros((mx.size, mx.size))
+    xty = np.zeros((mx.size, my.size))
+    for idx in chunks:  # pass 2: the centred cross products
+        s, h, f, y = split.batch(idx)
+        xc = flatten_window(s, h, f) - mx
+        xtx += xc.T @ xc
+        xty += xc.T @ (y.astype(np.float64) - my)
+    return n, mx, my, xtx, xty
+
+
+def _solve(eq: tuple, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(coef, intercept)`` of the normal equations ``eq`` (:func:`_normal_equations`) with the
+    penalty ``lam`` (``eq`` is not modified: a grid shares it).
+
+    Raises
+    ------
+    ValueError
+        For ``lam`` 0 and collinear features.
+    """
+    n, mx, my, xtx0, xty = eq
+    nf = mx.size
+    xtx = xtx0.copy()
+    xtx[np.diag_indices(nf)] += lam
+    if lam == 0 and np.linalg.matrix_rank(xtx) < nf:
+        raise ValueError(
+            f"lam=0 (ordinary least squares) needs linearly independent features, but the "
+            f"{nf} features of the {n} training windows are collinear (a constant input, or "
+            "more features than windows): use lam > 0 (e.g. the default 1.0)"
+        )
+    coef = np.linalg.solve(xtx, xty)
+    return coef, my - mx @ coef
+
+
+def _stacked_means(
+    split: Any, sols: Sequence[tuple[np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The point forecasts (n, tau, L) float64 of the L solutions ``(coef, intercept)`` on
+    ``split``'s windows (standardised units; one pass over the windows for all of them), and
+    the windows' standardised targets (n, tau) float64."""
+    coef = np.concatenate([c for c, _ in sols], axis=1)  # (F, L tau)
+    icpt = np.concatenate([b for _, b in sols])
+    tau = sols[0][1].size
+    out, ys = [], []
+    for idx in _chunks(len(split)):
+        s, h, f, y = split.batch(idx)
+        out.append((flatten_window(s, h, f) @ coef + icpt).reshape(len(idx), len(sols), tau))
+        ys.append(y.astype(np.float64))
+    return np.concatenate(out).transpose(0, 2, 1), np.concatenate(ys)
+
+
 class RidgeBaseline:
     """Ridge regression on the flattened window with empirical residual quantiles.
 
@@ -128,44 +218,11 @@ class RidgeBaseline:
 
     def fit_split(self, split: Any) -> RidgeBaseline:
         """Fit on every window of ``split`` (a :class:`nbqat.data.SplitWindows`), in chunks."""
-        n = len(split)
-        if n < 2:
-            raise ValueError(f"the ridge baseline needs at least 2 training windows, got {n}")
-        chunks = [np.arange(i, min(i + _CHUNK, n)) for i in range(0, n, _CHUNK)]
-        # pass 1: means; pass 2: centred normal equations (numerically safer than raw sums)
-        sx: Any = 0.0
-        sy: Any = 0.0
-        for idx in chunks:
-            s, h, f, y = split.batch(idx)
-            sx = sx + flatten_window(s, h, f).sum(axis=0)
-            sy = sy + y.astype(np.float64).sum(axis=0)
-        mx, my = sx / n, sy / n
-        nf = mx.size
-        xtx = np.zeros((nf, nf))
-        xty = np.zeros((nf, my.size))
-        for idx in chunks:
-            s, h, f, y = split.batch(idx)
-            xc = flatten_window(s, h, f) - mx
-            xtx += xc.T @ xc
-            xty += xc.T @ (y.astype(np.float64) - my)
-        xtx[np.diag_indices(nf)] += self.lam
-        if self.lam == 0 and np.linalg.matrix_rank(xtx) < nf:
-            raise ValueError(
-                f"lam=0 (ordinary least squares) needs linearly independent features, but the "
-                f"{nf} features of the {n} training windows are collinear (a constant input, or "
-                "more features than windows): use lam > 0 (e.g. the default 1.0)"
-            )
-        self.coef = np.linalg.solve(xtx, xty)
-        self.intercept = my - mx @ self.coef
-        res = np.concatenate(
-            [split.batch(idx)[3].astype(np.float64) - self._mean(split, idx) for idx in chunks]
-        )
-        self.residual_quantiles = np.quantile(res, self.quantiles, axis=0).T  # (tau, Q)
+        eq = _normal_equations(split)
+        self.coef, self.intercept = _solve(eq, self.lam)
+        fit, y = _stacked_means(split, [(self.coef, self.intercept)])
+        self.residual_quantiles = np.quantile(y - fit[..., 0], self.quantiles, axis=0).T
         return self
-
-    def _mean(self, split: Any, idx: np.ndarray) -> np.ndarray:
-        s, h, f, _ = split.batch(idx)
-        return self.predict_mean(s, h, f)
 
     def predict_mean(
         self, static: np.ndarray, historical: np.ndarray, future: np.ndarray
@@ -209,3 +266,199 @@ class RidgeBaseline:
             s, h, f, _ = split.batch(idx)
             outs.append(self.predict(s, h, f))
         return split.unscale(np.concatenate(outs))
+
+
+#: The history lengths :func:`tune_ridge` searches, in seasons (``Windows.season`` steps: one
+#: day for sub-daily date times, 24 for hourly data; 7 for daily data; else the horizon).
+HISTORY_SEASONS = (1, 2, 4, 7)
+#: The ridge penalties :func:`tune_ridge` searches (log-spaced; 1 is the fixed baseline's).
+LAMBDAS = (0.1, 1.0, 10.0, 100.0, 1000.0)
+
+
+def ridge_histories(w: Any, seasons: Sequence[int] = HISTORY_SEASONS) -> tuple[dict, dict]:
+    """The history lengths the tuned ridge may use on the windows ``w``, with their windows.
+
+    The candidates are ``s * w.season`` for each ``s`` in ``seasons`` and the model's own
+    ``w.history``. A candidate is allowed when its windows (:meth:`Windows.with_history
+    <nbqat.data.Windows.with_history>`) have exactly the model's validation and test forecast
+    starts (so every grid point is scored, and the chosen one tested, on the model's targets)
+    and at least 2 training windows; the others are returned with the reason.
+
+    Parameters
+    ----------
+    w : nbqat.data.Windows
+        The model's windows (from :func:`nbqat.data.make_windows`).
+    seasons : sequence of int, default HISTORY_SEASONS
+        Positive multiples of the season.
+
+    Returns
+    -------
+    allowed : dict of int to Windows
+        By history, ascending; always holds ``w.history`` (with ``w`` itself).
+    excluded : dict of int to str
+        The candidates the data does not allow, and why.
+
+    Raises
+    ------
+    ValueError
+        For a season multiple that is not a positive integer.
+    """
+    if not seasons or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1
+                          for s in seasons):  # fmt: skip
+        raise ValueError(f"seasons must be positive integers, got {tuple(seasons)!r}")
+    allowed: dict[int, Any] = {}
+    excluded: dict[int, str] = {}
+    for h in sorted({int(s) * int(w.season) for s in seasons} | {int(w.history)}):
+        if h == w.history:
+            allowed[h] = w
+            continue
+        if h >= len(w.target_std):
+            excluded[h] = "longer than the data"
+            continue
+        wh = w.with_history(h)
+        same = all(np.array_equal(getattr(wh, n).rows, getattr(w, n).rows) for n in ("val", "test"))
+        if not same:
+            excluded[h] = "a validation or test forecast start of the model has fewer earlier rows"
+        elif len(wh.train) < 2:
+            excluded[h] = f"{len(wh.train)} training window(s)"
+        else:
+            allowed[h] = wh
+    return allowed, excluded
+
+
+@dataclass
+class TunedRidge:
+    """The ridge baseline with the history and penalty chosen on validation (:func:`tune_ridge`).
+
+    Attributes
+    ----------
+    ridge : RidgeBaseline
+        The chosen fit (on every training window of :attr:`windows`).
+    windows : nbqat.data.Windows
+        The model's windows with the chosen history (the feature matrices are shared).
+    history : int
+    lam : float
+    season : int
+        The season the history grid is counted in.
+    criterion : str
+        What chose: ``"val_P50"`` (the P50 q-risk on the validation split), or
+        ``"val_mean_q_risk"`` (the mean over the quantiles) when 0.5 is not a quantile.
+    grid : list of dict
+        Every grid point in search order: ``history``, ``lambda``, ``train_windows`` and the
+        criterion's value.
+    excluded : dict of int to str
+        The history candidates the data does not allow (:func:`ridge_histories`).
+    """
+
+    ridge: RidgeBaseline
+    windows: Any
+    history: int
+    lam: float
+    season: int
+    criterion: str
+    grid: list = field(default_factory=list)
+    excluded: dict = field(default_factory=dict)
+
+    def predict_split(self, split: Any) -> np.ndarray:
+        """Unscaled quantile forecasts (n, tau, Q) of the model's windows ``split``.
+
+        The same forecast starts and targets, read with the chosen history.
+
+        Parameters
+        ----------
+        split : nbqat.data.SplitWindows
+            A split of the windows the baseline was tuned on (any history).
+
+        Raises
+        ------
+        ValueError
+            For windows of other data, or a start with fewer than :attr:`history` earlier rows
+            in its entity.
+        """
+        from nbqat.data import SplitWindows
+
+        w = self.windows
+        if split.parent.target_std is not w.target_std:
+            raise ValueError("the split is not one of the windows the ridge was tuned on")
+        first = w.split_bounds["train"][split.entity, 0]
+        if np.any(split.rows - first < self.history):
+            raise ValueError(
+                f"a window of the {split.name} split has fewer than history={self.history} "
+                "earlier rows in its entity"
+            )
+        return self.ridge.predict_split(SplitWindows(split.name, split.rows, split.entity, w))
+
+    def summary(self) -> dict:
+        """The choice for metrics.json (strict JSON): history, lambda, grid, exclusions."""
+        return {
+            "history": self.history,
+            "lambda": self.lam,
+            "season": self.season,
+            "history_seasons": self.history / self.season,
+            "criterion": self.criterion,
+            "grid": list(self.grid),
+            "excluded_histories": {str(h): why for h, why in self.excluded.items()},
+        }
+
+
+def tune_ridge(
+    w: Any,
+    *,
+    seasons: Sequence[int] = HISTORY_SEASONS,
+    lambdas: Sequence[float] = LAMBDAS,
+) -> TunedRidge:
+    """The ridge baseline with its history and penalty chosen on the validation split.
+
+    For every allowed history (:func:`ridge_histories`) the centred normal equations of its
+    training windows are accumulated once; every penalty in ``lambdas`` solves them
+    (:class:`RidgeBaseline`, residual quantiles included) and is scored on the model's
+    validation windows by the P50 q-risk (unscaled, as on test). The lowest score wins (the
+    first in the order history ascending, penalty ascending on a tie). Nothing of the test
+    split is read.
+
+    Parameters
+    ----------
+    w : nbqat.data.Windows
+        The model's windows.
+    seasons : sequence of int, default HISTORY_SEASONS
+        The history grid in seasons (``w.season`` steps), plus ``w.history``.
+    lambdas : sequence of float, default LAMBDAS
+        The penalties (each finite, >= 0).
+
+    Returns
+    -------
+    TunedRidge
+
+    Raises
+    ------
+    ValueError
+        For an empty or bad grid, or too few training windows (:class:`RidgeBaseline`).
+    """
+    from nbqat.nn.loss import q_risk_table
+
+    if not lambdas:
+        raise ValueError("lambdas must hold at least one penalty")
+    q = tuple(w.quantiles)
+    criterion = "val_P50" if 0.5 in q else "val_mean_q_risk"
+    allowed, excluded = ridge_histories(w, seasons)
+    grid: list[dict] = []
+    best: tuple | None = None
+    for h, wh in allowed.items():
+        eq = _normal_equations(wh.train)
+        rs = [RidgeBaseline(lam, q) for lam in lambdas]  # validates the penalties
+        sols = [_solve(eq, r.lam) for r in rs]
+        fit, yt = _stacked_means(wh.train, sols)  # one pass over the windows for every penalty
+        val = _stacked_means(wh.val, sols)[0]
+        y = wh.val.target_raw()
+        for j, r in enumerate(rs):
+            r.coef, r.intercept = sols[j]
+            r.residual_quantiles = np.quantile(yt - fit[..., j], q, axis=0).T  # (tau, Q)
+            qr = q_risk_table(wh.val.unscale(val[..., j, None] + r.residual_quantiles), y, q)
+            score = qr["P50"] if criterion == "val_P50" else float(np.mean(list(qr.values())))
+            grid.append({"history": h, "lambda": r.lam, "train_windows": len(wh.train),
+                         criterion: score})  # fmt: skip
+            if best is None or score < best[0]:
+                best = (score, r, wh)
+    assert best is not None
+    _, r, wh = best
+    return TunedRidge(r, wh, int(wh.history), r.lam, int(w.season), criterion, grid, excluded)

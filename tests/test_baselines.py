@@ -112,3 +112,145 @@ def test_seasonal_naive_forecast_by_index():
             np.testing.assert_allclose(
                 q[i, hh], w.target_raw[row] + w.naive_residual_quantiles[t.entity[i]]
             )
+
+
+# --------------------------------------------------------------------- the tuned ridge
+
+
+def _ar_windows(n=400, history=4, horizon=4):
+    """One series on a numeric time axis (season = horizon = 4) whose target follows its own
+    value 8 steps (two seasons) earlier: the model's history of 4 cannot see that lag."""
+    import pandas as pd
+
+    from nbqat.data import from_dataframe
+
+    rng = np.random.default_rng(7)
+    y = np.zeros(n)
+    for t in range(8, n):
+        y[t] = 0.9 * y[t - 8] + rng.normal()
+    df = pd.DataFrame({"t": np.arange(n), "y": y + 10.0})
+    data = from_dataframe(df, time_col="t", target_col="y")
+    kw = dict(horizon=horizon, calendar=("time_index",), eval_stride=2)
+    return data, kw, make_windows(data, history=history, **kw)
+
+
+def _oracle_ridge(train, lam, q):
+    """Ridge by lstsq on the augmented system, residual quantiles by numpy.quantile."""
+    s, h, f, y = train.batch()
+    x = np.concatenate([h.reshape(len(h), -1), f.reshape(len(f), -1), s], axis=1).astype(float)
+    n, nf = x.shape
+    a = np.block([[x, np.ones((n, 1))], [np.sqrt(lam) * np.eye(nf), np.zeros((nf, 1))]])
+    rhs = np.vstack([y.astype(np.float64), np.zeros((nf, y.shape[1]))])
+    sol = np.linalg.lstsq(a, rhs, rcond=None)[0]
+    res = y - (x @ sol[:nf] + sol[nf])
+    rq = np.array([[np.quantile(res[:, t], qq) for qq in q] for t in range(y.shape[1])])
+
+    def predict(split):
+        s2, h2, f2, _ = split.batch()
+        x2 = np.concatenate([h2.reshape(len(h2), -1), f2.reshape(len(f2), -1), s2], axis=1)
+        return split.unscale((x2 @ sol[:nf] + sol[nf])[..., None] + rq[None])
+
+    return predict
+
+
+def test_tuned_ridge_matches_a_plain_grid_search():
+    # Oracle: every history's windows from make_windows itself (not Windows.with_history),
+    # ridge by lstsq, the validation P50 q-risk written out (sum |y - P50| / sum |y|), and
+    # the grid searched in plain Python.
+    from nbqat.baselines import tune_ridge
+
+    data, kw, w = _ar_windows()
+    seasons, lambdas = (1, 2, 4), (0.01, 1.0, 300.0)
+    tuned = tune_ridge(w, seasons=seasons, lambdas=lambdas)
+    want, best = [], None
+    for hist in (4, 8, 16):
+        wh = make_windows(data, history=hist, **kw)
+        for name in ("val", "test"):  # the same forecast starts as the model's
+            np.testing.assert_array_equal(getattr(wh, name).rows, getattr(w, name).rows)
+        for lam in lambdas:
+            pred = _oracle_ridge(wh.train, lam, w.quantiles)
+            yv = wh.val.target_raw()
+            score = np.abs(yv - pred(wh.val)[..., 1]).sum() / np.abs(yv).sum()
+            want.append((hist, lam, len(wh.train), score))
+            if best is None or score < best[0]:
+                best = (score, hist, lam, pred(wh.test))
+    got = [(g["history"], g["lambda"], g["train_windows"], g["val_P50"]) for g in tuned.grid]
+    assert [g[:3] for g in got] == [g[:3] for g in want]
+    np.testing.assert_allclose([g[3] for g in got], [g[3] for g in want], rtol=1e-7)
+    assert (tuned.history, tuned.lam) == (best[1], best[2])
+    assert tuned.history >= 8 and (tuned.history, tuned.lam) != (w.history, 1.0)  # not fixed
+    np.testing.assert_allclose(tuned.predict_split(w.test), best[3], rtol=1e-7, atol=1e-7)
+    s = tuned.summary()
+    assert (s["history"], s["lambda"], s["season"], s["criterion"]) == (
+        tuned.history, tuned.lam, 4, "val_P50")  # fmt: skip
+    assert len(s["grid"]) == 9 and s["excluded_histories"] == {}
+
+
+def test_tuned_ridge_keeps_to_the_histories_the_data_allows():
+    from nbqat.baselines import ridge_histories, tune_ridge
+
+    _, _, w = _ar_windows()
+    # 400 rows, the validation split starts at row 280: a history of 300 would move the
+    # model's validation starts, one of 400 is longer than the data
+    allowed, excluded = ridge_histories(w, (1, 75, 100))
+    assert list(allowed) == [4] and allowed[4] is w
+    assert set(excluded) == {300, 400} and "validation or test" in excluded[300]
+    assert excluded[400] == "longer than the data"
+    t = tune_ridge(w, seasons=(1, 75), lambdas=(1.0,))
+    assert t.summary()["excluded_histories"] == {"300": excluded[300]}
+    with pytest.raises(ValueError, match="seasons"):
+        ridge_histories(w, (0,))
+    with pytest.raises(ValueError, match="lambdas"):
+        tune_ridge(w, lambdas=())
+    with pytest.raises(ValueError, match="history must be"):
+        w.with_history(2)  # shorter than the season
+    other = _ar_windows(n=300)[2]
+    with pytest.raises(ValueError, match="not one of the windows"):
+        t.predict_split(other.test)
+
+
+def test_tuned_ridge_with_the_fixed_point_in_its_grid_is_not_worse_on_validation():
+    from nbqat.baselines import tune_ridge
+
+    w = make_windows(load_tmy3(), history=24, horizon=6, eval_stride=24, train_stride=8)
+    t = tune_ridge(w, seasons=(1, 2), lambdas=(1.0, 100.0))
+    fixed = next(g for g in t.grid if g["history"] == 24 and g["lambda"] == 1.0)
+    assert min(g["val_P50"] for g in t.grid) == pytest.approx(
+        next(g["val_P50"] for g in t.grid if (g["history"], g["lambda"]) == (t.history, t.lam))
+    )
+    assert fixed["val_P50"] >= min(g["val_P50"] for g in t.grid)
+    r = RidgeBaseline(1.0, w.quantiles).fit_split(w.train)  # the fixed row, fitted directly
+    from nbqat.nn.loss import q_risk_table
+
+    assert q_risk_table(r.predict_split(w.val), w.val.target_raw(), w.quantiles)["P50"] == (
+        pytest.approx(fixed["val_P50"], rel=1e-9)
+    )
+
+
+def test_the_metrics_compare_with_the_tuned_ridge():
+    # The comparisons, targets and Diebold-Mariano tests read the "ridge" row (the tuned one),
+    # never ridge_fixed: two baselines far apart, the oracle written from the definitions.
+    from types import SimpleNamespace
+
+    from nbqat.train import evaluate as ev
+
+    p50 = {"seasonal_naive": 0.5, "ridge": 0.4, "ridge_fixed": 0.3, "float": 0.39,
+           "float_finetuned": 0.39, "ptq_int8": 0.4, "qat_fake_quant": 0.39,
+           "int8": 0.39}  # fmt: skip
+    c = ev._comparisons(p50, np.zeros(3), np.zeros(3))
+    assert c["float_vs_ridge_P50_improvement"] == pytest.approx(1 - 0.39 / 0.4)
+    assert c["int8_vs_ridge_P50_improvement"] == pytest.approx(1 - 0.39 / 0.4)
+    assert c["float_vs_ridge_fixed_P50_improvement"] == pytest.approx(1 - 0.39 / 0.3)
+    assert not ev._targets(p50)["float_P50_at_least_5pct_better_than_ridge"]
+    assert ev._targets({**p50, "ridge": 0.42})["float_P50_at_least_5pct_better_than_ridge"]
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(40, 6))
+    p = {k: y[..., None] + rng.normal(size=(40, 6, 3)) for k in ("float", "int8", "naive")}
+    p["ridge"] = y[..., None] + 3.0 * rng.normal(size=(40, 6, 3))
+    p["ridge_fixed"] = y[..., None] + 0.0  # perfect: a test against it would differ wildly
+    w = SimpleNamespace(quantiles=(0.1, 0.5, 0.9), horizon=6, eval_stride=6)
+    sig = ev._significance(p, y, w)
+    for m in ("float", "int8"):
+        d = np.mean(np.abs(y - p[m][..., 1]), axis=1) / 2 - np.mean(
+            np.abs(y - p["ridge"][..., 1]), axis=1) / 2  # fmt: skip
+        assert sig[f"{m}_vs_ridge_P50"]["mean_diff"] == pytest.approx(d.mean())

@@ -215,6 +215,12 @@ def test_a_run_with_one_test_window_finishes_without_a_test(tmp_path):
     assert main(argv) == 0
     m = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert m["data"]["windows"]["test"] == 1
+    qr, c, tuning = m["q_risk_test"], m["comparisons"], m["ridge_tuning"]  # the tuned ridge row
+    assert set(qr["ridge_fixed"]) == {"P10", "P50", "P90"} and "ridge_fixed" in m
+    assert c["float_vs_ridge_P50_improvement"] == 1 - qr["float"]["P50"] / qr["ridge"]["P50"]
+    chosen = [g for g in tuning["grid"] if (g["history"], g["lambda"]) == (tuning["history"],
+              tuning["lambda"])]  # fmt: skip
+    assert len(chosen) == 1 and chosen[0]["val_P50"] == min(g["val_P50"] for g in tuning["grid"])
     for k in ("float_vs_naive_P50", "float_vs_ridge_P50", "int8_vs_naive_P50", "int8_vs_ridge_P50"):
         r = m["significance"][k]
         assert (r["dm"], r["p_value"], r["n"]) == (None, None, 1), (k, r)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -191,6 +191,10 @@ class Windows:
     carried : dict
         ``SeriesData.carried``: the flag / level columns ``fill_gaps`` repaired by carrying
         the last value (not interpolating), per entity.
+    split_bounds : dict of str to ndarray
+        ``{"train" | "val" | "test": int64 (n_entities, 2)}``: the global rows ``[first, end)``
+        of each entity's part of each split (set by :func:`make_windows`; empty for the
+        forecast windows of ``nbqat predict``); :meth:`make_split` cuts the windows from them.
 
     Attributes
     ----------
@@ -240,6 +244,7 @@ class Windows:
     eval_stride: int = 1
     scaling: Any = None
     carried: dict = field(default_factory=dict)
+    split_bounds: dict = field(default_factory=dict)
     train: SplitWindows = field(init=False, repr=False)
     val: SplitWindows = field(init=False, repr=False)
     test: SplitWindows = field(init=False, repr=False)
@@ -265,3 +270,77 @@ class Windows:
             "filled": self.filled,
             **({"carried_not_interpolated": self.carried} if self.carried else {}),
         }
+
+    def make_split(self, name: str) -> SplitWindows:
+        """The windows of split ``name``: every forecast start at ``eval_stride`` (``train_stride``
+        for ``"train"``) from the split's first row, or from ``history`` rows into the entity
+        when that is later, to the last start whose ``horizon`` steps all lie in the split.
+
+        The one rule that cuts the windows (:func:`make_windows` and :meth:`with_history`).
+
+        Parameters
+        ----------
+        name : {"train", "val", "test"}
+
+        Returns
+        -------
+        SplitWindows
+            Possibly empty (the caller decides whether that is an error).
+
+        Raises
+        ------
+        ValueError
+            For another name, or windows without :attr:`split_bounds`.
+        """
+        if name not in ("train", "val", "test"):
+            raise ValueError(f"split name must be 'train', 'val' or 'test', got {name!r}")
+        if not self.split_bounds:
+            raise ValueError("these windows have no split bounds (only make_windows sets them)")
+        stride = self.train_stride if name == "train" else self.eval_stride
+        first = self.split_bounds["train"][:, 0]  # each entity's first global row
+        rows, ent = [], []
+        for e, (lo, hi) in enumerate(self.split_bounds[name]):
+            starts = np.arange(max(lo, first[e] + self.history), hi - self.horizon + 1, stride)
+            rows.append(starts.astype(np.int64))
+            ent.append(np.full(len(starts), e, dtype=np.int64))
+        return SplitWindows(name, np.concatenate(rows), np.concatenate(ent), self)
+
+    def with_history(self, history: int) -> Windows:
+        """These windows with another history length ``k`` (e.g. for a baseline).
+
+        The feature matrices, scaling, season, horizon and strides are shared (not copied);
+        every split is cut again by :meth:`make_split`, so a longer history drops the forecast
+        starts with fewer than ``history`` earlier rows in their entity (in practice the first
+        training windows: the validation and test starts lie far into the series) and a shorter
+        one may add training windows.
+
+        Parameters
+        ----------
+        history : int
+            ``>= season`` (the seasonal-naive forecast reads the history).
+
+        Returns
+        -------
+        Windows
+            Its splits may be empty; compare their ``rows`` with these windows' to check that
+            the forecast starts are the same.
+
+        Raises
+        ------
+        ValueError
+            For a history that is not an integer in ``[season, n_rows)``, or windows without
+            :attr:`split_bounds`.
+        """
+        n_rows = len(self.target_std)
+        if (
+            isinstance(history, bool)
+            or not isinstance(history, (int, np.integer))
+            or not (self.season <= history < n_rows)
+        ):
+            raise ValueError(
+                f"history must be an integer in [season={self.season}, {n_rows}), got {history!r}"
+            )
+        w = replace(self, history=int(history))
+        for name in ("train", "val", "test"):
+            setattr(w, name, w.make_split(name))
+        return w

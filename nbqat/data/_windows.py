@@ -155,18 +155,17 @@ def _split_rows(data: SeriesData, cuts: tuple) -> list[tuple[int, int]]:
 
 
 def _attach_splits(w: Windows, data: SeriesData, parts: list[_EntityPart], split) -> None:
-    """Set ``w.train``, ``w.val``, ``w.test`` (the forecast starts of every entity, global
-    rows); a split without a window is a DataError."""
+    """Set ``w.split_bounds`` (each split's global rows per entity) and ``w.train``, ``w.val``,
+    ``w.test`` (:meth:`Windows.make_split`); a split without a window is a DataError."""
     offsets = np.concatenate([[0], np.cumsum(data.lengths)[:-1]]).astype(np.int64)
+    w.split_bounds = {
+        name: np.array([np.add(p.bounds[name], offsets[e]) for e, p in enumerate(parts)],
+                       dtype=np.int64).reshape(len(parts), 2)
+        for name in ("train", "val", "test")
+    }  # fmt: skip
     for name in ("train", "val", "test"):
-        stride = w.train_stride if name == "train" else w.eval_stride
-        rows, ent = [], []
-        for e, part in enumerate(parts):
-            lo, hi = part.bounds[name]
-            starts = np.arange(max(lo, w.history), hi - w.horizon + 1, stride, dtype=np.int64)
-            rows.append(starts + offsets[e])
-            ent.append(np.full(len(starts), e, dtype=np.int64))
-        if sum(len(r) for r in rows) == 0:
+        sw = w.make_split(name)
+        if len(sw) == 0:
             lens = dict(zip(data.entity_names, data.lengths))
             raise DataError(
                 f"the {name} split has no window: a window needs history + horizon = "
@@ -175,8 +174,7 @@ def _attach_splits(w: Windows, data: SeriesData, parts: list[_EntityPart], split
                 f"(split fractions {split}, series lengths {lens}); use a longer series, a "
                 "shorter --history / --horizon, or other split fractions"
             )
-        rows_e = np.concatenate(rows), np.concatenate(ent)
-        setattr(w, name, SplitWindows(name=name, rows=rows_e[0], entity=rows_e[1], parent=w))
+        setattr(w, name, sw)
 
 
 def _assemble(

@@ -36,6 +36,18 @@ def _float_training(fl: dict) -> str:
     return line
 
 
+def _ridge_tuning(t: dict) -> str:
+    """'ridge (tuned): history 24 (1 season), lambda 10, chosen on the validation split
+    (val_P50 0.1610; ...)' from metrics.json's ``ridge_tuning``."""
+    best = next(g for g in t["grid"] if g["history"] == t["history"] and g["lambda"] == t["lambda"])
+    seasons = t["history_seasons"]
+    return (
+        f"ridge (tuned): history {t['history']} ({seasons:g} season{'s' if seasons != 1 else ''})"
+        f", lambda {t['lambda']:g}, chosen on the validation split ({t['criterion']} "
+        f"{best[t['criterion']]:.4f}; ridge (fixed): the model's history, lambda 1)"
+    )
+
+
 def summary_table(metrics: dict, timings: dict) -> str:
     """The q-risk table, the comparisons, gradient-norm and timing lines of a finished run.
 
@@ -54,7 +66,8 @@ def summary_table(metrics: dict, timings: dict) -> str:
     fmt = metrics.get("weight_format", {}).get("name", "int8")  # --weight-bits / --weight-dtype
     rows = [
         ("seasonal naive", qr["seasonal_naive"]),
-        ("ridge (window)", qr["ridge"]),
+        ("ridge (tuned)", qr["ridge"]),
+        *([("ridge (fixed)", qr["ridge_fixed"])] if "ridge_fixed" in qr else []),
         ("float", qr["float"]),
         ("float fine-tuned", qr["float_finetuned"]),
         (f"PTQ {fmt}", qr["ptq_int8"]),
@@ -69,6 +82,8 @@ def summary_table(metrics: dict, timings: dict) -> str:
     for name, v in rows:
         lines.append(f"{name:<18}{v['P10']:>9.4f}{v['P50']:>9.4f}{v['P90']:>9.4f}")
     c = metrics["comparisons"]
+    if "ridge_tuning" in metrics:
+        lines.append(_ridge_tuning(metrics["ridge_tuning"]))
     lines.append(_float_training(metrics["float"]))
     sig = metrics.get("significance", {})
     for what, key in (("float", "float"), (f"QAT {fmt}", "int8")):
