@@ -217,6 +217,49 @@ def _model_summary(r: Run) -> dict:
     return out
 
 
+def environment() -> dict[str, Any]:
+    """metrics.json's ``environment`` block: what the figures depend on beyond the seed.
+
+    The float results go through NumPy's matmul (the BLAS library and the kernel it picked for
+    the CPU: OpenBLAS's ``OPENBLAS_CORETYPE``), Numba's compiled code and libm, and the ONNX
+    parity through onnxruntime, so two machines with the same seed agree to rounding only
+    (README, "Results across machines").
+
+    Returns
+    -------
+    dict
+        ``python``, ``numpy``, ``numba``, ``onnxruntime`` (None when absent) versions, and
+        ``blas``: one entry per BLAS library loaded (threadpoolctl's ``internal_api``,
+        ``version``, ``architecture`` i.e. the core type in use, ``threading_layer``), with
+        ``OPENBLAS_CORETYPE`` as set in the environment (None when unset).
+    """
+    import os
+    import platform
+    from importlib import metadata
+
+    from threadpoolctl import threadpool_info
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    blas = [
+        {k: lib.get(k) for k in ("internal_api", "version", "architecture", "threading_layer")}
+        for lib in threadpool_info()
+        if lib.get("user_api") == "blas"
+    ]
+    return {
+        "python": platform.python_version(),
+        "numpy": version("numpy"),
+        "numba": version("numba"),
+        "onnxruntime": version("onnxruntime"),
+        "blas": blas,
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+    }
+
+
 def evaluate(r: Run) -> dict:
     """Evaluate every model on the test split; returns metrics.json's content.
 
@@ -252,6 +295,7 @@ def evaluate(r: Run) -> dict:
     p50 = {k: v["P50"] for k, v in qr.items()}
     metrics: dict[str, Any] = {
         "nbqat_version": __version__,
+        "environment": environment(),
         "config": _metrics_config(cfg),
         "data": w.summary(),
         "model": _model_summary(r),
