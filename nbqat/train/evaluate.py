@@ -229,9 +229,10 @@ def environment() -> dict[str, Any]:
     -------
     dict
         ``python``, ``numpy``, ``numba``, ``onnxruntime`` (None when absent) versions, and
-        ``blas``: one entry per BLAS library loaded (threadpoolctl's ``internal_api``,
-        ``version``, ``architecture`` i.e. the core type in use, ``threading_layer``), with
-        ``OPENBLAS_CORETYPE`` as set in the environment (None when unset).
+        ``blas``: NumPy's BLAS library as loaded (threadpoolctl's ``internal_api``,
+        ``version``, ``architecture`` i.e. the core type in use, ``threading_layer``; every
+        BLAS loaded, sorted, when none matches NumPy's build), with ``OPENBLAS_CORETYPE`` as
+        set in the environment (None when unset).
     """
     import os
     import platform
@@ -245,11 +246,15 @@ def environment() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             return None
 
-    blas = [
-        {k: lib.get(k) for k in ("internal_api", "version", "architecture", "threading_layer")}
-        for lib in threadpool_info()
-        if lib.get("user_api") == "blas"
-    ]
+    import numpy
+
+    # NumPy's own BLAS (the one its matmul calls), by the version NumPy was built with; other
+    # BLAS copies (scipy's) are loaded or not, in either order, depending on what ran before
+    built = numpy.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    keys = ("internal_api", "version", "architecture", "threading_layer")
+    libs = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
+    mine = [lib for lib in libs if lib.get("version") == built.get("version")] or libs
+    blas = sorted(({k: lib.get(k) for k in keys} for lib in mine), key=lambda d: str(d))
     return {
         "python": platform.python_version(),
         "numpy": version("numpy"),
