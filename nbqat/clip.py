@@ -31,7 +31,7 @@ _PROTO = {
     np.dtype(np.float32): np.empty(0, np.float32),
     np.dtype(np.float64): np.empty(0, np.float64),
 }
-_OPMATH = {
+_OPMATH: dict[np.dtype, type[np.floating]] = {
     np.dtype(np.float16): np.float32,
     np.dtype(np.float32): np.float32,
     np.dtype(np.float64): np.float64,

@@ -161,7 +161,8 @@ def test_observers_in_sync_equal_one_observer_fed_everything(tmp_path):
 
 
 def test_two_process_training_equals_one_process_and_repeats_bit_for_bit(tmp_path):
-    from worker_common import tiny_run
+    from tolerances import chain_rtol
+    from worker_common import CFG, tiny_run
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
@@ -177,12 +178,20 @@ def test_two_process_training_equals_one_process_and_repeats_bit_for_bit(tmp_pat
     np.testing.assert_allclose(ra0["loss"], one["loss"], rtol=1e-5)
     np.testing.assert_allclose(ra0["norm"], one["norm"], rtol=1e-5)
     np.testing.assert_allclose(ra0["params"], one["params"], rtol=1e-4, atol=1e-7)
-    # calibration of the same weights over sharded batches: identical qparams and int8 model
+    # calibration of the same weights over sharded batches: the same qparams and int8 model up
+    # to BLAS rounding (a shard of 3 rows and a batch of 6 take different matmul kernels, so
+    # the activations differ in their last bits): each scale within the float32 rounding of a
+    # chain of matmuls (fan-in 2 d = 16, a generous 12 chained layers before a quantizer:
+    # tolerances.chain_rtol), a zero point within 1 (round(-min / scale) can flip), the int8
+    # outputs within one output quantization step (a requantized code can flip)
     cal = [k for k in one if k.startswith("cal.")]
     assert len(cal) > 100
+    rtol = chain_rtol(fan_in=2 * CFG.hidden_dim, depth=12)
     for k in cal:
-        np.testing.assert_array_equal(ra0[k], one[k], err_msg=k)
-    np.testing.assert_array_equal(ra0["int8"], one["int8"])
+        (n,) = np.shape(one[k])  # the scales, then the zero points
+        np.testing.assert_allclose(ra0[k][: n // 2], one[k][: n // 2], rtol=rtol, err_msg=k)
+        assert np.all(np.abs(ra0[k][n // 2 :] - one[k][n // 2 :]) <= 1), k
+    np.testing.assert_allclose(ra0["int8"], one["int8"], rtol=0, atol=float(one["int8_step"]))
 
 
 def test_two_process_training_on_uneven_shards_equals_one_process(tmp_path):

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
+from tolerances import q_risk_bound
 
 from nbqat import FakeQuantize, MovingAverageMinMaxObserver, QATConfig, QConfig
 from nbqat.export import check_parity, division_study, to_onnx
@@ -141,11 +142,22 @@ def test_parity_real_windows_qrisk(tmp_path):
     eng = rep["engines"]
     for key in ("int8_vs_ort_disable_all", "int8_vs_ort_default"):
         assert rep["pairs"][key]["max_diff_output_steps"] <= 1.0, key
-    # q-risk equal to 4 significant digits, and the harness's q-risk is train.q_risk's
-    ref = q_risk(test.unscale(rep["_predictions"]["int8"]), y, q.model.config.quantiles)
+    # onnxruntime's q-risk within what its predictions' distance from int8's allows (the
+    # pinball loss is 1-Lipschitz: tolerances.q_risk_bound; a 4-significant-digit match can flip
+    # at a rounding boundary), and the harness's q-risk is train.q_risk's
+    quantiles = q.model.config.quantiles
+    preds = rep["_predictions"]
+
+    def bound_of(pa, pb):  # the first rows of the split (reference evaluators run on 3)
+        rows = np.arange(len(pa))
+        un = test.unscale
+        return q_risk_bound(un(pa, rows), un(pb, rows), y[: len(pa)], quantiles)
+
+    ref = q_risk(test.unscale(preds["int8"]), y, quantiles)
     for name in ("ort_disable_all", "ort_default"):
+        bound = bound_of(preds[name], preds["int8"])
         for k, v in eng[name]["q_risk"].items():
-            assert float(f"{v:.4g}") == float(f"{ref[k]:.4g}"), (name, k)
+            assert abs(v - ref[k]) <= bound[k], (name, k)
     assert eng["int8"]["q_risk"] == ref
     props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
     assert json.loads(props["feature_names"]) == w.static_names
@@ -153,9 +165,21 @@ def test_parity_real_windows_qrisk(tmp_path):
     streamed = check_parity(
         q, path, test, target=y, unscale=test.unscale, reference_rows=3, batch_size=5
     )
+    # batches of 5 rows and the whole split take different BLAS kernels (numpy matmul in the
+    # fake-quant model's float layers; onnxruntime's own): another summation order, so the
+    # predictions agree to rounding, or, where a rounding boundary of a fake-quant node flips,
+    # to one output quantization step (the harness's unit, output_scale)
+    step = rep["output_scale"]
     for name, p in rep["_predictions"].items():
-        np.testing.assert_array_equal(streamed["_predictions"][name], p, err_msg=name)
-    assert streamed["engines"] == rep["engines"] and streamed["pairs"] == rep["pairs"]
+        sp = streamed["_predictions"][name]
+        np.testing.assert_allclose(sp, p, rtol=0, atol=step, err_msg=name)
+        bound = bound_of(sp, p)
+        for k, v in streamed["engines"][name]["q_risk"].items():
+            assert abs(v - rep["engines"][name]["q_risk"][k]) <= bound[k], (name, k)
+    assert streamed["engines"].keys() == rep["engines"].keys()
+    assert streamed["pairs"].keys() == rep["pairs"].keys()
+    for key, pair in rep["pairs"].items():  # each side moved by at most one step
+        assert abs(streamed["pairs"][key]["max_abs_diff"] - pair["max_abs_diff"]) <= 2 * step
     assert division_study(path, test, batch_size=5) == division_study(path, s, h, f)
     with pytest.raises(TypeError, match="three input arrays"):
         check_parity(q, path, s, h)

@@ -97,13 +97,21 @@ def test_two_processes_equal_one_process(one, two):
     assert m2["config"] == m1["config"] and m2["data"] == m1["data"]
     _close_steps(_state(one), _state(two[0]))  # every step's loss and global gradient norm
     _close_q_risk(m1, m2)
-    # qparams after the QAT steps: the weights differ by rounding only, so do the ranges
+    # qparams after the QAT steps: the weights differ by rounding only (reduction order, and
+    # BLAS kernels that depend on the shard's shape), so do the ranges. The parameters are
+    # allowed 1e-4 relative below (Adam magnifies a rounding difference in a near-zero
+    # gradient); a range is a 1-Lipschitz function (max, min) of activations that move with the
+    # weights, so the scales are allowed the same 1e-4 (measured: 1.8e-5 with Haswell's
+    # kernels), a zero point 1 (round(-min / scale) can flip)
     a, b = _qat_arrays(one), _qat_arrays(two[0])
     assert a.keys() == b.keys()
     qparams = [k for k in a if "/quantizers/" in k and k.endswith(("/scale", "/zero_point"))]
     assert len(qparams) > 100
     for k in qparams:
-        np.testing.assert_allclose(b[k], a[k], rtol=1e-5, err_msg=k)
+        if k.endswith("/scale"):
+            np.testing.assert_allclose(b[k], a[k], rtol=1e-4, err_msg=k)
+        else:
+            assert np.all(np.abs(b[k].astype(np.int64) - a[k].astype(np.int64)) <= 1), k
     # Adam magnifies a rounding difference in a near-zero gradient (docs/distributed.md)
     k = "/state/__dict__/model/__dict__/params"
     np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5)

@@ -39,7 +39,9 @@ def tiny_run(group, steps, optimizer=nbqat.SGD, *, rows=GLOBAL_BATCH, learnable=
     for name, fq in qat.fake_quants.items():
         out[f"cal.{name}"] = np.concatenate([np.ravel(fq.scale), np.ravel(fq.zero_point)])
     s, h, f, _ = batch(np.random.default_rng(9), 5)
-    out["int8"] = qat.to_int8().forward(s, h, f)
+    int8 = qat.to_int8()
+    out["int8"] = int8.forward(s, h, f)
+    out["int8_step"] = np.float32(int8.output_scale)  # the tests' tolerance unit
     qopt = optimizer(qat.params, lr=1e-2)
     for _ in range(steps):
         loss, total = dist.data_parallel_step(qat, batch(rng, rows), qopt, group, max_norm=0.5)

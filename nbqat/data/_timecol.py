@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -40,10 +41,14 @@ def parse_time_column(s: Any, col: str, where: Callable[[int], str]) -> np.ndarr
         return s.to_numpy().astype("datetime64[s]", copy=False)
     st = s.astype(str).str.strip()
     try:  # the common case: one ISO 8601 column, naive or all with the same offset
-        dt = pd.to_datetime(st, format="ISO8601")
+        with warnings.catch_warnings():  # pandas < 3: mixed offsets warn (sent on below)
+            warnings.simplefilter("ignore", FutureWarning)
+            dt = pd.to_datetime(st, format="ISO8601")
     except (ValueError, TypeError, OverflowError):
         return _diagnose(st, col, where)
-    if dt.isna().any():  # pandas reads a blank value as NaT without an error
+    # pandas reads a blank value as NaT without an error; pandas < 3 returns mixed offsets
+    # (naive with aware, or a DST change) as an object column where pandas 3 raises
+    if dt.dtype == object or dt.isna().any():
         return _diagnose(st, col, where)
     if isinstance(dt.dtype, pd.DatetimeTZDtype):
         return _naive_utc(dt)

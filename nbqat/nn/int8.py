@@ -106,7 +106,7 @@ def accumulator_dtype(in_features: int, x_span: int, w_span: int) -> np.dtype:
 
 
 def quantize_per_tensor(
-    x: np.ndarray, scale: float, zero_point: int, quant_min: int, quant_max: int
+    x: np.ndarray, scale: float | np.floating, zero_point: int, quant_min: int, quant_max: int
 ) -> np.ndarray:
     """Integer codes of ``x`` with PyTorch's per-tensor fake-quantize arithmetic.
 

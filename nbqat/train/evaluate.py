@@ -259,6 +259,54 @@ def _model_summary(r: Run) -> dict:
     return out
 
 
+def environment() -> dict[str, Any]:
+    """metrics.json's ``environment`` block: what the figures depend on beyond the seed.
+
+    The float results go through NumPy's matmul (the BLAS library and the kernel it picked for
+    the CPU: OpenBLAS's ``OPENBLAS_CORETYPE``), Numba's compiled code and libm, and the ONNX
+    parity through onnxruntime, so two machines with the same seed agree to rounding only
+    (README, "Results across machines").
+
+    Returns
+    -------
+    dict
+        ``python``, ``numpy``, ``numba``, ``onnxruntime`` (None when absent) versions, and
+        ``blas``: NumPy's BLAS library as loaded (threadpoolctl's ``internal_api``,
+        ``version``, ``architecture`` i.e. the core type in use, ``threading_layer``; every
+        BLAS loaded, sorted, when none matches NumPy's build), with ``OPENBLAS_CORETYPE`` as
+        set in the environment (None when unset).
+    """
+    import os
+    import platform
+    from importlib import metadata
+
+    from threadpoolctl import threadpool_info
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    import numpy
+
+    # NumPy's own BLAS (the one its matmul calls), by the version NumPy was built with; other
+    # BLAS copies (scipy's) are loaded or not, in either order, depending on what ran before
+    built = numpy.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    keys = ("internal_api", "version", "architecture", "threading_layer")
+    libs = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
+    mine = [lib for lib in libs if lib.get("version") == built.get("version")] or libs
+    blas = sorted(({k: lib.get(k) for k in keys} for lib in mine), key=lambda d: str(d))
+    return {
+        "python": platform.python_version(),
+        "numpy": version("numpy"),
+        "numba": version("numba"),
+        "onnxruntime": version("onnxruntime"),
+        "blas": blas,
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+    }
+
+
 def evaluate(r: Run) -> dict:
     """Evaluate every model on the test split; returns metrics.json's content.
 
@@ -295,6 +343,7 @@ def evaluate(r: Run) -> dict:
     p50 = {k: v["P50"] for k, v in qr.items()}
     metrics: dict[str, Any] = {
         "nbqat_version": __version__,
+        "environment": environment(),
         "config": _metrics_config(cfg),
         "data": w.summary(),
         "model": _model_summary(r),
