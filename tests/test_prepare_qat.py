@@ -343,7 +343,7 @@ def test_qat_lstm_forecaster_matches_torch_fake_quantize(torch, rng):
         zq, wq = fq["fc.input_fake_quant"](z), fq["fc.weight_fake_quant"](P["fc.weight"])
         a = F.linear(zq, wq)
         # sum |z||w| + |b| of fc's dots: the magnitude their rounding is relative to
-        fc_mag = float((zq.abs() @ wq.abs().T + P["fc.bias"].abs()).max())
+        fc_mag = float((zq.abs() @ wq.abs().T + P["fc.bias"].abs()).max().detach())
         mag["fc"] = max(mag.get("fc", 0.0), fc_mag)  # over the steps the observer averaged
         a = F.elu(a + P["fc.bias"])
         x = fq["head.input_fake_quant"](a)

@@ -64,7 +64,9 @@ def tables(draw):
         kind = draw(st.sampled_from(["cell", "stamp", "delete", "dup", "swap", "field"]))
         i = draw(st.integers(0, len(rows) - 1))
         if kind == "cell":
-            rows[i][draw(st.integers(2, 4))] = draw(st.sampled_from(CELLS))
+            j = draw(st.integers(2, 4))
+            if j < len(rows[i]):  # a "field" mutation may have shortened this row
+                rows[i][j] = draw(st.sampled_from(CELLS))
         elif kind == "stamp":
             s = draw(st.sampled_from(STAMPS))
             rows[i][1] = rows[i][1] + s if s[:1] in "+Z" else s

@@ -292,7 +292,8 @@ def environment() -> dict[str, Any]:
 
     # NumPy's own BLAS (the one its matmul calls), by the version NumPy was built with; other
     # BLAS copies (scipy's) are loaded or not, in either order, depending on what ran before
-    built = numpy.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    show: Any = numpy.show_config  # mode="dicts" since NumPy 1.26; NumPy 2.0's stub lacks it
+    built = (show(mode="dicts") or {}).get("Build Dependencies", {}).get("blas", {})
     keys = ("internal_api", "version", "architecture", "threading_layer")
     libs = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
     mine = [lib for lib in libs if lib.get("version") == built.get("version")] or libs
