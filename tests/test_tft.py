@@ -375,8 +375,12 @@ def test_deterministic(rng):
 def test_folded_path_as_accurate_as_unfolded(rng):
     """The algebraic folds (VSN embedding, GRN fc2; the default) against the unfolded float
     path in float32: each is compared with the float64 truth, and the folded path must be as
-    accurate as the unfolded one (within a factor 4, or 1e-4 relative): the selection GRN's
-    small gradients come out of a cancelling softmax backward, so both carry float32 noise."""
+    accurate as the unfolded one (within a factor 4, or 1e-3 relative): the selection GRN's
+    small gradients come out of a cancelling softmax backward, so both carry float32 noise
+    whose size depends on the BLAS kernel's summation order (static_vsn.flat_grn.fc1.bias:
+    1.5e-4 folded vs 3.1e-5 unfolded under OPENBLAS_CORETYPE=Sandybridge, within 4x under
+    Haswell/SkylakeX). A fold defect changes a gradient by O(1) relative, so the 1e-3 floor
+    (still ~8000x float32's epsilon) keeps the test able to fail."""
     cfg = TFTConfig(**CFG)
     s, h, f = _inputs(cfg, rng, 4, np.float32)
     res = []
@@ -389,4 +393,4 @@ def test_folded_path_as_accurate_as_unfolded(rng):
     names = ["output", "dstatic", "dhistorical", "dfuture"] + [n for n, _ in model.named_grads()]
     for name, a, b, truth in zip(names, *res):
         err_fold, err_mat = rel_err(a, truth), rel_err(b, truth)
-        assert err_fold <= max(4 * err_mat, 1e-4), (name, err_fold, err_mat)
+        assert err_fold <= max(4 * err_mat, 1e-3), (name, err_fold, err_mat)
