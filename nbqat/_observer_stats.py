@@ -47,7 +47,7 @@ def decode_half(keys: Any) -> np.ndarray:
     return out
 
 
-def _bits(x: np.ndarray) -> tuple[np.ndarray, Any, int, int]:
+def _bits(x: np.ndarray) -> tuple[np.ndarray, Any, np.int32, np.int32]:
     """The integer view of float16/float32 data (float64 is converted to float32 first, as
     torch's ``x.to(float32)``), its key decoder and the keys of +Inf and -Inf."""
     if x.dtype == np.float16:
