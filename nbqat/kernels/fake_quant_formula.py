@@ -80,13 +80,13 @@ def lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf):  # pragma: no cover
 
 
 @_inline
-def _min_nan(a, b):  # pragma: no cover
+def min_nan(a, b):  # pragma: no cover
     """``numpy.minimum`` / ``torch.min`` of two scalars: NaN if either is NaN."""
     return a if (a < b or a != a) else b
 
 
 @_inline
-def _max_nan(a, b):  # pragma: no cover
+def max_nan(a, b):  # pragma: no cover
     """``numpy.maximum`` / ``torch.max`` of two scalars: NaN if either is NaN."""
     return a if (a > b or a != a) else b
 
@@ -104,10 +104,10 @@ def qparams_scale(mn, mx, qmin, qmax, eps, symmetric):  # pragma: no cover
     """
     T = np.float32
     zero = T(0.0)
-    min_neg = _min_nan(mn, zero)
-    max_pos = _max_nan(mx, zero)
+    min_neg = min_nan(mn, zero)
+    max_pos = max_nan(mx, zero)
     if symmetric:
-        scale = _max_nan(_max_nan(-min_neg, max_pos) / T((qmax - qmin) / 2.0), eps)
+        scale = max_nan(max_nan(-min_neg, max_pos) / T((qmax - qmin) / 2.0), eps)
         return scale, zero
-    scale = _max_nan((max_pos - min_neg) / T(qmax - qmin), eps)
+    scale = max_nan((max_pos - min_neg) / T(qmax - qmin), eps)
     return scale, rint(min_neg / scale)

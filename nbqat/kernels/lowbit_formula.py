@@ -28,6 +28,7 @@ from numba.extending import intrinsic
 from numpy import rint  # by name: nbqat._cuda.device_function rebinds it to the device's rint
 
 from nbqat._jit import cpu_kernel
+from nbqat.kernels.fake_quant_formula import max_nan, min_nan  # the one NaN-propagating pair
 
 _inline = cpu_kernel(parallel=False, inline="always")
 
@@ -76,18 +77,6 @@ def f32_bits(v):  # pragma: no cover
 def bits_f32(u):  # pragma: no cover
     """The float32 whose bits are the uint32 ``u``."""
     return _bitcast_u32_f32(u)
-
-
-@_inline
-def min_nan(a, b):  # pragma: no cover
-    """``torch.minimum`` of two scalars: NaN if either is NaN."""
-    return a if (a < b or a != a) else b
-
-
-@_inline
-def max_nan(a, b):  # pragma: no cover
-    """``torch.maximum`` of two scalars: NaN if either is NaN."""
-    return a if (a > b or a != a) else b
 
 
 @_inline
