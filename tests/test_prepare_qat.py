@@ -407,7 +407,7 @@ def test_qat_lstm_forecaster_matches_torch_fake_quantize(torch, rng):
 def test_learnable_scales_config_builds_lsq_quantizers(rng):
     """QATConfig(learnable_scales=True) was silently ignored by prepare_qat (plain FakeQuantize,
     scales never learned)."""
-    from nbqat.fake_quantize import LearnableFakeQuantize
+    from nbqat.quantization.fake_quantize import LearnableFakeQuantize
 
     model = Sequential(Linear(4, 8), ELU(), Linear(8, 2))
     ParameterBuffer(model, seed=0)
@@ -509,7 +509,7 @@ def test_inplace_keeps_a_model_owned_buffer(rng):
 
 
 def test_float_fallback_reports_a_request_beyond_the_modules(rng):
-    from nbqat import report
+    from nbqat.train import report
 
     model = Sequential(Linear(4, 8), ELU(), Linear(8, 2))
     ParameterBuffer(model, seed=0)

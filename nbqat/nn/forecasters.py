@@ -144,7 +144,7 @@ def prepare_forecaster(
     """
     from nbqat.nn.qat import QATTemporalFusionTransformer
     from nbqat.nn.quantize import prepare_qat
-    from nbqat.qconfig import QATConfig
+    from nbqat.quantization.qconfig import QATConfig
 
     config = QATConfig() if config is None else config
     if not isinstance(config, QATConfig):

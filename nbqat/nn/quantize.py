@@ -192,7 +192,7 @@ def prepare_qat(
         ``model`` already holds a quantizer (prepared twice); unbound parameters; a
         ``qconfig_mapping`` name that is no module of ``model``.
     """
-    from nbqat.qconfig import QATConfig
+    from nbqat.quantization.qconfig import QATConfig
 
     if isinstance(model, QATModel) or not isinstance(model, Module):
         what = "already prepared" if isinstance(model, QATModel) else type(model).__name__
@@ -230,7 +230,7 @@ def _new_quantizer(qc: Any, kind: str, config: Any) -> Any:
 
 def _to_learnable(factory: Any, kind: str) -> Any:
     """A LearnableFakeQuantize with the observer and range of a FakeQuantize factory."""
-    from nbqat.fake_quantize import LearnableFakeQuantize
+    from nbqat.quantization.fake_quantize import LearnableFakeQuantize
 
     kw = getattr(getattr(factory, "p", None), "keywords", None)
     if kw is None:

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from nbqat import preflight
 from nbqat.data import Windows, load_csv, load_tmy3, make_windows
 from nbqat.optim_groups import inner_attribute
+from nbqat.train import preflight
 from nbqat.train.config import MIN_HISTORY, QUANTILES
 
 
@@ -33,7 +33,7 @@ def build_model(cfg: Any, w: Windows) -> Any:
 
 
 def make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
-    """AdamW in two groups (body, linear skip), see :class:`nbqat.recipe.GroupedAdamW`.
+    """AdamW in two groups (body, linear skip), see :class:`nbqat.train.recipe.GroupedAdamW`.
 
     ``qat=True``: the QAT phase's (and the equally fine-tuned float model's) optimizer, whose
     skip group moves faster (``qat_skip_lr_scale``) so that the skip's int8 weights can adapt.
@@ -50,10 +50,10 @@ def make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
     Returns
     -------
     GroupedAdamW or DeviceAdam
-        Wrapped in :class:`nbqat.recipe.AveragedOptimizer` for the float phase when
+        Wrapped in :class:`nbqat.train.recipe.AveragedOptimizer` for the float phase when
         ``cfg.ema_decay > 0``.
     """
-    from nbqat.recipe import AveragedOptimizer, GroupedAdamW, skip_offset
+    from nbqat.train.recipe import AveragedOptimizer, GroupedAdamW, skip_offset
 
     kw = dict(
         lr=lr,
@@ -71,7 +71,7 @@ def make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
 class DeviceAdam:
     """Adam whose fused update runs on a CUDA device copy of a host parameter buffer.
 
-    ``--device cuda`` uses it (the two AdamW groups of :class:`nbqat.recipe.GroupedAdamW`):
+    ``--device cuda`` uses it (the two AdamW groups of :class:`nbqat.train.recipe.GroupedAdamW`):
     nbqat.nn's forward and backward passes run on the CPU (the
     layer graph keeps its activations in NumPy), so each step uploads the flat gradient buffer
     (and the parameters), runs :class:`nbqat.Adam`'s CUDA kernel there with the clipping
@@ -82,7 +82,7 @@ class DeviceAdam:
 
     def __init__(self, params: np.ndarray, lr: float, **group_kw: Any) -> None:
         from nbqat import _cuda
-        from nbqat.recipe import GroupedAdamW
+        from nbqat.train.recipe import GroupedAdamW
 
         _cuda.require_cuda("--device cuda")
         self.params = params
@@ -165,7 +165,8 @@ def load_data(cfg: Any) -> Windows:
     Raises
     ------
     DataError, ValueError
-        Bad data, or windows that do not fit the options (:func:`nbqat.preflight.check_windows`).
+        Bad data, or windows that do not fit the options
+        (:func:`nbqat.train.preflight.check_windows`).
     """
     if cfg.csv is not None:
         data = load_csv(

@@ -39,7 +39,8 @@ def load_run(run_dir: str | os.PathLike) -> tuple[Path, dict]:
     ValueError
         When it holds no finished model (no ``checkpoint/state.json`` with phase ``done``,
         or a missing ``qat.npz`` / ``float.npz``); a :class:`~nbqat.nn.qat.CheckpointError`
-        (a ValueError) when ``state.json`` fails its schema (:func:`nbqat.checkpoint.read_state`).
+        (a ValueError) when ``state.json`` fails its schema
+        (:func:`nbqat.train.checkpoint_schema.read_state`).
     """
     run = Path(run_dir)
     if not run.is_dir():
@@ -147,7 +148,7 @@ def _engine(engine: str, run: Path, qat: Any) -> Any:
     if engine == "int8":
         fwd = qat.to_int8().forward
     else:
-        from nbqat.checkpoint import load_float_state
+        from nbqat.train.checkpoint_schema import load_float_state
 
         z = load_float_state(run / "checkpoint" / "float.npz")
         model = type(qat.model)(qat.model.config, dtype=np.float32)  # the run's forecaster
