@@ -106,9 +106,10 @@ def forecaster_name(model: Any) -> str:
         Neither forecaster.
     """
     from nbqat.nn.lstm_forecaster import LSTMForecaster
+    from nbqat.nn.step import float_network
     from nbqat.nn.tft import TemporalFusionTransformer
 
-    net = getattr(model, "model", model)
+    net = float_network(model)
     if isinstance(net, TemporalFusionTransformer):
         return "tft"
     if isinstance(net, LSTMForecaster):

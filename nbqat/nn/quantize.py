@@ -479,15 +479,12 @@ class QATModel(QATCheckpoint, QATPhases):
 
         Notes
         -----
-        :func:`nbqat.nn.step.step_once`: STE gradients first, then the norm over the STE-masked
+        :func:`nbqat.nn.train_step`: STE gradients first, then the norm over the STE-masked
         gradients (the LSQ gradients included), then the update of every parameter group with
         ``grad_scale = min(max_norm / (total + 1e-6), 1)`` folded in (torch's coefficient,
         always applied: a NaN norm gives NaN updates, as torch's clipping gives NaN grads). The
         gradient buffer keeps the unclipped gradients.
         """
-        from nbqat.nn.step import step_once
+        from nbqat.nn.step import train_step
 
-        out = step_once(self, batch, optimizer, max_norm, grad_hook)
-        self.step += 1
-        self.optimizer = optimizer
-        return out
+        return train_step(self, batch, optimizer, max_norm=max_norm, grad_hook=grad_hook)
