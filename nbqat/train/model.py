@@ -3,11 +3,12 @@ optimizer (:class:`DeviceAdam` for ``--device cuda``) and the dropout mode."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from nbqat.data import Windows, load_csv, load_tmy3, make_windows
+from nbqat.data import TMY3_COLUMNS, Windows, load_csv, load_tmy3, make_windows
 from nbqat.optim_groups import inner_attribute
 from nbqat.train import preflight
 from nbqat.train.config import MIN_HISTORY, QUANTILES
@@ -150,6 +151,35 @@ def check_device(device: str) -> None:
             raise err
 
 
+#: The options that name a ``--csv`` file's columns (``load_csv``'s keywords).
+CSV_COLUMN_OPTIONS = (
+    "time_col",
+    "target_col",
+    "entity_col",
+    "known_cols",
+    "static_cols",
+    "observed_cols",
+)
+
+
+def column_roles(opts: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`nbqat.data.load_csv`'s column keywords for a run: its ``--csv`` column options,
+    or the shipped dataset's (:data:`nbqat.data.TMY3_COLUMNS`) when it has no ``csv``.
+
+    Parameters
+    ----------
+    opts : mapping
+        The run's options (``TrainConfig`` fields, as a dict: a checkpoint's ``config``).
+
+    Returns
+    -------
+    dict
+    """
+    if opts.get("csv") is None:
+        return dict(TMY3_COLUMNS)
+    return {k: opts.get(k) for k in CSV_COLUMN_OPTIONS}
+
+
 def load_data(cfg: Any) -> Windows:
     """The run's windows: ``--csv`` (or the shipped TMY3 dataset) cut into TFT windows.
 
@@ -169,16 +199,7 @@ def load_data(cfg: Any) -> Windows:
         (:func:`nbqat.train.preflight.check_windows`).
     """
     if cfg.csv is not None:
-        data = load_csv(
-            cfg.csv,
-            time_col=cfg.time_col,  # type: ignore[arg-type]
-            target_col=cfg.target_col,  # type: ignore[arg-type]
-            entity_col=cfg.entity_col,
-            known_cols=cfg.known_cols,
-            static_cols=cfg.static_cols,
-            observed_cols=cfg.observed_cols,
-            fill_gaps=cfg.fill_gaps,
-        )
+        data = load_csv(cfg.csv, fill_gaps=cfg.fill_gaps, **column_roles(vars(cfg)))
     else:
         data = load_tmy3()
     if cfg.history is None:  # one day of hours, and at least one season (the naive reads it)
@@ -199,8 +220,10 @@ def load_data(cfg: Any) -> Windows:
 
 __all__ = [
     "DeviceAdam",
+    "CSV_COLUMN_OPTIONS",
     "build_model",
     "check_device",
+    "column_roles",
     "load_data",
     "make_optimizer",
     "set_dropout_mode",
