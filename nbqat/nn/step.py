@@ -22,9 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from nbqat.clip import clip_coef, get_total_norm
+from nbqat.nn.loss import quantile_loss, quantile_loss_grad
 from nbqat.nn.phases import QATPhases
 
-__all__ = ["check_step_args", "float_network", "step_once", "train_step"]
+__all__ = ["check_step_args", "float_network", "train_step"]
 
 
 def train_step(
@@ -73,10 +75,26 @@ def train_step(
     The update folds torch's coefficient ``min(max_norm / (total + 1e-6), 1)``
     (:func:`nbqat.clip.clip_coef`, in the gradients' dtype) into the fused optimizer step.
     """
-    out = step_once(model, batch, optimizer, max_norm, grad_hook)
+    static, historical, future, target, max_norm = check_step_args(
+        model, batch, optimizer, max_norm
+    )
+    q = float_network(model).config.quantiles
+    learn = _lsq_group(model, optimizer)
+    model.zero_grad()
+    out = model.forward(static, historical, future)
+    loss = quantile_loss(out, target, q)
+    model.backward(quantile_loss_grad(out, target, q))
+    grads = [model.grads] + [g for fq in learn for g in (fq.grad_scale, fq.grad_zero_point)]
+    if grad_hook is not None:
+        grad_hook(grads)
+    total = float(get_total_norm(grads if learn else model.grads))
+    coef = 1.0
+    if max_norm is not None and not math.isinf(max_norm):
+        coef = float(clip_coef(total, max_norm, model.grads.dtype))
+    optimizer.step(model.grads, grad_scale=coef)  # every parameter group, one coefficient
     if isinstance(model, QATPhases):  # a QAT model: its step count and optimizer (checkpoints)
         model.count_step(optimizer)
-    return out
+    return float(loss), total
 
 
 def float_network(model: Any) -> Any:
@@ -108,52 +126,6 @@ def _lsq_group(model: Any, optimizer: Any) -> list[Any]:
         if not optimizer.has_param_group(src):
             optimizer.add_param_group({"params": src})
     return learn
-
-
-def step_once(
-    model: Any,
-    batch: Sequence[np.ndarray],
-    optimizer: Any,
-    max_norm: float | None = None,
-    grad_hook: Callable[[list[np.ndarray]], None] | None = None,
-) -> tuple[float, float]:
-    """The body of :func:`train_step` (without a QAT model's bookkeeping).
-
-    Parameters
-    ----------
-    model, batch, optimizer, max_norm, grad_hook
-        As :func:`train_step`.
-
-    Returns
-    -------
-    (loss, total_norm) : (float, float)
-
-    Raises
-    ------
-    ValueError
-        As :func:`train_step`.
-    """
-    from nbqat.clip import clip_coef, get_total_norm
-    from nbqat.nn.loss import quantile_loss, quantile_loss_grad
-
-    static, historical, future, target, max_norm = check_step_args(
-        model, batch, optimizer, max_norm
-    )
-    q = float_network(model).config.quantiles
-    learn = _lsq_group(model, optimizer)
-    model.zero_grad()
-    out = model.forward(static, historical, future)
-    loss = quantile_loss(out, target, q)
-    model.backward(quantile_loss_grad(out, target, q))
-    grads = [model.grads] + [g for fq in learn for g in (fq.grad_scale, fq.grad_zero_point)]
-    if grad_hook is not None:
-        grad_hook(grads)
-    total = float(get_total_norm(grads if learn else model.grads))
-    coef = 1.0
-    if max_norm is not None and not math.isinf(max_norm):
-        coef = float(clip_coef(total, max_norm, model.grads.dtype))
-    optimizer.step(model.grads, grad_scale=coef)  # every parameter group, one coefficient
-    return float(loss), total
 
 
 def _check_batch(batch: Any) -> tuple[Any, Any, Any, np.ndarray]:
