@@ -270,22 +270,25 @@ def test_calibrate_single_process_equals_the_models_calibrate():
         np.testing.assert_array_equal(fq.zero_point, b.fake_quants[name].zero_point)
 
 
+class _SecondOfTwo(dist.ProcessGroup):
+    """A process group that says it is rank 1 of 2 (no MPI): the checks before any exchange."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rank, self.size = 1, 2
+
+
 def test_calibrate_refuses_a_batch_smaller_than_the_group():
     from worker_common import CFG, batch
 
     from nbqat.nn import TemporalFusionTransformer
     from nbqat.nn.qat import QATTemporalFusionTransformer
 
-    class Two(dist.ProcessGroup):
-        def __init__(self) -> None:
-            super().__init__()
-            self.rank, self.size = 1, 2
-
     qat = QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(CFG, seed=1))
     before = {k: np.array(fq.scale) for k, fq in qat.fake_quants.items()}
     small = tuple(x[:1] for x in batch(np.random.default_rng(0)))
     with pytest.raises(ValueError, match="fewer than the 2 processes"):
-        dist.calibrate(qat, [small], Two())
+        dist.calibrate(qat, [small], _SecondOfTwo())
     for k, fq in qat.fake_quants.items():  # nothing observed
         np.testing.assert_array_equal(fq.scale, before[k])
 
@@ -299,13 +302,8 @@ def test_calibrate_refuses_a_wrong_group_or_model_before_touching_the_observers(
     from nbqat.nn import TemporalFusionTransformer
     from nbqat.nn.qat import QATTemporalFusionTransformer
 
-    class Two(dist.ProcessGroup):
-        def __init__(self) -> None:
-            super().__init__()
-            self.rank, self.size = 1, 2
-
     qat = QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(CFG, seed=1))
-    two = Two()
+    two = _SecondOfTwo()
     dist.sync_observers(qat.fake_quants, two)
     batches = [batch(np.random.default_rng(0))]
     for group in (None, "world"):

@@ -270,6 +270,19 @@ def test_gate_add_norm(rng):
     _check(g, lambda: (g.forward(x, s),), lambda r: g.backward(r[0]), [x, s])
 
 
+def _with_context(rng, layer, shape, ctx):
+    """Input ``x`` of ``shape``, an optional context ``c`` (None or (shape[0], ctx)), the inputs
+    to differentiate, and a backward returning the gradient of each of them."""
+    x = rng.normal(size=shape)
+    c = None if ctx is None else rng.normal(size=(shape[0], ctx))
+
+    def bwd(rs):
+        dx, dc = layer.backward(rs[0])
+        return (dx,) if c is None else (dx, dc)
+
+    return x, c, ([x] if c is None else [x, c]), bwd
+
+
 @pytest.mark.parametrize(
     "in_size,out_size,ctx,lead",
     [(4, 4, None, (3,)), (6, 2, None, (2, 3)), (4, 4, 3, (2, 3)), (5, 3, 3, (2,))],
@@ -278,14 +291,7 @@ def test_gate_add_norm(rng):
 def test_grn(rng, in_size, out_size, ctx, lead, fold):
     grn = GatedResidualNetwork(in_size, 4, out_size, ctx, fold_fc2=fold)
     _build(grn)
-    a = rng.normal(size=lead + (in_size,))
-    c = None if ctx is None else rng.normal(size=(lead[0], ctx))
-    inputs = [a] if c is None else [a, c]
-
-    def bwd(rs):
-        da, dc = grn.backward(rs[0])
-        return (da,) if c is None else (da, dc)
-
+    a, c, inputs, bwd = _with_context(rng, grn, lead + (in_size,), ctx)
     _check(grn, lambda: (grn.forward(a, c),), bwd, inputs)
 
 
@@ -329,14 +335,7 @@ def test_grn_context_errors(rng):
 def test_vsn(rng, m, ctx, lead, fold):
     vsn = VariableSelectionNetwork(m, 4, ctx, fold_embedding=fold)
     _build(vsn)
-    x = rng.normal(size=lead + (m,))
-    c = None if ctx is None else rng.normal(size=(lead[0], ctx))
-    inputs = [x] if c is None else [x, c]
-
-    def bwd(rs):
-        dx, dc = vsn.backward(rs[0])
-        return (dx,) if c is None else (dx, dc)
-
+    x, c, inputs, bwd = _with_context(rng, vsn, lead + (m,), ctx)
     _check(vsn, lambda: (vsn.forward(x, c)[0],), bwd, inputs)
     out, w = vsn.forward(x, c)
     assert w.shape == lead + (m,)
