@@ -194,3 +194,35 @@ def test_the_fused_helpers_write_no_attribute():
         if isinstance(t, ast.Attribute)
     ]
     assert writes == []
+
+
+def test_one_observed_yet_check():
+    """``has_observed`` is the one "observed yet?" rule (conversion and export use it)."""
+    import numpy as np
+
+    import nbqat
+    from nbqat._quantizer_base import has_observed
+    from nbqat.lowbit_quantize import Float8FakeQuantize, GroupFakeQuantize, PerTokenFakeQuantize
+
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    for fq in (
+        nbqat.FakeQuantize(),
+        nbqat.LearnableFakeQuantize(),
+        nbqat.FakeQuantize(observer=nbqat.HistogramObserver),
+        GroupFakeQuantize(4),
+    ):
+        assert not has_observed(fq), fq
+        fq(x)
+        assert has_observed(fq), fq
+    for fq in (PerTokenFakeQuantize(), Float8FakeQuantize()):  # qparams of each batch
+        assert has_observed(fq)
+    users = {"nbqat/export/_check.py", "nbqat/nn/int8.py", "nbqat/nn/int4.py"}
+    calls = {
+        f
+        for f, t in _modules()
+        if any(
+            isinstance(n, ast.Call) and getattr(n.func, "id", None) == "has_observed"
+            for n in ast.walk(t)
+        )
+    }
+    assert users <= calls

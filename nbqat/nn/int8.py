@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nbqat._quantizer_base import has_observed
 from nbqat.kernels.int8_cpu import (
     F32_EXACT,
     lstm_steps_kernel,
@@ -274,9 +275,7 @@ def _qparams(fq: Any, name: str) -> tuple[np.ndarray, np.ndarray, int, int]:
         scale, zp = fq.scale, fq.zero_point
     scale = np.asarray(scale, dtype=np.float32).reshape(-1)
     zp = np.asarray(zp).astype(np.int32).reshape(-1)
-    obs = getattr(fq, "activation_post_process", None)
-    mn = getattr(obs, "min_val", None)
-    if mn is not None and (np.size(mn) == 0 or not np.all(np.isfinite(np.asarray(mn, float)))):
+    if not has_observed(fq):
         raise RuntimeError(
             f"quantizer {name} has never observed data: calibrate the QAT model (forward some "
             "batches) before to_int8() / convert()"
