@@ -40,24 +40,37 @@ def fold_min_max(old_min, old_max, cur_min, cur_max, moving, c):  # pragma: no c
 
 
 @_inline
+def affine_scale(mn, mx, eps, symmetric, div):  # pragma: no cover
+    """``(scale, min_neg)`` of a float32 min/max: the scale rule that torch's observers
+    (``_calculate_qparams``) and torchao's ``choose_qparams_affine`` share.
+
+    ``min_neg = min(mn, 0)``, ``max_pos = max(mx, 0)``; symmetric:
+    ``scale = max(max(-min_neg, max_pos) / div, eps)``; affine:
+    ``scale = max((max_pos - min_neg) / div, eps)``, with ``div`` the float32
+    ``(qmax - qmin) / 2`` or ``qmax - qmin``. NaN propagates (as torch.min / torch.max do).
+    """
+    zero = np.float32(0.0)
+    min_neg = min_nan(mn, zero)
+    max_pos = max_nan(mx, zero)
+    if symmetric:
+        return max_nan(max_nan(-min_neg, max_pos) / div, eps), min_neg
+    return max_nan((max_pos - min_neg) / div, eps), min_neg
+
+
+@_inline
 def qparams_scale(mn, mx, qmin, qmax, eps, symmetric):  # pragma: no cover
     """``(scale, r)`` of a float32 running min/max: torch's ``_calculate_qparams``
     (``torch/ao/quantization/observer.py``) for one tensor or channel.
 
-    ``min_neg = min(mn, 0)``, ``max_pos = max(mx, 0)``; symmetric:
-    ``scale = max(max(-min_neg, max_pos) / ((qmax - qmin) / 2), eps)`` and ``r = 0``; affine:
-    ``scale = max((max_pos - min_neg) / (qmax - qmin), eps)`` and ``r = rint(min_neg / scale)``
-    (half to even), the zero point being ``qmin - r`` clamped by the caller. NaN propagates
-    (as torch.min / torch.max do); all arithmetic in float32.
+    :func:`affine_scale` with ``div = (qmax - qmin) / 2`` (symmetric; ``r = 0``) or
+    ``qmax - qmin`` (affine; ``r = rint(min_neg / scale)``, half to even, the zero point
+    being ``qmin - r`` clamped by :func:`zero_point_of`); all arithmetic in float32.
     """
     T = np.float32
-    zero = T(0.0)
-    min_neg = min_nan(mn, zero)
-    max_pos = max_nan(mx, zero)
     if symmetric:
-        scale = max_nan(max_nan(-min_neg, max_pos) / T((qmax - qmin) / 2.0), eps)
-        return scale, zero
-    scale = max_nan((max_pos - min_neg) / T(qmax - qmin), eps)
+        scale, _ = affine_scale(mn, mx, eps, True, T((qmax - qmin) / 2.0))
+        return scale, T(0.0)
+    scale, min_neg = affine_scale(mn, mx, eps, False, T(qmax - qmin))
     return scale, rint(min_neg / scale)
 
 
