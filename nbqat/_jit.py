@@ -59,7 +59,7 @@ def cpu_kernel(
     }
 
     def decorate(func: Callable[..., Any]) -> Any:
-        if numba.config.DISABLE_JIT:  # as numba.njit: the plain function
+        if getattr(numba.config, "DISABLE_JIT", False):  # as numba.njit: the plain function
             return func
         disp = _SourceClosureDispatcher(func, targetoptions=dict(targetoptions))
         disp.enable_caching()  # cache=True, with the cache of SourceClosureCache

@@ -155,8 +155,7 @@ def qparams(
         )
     mn, mx = _row(mn), _row(mx)
     scale, zp = np.empty_like(mn), np.empty(mn.shape, np.int64)
-    symmetric = symmetric_zp is not None
-    zp_sym = int(symmetric_zp) if symmetric else 0
+    symmetric, zp_sym = symmetric_zp is not None, int(symmetric_zp or 0)
     qparams_rows(mn, mx, int(qmin), int(qmax), _F32(eps), symmetric, zp_sym, scale, zp)
     if unset.any():
         scale = np.where(unset, _F32(1.0), scale)
