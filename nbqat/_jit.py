@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import numba
-from numba import njit
 from numba.core import caching as _caching
+from numba.core.registry import CPUDispatcher
 
 #: The fastmath flags nbqat allows (STUMPY's set): never ``nnan``/``ninf``.
 FASTMATH = frozenset({"nsz", "arcp", "contract", "afn", "reassoc"})
@@ -42,24 +42,27 @@ def cpu_kernel(
     fastmath : bool, default False
         Use :data:`FASTMATH` (reductions only; never on a rounding path).
     **options
-        Further keyword arguments passed to :func:`numba.njit`.
+        Further target options, as :func:`numba.njit` takes them (``inline``, ...).
 
     Returns
     -------
     callable
         A decorator that compiles the function lazily on its first call.
     """
-    jit = njit(
-        parallel=parallel,
-        cache=True,
-        nogil=True,
-        fastmath=set(FASTMATH) if fastmath else False,
+    targetoptions = {
+        "nopython": True,
+        "boundscheck": None,
+        "parallel": parallel,
+        "nogil": True,
+        "fastmath": set(FASTMATH) if fastmath else False,
         **options,
-    )
+    }
 
     def decorate(func: Callable[..., Any]) -> Any:
-        disp = jit(func)
-        disp._cache = SourceClosureCache(disp.py_func)  # see SourceClosureCache
+        if getattr(numba.config, "DISABLE_JIT", False):  # as numba.njit: the plain function
+            return func
+        disp = _SourceClosureDispatcher(func, targetoptions=dict(targetoptions))
+        disp.enable_caching()  # cache=True, with the cache of SourceClosureCache
         return disp
 
     return decorate
@@ -171,6 +174,15 @@ class SourceClosureCache(_caching.FunctionCache):
     its own package changes (see :func:`source_closure`); used by every :func:`cpu_kernel`."""
 
     _impl_class = _SourceClosureCacheImpl
+
+
+class _SourceClosureDispatcher(CPUDispatcher):
+    """What ``numba.njit(cache=True, ...)`` builds, with :class:`SourceClosureCache` as its
+    on-disk cache: numba's own hook for the cache (``enable_caching``) overridden in a
+    subclass, so nothing outside the dispatcher writes its private state."""
+
+    def enable_caching(self) -> None:
+        self._cache = SourceClosureCache(self.py_func)
 
 
 #: Below this many elements (4 MiB of float32) the CPU kernels run on one thread: one pass over

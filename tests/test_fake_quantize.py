@@ -398,3 +398,55 @@ def test_fused_fast_path_matches_public_path(monkeypatch, rng, name, nonfinite):
             assert fast.backward(g) is not g and np.array_equal(fast.backward(g), g)
             assert fast.backward(g, out=g) is g
     assert fused
+
+
+def _wide(rng):
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    x[:, 0], x[:, 1] = -3e38, 3e38  # max_pos - min_neg overflows float32 in every row
+    return x
+
+
+def _zeros(rng):
+    return np.zeros((3, 4), np.float32)  # scale = eps
+
+
+def _channel_unset_then_set(rng):
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    x[1] = np.nan  # with nonfinite="ignore" channel 1 stays unset (+inf, -inf)
+    return x
+
+
+EDGE_CASES = {
+    # the observers' wide-range rescale: finite qparams on both paths (torch's scale is inf)
+    "wide_affine": (dict(observer=nbqat.MinMaxObserver, quant_min=0, quant_max=255), _wide),
+    "wide_channel": (FUSED_CONFIGS["channel0_affine_quint8"], _wide),
+    # eps = 1e-45: the scale's reciprocal overflows, both paths refuse it (ValueError)
+    "subnormal_eps": (dict(observer=nbqat.MinMaxObserver, eps=1e-45), _zeros),
+    # a state with an unset channel, then a batch that sets it
+    "unset_channel": (
+        dict(FUSED_CONFIGS["channel0_affine_quint8"], nonfinite="ignore"),
+        _channel_unset_then_set,
+    ),
+}
+
+
+@pytest.mark.parametrize("fake", [True, False])
+@pytest.mark.parametrize("name", list(EDGE_CASES))
+def test_fused_fast_path_matches_public_path_at_the_edges(monkeypatch, rng, name, fake):
+    """States the fused kernels once sent back to the public path (or computed on their own):
+    both now run the one formula of nbqat.kernels.observer_formula."""
+    from nbqat import _jit
+
+    kwargs, make = EDGE_CASES[name]
+    fast, slow = nbqat.FakeQuantize(**kwargs), nbqat.FakeQuantize(**kwargs)
+    for m in (fast, slow):
+        m.enable_fake_quant(fake)
+    for step in range(3):
+        x = make(rng) if step == 0 else rng.standard_normal((3, 4)).astype(np.float32) * 3
+        got = _outcome(fast, x)
+        with monkeypatch.context() as mp:
+            mp.setattr(_jit, "PARALLEL_MIN", 0)  # the public path
+            want = _outcome(slow, x)
+        assert got == want, (step, got[1], want[1])
+        if step == 0 and name.startswith("wide"):
+            assert np.isfinite(fast.scale).all()

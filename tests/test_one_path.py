@@ -1,7 +1,7 @@
 """Issue 28, "one path for each thing": structural checks that fail when a second path returns.
 
 * one module (``nbqat/npz_state.py``) writes and reads ``.npz`` files;
-* no module writes another object's underscore attributes on the fake-quantize path;
+* no module of nbqat writes another object's underscore attributes;
 * the checkpoint codec (``nbqat/npz_state.py``) knows no schema; the job's schema
   (``nbqat.train.checkpoint_schema``) imports nothing else of the job, and no module below
   the job imports it;
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,41 +49,96 @@ def test_one_module_writes_and_reads_npz_files():
     assert _calls(npz, {"savez"}) and _calls(npz, {"load"})  # the check can see a call
 
 
-def _foreign_private_writes(tree: ast.AST) -> list[str]:
-    """``obj._x = ...`` (or ``+=``) where ``obj`` is not ``self`` / ``cls``."""
+def _private(name: Any) -> bool:
+    return isinstance(name, str) and name.startswith("_") and not name.startswith("__")
+
+
+def _foreign(obj: ast.expr) -> bool:
+    return not (isinstance(obj, ast.Name) and obj.id in ("self", "cls"))
+
+
+def _targets(n: ast.AST) -> list[ast.expr]:
+    """What an assignment, augmented assignment, annotated assignment or ``del`` binds,
+    tuples and starred targets unpacked."""
+    if isinstance(n, ast.Assign | ast.Delete):
+        todo = list(n.targets)
+    elif isinstance(n, ast.AugAssign | ast.AnnAssign):
+        todo = [n.target]
+    else:
+        return []
     out = []
-    for n in ast.walk(tree):
-        targets = n.targets if isinstance(n, ast.Assign) else [getattr(n, "target", None)]
-        if not isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign):
-            continue
-        for t in targets:
-            if (
-                isinstance(t, ast.Attribute)
-                and t.attr.startswith("_")
-                and not t.attr.startswith("__")
-                and not (isinstance(t.value, ast.Name) and t.value.id in ("self", "cls"))
-            ):
-                out.append(f"{n.lineno}: {ast.unparse(t)}")
+    while todo:
+        t = todo.pop()
+        if isinstance(t, ast.Tuple | ast.List):
+            todo.extend(t.elts)
+        elif isinstance(t, ast.Starred):
+            todo.append(t.value)
+        else:
+            out.append(t)
     return out
 
 
-FAKE_QUANT_PATH = [
-    "nbqat/quantization/fake_quantize.py",
-    "nbqat/quantization/_fake_quantize_fused.py",
-    "nbqat/quantization/_quantizer_base.py",
-    "nbqat/quantization/learnable_fake_quantize.py",
-    "nbqat/quantization/fake_quant.py",
-    "nbqat/train/report.py",
-]
+def _foreign_private_writes(tree: ast.AST) -> list[str]:
+    """``obj._x = ...`` (``+=``, ``del``, in a tuple), ``obj.__dict__["_x"] = ...`` and
+    ``setattr(obj, "_x", v)`` / ``object.__setattr__(obj, "_x", v)`` where ``obj`` is not
+    ``self`` / ``cls``."""
+    out = []
+    for n in ast.walk(tree):
+        for t in _targets(n):
+            if isinstance(t, ast.Attribute) and _private(t.attr) and _foreign(t.value):
+                out.append(f"{t.lineno}: {ast.unparse(t)}")
+            elif (
+                isinstance(t, ast.Subscript)
+                and isinstance(t.value, ast.Attribute)
+                and t.value.attr == "__dict__"
+                and isinstance(t.slice, ast.Constant)
+                and _private(t.slice.value)
+                and _foreign(t.value.value)
+            ):
+                out.append(f"{t.lineno}: {ast.unparse(t)}")
+        if isinstance(n, ast.Call) and ast.unparse(n.func) in ("setattr", "object.__setattr__"):
+            args = n.args
+            if len(args) >= 2 and isinstance(args[1], ast.Constant) and _private(args[1].value):
+                if _foreign(args[0]):
+                    out.append(f"{n.lineno}: {ast.unparse(n)}")
+    return out
 
 
-@pytest.mark.parametrize("module", FAKE_QUANT_PATH)
+#: Modules allowed to write another object's private attributes, each with its reason.
+#: Empty: a class that needs such a write offers a method (or, for a library's object, a
+#: subclass overrides that library's own hook, as nbqat._jit does for numba's cache).
+FOREIGN_PRIVATE_WRITES_ALLOWED: dict[str, str] = {}
+
+
+@pytest.mark.parametrize("module", [f for f, _ in _modules()])
 def test_no_module_writes_another_objects_private_attributes(module):
-    assert _foreign_private_writes(dict(_modules())[module]) == []
+    hits = _foreign_private_writes(dict(_modules())[module])
+    if module in FOREIGN_PRIVATE_WRITES_ALLOWED:  # an exception must still be needed
+        assert hits, f"{module}: remove it from FOREIGN_PRIVATE_WRITES_ALLOWED"
+    else:
+        assert hits == []
 
 
-def test_the_foreign_write_check_can_fail():
-    assert _foreign_private_writes(ast.parse("fq._ran = True\nself._ok = 1")) == ["1: fq._ran"]
+@pytest.mark.parametrize(
+    "src, hit",
+    [
+        ("fq._ran = True\nself._ok = 1", "1: fq._ran"),
+        ("a, fq._ran = 1, True", "1: fq._ran"),
+        ("fq._n += 1", "1: fq._n"),
+        ("del fq._ctx", "1: fq._ctx"),
+        ("disp._cache: object = None", "1: disp._cache"),
+        ("fq.__dict__['_ran'] = True", "1: fq.__dict__['_ran']"),
+        ("setattr(fq, '_ran', True)", "1: setattr(fq, '_ran', True)"),
+        ("object.__setattr__(fq, '_ran', 1)", "1: object.__setattr__(fq, '_ran', 1)"),
+    ],
+)
+def test_the_foreign_write_check_can_fail(src, hit):
+    assert _foreign_private_writes(ast.parse(src)) == [hit]
+
+
+def test_the_foreign_write_check_passes_own_and_public_writes():
+    src = "self._a = 1\ncls._b = 2\nfq.scale = 3\nsetattr(self, '_c', 4)\nx.__class__ = int"
+    assert _foreign_private_writes(ast.parse(src)) == []
 
 
 def _imported(tree: ast.AST) -> set[str]:
@@ -161,3 +217,39 @@ def test_the_fused_helpers_write_no_attribute():
         if isinstance(t, ast.Attribute)
     ]
     assert writes == []
+
+
+def test_one_observed_yet_check():
+    """``has_observed`` is the one "observed yet?" rule (conversion and export use it)."""
+    import numpy as np
+
+    import nbqat
+    from nbqat.quantization._quantizer_base import has_observed
+    from nbqat.quantization.lowbit_quantize import (
+        Float8FakeQuantize,
+        GroupFakeQuantize,
+        PerTokenFakeQuantize,
+    )
+
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    for fq in (
+        nbqat.FakeQuantize(),
+        nbqat.LearnableFakeQuantize(),
+        nbqat.FakeQuantize(observer=nbqat.HistogramObserver),
+        GroupFakeQuantize(4),
+    ):
+        assert not has_observed(fq), fq
+        fq(x)
+        assert has_observed(fq), fq
+    for fq in (PerTokenFakeQuantize(), Float8FakeQuantize()):  # qparams of each batch
+        assert has_observed(fq)
+    users = {"nbqat/export/_check.py", "nbqat/nn/int8.py", "nbqat/nn/int4.py"}
+    calls = {
+        f
+        for f, t in _modules()
+        if any(
+            isinstance(n, ast.Call) and getattr(n.func, "id", None) == "has_observed"
+            for n in ast.walk(t)
+        )
+    }
+    assert users <= calls

@@ -7,21 +7,14 @@ from typing import Any
 
 import numpy as np
 
-
-def _observed(fq: Any) -> bool:
-    obs = getattr(fq, "activation_post_process", None)
-    mn = getattr(obs, "min_val", None)
-    if mn is None:
-        return True
-    mn = np.asarray(mn, dtype=np.float64)
-    return mn.size > 0 and bool(np.all(np.isfinite(mn)))
+from nbqat.quantization._quantizer_base import has_observed
 
 
 def check_qat(qat: Any) -> None:
     """Raise ValueError unless every quantizer of ``qat`` has observed data, fake-quantizes
     (QAT phase) and is frozen; the message names the first offending quantizer."""
     observe_only: set[str] = getattr(qat, "_observe_only", set())
-    never = [n for n, fq in qat.fake_quants.items() if not _observed(fq)]
+    never = [n for n, fq in qat.fake_quants.items() if not has_observed(fq)]
     if never:
         raise ValueError(
             f"cannot export: quantizer {never[0]!r} is uncalibrated (has never observed data"

@@ -24,11 +24,19 @@ import numpy as np
 from numba import prange
 
 from nbqat._jit import cpu_kernel
-from nbqat.kernels.fake_quant_formula import fake_quant_elem, lsq_terms, ste_elem
+from nbqat.kernels.fake_quant_formula import fake_quant_elem, lsq_terms, scale_ok, ste_elem
 
 #: Elements per partial sum of the per-tensor LSQ reduction (fixed: results are independent of
 #: the number of threads).
 LSQ_CHUNK = 1 << 14
+
+
+@cpu_kernel(parallel=False)
+def scales_ok_kernel(s, ok):  # pragma: no cover
+    """:func:`~nbqat.kernels.fake_quant_formula.scale_ok` of every (n,) float32 entry of ``s``
+    into the bool ``ok`` (:mod:`nbqat.quantization._validate_qparams`'s check of a scale)."""
+    for i in range(s.shape[0]):
+        ok[i] = scale_ok(s[i])
 
 
 @cpu_kernel(parallel=True)

@@ -92,22 +92,21 @@ def max_nan(a, b):  # pragma: no cover
 
 
 @_inline
-def qparams_scale(mn, mx, qmin, qmax, eps, symmetric):  # pragma: no cover
-    """``(scale, r)`` of a float32 running min/max: torch's ``_calculate_qparams``
-    (``torch/ao/quantization/observer.py``) for one tensor or channel.
+def scale_ok(s):  # pragma: no cover
+    """Whether ``s`` (float32) is a usable scale: finite, > 0 and with a finite float32
+    reciprocal (so not below about 2.9e-39). The one definition of the rule:
+    :mod:`nbqat.quantization._validate_qparams` raises where it is False, before compiled code runs,
+    and the
+    fused kernels check the qparams they compute themselves with it."""
+    if not (s > 0 and np.isfinite(s)):  # NaN, 0 (no division by zero), negative, +Inf
+        return False
+    return np.isfinite(np.float32(1.0) / s)
 
-    ``min_neg = min(mn, 0)``, ``max_pos = max(mx, 0)``; symmetric:
-    ``scale = max(max(-min_neg, max_pos) / ((qmax - qmin) / 2), eps)`` and ``r = 0``; affine:
-    ``scale = max((max_pos - min_neg) / (qmax - qmin), eps)`` and ``r = rint(min_neg / scale)``
-    (half to even), the zero point being ``qmin - r`` clamped by the caller. NaN propagates
-    (as torch.min / torch.max do); all arithmetic in float32.
-    """
-    T = np.float32
-    zero = T(0.0)
-    min_neg = min_nan(mn, zero)
-    max_pos = max_nan(mx, zero)
-    if symmetric:
-        scale = max_nan(max_nan(-min_neg, max_pos) / T((qmax - qmin) / 2.0), eps)
-        return scale, zero
-    scale = max_nan((max_pos - min_neg) / T(qmax - qmin), eps)
-    return scale, rint(min_neg / scale)
+
+@_inline
+def qparams_ok(s, z, qmin, qmax):  # pragma: no cover
+    """:func:`scale_ok` of ``s`` and the zero point ``z`` inside ``[qmin, qmax]``: what
+    :func:`nbqat.quantization._validate_qparams.check_scale` / ``check_zero_point`` accept for a
+    range
+    that is itself valid."""
+    return scale_ok(s) and qmin <= z and z <= qmax

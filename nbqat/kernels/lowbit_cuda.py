@@ -23,6 +23,7 @@ from nbqat import _cuda
 from nbqat import _validate as V
 from nbqat._cuda import cuda
 from nbqat.kernels import lowbit_formula as _fm
+from nbqat.kernels import observer_formula as _of
 
 #: The float64 instructions of the float32 kernels, by kernel: (at most, in PTX; why).
 _SUMS = "per-unit LSQ sums accumulated in float64, merged in a fixed order (deterministic)"
@@ -40,7 +41,8 @@ _clamp = _df(_fm.clamp_nan)
 _affine = _df(_fm.affine_elem, clamp_nan=_clamp)
 _affine_grad = _df(_fm.affine_grad_elem, clamp_nan=_clamp)
 _grad_block = _df(_fm.affine_grad_block, mul_rn=_h["mul_rn"])
-_qparams = _df(_fm.affine_qparams, min_nan=_min, max_nan=_max, clamp_nan=_clamp)
+_scale = _df(_of.affine_scale, min_nan=_min, max_nan=_max)
+_qparams = _df(_fm.affine_qparams, affine_scale=_scale, clamp_nan=_clamp)
 _zp_int = _df(_fm.zp_to_int32)
 _round8 = _df(_fm.round_float8, f32_bits=_h["f32_bits"], bits_f32=_h["bits_f32"])
 _float8 = _df(_fm.float8_elem, round_float8=_round8, clamp_nan=_clamp)

@@ -28,7 +28,11 @@ from numba.extending import intrinsic
 from numpy import rint  # by name: nbqat._cuda.device_function rebinds it to the device's rint
 
 from nbqat._jit import cpu_kernel
-from nbqat.kernels.fake_quant_formula import max_nan, min_nan  # the one NaN-propagating pair
+from nbqat.kernels.fake_quant_formula import (  # noqa: F401 - the reductions of lowbit_cpu/_cuda
+    max_nan,
+    min_nan,
+)
+from nbqat.kernels.observer_formula import affine_scale  # the scale rule torch's observers share
 
 _inline = cpu_kernel(parallel=False, inline="always")
 
@@ -130,14 +134,11 @@ def affine_qparams(mn, mx, qmin, qmax, eps, symmetric, div, zp_sym):  # pragma: 
     symmetric: ``scale = max(-min_neg, max_pos) / div`` with ``div = (qmax - qmin) / 2``,
     ``zero_point = zp_sym``; asymmetric: ``scale = (max_pos - min_neg) / div`` with
     ``div = qmax - qmin`` and ``zero_point = clamp(qmin - round(min_neg / scale), qmin,
-    qmax)``; the scale clamped below by ``eps``; NaN propagates."""
-    zero = np.float32(0.0)
-    min_neg = min_nan(mn, zero)
-    max_pos = max_nan(mx, zero)
+    qmax)``; the scale clamped below by ``eps``; NaN propagates. The scale is
+    :func:`~nbqat.kernels.observer_formula.affine_scale`, the rule torch's observers use."""
+    scale, min_neg = affine_scale(mn, mx, eps, symmetric, div)
     if symmetric:
-        scale = max_nan(max_nan(-min_neg, max_pos) / div, eps)
         return scale, zp_sym
-    scale = max_nan((max_pos - min_neg) / div, eps)
     zp = clamp_nan(qmin - rint(min_neg / scale), qmin, qmax)
     return scale, zp
 

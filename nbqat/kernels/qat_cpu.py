@@ -5,11 +5,12 @@ A QAT training step calls its quantizers ~200 times on small tensors, so these k
 the observer's min/max pass, the observer update, ``calculate_qparams`` and the fake
 quantization with its STE mask (:func:`fq_tensor_fused`, :func:`fq_channel_fused`). Every result
 is bit for bit that of the public, validated path
-(:meth:`nbqat.quantization.observers._MinMaxBase.forward`,
-``calculate_qparams`` and :mod:`nbqat.quantization.fake_quant`); whenever the data or the state is
-not plain
-finite data they report failure with nothing written that the caller keeps, and the caller takes
-the public path.
+(:meth:`nbqat.quantization.observers._MinMaxBase.forward`, ``calculate_qparams`` and
+:mod:`nbqat.quantization.fake_quant`) because both call the same scalar formulas
+(:mod:`nbqat.kernels.observer_formula` through :func:`fold_rows` / :func:`qparams_rows` here,
+:mod:`nbqat.kernels.fake_quant_formula`); whenever the data or the state is not plain finite
+data they report failure with nothing written that the caller keeps, and the caller takes the
+public path.
 """
 
 from __future__ import annotations
@@ -19,24 +20,10 @@ import types
 import numpy as np
 
 from nbqat._jit import cpu_kernel
-from nbqat._validate import QUANT_BOUND
 from nbqat.kernels import fake_quant_cpu as _fqk
-from nbqat.kernels.fake_quant_formula import qparams_scale
+from nbqat.kernels.fake_quant_formula import qparams_ok
 from nbqat.kernels.observe_cpu import KEY_NEG_INF, KEY_POS_INF, order_key, row_keys
-
-_QB = np.int64(QUANT_BOUND)
-
-
-@cpu_kernel(parallel=False, inline="always")
-def _fq_args_ok(scale, z, qmin, qmax):  # pragma: no cover
-    """What :mod:`nbqat.quantization.fake_quant` accepts (else it raises, and so must the caller): a
-    range
-    ``qmin < qmax`` inside ``[-QUANT_BOUND, QUANT_BOUND]``, a zero point inside it, a float32
-    scale that is finite, > 0 and has a finite reciprocal."""
-    if not (qmin < qmax and qmin >= -_QB and qmax <= _QB and qmin <= z and z <= qmax):
-        return False
-    inv = np.float32(1.0) / scale
-    return scale > 0 and np.isfinite(scale) and np.isfinite(inv)
+from nbqat.kernels.observer_formula import fold_min_max, minmax_qparams
 
 
 @cpu_kernel(parallel=False, inline="always")
@@ -47,40 +34,6 @@ def _keys_to_f32(k0, k1):  # pragma: no cover
     buf[1] = order_key(np.int32(k1))
     f = buf.view(np.float32)
     return f[0], f[1]
-
-
-@cpu_kernel(parallel=False, inline="always")
-def _update_qparams(fmin, fmax, om, oM, has_old, moving, cst, symmetric, qmin, qmax, eps):
-    """One (channel's) observer update and qparams, as float32 scalars.
-
-    torch's expressions (:meth:`nbqat.quantization.observers._MinMaxBase._update` and ``_qparams``),
-    with
-    NumPy's ``minimum(a, b) = a if a < b else b``. Returns ``(ok, new_min, new_max, scale, z)``;
-    ``ok`` is False when the new state is not finite or the zero point would need torch's
-    out-of-range conversion (the public path handles those). Symmetric: ``z`` is 0.
-    """
-    T = np.float32
-    if not has_old:
-        nmin = fmin
-        nmax = fmax
-    elif moving:
-        nmin = om + cst * (fmin - om)
-        nmax = oM + cst * (fmax - oM)
-    else:
-        nmin = fmin if fmin < om else om
-        nmax = fmax if fmax > oM else oM
-    if not (np.isfinite(nmin) and np.isfinite(nmax)):
-        return False, nmin, nmax, T(1.0), np.int64(0)
-    scale, r = qparams_scale(nmin, nmax, qmin, qmax, eps, symmetric)
-    if symmetric:
-        return True, nmin, nmax, scale, np.int64(0)
-    if not (np.isfinite(r) and r >= -(2.0**31) and r < 2.0**31):
-        return False, nmin, nmax, scale, np.int64(0)
-    z = np.int64(qmin) - np.int64(r)
-    if z < -(2**31) or z >= 2**31:
-        return False, nmin, nmax, scale, np.int64(0)
-    z = max(min(z, np.int64(qmax)), np.int64(qmin))
-    return True, nmin, nmax, scale, z
 
 
 @cpu_kernel(parallel=False, inline="always")
@@ -98,27 +51,40 @@ def _fq_span(x, y, m8, s, zf, lo, hi):  # pragma: no cover
 
 
 @cpu_kernel(parallel=False, inline="always")
-def _observe(b, old_min, old_max, has_old, obs):  # pragma: no cover
+def _observe(b, old_min, old_max, obs):  # pragma: no cover
     """Min/max of the float32 span whose bits are ``b`` (int32), the observer update and its
-    qparams: :func:`_update_qparams`'s ``(ok, new_min, new_max, scale, z)`` with the symmetric
-    zero point of ``obs`` substituted; ``ok`` False also for NaN/Inf in the span."""
+    qparams (:mod:`nbqat.kernels.observer_formula`, the observers' own formulas):
+    ``(ok, new_min, new_max, scale, z)``; ``ok`` False for NaN/Inf in the span (the
+    observer's non-finite policy) or a state that is not finite (the public path warns)."""
     moving, cst, symmetric, zp_sym, oqmin, oqmax, eps = obs
     kmin, kmax = _minmax_keys(b)
     if not (kmin > KEY_NEG_INF and kmax < KEY_POS_INF):
         return False, old_min, old_max, eps, np.int64(0)
     fmin, fmax = _keys_to_f32(kmin, kmax)
-    ok, nmin, nmax, scale, z = _update_qparams(
-        fmin, fmax, old_min, old_max, has_old, moving, cst, symmetric, oqmin, oqmax, eps
-    )
-    return ok, nmin, nmax, scale, np.int64(zp_sym) if symmetric else z
+    nmin, nmax = fold_min_max(old_min, old_max, fmin, fmax, moving, cst)
+    if not (np.isfinite(nmin) and np.isfinite(nmax)):
+        return False, nmin, nmax, eps, np.int64(0)
+    scale, z = minmax_qparams(nmin, nmax, oqmin, oqmax, eps, symmetric, zp_sym)
+    return True, nmin, nmax, scale, z
 
 
 @cpu_kernel(parallel=False)
-def qparams_rows(mn, mx, qmin, qmax, eps, symmetric, scale, r):  # pragma: no cover
-    """:func:`~nbqat.kernels.fake_quant_formula.qparams_scale` of every (C,) float32 entry
-    into ``scale`` and ``r`` (the observers' ``calculate_qparams``)."""
-    for c in range(mn.shape[0]):
-        scale[c], r[c] = qparams_scale(mn[c], mx[c], qmin, qmax, eps, symmetric)
+def fold_rows(old_min, old_max, cur_min, cur_max, moving, c, new_min, new_max):  # pragma: no cover
+    """:func:`~nbqat.kernels.observer_formula.fold_min_max` of every (C,) float32 entry into
+    ``new_min`` / ``new_max`` (the observers' update,
+    :func:`nbqat.quantization._minmax_math.fold_batch`)."""
+    for j in range(old_min.shape[0]):
+        new_min[j], new_max[j] = fold_min_max(
+            old_min[j], old_max[j], cur_min[j], cur_max[j], moving, c
+        )
+
+
+@cpu_kernel(parallel=False)
+def qparams_rows(mn, mx, qmin, qmax, eps, symmetric, zp_sym, scale, zp):  # pragma: no cover
+    """:func:`~nbqat.kernels.observer_formula.minmax_qparams` of every (C,) float32 entry
+    into ``scale`` (float32) and ``zp`` (int64): the observers' ``calculate_qparams``."""
+    for j in range(mn.shape[0]):
+        scale[j], zp[j] = minmax_qparams(mn[j], mx[j], qmin, qmax, eps, symmetric, zp_sym)
 
 
 @cpu_kernel(parallel=False)
@@ -144,10 +110,11 @@ def fq_tensor_fused(x, y, mask, scale, zp, observe, fake, old, obs, qrange):  # 
     Returns
     -------
     (ok, new_min, new_max, scale, zero_point) : (bool, float32, float32, float32, int64)
-        ``ok`` False (NaN/Inf in ``x``, a non-finite state, an overflowing zero point, qparams
-        or a range that :mod:`nbqat.quantization.fake_quant` rejects): the caller keeps nothing and
-        takes the
-        public path.
+        ``ok`` False (NaN/Inf in ``x``, a non-finite state, qparams that
+        :func:`~nbqat.kernels.fake_quant_formula.qparams_ok` rejects, which
+        :mod:`nbqat.quantization.fake_quant` would refuse): the caller keeps nothing and takes the
+        public
+        path. The range ``qrange`` is the module's, validated when it was built.
     """
     T = np.float32
     qmin, qmax = qrange
@@ -156,12 +123,11 @@ def fq_tensor_fused(x, y, mask, scale, zp, observe, fake, old, obs, qrange):  # 
     nmin = old_min
     nmax = old_max
     if observe:
-        has_old = not (old_min == np.inf and old_max == -np.inf)
-        ok, nmin, nmax, scale, z = _observe(x.view(np.int32), old_min, old_max, has_old, obs)
+        ok, nmin, nmax, scale, z = _observe(x.view(np.int32), old_min, old_max, obs)
         if not ok:
             return False, nmin, nmax, scale, z
     if fake:
-        if not _fq_args_ok(scale, z, np.int64(qmin), np.int64(qmax)):
+        if not qparams_ok(scale, z, np.int64(qmin), np.int64(qmax)):
             return False, nmin, nmax, scale, z
         _fq_span(x, y, mask.view(np.uint8), scale, T(z), T(qmin), T(qmax))
     return True, nmin, nmax, scale, z
@@ -193,10 +159,9 @@ def fq_channel_fused(
     Returns
     -------
     bool
-        False (NaN/Inf in ``x``, an unset channel in the state, a non-finite state, an
-        overflowing zero point, qparams or a range that :mod:`nbqat.quantization.fake_quant`
-        rejects): the
-        outputs are partly written and the caller keeps nothing.
+        False (NaN/Inf in ``x``, a non-finite state, qparams that
+        :func:`~nbqat.kernels.fake_quant_formula.qparams_ok` rejects): the outputs are partly
+        written and the caller keeps nothing.
     """
     T = np.float32
     qmin, qmax = qrange
@@ -208,21 +173,16 @@ def fq_channel_fused(
         b = x.view(np.int32)
         has_old = old_min.size == c
         for j in range(c):
-            om = T(np.inf)
-            oM = T(-np.inf)
-            if has_old:
-                om = old_min[j]
-                oM = old_max[j]
-                if om == np.inf and oM == -np.inf:
-                    return False
+            om = old_min[j] if has_old else T(np.inf)
+            oM = old_max[j] if has_old else T(-np.inf)
             bj = b[j * inner : (j + 1) * inner]
-            ok, out[0, j], out[1, j], sc[j], z = _observe(bj, om, oM, has_old, obs)
+            ok, out[0, j], out[1, j], sc[j], z = _observe(bj, om, oM, obs)
             if not ok:
                 return False
             zp[j] = z
     if fake:
         for j in range(c):
-            if not _fq_args_ok(sc[j], np.int64(zp[j]), np.int64(qmin), np.int64(qmax)):
+            if not qparams_ok(sc[j], np.int64(zp[j]), np.int64(qmin), np.int64(qmax)):
                 return False
         m8 = mask.view(np.uint8)
         for j in range(c):

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.nn.int8 import Int8Linear, Int8LSTM, _qparams, quantize_per_tensor
+from nbqat.quantization._quantizer_base import has_observed
 from nbqat.quantization.affine import fake_quantize_affine
 
 __all__ = ["FakeQuantLinear", "GroupedLSTM", "GroupedLinear", "int_linear", "int_lstm"]
@@ -201,7 +202,7 @@ class GroupedLinear:
 def _weight_qparams(fq: Any, w: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, tuple]:
     """Per-block ``(scale (N, K // B), zero_point, block_size)`` of a weight quantizer."""
     if _kind(fq) == "group":
-        if fq.block_size is None:
+        if not has_observed(fq):
             raise RuntimeError(
                 f"quantizer {name}.weight_fake_quant has never observed data: calibrate the QAT "
                 "model before to_int8() / convert()"

@@ -43,6 +43,7 @@ from nbqat.kernels.int8_cpu import (
     requantize_rows,
     tile_rows,
 )
+from nbqat.quantization._quantizer_base import has_observed
 
 if TYPE_CHECKING:  # resolved at run time by __getattr__ below (no import cycle)
     from nbqat.nn.int8_tft import FrozenFakeQuantize, Int8TemporalFusionTransformer
@@ -274,9 +275,7 @@ def _qparams(fq: Any, name: str) -> tuple[np.ndarray, np.ndarray, int, int]:
         scale, zp = fq.scale, fq.zero_point
     scale = np.asarray(scale, dtype=np.float32).reshape(-1)
     zp = np.asarray(zp).astype(np.int32).reshape(-1)
-    obs = getattr(fq, "activation_post_process", None)
-    mn = getattr(obs, "min_val", None)
-    if mn is not None and (np.size(mn) == 0 or not np.all(np.isfinite(np.asarray(mn, float)))):
+    if not has_observed(fq):
         raise RuntimeError(
             f"quantizer {name} has never observed data: calibrate the QAT model (forward some "
             "batches) before to_int8() / convert()"

@@ -6,7 +6,9 @@ min/max pass, its update, the qparams and the fake quantization, with the same r
 bit for bit, as the public path, and without re-validating what the module guarantees itself
 (its qparams are float32 > 0 with the zero point in range). Each function returns None -- with
 nothing changed -- when the input or the state needs the public path (non-finite data or state,
-an overflowing zero point, a custom observer); the caller then takes it.
+qparams that fake quantization refuses, a custom observer); the caller then takes it. The
+arithmetic is not written here nor in the kernels: both paths call
+:mod:`nbqat.kernels.observer_formula` and :mod:`nbqat.kernels.fake_quant_formula`.
 
 Nothing here writes to the quantizer or its observer: each function returns the new state and
 :meth:`nbqat.FakeQuantize.forward` (``_forward_fused``) applies it, so the class owns its

@@ -3,9 +3,10 @@ the running update, the merge, the qparams and the serialized state's checks.
 
 Pure functions of arrays (no observer object), torch 2.13's expressions operation by operation
 (``torch/ao/quantization/observer.py``); :mod:`nbqat.quantization.observers` calls them. The
-compiled twins
-of the update and the qparams for :class:`nbqat.FakeQuantize`'s fused path are in
-:mod:`nbqat.kernels.qat_cpu` (tested bit for bit against these).
+arithmetic of
+the update and of the qparams is :mod:`nbqat.kernels.observer_formula`, written once and called
+here through row kernels and by :class:`nbqat.FakeQuantize`'s fused path; this module adds the
+policies and the warnings.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat.kernels.qat_cpu import fold_rows, qparams_rows  # the formulas, written once
 from nbqat.quantization._observer_args import DTYPES
 
 __all__ = [
@@ -68,24 +70,17 @@ def fold_batch(
     ``torch.min``); otherwise ``old + c * (cur - old)``, the first batch setting the state.
     Entries the batch did not see (``cur_min > cur_max``) keep the old values.
     """
-    cur_min = cur_min.astype(_F32, copy=False)
-    cur_max = cur_max.astype(_F32, copy=False)
-    empty = cur_min > cur_max  # only (+inf, -inf): no finite value seen ("ignore")
-    unset = (old_min == np.inf) & (old_max == -np.inf)
-    if averaging_constant is not None:
-        c = _F32(averaging_constant)
-        with np.errstate(invalid="ignore", over="ignore"):
-            new_min = old_min + c * (cur_min - old_min)
-            new_max = old_max + c * (cur_max - old_max)
-        new_min = np.where(unset, cur_min, new_min)
-        new_max = np.where(unset, cur_max, new_max)
-    else:
-        new_min = np.minimum(cur_min, old_min)
-        new_max = np.maximum(cur_max, old_max)
-    return (
-        np.where(empty, old_min, new_min).astype(_F32),
-        np.where(empty, old_max, new_max).astype(_F32),
-    )
+    cur_min, cur_max = _row(cur_min), _row(cur_max)
+    new_min, new_max = np.empty_like(cur_min), np.empty_like(cur_max)
+    moving = averaging_constant is not None
+    c = _F32(averaging_constant) if moving else _F32(1.0)
+    fold_rows(_row(old_min), _row(old_max), cur_min, cur_max, moving, c, new_min, new_max)
+    return new_min, new_max
+
+
+def _row(a: Any) -> np.ndarray:
+    """``a`` as a contiguous 1-D float32 array (the row kernels' argument)."""
+    return np.ascontiguousarray(a, _F32).reshape(-1)
 
 
 def merge_min_max(
@@ -159,47 +154,14 @@ def qparams(
             RuntimeWarning,
             stacklevel=4,
         )
-    from nbqat.kernels.qat_cpu import qparams_rows  # the formula, written once
-
-    scale, r = np.empty_like(mn), np.empty_like(mn)
-    qparams_rows(mn, mx, int(qmin), int(qmax), _F32(eps), symmetric_zp is not None, scale, r)
-    if symmetric_zp is None:
-        _rescale_wide(mn, mx, int(qmin), int(qmax), _F32(eps), scale, r)
-    with np.errstate(invalid="ignore"):
-        if symmetric_zp is not None:
-            zp = np.full(mn.shape, symmetric_zp, np.int64)
-        else:
-            ok = np.isfinite(r) & (r >= -(2.0**31)) & (r < 2.0**31)
-            ri = np.where(ok, r, _F32(-(2.0**31))).astype(np.int64)  # x86 cvt: INT32_MIN
-            z = np.int64(qmin) - ri
-            z = (z + 2**31) % 2**32 - 2**31  # int32 wrap-around, as torch's int32 tensor op
-            zp = np.clip(z, qmin, qmax)
+    mn, mx = _row(mn), _row(mx)
+    scale, zp = np.empty_like(mn), np.empty(mn.shape, np.int64)
+    symmetric, zp_sym = symmetric_zp is not None, int(symmetric_zp or 0)
+    qparams_rows(mn, mx, int(qmin), int(qmax), _F32(eps), symmetric, zp_sym, scale, zp)
     if unset.any():
         scale = np.where(unset, _F32(1.0), scale)
         zp = np.where(unset, 0, zp)
     return scale.astype(_F32), zp.astype(np.int32)
-
-
-def _rescale_wide(mn, mx, qmin: int, qmax: int, eps: np.float32, scale, r) -> None:
-    """Affine entries whose width ``max_pos - min_neg`` overflows float32 (a finite range of
-    width > 3.4e38): torch's formula on the range halved, the scale doubled back, in place.
-
-    Halving and doubling are exact in float32 there (the range's ends are far from the
-    subnormals), so the scale is the float32 rounding of the true ``width / (qmax - qmin)``
-    and ``r = rint(min_neg / scale)`` is unchanged; torch itself returns ``inf`` (and then
-    rejects that scale when fake-quantizing).
-    """
-    from nbqat.kernels.qat_cpu import qparams_rows
-
-    with np.errstate(invalid="ignore"):
-        wide = np.isinf(scale) & np.isfinite(mn) & np.isfinite(mx)
-    if not wide.any():
-        return
-    half = _F32(0.5)
-    s2, r2 = np.empty(int(wide.sum()), _F32), np.empty(int(wide.sum()), _F32)
-    qparams_rows(mn[wide] * half, mx[wide] * half, qmin, qmax, eps, False, s2, r2)
-    scale[wide] = s2 * _F32(2.0)  # inf again only where the true scale exceeds float32
-    r[wide] = r2
 
 
 def check_min_max_shapes(

@@ -24,6 +24,23 @@ def _make_observer(observer: Any, kwargs: dict[str, Any], who: str) -> _MinMaxBa
     return obs
 
 
+def has_observed(fq: Any) -> bool:
+    """Whether the quantizer ``fq`` holds qparams taken from data ("observed yet?", the one
+    definition: conversion and export refuse a quantizer for which it is False).
+
+    A min/max (or histogram, range) observer's state is set and finite in every entry; a
+    grouped weight quantizer has seen a weight (its ``block_size``); a quantizer without such
+    a state (per token, float8: qparams of each batch) always has.
+    """
+    if getattr(fq, "block_size", ()) is None:
+        return False
+    mn = getattr(getattr(fq, "activation_post_process", None), "min_val", None)
+    if mn is None:
+        return True
+    mn = np.asarray(mn, np.float64)
+    return mn.size > 0 and bool(np.all(np.isfinite(mn)))
+
+
 def _numel(x: Any) -> int:
     """The element count of an array, CUDA device array or array-like (not copied)."""
     shape = getattr(x, "shape", None)

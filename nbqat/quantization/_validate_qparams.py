@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from nbqat._validate import QUANT_BOUND, _host_scalar_or_array, check_int, host_vector
+from nbqat.kernels.fake_quant_cpu import scales_ok_kernel
 
 __all__ = [
     "check_channel_qparams",
@@ -51,9 +52,12 @@ def check_quant_range(quant_min: Any, quant_max: Any) -> tuple[int, int]:
 
 
 def _float32_scale_ok(s32: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", over="ignore"):
-        inv = np.float32(1.0) / s32
-    return np.isfinite(s32) & (s32 > 0) & np.isfinite(inv)
+    """Where the float32 ``s32`` is a usable scale: the compiled rule
+    :func:`nbqat.kernels.fake_quant_formula.scale_ok`, which the fused kernels apply too."""
+    flat = np.ascontiguousarray(s32, np.float32).reshape(-1)
+    ok = np.empty(flat.shape, np.bool_)
+    scales_ok_kernel(flat, ok)
+    return ok.reshape(np.shape(s32))
 
 
 def check_scale(scale: Any, name: str = "scale") -> np.float32:

@@ -304,17 +304,20 @@ class GroupFakeQuantize(_LowBitBase):
         return self._done(x, y, mask)
 
     def report_fake_quant(self, x: Any) -> tuple[np.ndarray, int]:
-        """float64 fake quantization with the current qparams and the saturated count
-        (:func:`nbqat.train.report.quantizer_report`)."""
-        x = np.asarray(x, np.float64)
+        """:meth:`forward`'s fake quantization with the current qparams (its float32 bits, as
+        float64) and the count of values outside the range, its STE mask's zeros
+        (:func:`nbqat.train.report.quantizer_report`); ``x`` itself before any observation."""
         if self.block_size is None:
-            return x, 0
-        b = self.block_size[-1]
-        s = np.repeat(np.asarray(self.scale, np.float64).reshape(x.shape[0], -1), b, axis=1)
-        z = np.repeat(np.asarray(self.zero_point, np.float64).reshape(x.shape[0], -1), b, axis=1)
-        q = np.rint(x / s) + z
-        sat = int(np.count_nonzero((q < self.quant_min) | (q > self.quant_max)))
-        return (np.clip(q, self.quant_min, self.quant_max) - z) * s, sat
+            return np.asarray(x, np.float64), 0
+        y, mask = fake_quantize_affine_cachemask(
+            np.ascontiguousarray(x, _F32),
+            self.block_size,
+            self.scale,
+            self.zero_point,
+            self.quant_min,
+            self.quant_max,
+        )
+        return np.asarray(y, np.float64), int(mask.size - np.count_nonzero(mask))
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Flags, ``scale``, ``zero_point`` and ``block_size``."""

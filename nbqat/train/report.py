@@ -25,6 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from nbqat.quantization.fake_quant import (
+    fake_quantize_per_channel_affine_cachemask,
+    fake_quantize_per_tensor_affine_cachemask,
+)
 from nbqat.quantization.fake_quantize import FakeQuantize
 from nbqat.quantization.histogram_observers import HistogramObserver
 from nbqat.quantization.qconfig import QConfig, default_qat_qconfig
@@ -98,20 +102,32 @@ def _module(name: str) -> str:
 
 
 def _fq_numpy(fq: Any, x: np.ndarray) -> tuple[np.ndarray, int]:
-    """float64 fake quantization of ``x`` with ``fq``'s qparams, and the saturated count."""
+    """``fq``'s own fake quantization of ``x`` with its current qparams, as float64, and the
+    count of values outside its range.
+
+    The float32 bits of the quantizer's forward (the same :mod:`nbqat.quantization.fake_quant`
+    function,
+    per tensor or per channel; the low-bit quantizers' ``report_fake_quant``), so the report
+    measures the function the model computes; the saturated count is the number of zeros of
+    its STE mask (NaN counts as outside). The caller sums the statistics in float64.
+    """
     if hasattr(fq, "report_fake_quant"):  # the low-bit quantizers (grouped, per token, float8)
         return fq.report_fake_quant(x)
-    s: Any = np.asarray(fq.scale, np.float64).reshape(-1)
-    z: Any = np.asarray(fq.zero_point, np.float64).reshape(-1)
-    x = np.asarray(x, np.float64)
-    if s.size > 1:
-        shape = [1] * x.ndim
-        axis = fq.ch_axis % x.ndim
-        shape[axis] = s.size
-        s, z = s.reshape(shape), z.reshape(shape)
-    q = np.rint(x / s) + z
-    sat = int(np.count_nonzero((q < fq.quant_min) | (q > fq.quant_max)))
-    return (np.clip(q, fq.quant_min, fq.quant_max) - z) * s, sat
+    if getattr(fq, "learnable", False):  # LSQ: its forward's rounded, clamped zero point
+        scale, zero_point = fq.calculate_qparams()
+    else:
+        scale, zero_point = fq.scale, fq.zero_point
+    if x.size == 0:
+        return np.asarray(x, np.float64), 0
+    if fq.is_per_channel:
+        y, mask = fake_quantize_per_channel_affine_cachemask(
+            x, scale, zero_point, fq.ch_axis, fq.quant_min, fq.quant_max
+        )
+    else:
+        y, mask = fake_quantize_per_tensor_affine_cachemask(
+            x, scale, zero_point, fq.quant_min, fq.quant_max
+        )
+    return np.asarray(y, np.float64), int(mask.size - np.count_nonzero(mask))
 
 
 def _lowbit_fields(fq: Any) -> dict:
@@ -178,8 +194,8 @@ def quantizer_report(qat: Any, batches: Iterable[tuple], n_inputs: int = 3) -> l
     Notes
     -----
     Each quantizer's ``forward`` is wrapped for the duration of the call; the statistics use
-    float64 fake quantization with the quantizer's current qparams, whether or not fake
-    quantization is enabled for it.
+    the quantizer's own float32 fake quantization with its current qparams, whether or not
+    fake quantization is enabled for it, summed in float64.
     """
     acc = {name: [0, 0, 0.0, 0.0] for name in qat.fake_quants}
     for name, fq in qat.fake_quants.items():
