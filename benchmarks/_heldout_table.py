@@ -32,7 +32,16 @@ def _wall(t: dict) -> float | None:
     return float(v) if isinstance(v, int | float) else None
 
 
-def row(name: str, runs: list[tuple[int, dict, dict]]) -> str:
+def peers(out: Path) -> dict[str, float]:
+    """``set -> P50`` of the peer lines in ``out/peers.jsonl`` (``peer_autoets.py``'s output)."""
+    path = Path(out) / "peers.jsonl"
+    if not path.is_file():
+        return {}
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
+    return {d["set"]: d["q_risk_test"]["P50"] for d in lines}
+
+
+def row(name: str, runs: list[tuple[int, dict, dict]], peer: float | None = None) -> str:
     """One markdown row: the baselines (seed 0's; they do not depend on the seed), then per
     seed the float and int8 P50, the float's gain over the tuned ridge with its
     Diebold-Mariano HLN p-value, and the mean gain."""
@@ -53,6 +62,7 @@ def row(name: str, runs: list[tuple[int, dict, dict]]) -> str:
         str(n),
         f"{qr0['seasonal_naive']['P50']:.4g}",
         " / ".join(f"{r:.4g}" for r in dict.fromkeys(ridge)),
+        "n/a" if peer is None else f"{peer:.4g}",
         " / ".join(f"{a:.4g}" for a in f),
         " / ".join(f"{a:.4g}" for a in q),
         " / ".join(f"{g:+.1f} % (p {_fmt_p(_p(m, 'float'))})" for g, (_, m, _) in zip(gain, runs)),
@@ -66,14 +76,15 @@ def row(name: str, runs: list[tuple[int, dict, dict]]) -> str:
 
 
 HEADER = (
-    "| set | test windows | seasonal naive P50 | tuned ridge P50 | float P50 (seeds "
+    "| set | test windows | seasonal naive P50 | tuned ridge P50 | AutoETS P50 | float P50 (seeds "
     "0 / 1 / 2) | QAT int8 P50 | float vs ridge (DM p, HLN) | mean | int8 vs ridge p | "
     "int8 vs float fine-tuned | wall s | 5 % goal |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
 
 def table(out: Path, names: list[str]) -> str:
     """The markdown table of every set of ``names`` with a finished run under ``out``."""
-    rows = [row(n, r) for n in names if (r := _seeds(Path(out) / n))]
+    ets = peers(out)
+    rows = [row(n, r, ets.get(n)) for n in names if (r := _seeds(Path(out) / n))]
     return "\n".join([HEADER, *rows])

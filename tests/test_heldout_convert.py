@@ -136,3 +136,28 @@ def test_package_bytes_reads_a_wheel_and_names_the_fix(tmp_path):
     assert package_bytes("fakepkg", "fakepkg/data/x.csv", tmp_path) == b"a,b\n1,2\n"
     with pytest.raises(FileNotFoundError, match="pip download --no-deps -d WHEELS fakepkg"):
         package_bytes("fakepkg", "fakepkg/data/missing.csv", tmp_path)
+
+
+def _metrics(float_p50: float, ridge_p50: float, p: float) -> dict:
+    qr = {k: {"P50": v} for k, v in [("seasonal_naive", 2.0), ("ridge", ridge_p50),
+                                     ("float", float_p50), ("int8", 1.01 * float_p50),
+                                     ("float_finetuned", float_p50)]}  # fmt: skip
+    sig = {f"{m}_vs_ridge_P50": {"p_value_hln": p} for m in ("float", "int8")}
+    return {"q_risk_test": qr, "significance": sig, "data": {"windows": {"test": 9}}}
+
+
+def test_table_gain_mean_and_goal(tmp_path):
+    import json
+
+    from _heldout_table import table
+
+    for seed, f in enumerate((0.88, 0.95, 1.0)):  # gains 12 %, 5 %, 0 % over ridge 1.0
+        d = tmp_path / "toy" / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "metrics.json").write_text(json.dumps(_metrics(f, 1.0, 0.5)))
+        (d / "timings.json").write_text(json.dumps({"phases_s": {"total": 60.0 + seed}}))
+    (tmp_path / "peers.jsonl").write_text('{"set": "toy", "q_risk_test": {"P50": 1.25}}\n')
+    last = table(tmp_path, ["toy", "absent"]).splitlines()[-1]
+    assert last.startswith("| `toy` | 9 | 2 | 1 | 1.25 | 0.88 / 0.95 / 1 |")
+    assert "+12.0 % (p 0.5) / +5.0 % (p 0.5) / +0.0 % (p 0.5) | +5.7 % |" in last
+    assert "+1.00 % / +1.00 % / +1.00 %" in last and "| 60 / 61 / 62 | met |" in last
