@@ -161,3 +161,21 @@ def test_table_gain_mean_and_goal(tmp_path):
     assert last.startswith("| `toy` | 9 | 2 | 1 | 1.25 | 0.88 / 0.95 / 1 |")
     assert "+12.0 % (p 0.5) / +5.0 % (p 0.5) / +0.0 % (p 0.5) | +5.7 % |" in last
     assert "+1.00 % / +1.00 % / +1.00 %" in last and "| 60 / 61 / 62 | met |" in last
+
+
+def test_epw_reader_units_and_missing_columns():
+    from _heldout_weather import read_epw
+
+    def line(hour: int, cloud: float) -> str:
+        f = ["2005", "3", "1", str(hour), "60", "?"] + ["0"] * 29
+        f[6], f[7], f[8], f[9], f[10], f[13], f[21], f[22] = (
+            "12.5", "3.0", "55", "101325", "800", "400", "4.2", str(cloud)
+        )  # fmt: skip
+        return ",".join(f)
+
+    head = ["LOCATION,Test Town,,NLD,IWEC,062400,52.3,4.77,1.0,-2.0"] + ["X"] * 7
+    name, rows = read_epw("\n".join([*head, line(1, 5), line(2, 99)]) + "\n", "stem")
+    assert name == "test_town"
+    assert rows[0]["pressure"] == 1013.25  # Pa -> mbar
+    assert (rows[0]["temp_air"], rows[1]["hour"], rows[0]["ghi"]) == (12.5, 2, 400.0)
+    assert "total_cloud" not in rows[0]  # 99 (the missing code) somewhere drops the column
