@@ -58,6 +58,7 @@ parameter group of the same optimizer, clipped together with the weights.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -203,10 +204,10 @@ class QATTemporalFusionTransformer(QATModel):
         mapping: dict[Any, Any] = dict(tft_qconfig_mapping(model, config))
         if not _static_activations(qconfig):  # per-token / float8: static per-tensor probs
             from nbqat.nn.layers import InterpretableMultiHeadAttention
-            from nbqat.qconfig import QConfig, default_qat_qconfig
+            from nbqat.qconfig import default_qat_qconfig
 
             act: Any = default_qat_qconfig.activation
-            static = QConfig(activation=act, weight=qconfig.weight)
+            static = dataclasses.replace(qconfig, activation=act)
             mapping.setdefault(InterpretableMultiHeadAttention, static)
         QATModel.__init__(self, model, qconfig, mapping, config, getattr(model, "buffer", None))
         self._out_ctx: Any = None
