@@ -29,10 +29,13 @@ QUALITY_NOTE = (
     "float_finetuned: it trained on for the QAT phase's steps (same batches, "
     "optimizer, schedule and clipping, no quantization); ptq_int8: calibrated on "
     "the calibration batches and converted, no QAT; qat_int8: the main job's int8 "
-    "model. Keyed by the activation observer of the run (--observer). A run in another "
-    "weight format (--weight-bits 4, --weight-dtype) adds its ptq_<format> / qat_<format> "
-    "rows; its ptq_int8 / qat_int8 are then the int8 run's, replayed from the same float "
-    "weights (nbqat.train.int8_rows)."
+    "model. Keyed by the activation observer of the run (--observer)."
+)
+#: QUALITY_NOTE's addition in a run whose weights are not int8.
+QUALITY_NOTE_FORMAT = (
+    " A run in another weight format (--weight-bits 4, --weight-dtype) adds its ptq_<format> "
+    "/ qat_<format> rows; its ptq_int8 / qat_int8 are then the int8 run's, replayed from the "
+    "same float weights (nbqat.train.int8_rows)."
 )
 #: metrics.json's ``weight_format.note`` in a run whose weights are not int8.
 FORMAT_NOTE = (
@@ -385,7 +388,10 @@ def evaluate(r: Run) -> dict:
         "q_risk_test": qr,
         "comparisons": _comparisons(roles, p["int8"], p["qat"]),
         "significance": _significance(p, y, w),
-        "quality_table": {"note": QUALITY_NOTE, r.observer_name(): _quality_rows(qr, name)},
+        "quality_table": {
+            "note": QUALITY_NOTE + ("" if name == "int8" else QUALITY_NOTE_FORMAT),
+            r.observer_name(): _quality_rows(qr, name),
+        },
         "targets": _targets(roles),
         "weight_format": _weight_format(cfg, p50, qr, p["quant_report"]),
         "baseline": BASELINE_NOTE,
