@@ -58,7 +58,6 @@ parameter group of the same optimizer, clipped together with the weights.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -204,10 +203,10 @@ class QATTemporalFusionTransformer(QATModel):
         mapping: dict[Any, Any] = dict(tft_qconfig_mapping(model, config))
         if not _static_activations(qconfig):  # per-token / float8: static per-tensor probs
             from nbqat.nn.layers import InterpretableMultiHeadAttention
-            from nbqat.qconfig import default_qat_qconfig
+            from nbqat.qconfig import QConfig, default_qat_qconfig
 
             act: Any = default_qat_qconfig.activation
-            static = dataclasses.replace(qconfig, activation=act)
+            static = QConfig(act, qconfig.weight, getattr(qconfig, "weight_fallback", None))
             mapping.setdefault(InterpretableMultiHeadAttention, static)
         QATModel.__init__(self, model, qconfig, mapping, config, getattr(model, "buffer", None))
         self._out_ctx: Any = None
