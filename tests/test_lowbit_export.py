@@ -83,3 +83,18 @@ def test_float8_export(tmp_path):
 def test_int4_needs_opset_21(q4):
     with pytest.raises(ValueError, match="opset >= 21"):
         build_model(q4, opset=20)
+
+
+def test_float8_weights_with_int8_activations_export():
+    """``nbqat train --weight-dtype float8_e4m3fn``'s qconfig (float8 weights, the run's quint8
+    per-tensor activations): the export raised KeyError 'quint8'; onnxruntime within one output
+    step of the reference engine."""
+    from nbqat.quantization.qconfig import QConfig, default_qat_qconfig
+
+    qc = QConfig(activation=default_qat_qconfig.activation, weight=float8_qconfig().weight)
+    q = _qat(qconfig=qc)
+    proto, _ = build_model(q)
+    b = _batch(np.random.default_rng(6), 8)
+    int8 = q.to_int8()
+    for optimize in (False, True):
+        assert np.abs(_run(proto, b, optimize) - int8(*b)).max() <= float(int8.output_scale)

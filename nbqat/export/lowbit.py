@@ -101,6 +101,10 @@ def quantize_input(g: GraphBuilder, x: str, lin: Any, qname: str, hint: str) -> 
         fq = lin._in
         if fq is None:
             return x
+        if fq.dtype not in _F8:  # the run's per-tensor int8 activations beside float8 weights
+            s8, z8 = (np.asarray(v).reshape(-1)[0] for v in (fq.scale, fq.zero_point))
+            qp8 = QParams(qname, np.float32(s8), int(z8), int(fq.quant_min), int(fq.quant_max))
+            return g.qdq(x, qp8, hint)
         elem = _F8[fq.dtype]
         s = g.const(np.float32(np.asarray(fq.scale).reshape(-1)[0]))
         zp = _typed_init(g, hint + ".zero_point", elem, np.zeros((), np.float32))

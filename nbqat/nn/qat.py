@@ -206,7 +206,7 @@ class QATTemporalFusionTransformer(QATModel):
             from nbqat.quantization.qconfig import QConfig, default_qat_qconfig
 
             act: Any = default_qat_qconfig.activation
-            static = QConfig(activation=act, weight=qconfig.weight)
+            static = QConfig(act, qconfig.weight, getattr(qconfig, "weight_fallback", None))
             mapping.setdefault(InterpretableMultiHeadAttention, static)
         QATModel.__init__(self, model, qconfig, mapping, config, getattr(model, "buffer", None))
         self._out_ctx: Any = None

@@ -212,12 +212,16 @@ def prepare_qat(
     return QATModel(model, qconfig, mapping, config, buf)
 
 
-def _new_quantizer(qc: Any, kind: str, config: Any) -> Any:
-    """``qc.<kind>()``, as a LearnableFakeQuantize (LSQ) with ``config.learnable_scales``."""
+def _new_quantizer(qc: Any, kind: str, config: Any, weight: Any = None) -> Any:
+    """``qc.<kind>()``, as a LearnableFakeQuantize (LSQ) with ``config.learnable_scales``;
+    a weight that a grouped quantizer cannot split gets ``qc.weight_fallback()``."""
     factory = getattr(qc, kind)
     if factory is None:  # weight-only qconfig: this hook stays float
         return None
     fq = factory()
+    if kind == "weight" and hasattr(qc, "weight_quantizer"):
+        fb = qc.weight_quantizer(fq, weight)
+        factory, fq = (factory, fq) if fb is fq else (qc.weight_fallback, fb)
     if getattr(config, "learnable_scales", False) and getattr(fq, "supports_lsq", True) is False:
         raise ValueError(
             f"QATConfig.learnable_scales: {type(fq).__name__} has no LSQ variant (use "
@@ -299,7 +303,8 @@ class QATModel(QATCheckpoint, QATPhases):
                 self.float_fallback.append(name)
                 continue
             for hook, kind in hooks.items():
-                fq = _new_quantizer(qc, kind, config)
+                weight = getattr(mod, hook.removesuffix("_fake_quant"), None)  # weight_ih...
+                fq = _new_quantizer(qc, kind, config, weight)
                 if fq is None:
                     continue
                 setattr(mod, hook, fq)

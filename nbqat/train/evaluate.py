@@ -31,6 +31,19 @@ QUALITY_NOTE = (
     "the calibration batches and converted, no QAT; qat_int8: the main job's int8 "
     "model. Keyed by the activation observer of the run (--observer)."
 )
+#: QUALITY_NOTE's addition in a run whose weights are not int8.
+QUALITY_NOTE_FORMAT = (
+    " A run in another weight format (--weight-bits 4, --weight-dtype) adds its ptq_<format> "
+    "/ qat_<format> rows; its ptq_int8 / qat_int8 are then the int8 run's, replayed from the "
+    "same float weights (nbqat.train.int8_rows)."
+)
+#: metrics.json's ``weight_format.note`` in a run whose weights are not int8.
+FORMAT_NOTE = (
+    "q_risk_test: int8 and qat_fake_quant are this run's QAT model (the reference engine's "
+    "and the fake-quant forward), ptq_<format> its PTQ, ptq_int8 / qat_int8 the int8 run's "
+    "rows replayed from the same float weights; comparisons, significance and targets keep "
+    "their role names (int8: this run's engine model, ptq_int8: its PTQ)"
+)
 BASELINE_NOTE = (
     "seasonal naive: P_q = y[t - season] + r_q, r_q the empirical q-quantile of the "
     "residual y[t] - y[t - season] on each entity's training rows"
@@ -168,20 +181,28 @@ def _targets(p50: dict) -> dict:
     }
 
 
-def _weight_format(cfg: Any, p50: dict, qr: dict) -> dict:
+def _weight_format(cfg: Any, p50: dict, qr: dict, fallback: Any = None) -> dict:
     """metrics.json's ``weight_format``: the run's weight format (``--weight-bits``,
-    ``--group-size``, ``--weight-dtype``) and its float fine-tuned / PTQ / QAT rows by name
-    (``ptq_int8`` / ``int8`` elsewhere are this format's rows), with the issue-30 goals."""
+    ``--group-size``, ``--weight-dtype``) and its float fine-tuned / PTQ / QAT rows by name,
+    next to the int8 rows in another format, with the issue-30 goals; ``fallback``: the
+    quantization report's fallback layers (``--weight-bits 4``)."""
     fmt = cfg.weight_format()
     name = fmt["name"]
-    ff, ptq, qat = p50["float_finetuned"], p50["ptq_int8"], p50["int8"]
+    ff, ptq, qat = p50["float_finetuned"], p50[f"ptq_{name}"], p50["int8"]
     lost = ptq - ff
     recovered = (ptq - qat) / lost if lost > 0 else None
+    int8 = {} if name == "int8" else {k: qr[k] for k in ("ptq_int8", "qat_int8")}
+    extra = {} if name == "int8" else {"note": FORMAT_NOTE}
+    for k in ("per_channel_fallback", "fallback_rule"):  # --weight-bits 4 (report summary)
+        if k in (fallback or {}):
+            extra[k] = fallback[k]
     return {
         **fmt,
+        **extra,
         "rows": {
             "float_finetuned": qr["float_finetuned"],
-            f"ptq_{name}": qr["ptq_int8"],
+            **int8,
+            f"ptq_{name}": qr[f"ptq_{name}"],
             f"qat_{name}": qr["int8"],
         },  # fmt: skip
         f"qat_{name}_vs_float_finetuned_P50_relative_diff": qat / ff - 1.0,
@@ -191,6 +212,16 @@ def _weight_format(cfg: Any, p50: dict, qr: dict) -> dict:
             "qat_recovers_at_least_half_of_ptq_loss": bool(recovered is None or recovered >= 0.5),
         },
     }
+
+
+def _quality_rows(qr: dict, name: str) -> dict:
+    """The fair quality table's rows: float, float fine-tuned, PTQ / QAT int8 and, for
+    another weight format ``name``, its PTQ / QAT rows."""
+    rows = {k: qr[k] for k in ("float", "float_finetuned", "ptq_int8")}
+    rows["qat_int8"] = qr["int8" if name == "int8" else "qat_int8"]
+    if name != "int8":
+        rows.update({f"ptq_{name}": qr[f"ptq_{name}"], f"qat_{name}": qr["int8"]})
+    return rows
 
 
 def _training(r: Run) -> dict:
@@ -331,17 +362,23 @@ def evaluate(r: Run) -> dict:
     y = w.test.target_raw()
     p["int8"] = w.test.unscale(r.predict(p["int8_model"].forward, w.test))
     fair = fair_rows(r)
+    name = cfg.weight_format()["name"]  # "int8" by default: the keys as they always were
     qr = {
         "seasonal_naive": q_risk(p["naive"], y, w.quantiles),
         "ridge": q_risk(p["ridge"], y, w.quantiles),
         "ridge_fixed": q_risk(p["ridge_fixed"], y, w.quantiles),
         "float": q_risk(p["float"], y, w.quantiles),
         "float_finetuned": fair["float_finetuned"],
-        "ptq_int8": fair["ptq_int8"],
+        f"ptq_{name}": fair["ptq_int8"],
         "qat_fake_quant": q_risk(p["qat"], y, w.quantiles),
         "int8": q_risk(p["int8"], y, w.quantiles),
     }
+    if name != "int8":
+        from nbqat.train.int8_rows import int8_reference_rows
+
+        qr.update(int8_reference_rows(r))
     p50 = {k: v["P50"] for k, v in qr.items()}
+    roles = {**p50, "ptq_int8": p50[f"ptq_{name}"]}  # comparisons/targets: the run's format
     metrics: dict[str, Any] = {
         "nbqat_version": __version__,
         "environment": environment(),
@@ -349,19 +386,14 @@ def evaluate(r: Run) -> dict:
         "data": w.summary(),
         "model": _model_summary(r),
         "q_risk_test": qr,
-        "comparisons": _comparisons(p50, p["int8"], p["qat"]),
+        "comparisons": _comparisons(roles, p["int8"], p["qat"]),
         "significance": _significance(p, y, w),
         "quality_table": {
-            "note": QUALITY_NOTE,
-            r.observer_name(): {
-                "float": qr["float"],
-                "float_finetuned": qr["float_finetuned"],
-                "ptq_int8": qr["ptq_int8"],
-                "qat_int8": qr["int8"],
-            },
+            "note": QUALITY_NOTE + ("" if name == "int8" else QUALITY_NOTE_FORMAT),
+            r.observer_name(): _quality_rows(qr, name),
         },
-        "targets": _targets(p50),
-        "weight_format": _weight_format(cfg, p50, qr),
+        "targets": _targets(roles),
+        "weight_format": _weight_format(cfg, p50, qr, p["quant_report"]),
         "baseline": BASELINE_NOTE,
         "ridge": RIDGE_NOTE,
         "ridge_fixed": RIDGE_FIXED_NOTE,

@@ -298,7 +298,8 @@ def _add_lowbit_options(t: Any) -> None:
     w.add_argument(
         "--group-size", type=int, default=None, metavar="G",
         help="input features per int4 weight scale (with --weight-bits 4) [default: 32]; a "
-        "layer whose width is not a multiple of G is quantized per channel",
+        "layer whose width is not a multiple of G keeps 8-bit per-channel weights "
+        "(quant_report.json lists them)",
     )  # fmt: skip
     w.add_argument(
         "--weight-dtype", choices=("int", "float8_e4m3fn"), default=None,

@@ -285,7 +285,6 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
         ``{"float_finetuned": q-risks, "ptq_int8": q-risks}`` (P10/P50/P90 on the test split).
     """
     from nbqat.nn import set_dropout
-    from nbqat.nn.forecasters import prepare_forecaster
     from nbqat.nn.loss import q_risk_table as q_risk
 
     cfg, w, test = run.cfg, run.w, run.w.test
@@ -305,6 +304,28 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
     )
     set_dropout(ft, False)
     out["float_finetuned"] = q_risk(test.unscale(run.predict(ft.forward, test)), y, w.quantiles)
+    out["ptq_int8"] = ptq_row(run, build_model)
+    return out
+
+
+def ptq_row(run: Any, build_model: Any) -> dict:
+    """q-risks (test split) of the best float weights calibrated on the calibration batches
+    with ``run.qat_config()`` and converted (``to_int8()``) without any QAT step.
+
+    Parameters
+    ----------
+    run : nbqat.train.loop.Run
+    build_model : callable () -> forecaster
+
+    Returns
+    -------
+    dict
+        P10/P50/P90.
+    """
+    from nbqat.nn.forecasters import prepare_forecaster
+    from nbqat.nn.loss import q_risk_table as q_risk
+
+    w, test = run.w, run.w.test
     base = build_model()
     base.params[...] = run.best_params
     ptq = prepare_forecaster(base, run.qat_config(), inplace=True)  # the TFT's or the LSTM's
@@ -313,8 +334,7 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
         ptq.forward(s, h, f)
     ptq.disable_calibration()
     int8 = ptq.to_int8()
-    out["ptq_int8"] = q_risk(test.unscale(run.predict(int8.forward, test)), y, w.quantiles)
-    return out
+    return q_risk(test.unscale(run.predict(int8.forward, test)), test.target_raw(), w.quantiles)
 
 
 def baseline_comparisons(p50: dict) -> dict:

@@ -141,6 +141,34 @@ def _lowbit_fields(fq: Any) -> dict:
     }
 
 
+#: quant_report.json's statement of the --weight-bits 4 fallback rule.
+FALLBACK_RULE = (
+    "a layer whose weight's input width is smaller than the group size or not a multiple of it "
+    "is quantized per output channel at 8 bits (the int8 run's weights; "
+    "QConfig.weight_fallback) instead of in int4 groups"
+)
+
+
+def fallback_layers(rows: list) -> dict:
+    """The modules of ``rows`` (:func:`quantizer_report`) whose weights are not grouped.
+
+    Returns
+    -------
+    dict
+        ``per_channel_fallback``: the modules, in order; ``fallback_bits``: their weights' bits
+        by module (8 under the rule, 4 for a grouped quantizer's own per-channel fallback);
+        ``fallback_rule``: :data:`FALLBACK_RULE`.
+    """
+    bits: dict[str, int] = {}
+    for q in rows:
+        if q["kind"] != "weight" or q.get("per_channel_fallback") is False:
+            continue
+        b = 4 if q.get("per_channel_fallback") else 8  # a grouped quantizer's own, or int8's
+        bits[q["module"]] = max(bits.get(q["module"], 0), b)
+    return {"per_channel_fallback": list(bits), "fallback_bits": bits,
+            "fallback_rule": FALLBACK_RULE}  # fmt: skip
+
+
 def _finite(v: float) -> float | None:
     return float(v) if math.isfinite(v) else None
 
@@ -430,9 +458,7 @@ def from_run(r: Any, test: Any) -> dict:
     fmt = cfg.weight_format() if hasattr(cfg, "weight_format") else None
     if fmt is not None and fmt["weight_bits"] == 4:  # the layers too narrow for the group size
         report["weight_format"] = fmt
-        report["per_channel_fallback"] = [
-            q["module"] for q in report["quantizers"] if q.get("per_channel_fallback")
-        ]
+        report.update(fallback_layers(report["quantizers"]))
     if cfg.sensitivity or cfg.float_fallback:
         report["sensitivity"] = sensitivity(r.qat, evaluate)
         if cfg.float_fallback:
@@ -449,7 +475,7 @@ def from_run(r: Any, test: Any) -> dict:
         "median_sqnr_db": float(np.median(sq)) if sq else None,
         "worst": min(report["quantizers"], key=lambda q: q["sqnr_db"] or math.inf)["name"],
     }
-    for key in ("float_fallback", "observers_ptq"):
+    for key in ("float_fallback", "observers_ptq", "per_channel_fallback", "fallback_rule"):
         if key in report:
             summary[key] = report[key]
     if "sensitivity" in report:  # the ranking (most sensitive first), for summary.txt

@@ -48,6 +48,21 @@ def _ridge_tuning(t: dict) -> str:
     )
 
 
+def _format_line(wf: dict, qr: dict) -> str:
+    """A non-int8 run's line: the recovered fraction, QAT int8 beside it, the 8-bit layers."""
+    fmt, ff = wf["name"], qr["float_finetuned"]["P50"]
+    rec = wf.get("qat_recovered_fraction_of_ptq_loss")
+    line = (
+        f"{fmt}: QAT recovers "
+        + ("-" if rec is None else f"{100 * rec:.0f}%")
+        + f" of PTQ's P50 loss; QAT int8 {100 * (qr['qat_int8']['P50'] / ff - 1):+.1f}% vs "
+        "the equally fine-tuned float"
+    )
+    kept = wf.get("per_channel_fallback")
+    return line + (f"; per channel at 8 bits (width not a multiple of the group): "
+                   f"{', '.join(kept)}" if kept else "")  # fmt: skip
+
+
 def summary_table(metrics: dict, timings: dict) -> str:
     """The q-risk table, the comparisons, gradient-norm and timing lines of a finished run.
 
@@ -70,7 +85,8 @@ def summary_table(metrics: dict, timings: dict) -> str:
         *([("ridge (fixed)", qr["ridge_fixed"])] if "ridge_fixed" in qr else []),
         ("float", qr["float"]),
         ("float fine-tuned", qr["float_finetuned"]),
-        (f"PTQ {fmt}", qr["ptq_int8"]),
+        *([("PTQ int8", qr["ptq_int8"]), ("QAT int8", qr["qat_int8"])] if "qat_int8" in qr else []),
+        (f"PTQ {fmt}", qr.get(f"ptq_{fmt}", qr["ptq_int8"])),
         ("QAT (fake quant)", qr["qat_fake_quant"]),
         (f"QAT {fmt}", qr["int8"]),
     ]
@@ -104,6 +120,8 @@ def summary_table(metrics: dict, timings: dict) -> str:
         + f"; {fmt} vs float (early-stopped): "
         + f"{100 * c['int8_vs_float_P50_relative_diff']:+.1f}%"
     )
+    if "qat_int8" in qr:
+        lines.append(_format_line(metrics["weight_format"], qr))
     g = metrics["grad_norm"]
     for ph in ("float", "qat"):
         if g[ph].get("steps"):
