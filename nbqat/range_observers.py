@@ -323,37 +323,32 @@ class MSEObserver(_KeyHistBase):
     ch_axis : int, default 0
         Channel axis for the per-channel qschemes (weights: 0).
     mantissa_bits : int in [0, 10], default 7 (per tensor) / 5 (per channel)
-        Grid resolution (per channel the counts take ``C * 2 ** (9 + mantissa_bits)`` int64).
+        Resolution of the counts (per channel ``C * 2 ** (9 + mantissa_bits)`` int64).
     max_exact : int >= 0 or None, default None
         The observed values themselves are kept while no channel (per tensor: the tensor) has
         seen more than ``max_exact`` finite values; None: ``2 * 2 ** (9 + mantissa_bits)``
-        (32 768 per channel, 131 072 per tensor), float32 values taking at most the memory of
-        the counts. 0: never (the histogram estimate only).
+        (32 768 per channel, 131 072 per tensor). Beyond, the fine grid (0: from the start).
     dtype, qscheme, reduce_range, quant_min, quant_max, eps
         As :class:`~nbqat.MinMaxObserver` / :class:`~nbqat.PerChannelMinMaxObserver`.
     nonfinite : {"raise", "ignore"}, default "raise"
 
     Notes
     -----
-    While the values are kept (``exact_values``; e.g. a weight of up to 32 768 values a
-    channel, or a few steps of it), the error of every candidate is the exact squared
-    fake-quant error of those values, ``sum_v (fq(v) - v) ** 2`` in float64, ``fq`` the affine
-    or symmetric fake quantization with that candidate's qparams: the chosen range is the
-    exact best of the candidate set (to float64 rounding) on the data seen, so never worse
-    than min/max (``alpha = 1``). Cost (one core, measured): ``4 * n`` bytes a channel beside
-    the counts' ``8 * 2 ** (9 + mantissa_bits)`` ((64, 512): 128 KiB beside 8 MiB);
-    ``forward`` sorts the values (+1-3 ms for 32 768 or 100 000 values);
-    :meth:`calculate_qparams` is ``O(num_candidates * n)`` a channel: 5-6 ms for (64, 512)
-    (the histogram estimate: 22-26 ms), 17-30 ms for 100 000 values per tensor (estimate:
-    1 ms). The values merge exactly (the sorted multiset; a merge past ``max_exact`` gives them
-    up, as one observer that saw both would have).
-
-    Beyond ``max_exact`` (e.g. activations over many batches) the values are given up and the
-    error is estimated from the counts: ``sum_b n_b * mean_s (fq(v_bs) - v_bs) ** 2`` over the
-    grid bins with 4 points ``v_bs`` spread uniformly inside each (non-empty) bin. This is the
-    expected error of values distributed like the histogram, not the error of the particular
-    values: it carries no guarantee against min/max (on (64, 512) weights it chose ranges
-    worse than min/max in 13-21 of 64 channels, up to 14 % worse than the best candidate).
+    The error of a candidate is the exact squared fake-quant error of the values seen,
+    ``sum_v (fq(v) - v) ** 2`` in float64 (``fq`` the affine or symmetric fake quantization
+    with its qparams). While the values are kept (``exact_values``, sorted; they merge exactly)
+    every candidate is evaluated on them: the choice is the exact best of the candidate set.
+    Beyond ``max_exact`` the values are summarised in a fine linear grid a channel (``grid_*``;
+    8192 bins a channel, 65 536 per tensor, of width ``2 ** e`` over ``+-max|v|``), with each
+    bin's count, first and second moments and extremes: a candidate's error is exact over the
+    bins inside one quantisation cell and bounded over the few that straddle a cell boundary
+    (:mod:`nbqat.kernels.fine_grid_cpu`). The chosen candidate is the best (midpoint of its
+    bounds) of those whose upper bound is below min/max's (``alpha = 1``) lower bound, else
+    min/max: never worse than min/max on the data seen (to float64 rounding), and within the
+    bound widths of the exact best (< 0.1 % measured on (64, 512) weights, per tensor and per
+    channel; docs/semantics.md). The grid merges exactly in counts and extremes and to float64
+    rounding in the moments. Memory: ``4 * n`` bytes a channel for the values, 256 KiB a
+    channel for the grid (2 MiB per tensor), beside the counts.
 
     References
     ----------
@@ -376,33 +371,54 @@ class MSEObserver(_KeyHistBase):
         super()._configure_own(a)
         m = a["max_exact"]
         self.max_exact = 2 * self.nbins if m is None else int_in_range(m, "max_exact", 0)
+        self._grid_bins = _ev.GRID_BINS_CHANNEL if self._per_channel else _ev.GRID_BINS_TENSOR
 
     def reset_min_max_vals(self) -> None:
-        """Forget the statistics (no counts, no values, min/max unset)."""
+        """Forget the statistics (no counts, no values, no grid, min/max unset)."""
         super().reset_min_max_vals()
         self.exact_values = np.empty((0 if self._per_channel else 1, 0), _F32)
+        self.grid: _ev.Grid | None = None
 
     def _exact(self) -> bool:
         """Whether every finite value seen is in ``exact_values``."""
         return self.exact_values.shape[1] > 0 or not self.histogram.any()
 
     def _batch_extra(self, a: Any, counts: np.ndarray, synced: bool) -> Any:
-        if not self._exact():
+        exact = self._exact()
+        if not exact and self.grid is None:  # the values were lost (an older state): estimate
             return None
+        h = _device(a).copy_to_host() if _cuda.is_cuda_array(a) else a
+        if not synced and not exact:  # the common case past max_exact: the batch as it is
+            return ("batch", h)
         n = counts.reshape(-1, self.nbins).sum(axis=1)
         if self.histogram.size:
             n = n + self.histogram.reshape(-1, self.nbins).sum(axis=1)
-        if n.max(initial=0) > self.max_exact:
-            return n.size  # give the values up (rows)
-        h = _device(a).copy_to_host() if _cuda.is_cuda_array(a) else a
         rows = _ev.batch_rows(h, self._per_channel, self.ch_axis if self._per_channel else 0)
-        return _ev.gather(self.process_group, rows) if synced else _ev.canonical(rows)
+        if not exact:  # synced: the global batch, the shards in rank order
+            return ("rows", _ev.gather_in_order(self.process_group, rows))
+        rows = _ev.gather(self.process_group, rows) if synced else _ev.canonical(rows)
+        return rows if n.max(initial=0) <= self.max_exact else ("start", rows)
 
     def _commit_extra(self, extra: Any) -> None:
-        if isinstance(extra, int):
-            self.exact_values = np.empty((extra, 0), _F32)
-        elif extra is not None:
-            self.exact_values = _ev.union(self.exact_values, extra)
+        if not isinstance(extra, tuple):
+            if extra is not None:
+                self.exact_values = _ev.union(self.exact_values, extra)
+            return
+        kind, data = extra
+        exps = _ev.grid_exponents(self._min.reshape(-1), self._max.reshape(-1), self._grid_bins)
+        if kind == "start":  # the values so far and this batch, sorted: as a merge builds it
+            self.grid = _ev.grid_of_values(_ev.union(self.exact_values, data), exps, self._grid_bins)
+            self.exact_values = np.empty((exps.size, 0), _F32)
+            return
+        assert self.grid is not None
+        self.grid.widen(exps)
+        if kind == "rows":
+            self.grid.add_rows(data)
+            return
+        x32 = np.ascontiguousarray(data, dtype=_F32)
+        axis = self.ch_axis % x32.ndim if self._per_channel else 0
+        outer, _, inner = split_axis(x32.shape, axis) if self._per_channel else (1, 1, x32.size)
+        self.grid.add(x32, outer, inner)
 
     def merge(self, other: MSEObserver) -> MSEObserver:  # type: ignore[override]
         """Add another observer's counts, values and min/max into this one (exact).
@@ -422,30 +438,43 @@ class MSEObserver(_KeyHistBase):
             As :meth:`nbqat.MinMaxObserver.merge`.
         """
         keep = isinstance(other, MSEObserver) and self._exact() and other._exact()
+        sides = [self._grid_side(), other._grid_side() if isinstance(other, MSEObserver) else None]
         mine, theirs = self.exact_values, other.exact_values
         super().merge(other)
         n = self.histogram.reshape(-1, self.nbins).sum(axis=1)
+        self.grid = None
         if keep and n.max(initial=0) <= self.max_exact:
             self.exact_values = _ev.union(mine, theirs) if theirs.shape[0] else mine.copy()
-        else:
-            self.exact_values = np.empty((n.size, 0), _F32)
+            return self
+        self.exact_values = np.empty((n.size, 0), _F32)
+        if n.size:
+            exps = _ev.grid_exponents(self._min.reshape(-1), self._max.reshape(-1), self._grid_bins)
+            self.grid = _ev.merged_grid(sides, exps, self._grid_bins)
         return self
+
+    def _grid_side(self) -> Any:
+        """What :meth:`merge` needs of this side: the values, the grid or None (unknown)."""
+        return self.exact_values if self._exact() else self.grid
 
     def _merge_key(self) -> tuple[object, ...]:
         return super()._merge_key() + (self.max_exact,)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """As :meth:`nbqat.PercentileObserver.state_dict`, and ``exact_values``: float32, each
-        channel's finite values ascending, (n,) per tensor or (C, n) per channel (rows padded
-        with +inf), with no column once the values were given up."""
+        """As :meth:`nbqat.PercentileObserver.state_dict`, ``exact_values`` (float32, each
+        channel's finite values ascending, (n,) per tensor or (C, n) per channel, rows padded
+        with +inf; no column past ``max_exact``) and the fine grid, sparse: ``grid_exponent``
+        (C,) int64 (empty: no grid), ``grid_index`` (flat indices of the non-empty bins of the
+        (C, bins) grid, ascending), ``grid_count`` int64, ``grid_sum``, ``grid_sumsq`` float64
+        (moments about each bin's centre, in bin widths), ``grid_min``, ``grid_max`` float32."""
         d = super().state_dict()
         v = self.exact_values
         d["exact_values"] = (v if self._per_channel else v.reshape(-1)).copy()
+        d.update(self.grid.state() if self.grid is not None else _ev.empty_grid_state())
         return d
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
-        """Load :meth:`state_dict` output (without ``exact_values``: the values are unknown,
-        the histogram estimate is used).
+        """Load :meth:`state_dict` output (without ``exact_values`` and the grid, e.g. an older
+        state: the values are unknown, the histogram estimate is used).
 
         Parameters
         ----------
@@ -455,24 +484,26 @@ class MSEObserver(_KeyHistBase):
         Raises
         ------
         KeyError, ValueError
-            As :meth:`nbqat.PercentileObserver.load_state_dict`; also for ``exact_values``
-            that are not the counted values. Nothing is changed on error.
+            As :meth:`nbqat.PercentileObserver.load_state_dict`; also for ``exact_values`` or
+            a grid that do not hold the counted values. Nothing is changed on error.
         """
         keys = list(state.keys()) if hasattr(state, "keys") else []
-        rest = {k: state[k] for k in keys if k != "exact_values"}
+        own = ("exact_values",) + _ev.GRID_KEYS
+        rest = {k: state[k] for k in keys if k not in own}
         ev = state["exact_values"] if "exact_values" in keys else None
-        before = (self.histogram, self._min, self._max, self.eps, self.exact_values)
+        before = (self.histogram, self._min, self._max, self.eps, self.exact_values, self.grid)
         super().load_state_dict(rest, strict)
         n = self.histogram.reshape(-1, self.nbins).sum(axis=1)
         v = np.empty((n.size, 0), _F32)
-        if ev is not None:
-            v = np.array(ev, dtype=_F32).reshape(n.size, -1) if n.size else v
-            try:
+        try:
+            if ev is not None:
+                v = np.array(ev, dtype=_F32).reshape(n.size, -1) if n.size else v
                 _ev.check(v, n)
-            except ValueError:
-                self.histogram, self._min, self._max, self.eps, self.exact_values = before
-                raise
-        self.exact_values = v
+            grid = None if v.shape[1] else _ev.load_grid(state, n, self._grid_bins)
+        except ValueError:
+            self.histogram, self._min, self._max, self.eps, self.exact_values, self.grid = before
+            raise
+        self.exact_values, self.grid = v, grid
 
     def _range(self) -> tuple[np.ndarray, np.ndarray]:
         h, mins, maxs = self._bins_2d()
@@ -488,10 +519,13 @@ class MSEObserver(_KeyHistBase):
         with _jit.threads_for(_jit.PARALLEL_MIN if c > 1 else 0):  # per tensor: no wake-up
             if self._exact() and self.exact_values.shape[1]:
                 err = _kg.exact_mse_errors(self.exact_values, s, z, qmin, qmax)
+                best = (k - 1) - np.argmin(err[::-1], axis=0)  # ties: the largest alpha
+            elif self.grid is not None:
+                best = _ev.choose(*self.grid.bounds(s, z, qmin, qmax))
             else:
                 vlo, vhi = _grid_edges(self._shift)
                 err = _kg.mse_errors(h, vlo, vhi, m0, m1, s, z, qmin, qmax, 4)
-        best = (k - 1) - np.argmin(err[::-1], axis=0)  # ties: the largest alpha
+                best = (k - 1) - np.argmin(err[::-1], axis=0)
         idx = np.arange(c)
         lo = np.where(unset, self._min.reshape(-1), cand_lo[best, idx]).astype(_F32)
         hi = np.where(unset, self._max.reshape(-1), cand_hi[best, idx]).astype(_F32)
