@@ -145,6 +145,19 @@ class Grid:
         with threads_for(flat.size):
             _fg.grid_add(flat, outer, self.cnt.shape[0], inner, self.exps, *self.arrays())
 
+    def add_batch(self, data: Any, rows: bool, ch_axis: int | None) -> None:
+        """Add a host batch (``ch_axis`` its channel axis, None per tensor) or, ``rows``, its
+        (C, m) rows."""
+        if rows:
+            self.add_rows(data)
+            return
+        x32 = np.ascontiguousarray(data, dtype=_F32)
+        if ch_axis is None:
+            self.add(x32, 1, x32.size)
+        else:
+            outer, _, inner = split_axis(x32.shape, ch_axis % x32.ndim)
+            self.add(x32, outer, inner)
+
     def add_rows(self, rows: np.ndarray) -> None:
         """Add (C, m) rows (non-finite entries skipped)."""
         c, m = rows.shape
@@ -169,7 +182,10 @@ class Grid:
         return _fg.grid_bounds(*self.arrays(), self.exps, s, z, qmin, qmax)
 
     def state(self) -> dict[str, np.ndarray]:
-        """The grid as sparse arrays (flat indices of the non-empty bins, ascending)."""
+        """The grid as sparse arrays: ``grid_exponent`` (C,) int64, ``grid_index`` (flat
+        indices of the non-empty bins of the (C, nb) grid, ascending), ``grid_count`` int64,
+        ``grid_sum``, ``grid_sumsq`` float64 (the moments about each bin's centre, in bin
+        widths), ``grid_min``, ``grid_max`` float32 (the bin's extremes)."""
         idx = np.flatnonzero(self.cnt.reshape(-1))
         vals = [a.reshape(-1)[idx].copy() for a in self.arrays()]
         return dict(zip(GRID_KEYS, [self.exps.copy(), idx.astype(np.int64), *vals], strict=True))
@@ -194,7 +210,8 @@ def load_grid(state: Any, counts: np.ndarray, nb: int) -> Grid | None:
     idx = np.array(state["grid_index"], dtype=np.int64).reshape(-1)
     vals = [np.asarray(state[k]).reshape(-1) for k in GRID_KEYS[2:]]
     ok = exps.size == c and all(v.shape == idx.shape for v in vals)
-    ok = ok and bool((np.diff(idx) > 0).all()) and (idx.size == 0 or 0 <= idx[0] <= idx[-1] < c * nb)
+    ok = ok and bool((np.diff(idx) > 0).all())
+    ok = ok and (idx.size == 0 or 0 <= idx[0] <= idx[-1] < c * nb)
     g = Grid(c, nb, exps if exps.size == c else np.zeros(c, np.int64))
     if ok:
         for a, v in zip(g.arrays(), vals, strict=True):
@@ -249,3 +266,18 @@ def choose(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     ok[-1] = True
     score = np.where(ok, mid, np.inf)
     return (low.shape[0] - 1) - np.argmin(score[::-1], axis=0)
+
+
+def load_values(ev: Any, state: Any, counts: np.ndarray, nb: int) -> tuple[np.ndarray, Grid | None]:
+    """The ``exact_values`` (``ev``, None when absent) and the grid of a state holding
+    ``counts`` (C,) values a channel; ValueError unless they hold exactly those values."""
+    v = np.empty((counts.size, 0), _F32)
+    if ev is not None:
+        v = np.array(ev, dtype=_F32).reshape(counts.size, -1) if counts.size else v
+        check(v, counts)
+    return v, (None if v.shape[1] else load_grid(state, counts, nb))
+
+
+def side(obs: Any) -> Any:
+    """What a merge needs of an MSEObserver: its values, its grid or None (unknown)."""
+    return obs.exact_values if obs._exact() else obs.grid

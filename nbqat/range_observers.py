@@ -11,18 +11,15 @@ and the counts do not depend on the thread count or the CUDA schedule. Exact run
 
 * :class:`PercentileObserver`: ``[min, max] = [q(1 - p), q(p)]`` of the observed values
   (linear interpolation inside a bin), per tensor (TensorRT / ModelOpt's percentile calibration).
-* :class:`MSEObserver`: the clipping range ``alpha * [min_val, max_val]`` (``alpha`` on a grid of
-  ``num_candidates`` values in ``(0, 1]``) minimising the fake-quant mean squared error of the
-  histogram (values spread uniformly inside each bin), per tensor or per channel (weights too).
+* :class:`MSEObserver`: the range ``alpha * [min_val, max_val]`` (``num_candidates`` alphas in
+  ``(0, 1]``) of least fake-quant squared error on the values seen, per tensor or per channel.
 
 Non-finite values: ``nonfinite="raise"`` (default) rejects a batch with NaN/Inf and keeps the
-state; ``"ignore"`` skips them. ``"propagate"`` has no meaning for a histogram of finite values
-and is refused.
+state; ``"ignore"`` skips them; ``"propagate"`` (meaningless for a histogram) is refused.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -31,8 +28,8 @@ import numpy as np
 from nbqat import _cuda, _jit
 from nbqat import _exact_values as _ev
 from nbqat._observer_args import int_in_range
-from nbqat._observer_stats import decode as _decode
 from nbqat._observer_stats import device as _device
+from nbqat._observer_stats import grid_edges as _grid_edges
 from nbqat._validate import split_axis
 from nbqat.kernels import keygrid_cpu as _kg
 from nbqat.observers import _MinMaxBase
@@ -40,21 +37,6 @@ from nbqat.observers import _MinMaxBase
 __all__ = ["MSEObserver", "PercentileObserver"]
 
 _F32 = np.float32
-
-
-@functools.lru_cache(maxsize=4)
-def _grid_edges(shift: int) -> tuple[np.ndarray, np.ndarray]:
-    """float64 (lowest, highest) float32 value of every bin of the order-key grid (read-only;
-    0 for the NaN/Inf bins, which never hold counts)."""
-    nb = 1 << (32 - shift)
-    k = (np.arange(nb, dtype=np.int64) - (1 << (31 - shift))) << shift
-    with np.errstate(invalid="ignore"):
-        lo = _decode(k).astype(np.float64)
-        hi = _decode(k | ((1 << shift) - 1)).astype(np.float64)
-        ok = np.isfinite(lo) & np.isfinite(hi)
-    lo, hi = np.where(ok, lo, 0.0), np.where(ok, hi, 0.0)
-    lo.flags.writeable = hi.flags.writeable = False
-    return lo, hi
 
 
 class _KeyHistBase(_MinMaxBase):
@@ -334,21 +316,16 @@ class MSEObserver(_KeyHistBase):
 
     Notes
     -----
-    The error of a candidate is the exact squared fake-quant error of the values seen,
-    ``sum_v (fq(v) - v) ** 2`` in float64 (``fq`` the affine or symmetric fake quantization
-    with its qparams). While the values are kept (``exact_values``, sorted; they merge exactly)
-    every candidate is evaluated on them: the choice is the exact best of the candidate set.
-    Beyond ``max_exact`` the values are summarised in a fine linear grid a channel (``grid_*``;
-    8192 bins a channel, 65 536 per tensor, of width ``2 ** e`` over ``+-max|v|``), with each
-    bin's count, first and second moments and extremes: a candidate's error is exact over the
-    bins inside one quantisation cell and bounded over the few that straddle a cell boundary
-    (:mod:`nbqat.kernels.fine_grid_cpu`). The chosen candidate is the best (midpoint of its
-    bounds) of those whose upper bound is below min/max's (``alpha = 1``) lower bound, else
-    min/max: never worse than min/max on the data seen (to float64 rounding), and within the
-    bound widths of the exact best (< 0.1 % measured on (64, 512) weights, per tensor and per
-    channel; docs/semantics.md). The grid merges exactly in counts and extremes and to float64
-    rounding in the moments. Memory: ``4 * n`` bytes a channel for the values, 256 KiB a
-    channel for the grid (2 MiB per tensor), beside the counts.
+    A candidate's error is the exact squared fake-quant error of the values seen,
+    ``sum_v (fq(v) - v) ** 2`` in float64. While the values are kept (``exact_values``, sorted,
+    exactly mergeable) every candidate is evaluated on them: the exact best is chosen. Beyond
+    ``max_exact`` a fine grid a channel (8192 bins, 65 536 per tensor, 256 KiB / 2 MiB; each
+    bin's count, moments and extremes; :mod:`nbqat.kernels.fine_grid_cpu`) gives each
+    candidate's error exactly over the bins inside one quantisation cell and bounds for the few
+    that straddle a boundary; the choice is the best of the candidates certainly no worse than
+    min/max (``alpha = 1``), else min/max: never worse than min/max on the data seen (to
+    float64 rounding), within the bound widths of the exact best (docs/semantics.md). The grid
+    merges exactly in counts and extremes, to float64 rounding in the moments.
 
     References
     ----------
@@ -383,6 +360,10 @@ class MSEObserver(_KeyHistBase):
         """Whether every finite value seen is in ``exact_values``."""
         return self.exact_values.shape[1] > 0 or not self.histogram.any()
 
+    def _seen(self) -> np.ndarray:
+        """(C,) int64: the finite values counted a channel (per tensor (1,))."""
+        return self.histogram.reshape(-1, self.nbins).sum(axis=1)
+
     def _batch_extra(self, a: Any, counts: np.ndarray, synced: bool) -> Any:
         exact = self._exact()
         if not exact and self.grid is None:  # the values were lost (an older state): estimate
@@ -391,8 +372,7 @@ class MSEObserver(_KeyHistBase):
         if not synced and not exact:  # the common case past max_exact: the batch as it is
             return ("batch", h)
         n = counts.reshape(-1, self.nbins).sum(axis=1)
-        if self.histogram.size:
-            n = n + self.histogram.reshape(-1, self.nbins).sum(axis=1)
+        n = n + self._seen() if self.histogram.size else n
         rows = _ev.batch_rows(h, self._per_channel, self.ch_axis if self._per_channel else 0)
         if not exact:  # synced: the global batch, the shards in rank order
             return ("rows", _ev.gather_in_order(self.process_group, rows))
@@ -405,20 +385,14 @@ class MSEObserver(_KeyHistBase):
                 self.exact_values = _ev.union(self.exact_values, extra)
             return
         kind, data = extra
-        exps = _ev.grid_exponents(self._min.reshape(-1), self._max.reshape(-1), self._grid_bins)
+        exps = self._grid_exponents()
         if kind == "start":  # the values so far and this batch, sorted: as a merge builds it
-            self.grid = _ev.grid_of_values(_ev.union(self.exact_values, data), exps, self._grid_bins)
+            both = _ev.union(self.exact_values, data)
+            self.grid = _ev.grid_of_values(both, exps, self._grid_bins)
             self.exact_values = np.empty((exps.size, 0), _F32)
-            return
-        assert self.grid is not None
-        self.grid.widen(exps)
-        if kind == "rows":
-            self.grid.add_rows(data)
-            return
-        x32 = np.ascontiguousarray(data, dtype=_F32)
-        axis = self.ch_axis % x32.ndim if self._per_channel else 0
-        outer, _, inner = split_axis(x32.shape, axis) if self._per_channel else (1, 1, x32.size)
-        self.grid.add(x32, outer, inner)
+        elif self.grid is not None:
+            self.grid.widen(exps)
+            self.grid.add_batch(data, kind == "rows", self.ch_axis if self._per_channel else None)
 
     def merge(self, other: MSEObserver) -> MSEObserver:  # type: ignore[override]
         """Add another observer's counts, values and min/max into this one (exact).
@@ -438,34 +412,29 @@ class MSEObserver(_KeyHistBase):
             As :meth:`nbqat.MinMaxObserver.merge`.
         """
         keep = isinstance(other, MSEObserver) and self._exact() and other._exact()
-        sides = [self._grid_side(), other._grid_side() if isinstance(other, MSEObserver) else None]
+        sides = [_ev.side(o) if isinstance(o, MSEObserver) else None for o in (self, other)]
         mine, theirs = self.exact_values, other.exact_values
         super().merge(other)
-        n = self.histogram.reshape(-1, self.nbins).sum(axis=1)
+        n = self._seen()
         self.grid = None
         if keep and n.max(initial=0) <= self.max_exact:
             self.exact_values = _ev.union(mine, theirs) if theirs.shape[0] else mine.copy()
             return self
         self.exact_values = np.empty((n.size, 0), _F32)
         if n.size:
-            exps = _ev.grid_exponents(self._min.reshape(-1), self._max.reshape(-1), self._grid_bins)
-            self.grid = _ev.merged_grid(sides, exps, self._grid_bins)
+            self.grid = _ev.merged_grid(sides, self._grid_exponents(), self._grid_bins)
         return self
 
-    def _grid_side(self) -> Any:
-        """What :meth:`merge` needs of this side: the values, the grid or None (unknown)."""
-        return self.exact_values if self._exact() else self.grid
+    def _grid_exponents(self) -> np.ndarray:
+        return _ev.grid_exponents(self._min.reshape(-1), self._max.reshape(-1), self._grid_bins)
 
     def _merge_key(self) -> tuple[object, ...]:
         return super()._merge_key() + (self.max_exact,)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """As :meth:`nbqat.PercentileObserver.state_dict`, ``exact_values`` (float32, each
-        channel's finite values ascending, (n,) per tensor or (C, n) per channel, rows padded
-        with +inf; no column past ``max_exact``) and the fine grid, sparse: ``grid_exponent``
-        (C,) int64 (empty: no grid), ``grid_index`` (flat indices of the non-empty bins of the
-        (C, bins) grid, ascending), ``grid_count`` int64, ``grid_sum``, ``grid_sumsq`` float64
-        (moments about each bin's centre, in bin widths), ``grid_min``, ``grid_max`` float32."""
+        channel's finite values ascending, (n,) or (C, n) padded with +inf; no column past
+        ``max_exact``) and the grid's ``grid_*`` arrays (:meth:`nbqat._exact_values.Grid.state`)."""
         d = super().state_dict()
         v = self.exact_values
         d["exact_values"] = (v if self._per_channel else v.reshape(-1)).copy()
@@ -488,22 +457,16 @@ class MSEObserver(_KeyHistBase):
             a grid that do not hold the counted values. Nothing is changed on error.
         """
         keys = list(state.keys()) if hasattr(state, "keys") else []
-        own = ("exact_values",) + _ev.GRID_KEYS
-        rest = {k: state[k] for k in keys if k not in own}
+        rest = {k: state[k] for k in keys if k not in ("exact_values",) + _ev.GRID_KEYS}
         ev = state["exact_values"] if "exact_values" in keys else None
         before = (self.histogram, self._min, self._max, self.eps, self.exact_values, self.grid)
         super().load_state_dict(rest, strict)
-        n = self.histogram.reshape(-1, self.nbins).sum(axis=1)
-        v = np.empty((n.size, 0), _F32)
+        n = self._seen()
         try:
-            if ev is not None:
-                v = np.array(ev, dtype=_F32).reshape(n.size, -1) if n.size else v
-                _ev.check(v, n)
-            grid = None if v.shape[1] else _ev.load_grid(state, n, self._grid_bins)
+            self.exact_values, self.grid = _ev.load_values(ev, state, n, self._grid_bins)
         except ValueError:
             self.histogram, self._min, self._max, self.eps, self.exact_values, self.grid = before
             raise
-        self.exact_values, self.grid = v, grid
 
     def _range(self) -> tuple[np.ndarray, np.ndarray]:
         h, mins, maxs = self._bins_2d()
@@ -518,14 +481,13 @@ class MSEObserver(_KeyHistBase):
         qmin, qmax = float(self.quant_min), float(self.quant_max)
         with _jit.threads_for(_jit.PARALLEL_MIN if c > 1 else 0):  # per tensor: no wake-up
             if self._exact() and self.exact_values.shape[1]:
-                err = _kg.exact_mse_errors(self.exact_values, s, z, qmin, qmax)
-                best = (k - 1) - np.argmin(err[::-1], axis=0)  # ties: the largest alpha
+                low = high = _kg.exact_mse_errors(self.exact_values, s, z, qmin, qmax)
             elif self.grid is not None:
-                best = _ev.choose(*self.grid.bounds(s, z, qmin, qmax))
-            else:
+                low, high = self.grid.bounds(s, z, qmin, qmax)
+            else:  # the values are unknown (an older state): the histogram estimate
                 vlo, vhi = _grid_edges(self._shift)
-                err = _kg.mse_errors(h, vlo, vhi, m0, m1, s, z, qmin, qmax, 4)
-                best = (k - 1) - np.argmin(err[::-1], axis=0)
+                low = high = _kg.mse_errors(h, vlo, vhi, m0, m1, s, z, qmin, qmax, 4)
+        best = _ev.choose(low, high)  # exact errors: the best (ties: the largest alpha)
         idx = np.arange(c)
         lo = np.where(unset, self._min.reshape(-1), cand_lo[best, idx]).astype(_F32)
         hi = np.where(unset, self._max.reshape(-1), cand_hi[best, idx]).astype(_F32)

@@ -194,8 +194,9 @@ def _candidate(cnt, s1, s2, lo, hi, w, pre, s, z, qmin, qmax):  # pragma: no cov
     if j1 - j0 > nb:  # more boundaries than bins: every bin on its own
         for k in range(nb):
             if cnt[k]:
-                a, b = _bin_bounds(cnt[k], s1[k], s2[k], k - half + 0.5, lo[k], hi[k], w, s, z,
-                                   qmin, qmax)
+                a, b = _bin_bounds(
+                    cnt[k], s1[k], s2[k], k - half + 0.5, lo[k], hi[k], w, s, z, qmin, qmax
+                )
                 lsum += a
                 hsum += b
         return lsum, hsum
@@ -218,11 +219,11 @@ def _candidate(cnt, s1, s2, lo, hi, w, pre, s, z, qmin, qmax):  # pragma: no cov
             continue
         kc = first - half + 0.5
         if sw > 1.0:  # one boundary in the bin: the codes on its sides are known
-            a, b = _one_boundary(n, s1[first], s2[first], kc, lo[first] * iw, hi[first] * iw,
-                                 t, sw)
+            a, b = _one_boundary(n, s1[first], s2[first], kc, lo[first] * iw, hi[first] * iw, t, sw)
         else:
-            a, b = _bin_bounds(n, s1[first], s2[first], kc, lo[first], hi[first], w, s, z,
-                               qmin, qmax)
+            a, b = _bin_bounds(
+                n, s1[first], s2[first], kc, lo[first], hi[first], w, s, z, qmin, qmax
+            )
         lsum += a
         hsum += b
     return lsum, hsum
@@ -262,9 +263,9 @@ def grid_bounds(cnt, s1, s2, lo, hi, exps, scales, zps, qmin, qmax):  # pragma: 
     high = np.full((nk, nch), np.inf, np.float64)
     for c in prange(nch):
         w = 2.0 ** np.float64(exps[c])
-        pre = (np.zeros(nb + 1, np.int64), np.zeros(nb + 1, np.int64), np.zeros(nb + 1, np.int64),
-               np.zeros(nb + 1, np.float64), np.zeros(nb + 1, np.float64),
-               np.zeros(nb + 1, np.float64))
+        ints = np.zeros((3, nb + 1), np.int64)
+        flts = np.zeros((3, nb + 1), np.float64)
+        pre = (ints[0], ints[1], ints[2], flts[0], flts[1], flts[2])
         _prefix(cnt[c], s1[c], s2[c], half, *pre)
         clip = np.empty(nk, np.float64)
         for kk in range(nk):
@@ -275,8 +276,10 @@ def grid_bounds(cnt, s1, s2, lo, hi, exps, scales, zps, qmin, qmax):  # pragma: 
             if clip[kk] * w * w > best:
                 low[kk, c] = clip[kk] * w * w
                 continue
-            a, b = _candidate(cnt[c], s1[c], s2[c], lo[c], hi[c], w, pre,
-                              np.float64(scales[kk, c]), zps[kk, c], qmin, qmax)
+            sk = np.float64(scales[kk, c])
+            a, b = _candidate(
+                cnt[c], s1[c], s2[c], lo[c], hi[c], w, pre, sk, zps[kk, c], qmin, qmax
+            )
             low[kk, c] = a * w * w
             high[kk, c] = b * w * w
             best = min(best, high[kk, c])
