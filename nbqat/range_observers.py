@@ -395,12 +395,13 @@ class MSEObserver(_KeyHistBase):
             self.grid.add_batch(data, kind == "rows", self.ch_axis if self._per_channel else None)
 
     def merge(self, other: MSEObserver) -> MSEObserver:  # type: ignore[override]
-        """Add another observer's counts, values and min/max into this one (exact).
+        """Add another observer's counts, values (or fine grid) and min/max into this one.
 
         Parameters
         ----------
         other : MSEObserver of the same configuration (``mantissa_bits``, ``max_exact``)
-            Left unchanged.
+            Left unchanged. Counts, values and extremes merge exactly; past ``max_exact`` the
+            grids add, their moments to float64 rounding.
 
         Returns
         -------
