@@ -3,9 +3,10 @@
 Run: ``python -m pytest benchmarks/bench_observers.py --benchmark-enable -s``
 (``NBQAT_BENCH_SMALL=1`` for a smoke run). Figures printed as ``[nbqat-bench] ...``:
 
-* per tensor, 2^25 float32 and float16: ``vs_torch_aminmax`` = torch time / nbqat time on the
-  same array (median of interleaved pairs, target >= 1.0) and ``roof_fraction`` = fastest
-  parallel read of the same bytes / nbqat time (interleaved too, target >= 0.9);
+* per tensor, 2^25 float32 and float16, on one thread (Numba, torch and the roof):
+  ``vs_torch_aminmax`` = torch time / nbqat time on the same array (median of interleaved
+  pairs, target >= 1.0) and ``roof_fraction`` = fastest read of the same bytes / nbqat time
+  (interleaved too, target >= 0.9);
 * per channel, (4096, 8192), ch_axis 0 and 1: ``vs_torch_observer`` = torch
   ``PerChannelMinMaxObserver.forward`` time / nbqat time (target >= 2).
 
@@ -14,6 +15,7 @@ Ratios are reported, never asserted.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 from _roof import _parallel_read, bench_median, median_time, paired_ratio, read_roof, report
@@ -35,8 +37,19 @@ def _data(shape):
     return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
 
 
+@pytest.fixture
+def one_thread(torch):
+    """Numba, torch and the read roof on one thread (issue 32's convention), restored after."""
+    old = numba.get_num_threads(), torch.get_num_threads()
+    numba.set_num_threads(1)
+    torch.set_num_threads(1)
+    yield
+    numba.set_num_threads(old[0])
+    torch.set_num_threads(old[1])
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_per_tensor_update(benchmark, torch, dtype):
+def test_per_tensor_update(benchmark, torch, one_thread, dtype):
     x = _data(N).astype(dtype)
     obs = nbqat.MinMaxObserver()
     obs(x)  # compile / warm up

@@ -7,7 +7,8 @@ over the min/max observer's, how many channels are worse than min/max, the worst
 exact best candidate of each channel, and the time of ``calculate_qparams`` and of the
 observer's ``forward``.
 
-``max_exact=0`` is the histogram estimate alone (nbqat before the exact values were kept).
+``max_exact=0`` is the fine grid from the first batch (before issue 29's fine grid it was the
+histogram estimate alone: run this under an older nbqat for those rows).
 
 Run: ``python benchmarks/mse_vs_minmax.py`` (prints a Markdown table).
 """
@@ -86,7 +87,7 @@ def main() -> None:
     print(f"| {head} | forward | qparams | values | counts |")
     print("| --- " * 9 + "|")
     for name, w in data.items():
-        for extra in ({"max_exact": 0}, {}):  # 0: the histogram estimate (before)
+        for extra in ({"max_exact": 0}, {}):  # 0: the fine grid from the start
             print(case(name + " (64, 512)", w.astype(np.float32), **pc, **extra))
     x = np.concatenate([rng.standard_normal(20_000), [40.0, -35.0]]).astype(np.float32)
     for extra in ({"max_exact": 0}, {}):

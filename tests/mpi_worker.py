@@ -46,6 +46,9 @@ def quantizers():
         "hist": nbqat.HistogramObserver(bins=64),
         "pct": nbqat.PercentileObserver(percentile=99.0),
         "mse": nbqat.MSEObserver(qscheme="per_channel_affine", ch_axis=1, mantissa_bits=3),
+        # past max_exact after two batches: the fine grid, built in the shards' rank order
+        "mse_grid": nbqat.MSEObserver(qscheme="per_channel_affine", ch_axis=1, max_exact=10),
+        "mse_grid_t": nbqat.MSEObserver(max_exact=20, nonfinite="ignore"),
     }
 
 

@@ -56,3 +56,39 @@ def test_half_edge_batches(values):
     _same(S.stats_cpu_tensor(x), S.stats_cpu_tensor(x.astype(np.float32)))
     y = x.reshape(1, -1)
     _same(S.stats_cpu_channel(y, 0), S.stats_cpu_channel(y.astype(np.float32), 0))
+
+
+def _key_extremes(bits32):
+    """NumPy oracle: (min, max) order key of int32 bit patterns (the module's formula)."""
+    k = bits32 ^ ((bits32 >> 31) & np.int32(0x7FFFFFFF))
+    return int(k.min()), int(k.max())
+
+
+@pytest.mark.parametrize("width", [16, 32])
+@pytest.mark.parametrize("kind", ["any", "non-negative", "negative", "zeros"])
+def test_row_keys_three_reductions_equal_the_key_formula(rng, width, kind):
+    # row_keys reduces signed min/max and unsigned max of the raw bits, never the keys: the
+    # keys it derives must be the key formula's extremes for every sign mix, NaN and -0.0
+    dt, ut = (np.int16, np.uint16) if width == 16 else (np.int32, np.uint32)
+    hi = 1 << width
+    for n in (1, 2, 7, 64, 1000):
+        raw = rng.integers(0, hi, n, dtype=np.uint64).astype(ut)
+        if kind == "non-negative":
+            raw &= ut(hi // 2 - 1)
+        elif kind == "negative":
+            raw |= ut(hi // 2)
+        elif kind == "zeros":
+            raw = rng.choice(np.array([0, hi // 2], np.uint64), n).astype(ut)  # +0.0 and -0.0
+        b = raw.view(dt)
+        wide = b.astype(np.int32) << (32 - width)
+        for start, stop in ((0, n), (n // 3, n), (0, 0)):
+            got = K.row_keys(b, start, stop, K.KEY_POS_INF, K.KEY_NEG_INF)
+            want = (
+                _key_extremes(wide[start:stop])
+                if stop > start
+                else (int(K.KEY_POS_INF), int(K.KEY_NEG_INF))
+            )
+            assert (int(got[0]), int(got[1])) == want
+            if stop > start:  # running keys fold in
+                run = K.row_keys(b, start, stop, np.int32(want[0] + 1), np.int32(want[1] - 1))
+                assert (int(run[0]), int(run[1])) == want

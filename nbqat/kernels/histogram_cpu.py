@@ -100,14 +100,21 @@ def _bins_block(xs, bs, lo, hi, bins, keys, buf, mn, mx):  # pragma: no cover
     d = hi - lo
     fb = _F32(bins)
     top = _F32(bins - 1)
-    if keys:
+    if keys and xs.size:  # raw-bit reductions, keys derived once (observe_cpu.row_keys)
+        smin = bs[0]
+        smax = bs[0]
+        umax = np.uint32(bs[0])
         for j in range(xs.size):
-            k = order_key(bs[j])
-            mn = min(k, mn)
-            mx = max(k, mx)
+            w = bs[j]
+            smin = min(smin, w)
+            smax = max(smax, w)
+            umax = max(umax, np.uint32(w))
             v = xs[j]
             t = min((v - lo) * fb / d, top)
             buf[j] = np.int32(t if (v >= lo) & (v <= hi) else fb)
+        neg = np.int32(umax)
+        mn = min(mn, order_key(neg if neg < 0 else smin))
+        mx = max(mx, order_key(smax if smax >= 0 else smin))
     else:
         for j in range(xs.size):
             v = xs[j]

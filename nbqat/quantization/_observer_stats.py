@@ -10,6 +10,7 @@ channel.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -220,3 +221,18 @@ def batch_stats(x: Any, is_cuda: bool, axis: int | None) -> tuple[np.ndarray, ..
     if is_cuda:
         return stats_cuda(x, axis)
     return stats_cpu_tensor(x) if axis is None else stats_cpu_channel(x, axis)
+
+
+@functools.lru_cache(maxsize=4)
+def grid_edges(shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """float64 (lowest, highest) float32 value of every bin of the order-key grid (read-only;
+    0 for the NaN/Inf bins, which never hold counts)."""
+    nb = 1 << (32 - shift)
+    k = (np.arange(nb, dtype=np.int64) - (1 << (31 - shift))) << shift
+    with np.errstate(invalid="ignore"):
+        lo = decode(k).astype(np.float64)
+        hi = decode(k | ((1 << shift) - 1)).astype(np.float64)
+        ok = np.isfinite(lo) & np.isfinite(hi)
+    lo, hi = np.where(ok, lo, 0.0), np.where(ok, hi, 0.0)
+    lo.flags.writeable = hi.flags.writeable = False
+    return lo, hi

@@ -11,18 +11,15 @@ and the counts do not depend on the thread count or the CUDA schedule. Exact run
 
 * :class:`PercentileObserver`: ``[min, max] = [q(1 - p), q(p)]`` of the observed values
   (linear interpolation inside a bin), per tensor (TensorRT / ModelOpt's percentile calibration).
-* :class:`MSEObserver`: the clipping range ``alpha * [min_val, max_val]`` (``alpha`` on a grid of
-  ``num_candidates`` values in ``(0, 1]``) minimising the fake-quant mean squared error of the
-  histogram (values spread uniformly inside each bin), per tensor or per channel (weights too).
+* :class:`MSEObserver`: the range ``alpha * [min_val, max_val]`` (``num_candidates`` alphas in
+  ``(0, 1]``) of least fake-quant squared error on the values seen, per tensor or per channel.
 
 Non-finite values: ``nonfinite="raise"`` (default) rejects a batch with NaN/Inf and keeps the
-state; ``"ignore"`` skips them. ``"propagate"`` has no meaning for a histogram of finite values
-and is refused.
+state; ``"ignore"`` skips them; ``"propagate"`` (meaningless for a histogram) is refused.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -33,28 +30,13 @@ from nbqat._validate import split_axis
 from nbqat.kernels import keygrid_cpu as _kg
 from nbqat.quantization import _exact_values as _ev
 from nbqat.quantization._observer_args import int_in_range
-from nbqat.quantization._observer_stats import decode as _decode
 from nbqat.quantization._observer_stats import device as _device
+from nbqat.quantization._observer_stats import grid_edges as _grid_edges
 from nbqat.quantization.observers import _MinMaxBase
 
 __all__ = ["MSEObserver", "PercentileObserver"]
 
 _F32 = np.float32
-
-
-@functools.lru_cache(maxsize=4)
-def _grid_edges(shift: int) -> tuple[np.ndarray, np.ndarray]:
-    """float64 (lowest, highest) float32 value of every bin of the order-key grid (read-only;
-    0 for the NaN/Inf bins, which never hold counts)."""
-    nb = 1 << (32 - shift)
-    k = (np.arange(nb, dtype=np.int64) - (1 << (31 - shift))) << shift
-    with np.errstate(invalid="ignore"):
-        lo = _decode(k).astype(np.float64)
-        hi = _decode(k | ((1 << shift) - 1)).astype(np.float64)
-        ok = np.isfinite(lo) & np.isfinite(hi)
-    lo, hi = np.where(ok, lo, 0.0), np.where(ok, hi, 0.0)
-    lo.flags.writeable = hi.flags.writeable = False
-    return lo, hi
 
 
 class _KeyHistBase(_MinMaxBase):
@@ -323,37 +305,27 @@ class MSEObserver(_KeyHistBase):
     ch_axis : int, default 0
         Channel axis for the per-channel qschemes (weights: 0).
     mantissa_bits : int in [0, 10], default 7 (per tensor) / 5 (per channel)
-        Grid resolution (per channel the counts take ``C * 2 ** (9 + mantissa_bits)`` int64).
+        Resolution of the counts (per channel ``C * 2 ** (9 + mantissa_bits)`` int64).
     max_exact : int >= 0 or None, default None
         The observed values themselves are kept while no channel (per tensor: the tensor) has
         seen more than ``max_exact`` finite values; None: ``2 * 2 ** (9 + mantissa_bits)``
-        (32 768 per channel, 131 072 per tensor), float32 values taking at most the memory of
-        the counts. 0: never (the histogram estimate only).
+        (32 768 per channel, 131 072 per tensor). Beyond, the fine grid (0: from the start).
     dtype, qscheme, reduce_range, quant_min, quant_max, eps
         As :class:`~nbqat.MinMaxObserver` / :class:`~nbqat.PerChannelMinMaxObserver`.
     nonfinite : {"raise", "ignore"}, default "raise"
 
     Notes
     -----
-    While the values are kept (``exact_values``; e.g. a weight of up to 32 768 values a
-    channel, or a few steps of it), the error of every candidate is the exact squared
-    fake-quant error of those values, ``sum_v (fq(v) - v) ** 2`` in float64, ``fq`` the affine
-    or symmetric fake quantization with that candidate's qparams: the chosen range is the
-    exact best of the candidate set (to float64 rounding) on the data seen, so never worse
-    than min/max (``alpha = 1``). Cost (one core, measured): ``4 * n`` bytes a channel beside
-    the counts' ``8 * 2 ** (9 + mantissa_bits)`` ((64, 512): 128 KiB beside 8 MiB);
-    ``forward`` sorts the values (+1-3 ms for 32 768 or 100 000 values);
-    :meth:`calculate_qparams` is ``O(num_candidates * n)`` a channel: 5-6 ms for (64, 512)
-    (the histogram estimate: 22-26 ms), 17-30 ms for 100 000 values per tensor (estimate:
-    1 ms). The values merge exactly (the sorted multiset; a merge past ``max_exact`` gives them
-    up, as one observer that saw both would have).
-
-    Beyond ``max_exact`` (e.g. activations over many batches) the values are given up and the
-    error is estimated from the counts: ``sum_b n_b * mean_s (fq(v_bs) - v_bs) ** 2`` over the
-    grid bins with 4 points ``v_bs`` spread uniformly inside each (non-empty) bin. This is the
-    expected error of values distributed like the histogram, not the error of the particular
-    values: it carries no guarantee against min/max (on (64, 512) weights it chose ranges
-    worse than min/max in 13-21 of 64 channels, up to 14 % worse than the best candidate).
+    A candidate's error is the exact squared fake-quant error of the values seen,
+    ``sum_v (fq(v) - v) ** 2`` in float64. While the values are kept (``exact_values``, sorted,
+    exactly mergeable) every candidate is evaluated on them: the exact best is chosen. Beyond
+    ``max_exact`` a fine grid a channel (8192 bins, 65 536 per tensor, 256 KiB / 2 MiB; each
+    bin's count, moments and extremes; :mod:`nbqat.kernels.fine_grid_cpu`) gives each
+    candidate's error exactly over the bins inside one quantisation cell and bounds for the few
+    that straddle a boundary; the choice is the best of the candidates certainly no worse than
+    min/max (``alpha = 1``), else min/max: never worse than min/max on the data seen (to
+    float64 rounding), within the bound widths of the exact best (docs/semantics.md). The grid
+    merges exactly in counts and extremes, to float64 rounding in the moments.
 
     References
     ----------
@@ -376,41 +348,60 @@ class MSEObserver(_KeyHistBase):
         super()._configure_own(a)
         m = a["max_exact"]
         self.max_exact = 2 * self.nbins if m is None else int_in_range(m, "max_exact", 0)
+        self._grid_bins = _ev.GRID_BINS_CHANNEL if self._per_channel else _ev.GRID_BINS_TENSOR
 
     def reset_min_max_vals(self) -> None:
-        """Forget the statistics (no counts, no values, min/max unset)."""
+        """Forget the statistics (no counts, no values, no grid, min/max unset)."""
         super().reset_min_max_vals()
         self.exact_values = np.empty((0 if self._per_channel else 1, 0), _F32)
+        self.grid: _ev.Grid | None = None
 
     def _exact(self) -> bool:
         """Whether every finite value seen is in ``exact_values``."""
         return self.exact_values.shape[1] > 0 or not self.histogram.any()
 
+    def _seen(self) -> np.ndarray:
+        """(C,) int64: the finite values counted a channel (per tensor (1,))."""
+        return self.histogram.reshape(-1, self.nbins).sum(axis=1)
+
     def _batch_extra(self, a: Any, counts: np.ndarray, synced: bool) -> Any:
-        if not self._exact():
+        exact = self._exact()
+        if not exact and self.grid is None:  # the values were lost (an older state): estimate
             return None
-        n = counts.reshape(-1, self.nbins).sum(axis=1)
-        if self.histogram.size:
-            n = n + self.histogram.reshape(-1, self.nbins).sum(axis=1)
-        if n.max(initial=0) > self.max_exact:
-            return n.size  # give the values up (rows)
         h = _device(a).copy_to_host() if _cuda.is_cuda_array(a) else a
+        if not synced and not exact:  # the common case past max_exact: the batch as it is
+            return ("batch", h)
+        n = counts.reshape(-1, self.nbins).sum(axis=1)
+        n = n + self._seen() if self.histogram.size else n
         rows = _ev.batch_rows(h, self._per_channel, self.ch_axis if self._per_channel else 0)
-        return _ev.gather(self.process_group, rows) if synced else _ev.canonical(rows)
+        if not exact:  # synced: the global batch, the shards in rank order
+            return ("rows", _ev.gather_in_order(self.process_group, rows))
+        rows = _ev.gather(self.process_group, rows) if synced else _ev.canonical(rows)
+        return rows if n.max(initial=0) <= self.max_exact else ("start", rows)
 
     def _commit_extra(self, extra: Any) -> None:
-        if isinstance(extra, int):
-            self.exact_values = np.empty((extra, 0), _F32)
-        elif extra is not None:
-            self.exact_values = _ev.union(self.exact_values, extra)
+        if not isinstance(extra, tuple):
+            if extra is not None:
+                self.exact_values = _ev.union(self.exact_values, extra)
+            return
+        kind, data = extra
+        exps = self._grid_exponents()
+        if kind == "start":  # the values so far and this batch, sorted: as a merge builds it
+            both = _ev.union(self.exact_values, data)
+            self.grid = _ev.grid_of_values(both, exps, self._grid_bins)
+            self.exact_values = np.empty((exps.size, 0), _F32)
+        elif self.grid is not None:
+            self.grid.widen(exps)
+            self.grid.add_batch(data, kind == "rows", self.ch_axis if self._per_channel else None)
 
     def merge(self, other: MSEObserver) -> MSEObserver:  # type: ignore[override]
-        """Add another observer's counts, values and min/max into this one (exact).
+        """Add another observer's counts, values (or fine grid) and min/max into this one.
 
         Parameters
         ----------
         other : MSEObserver of the same configuration (``mantissa_bits``, ``max_exact``)
-            Left unchanged.
+            Left unchanged. Counts, values and extremes merge exactly; past ``max_exact`` the
+            grids add, their moments to float64 rounding.
 
         Returns
         -------
@@ -422,30 +413,39 @@ class MSEObserver(_KeyHistBase):
             As :meth:`nbqat.MinMaxObserver.merge`.
         """
         keep = isinstance(other, MSEObserver) and self._exact() and other._exact()
+        sides = [_ev.side(o) if isinstance(o, MSEObserver) else None for o in (self, other)]
         mine, theirs = self.exact_values, other.exact_values
         super().merge(other)
-        n = self.histogram.reshape(-1, self.nbins).sum(axis=1)
+        n = self._seen()
+        self.grid = None
         if keep and n.max(initial=0) <= self.max_exact:
             self.exact_values = _ev.union(mine, theirs) if theirs.shape[0] else mine.copy()
-        else:
-            self.exact_values = np.empty((n.size, 0), _F32)
+            return self
+        self.exact_values = np.empty((n.size, 0), _F32)
+        if n.size:
+            self.grid = _ev.merged_grid(sides, self._grid_exponents(), self._grid_bins)
         return self
+
+    def _grid_exponents(self) -> np.ndarray:
+        return _ev.grid_exponents(self._min.reshape(-1), self._max.reshape(-1), self._grid_bins)
 
     def _merge_key(self) -> tuple[object, ...]:
         return super()._merge_key() + (self.max_exact,)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """As :meth:`nbqat.PercentileObserver.state_dict`, and ``exact_values``: float32, each
-        channel's finite values ascending, (n,) per tensor or (C, n) per channel (rows padded
-        with +inf), with no column once the values were given up."""
+        """As :meth:`nbqat.PercentileObserver.state_dict`, ``exact_values`` (float32, each
+        channel's finite values ascending, (n,) or (C, n) padded with +inf; no column past
+        ``max_exact``) and the grid's ``grid_*`` arrays
+        (:meth:`nbqat.quantization._exact_values.Grid.state`)."""
         d = super().state_dict()
         v = self.exact_values
         d["exact_values"] = (v if self._per_channel else v.reshape(-1)).copy()
+        d.update(self.grid.state() if self.grid is not None else _ev.empty_grid_state())
         return d
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
-        """Load :meth:`state_dict` output (without ``exact_values``: the values are unknown,
-        the histogram estimate is used).
+        """Load :meth:`state_dict` output (without ``exact_values`` and the grid, e.g. an older
+        state: the values are unknown, the histogram estimate is used).
 
         Parameters
         ----------
@@ -455,24 +455,20 @@ class MSEObserver(_KeyHistBase):
         Raises
         ------
         KeyError, ValueError
-            As :meth:`nbqat.PercentileObserver.load_state_dict`; also for ``exact_values``
-            that are not the counted values. Nothing is changed on error.
+            As :meth:`nbqat.PercentileObserver.load_state_dict`; also for ``exact_values`` or
+            a grid that do not hold the counted values. Nothing is changed on error.
         """
         keys = list(state.keys()) if hasattr(state, "keys") else []
-        rest = {k: state[k] for k in keys if k != "exact_values"}
+        rest = {k: state[k] for k in keys if k not in ("exact_values",) + _ev.GRID_KEYS}
         ev = state["exact_values"] if "exact_values" in keys else None
-        before = (self.histogram, self._min, self._max, self.eps, self.exact_values)
+        before = (self.histogram, self._min, self._max, self.eps, self.exact_values, self.grid)
         super().load_state_dict(rest, strict)
-        n = self.histogram.reshape(-1, self.nbins).sum(axis=1)
-        v = np.empty((n.size, 0), _F32)
-        if ev is not None:
-            v = np.array(ev, dtype=_F32).reshape(n.size, -1) if n.size else v
-            try:
-                _ev.check(v, n)
-            except ValueError:
-                self.histogram, self._min, self._max, self.eps, self.exact_values = before
-                raise
-        self.exact_values = v
+        n = self._seen()
+        try:
+            self.exact_values, self.grid = _ev.load_values(ev, state, n, self._grid_bins)
+        except ValueError:
+            self.histogram, self._min, self._max, self.eps, self.exact_values, self.grid = before
+            raise
 
     def _range(self) -> tuple[np.ndarray, np.ndarray]:
         h, mins, maxs = self._bins_2d()
@@ -487,11 +483,13 @@ class MSEObserver(_KeyHistBase):
         qmin, qmax = float(self.quant_min), float(self.quant_max)
         with _jit.threads_for(_jit.PARALLEL_MIN if c > 1 else 0):  # per tensor: no wake-up
             if self._exact() and self.exact_values.shape[1]:
-                err = _kg.exact_mse_errors(self.exact_values, s, z, qmin, qmax)
-            else:
+                low = high = _kg.exact_mse_errors(self.exact_values, s, z, qmin, qmax)
+            elif self.grid is not None:
+                low, high = self.grid.bounds(s, z, qmin, qmax)
+            else:  # the values are unknown (an older state): the histogram estimate
                 vlo, vhi = _grid_edges(self._shift)
-                err = _kg.mse_errors(h, vlo, vhi, m0, m1, s, z, qmin, qmax, 4)
-        best = (k - 1) - np.argmin(err[::-1], axis=0)  # ties: the largest alpha
+                low = high = _kg.mse_errors(h, vlo, vhi, m0, m1, s, z, qmin, qmax, 4)
+        best = _ev.choose(low, high)  # exact errors: the best (ties: the largest alpha)
         idx = np.arange(c)
         lo = np.where(unset, self._min.reshape(-1), cand_lo[best, idx]).astype(_F32)
         hi = np.where(unset, self._max.reshape(-1), cand_hi[best, idx]).astype(_F32)
