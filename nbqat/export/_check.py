@@ -7,27 +7,15 @@ from typing import Any
 
 import numpy as np
 
-
-def _observed(fq: Any) -> bool:
-    obs = getattr(fq, "activation_post_process", None)
-    mn = getattr(obs, "min_val", None)
-    if mn is None:
-        return True
-    mn = np.asarray(mn, dtype=np.float64)
-    return mn.size > 0 and bool(np.all(np.isfinite(mn)))
+from nbqat._quantizer_base import check_observed
 
 
 def check_qat(qat: Any) -> None:
-    """Raise ValueError unless every quantizer of ``qat`` has observed data, fake-quantizes
-    (QAT phase) and is frozen; the message names the first offending quantizer."""
+    """Raise ValueError unless every quantizer of ``qat`` has observed data
+    (:func:`~nbqat._quantizer_base.check_observed`: ``UncalibratedError``, a ValueError),
+    fake-quantizes (QAT phase) and is frozen; the message names the first offending quantizer."""
     observe_only: set[str] = getattr(qat, "_observe_only", set())
-    never = [n for n, fq in qat.fake_quants.items() if not _observed(fq)]
-    if never:
-        raise ValueError(
-            f"cannot export: quantizer {never[0]!r} is uncalibrated (has never observed data"
-            + (f"; {len(never) - 1} more" if len(never) > 1 else "")
-            + "): calibrate first (qat.calibrate(batches)), then qat.freeze_observers()"
-        )
+    check_observed(qat.fake_quants)
     if qat.phase != "qat":
         raise ValueError(
             "cannot export: the QAT model is in its calibration phase (fake quantization off): "

@@ -28,15 +28,16 @@ from typing import Any
 
 import numpy as np
 
+from nbqat._quantizer_base import check_observed
 from nbqat.affine import fake_quantize_affine
-from nbqat.nn.int8 import Int8Linear, Int8LSTM, _qparams, quantize_per_tensor
+from nbqat.lowbit_quantize import Float8FakeQuantize, GroupFakeQuantize, PerTokenFakeQuantize
+from nbqat.nn.int8_arith import quantize_per_tensor
+from nbqat.nn.int8_layers import Int8Linear, Int8LSTM, _qparams
 
 __all__ = ["FakeQuantLinear", "GroupedLSTM", "GroupedLinear", "int_linear", "int_lstm"]
 
 
 def _kind(fq: Any) -> str:
-    from nbqat.lowbit_quantize import Float8FakeQuantize, GroupFakeQuantize, PerTokenFakeQuantize
-
     if fq is None:
         return "float"
     if isinstance(fq, GroupFakeQuantize):
@@ -196,11 +197,7 @@ class GroupedLinear:
 def _weight_qparams(fq: Any, w: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, tuple]:
     """Per-block ``(scale (N, K // B), zero_point, block_size)`` of a weight quantizer."""
     if _kind(fq) == "group":
-        if fq.block_size is None:
-            raise RuntimeError(
-                f"quantizer {name}.weight_fake_quant has never observed data: calibrate the QAT "
-                "model before to_int8() / convert()"
-            )
+        check_observed({name + ".weight_fake_quant": fq})
         block = tuple(fq.block_size)
         s = np.asarray(fq.scale, np.float32).reshape(w.shape[0], -1)
         z = np.asarray(fq.zero_point).astype(np.int32).reshape(w.shape[0], -1)
