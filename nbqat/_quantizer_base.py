@@ -5,6 +5,7 @@ context of the last forward and the state-dict plumbing around the observer's st
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -120,23 +121,23 @@ def check_observed(quantizers: Mapping[str, Any]) -> None:
 class RemovableHandle:
     """What :meth:`register_forward_pre_hook` returns: ``handle.remove()`` unregisters the
     hook (torch's ``torch.utils.hooks.RemovableHandle``); also a context manager that removes
-    it on exit."""
+    it on exit.
 
-    _next_id = 0
+    Parameters
+    ----------
+    hooks : dict
+        The quantizer's hook table the hook was added to.
+    """
 
-    def __init__(self, owner: Any) -> None:
-        self._owner = owner
-        self.id = RemovableHandle._next_id
-        RemovableHandle._next_id += 1
+    _ids = itertools.count()
+
+    def __init__(self, hooks: dict[int, Any]) -> None:
+        self.hooks = hooks
+        self.id = next(RemovableHandle._ids)
 
     def remove(self) -> None:
         """Unregister the hook (a second call does nothing)."""
-        hooks = self._owner._forward_pre_hooks
-        if not isinstance(hooks, dict):  # none registered (the class's read-only default)
-            return
-        hooks.pop(self.id, None)
-        if not hooks:  # the quantizer's attributes are as before the first registration
-            del self._owner._forward_pre_hooks
+        self.hooks.pop(self.id, None)
 
     def __enter__(self) -> RemovableHandle:
         return self
@@ -213,10 +214,10 @@ class _QuantizerPhases:
         """
         if not callable(hook):
             raise TypeError(f"register_forward_pre_hook: hook must be callable, got {hook!r}")
-        handle = RemovableHandle(self)
         if not isinstance(self._forward_pre_hooks, dict):  # the first one of this quantizer
             self._forward_pre_hooks = {}
-        self._forward_pre_hooks[handle.id] = hook  # type: ignore[index]
+        handle = RemovableHandle(self._forward_pre_hooks)  # type: ignore[arg-type]
+        handle.hooks[handle.id] = hook
         return handle
 
     def _run_forward_pre_hooks(self, x: Any) -> Any:

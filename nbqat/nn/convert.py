@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from nbqat._docs import INT8_RESULT, fill_doc
+from nbqat._quantizer_base import check_observed
 from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
 from nbqat.nn.int4 import int_linear, int_lstm
 from nbqat.nn.int8_layers import FrozenFakeQuantize
@@ -271,5 +272,6 @@ def convert_model(qat_model: Any) -> Int8Model:
 
     {int8_result}
     """
+    check_observed(qat_model.fake_quants)  # every quantizer named at once, before any copy
     net, layers = swap_modules(copy.deepcopy(qat_model.model))
     return Int8Model(net, layers)

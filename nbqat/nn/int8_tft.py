@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from nbqat._docs import FORECAST_IO, fill_doc
+from nbqat._quantizer_base import check_observed
 from nbqat.nn.convert import swap_modules
 from nbqat.nn.int8_arith import quantize_per_tensor
 from nbqat.nn.int8_layers import FrozenFakeQuantize, _qparams
@@ -66,9 +67,10 @@ class Int8TemporalFusionTransformer:
 
         Raises
         ------
-        RuntimeError
-            When a quantizer has never observed data.
+        UncalibratedError
+            When a quantizer has never observed data (a RuntimeError and a ValueError).
         """
+        check_observed(qat.fake_quants)  # every quantizer named at once (as the export does)
         self = cls()
         model = _float32_prepared(qat.model)
         model, layers = swap_modules(model)
