@@ -66,8 +66,20 @@ class QuantizedLinear(Module):
 
     @classmethod
     def from_float(cls, linear: Any, name: str) -> QuantizedLinear | None:
-        """The integer module of a QAT ``Linear`` (torch's ``from_float``); None when it has no
-        weight quantizer (it stays float)."""
+        """The integer module of a QAT ``Linear`` (torch's ``from_float``).
+
+        Parameters
+        ----------
+        linear : Linear
+            A layer of a calibrated prepared network (its quantizers are read).
+        name : str
+            Its path, for error messages.
+
+        Returns
+        -------
+        QuantizedLinear or None
+            None when the layer has no weight quantizer (it stays float).
+        """
         return None if linear.weight_fake_quant is None else cls(linear, name)
 
     @property
@@ -114,7 +126,20 @@ class QuantizedLSTM(Module):
 
     @classmethod
     def from_float(cls, lstm: Any, name: str) -> QuantizedLSTM | None:
-        """The integer module of a QAT ``LSTM``; None when it has no weight quantizer."""
+        """The integer module of a QAT ``LSTM``.
+
+        Parameters
+        ----------
+        lstm : LSTM
+            A layer of a calibrated prepared network (its four quantizers are read).
+        name : str
+            Its path, for error messages.
+
+        Returns
+        -------
+        QuantizedLSTM or None
+            None when the layer has no weight quantizer (it stays float).
+        """
         return None if lstm.weight_ih_fake_quant is None else cls(lstm, name)
 
     def forward(self, x: np.ndarray, h0: np.ndarray, c0: np.ndarray) -> Any:
