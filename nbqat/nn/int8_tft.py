@@ -17,7 +17,7 @@ from nbqat._quantizer_base import check_observed
 from nbqat.nn.convert import swap_modules
 from nbqat.nn.int8_arith import quantize_per_tensor
 from nbqat.nn.int8_layers import FrozenFakeQuantize, _qparams
-from nbqat.nn.layers import LSTM, InterpretableMultiHeadAttention, Linear
+from nbqat.nn.qat_mappings import hooks_for
 from nbqat.nn.tft import TemporalFusionTransformer
 
 __all__ = ["FrozenFakeQuantize", "Int8TemporalFusionTransformer"]
@@ -121,26 +121,17 @@ class Int8TemporalFusionTransformer:
         )
 
 
-#: The hooks :func:`_float32_prepared` copies, by layer type: those of the layers the int8 model
-#: converts (a Linear / LSTM with a weight quantizer, the attention probabilities).
-_HOOKS = {
-    Linear: ("weight_fake_quant", "input_fake_quant"),
-    LSTM: ("weight_ih_fake_quant", "weight_hh_fake_quant", "input_fake_quant", "hidden_fake_quant"),
-    InterpretableMultiHeadAttention: ("attention_fake_quant",),
-}
-
-
 def _float32_prepared(src: Any) -> Any:
-    """A float32 copy of the QAT network ``src`` (a new TFT, its parameters cast to float32)
-    holding ``src``'s own quantizers (shared, only read) in the hooks of the layers to convert:
-    every Linear / LSTM with a weight quantizer and the attention probabilities."""
+    """A float32 copy of the prepared QAT network ``src`` (a new TFT, its parameters cast to
+    float32) holding ``src``'s own quantizers (shared, only read) in the same hooks
+    (:func:`~nbqat.nn.qat_mappings.hooks_for`): what :func:`~nbqat.nn.convert.swap_modules`
+    converts, as the generic :func:`~nbqat.nn.convert.convert_model` converts a deep copy."""
     model = TemporalFusionTransformer(src.config, dtype=np.float32)
     model.params[...] = src.params.astype(np.float32)
     src_mods = dict(src.named_modules())
     for name, mod in model.named_modules():
-        s = src_mods[name]
-        for cls, hooks in _HOOKS.items():
-            if isinstance(mod, cls) and getattr(s, hooks[0]) is not None:
-                for hook in hooks:
-                    setattr(mod, hook, getattr(s, hook))
+        for hook in hooks_for(mod) or ():
+            fq = getattr(src_mods[name], hook, None)
+            if fq is not None:
+                setattr(mod, hook, fq)
     return model
