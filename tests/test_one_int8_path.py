@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 from nbqat import FakeQuantize, LearnableFakeQuantize, QATConfig
-from nbqat._quantizer_base import UncalibratedError, check_observed, is_observed
-from nbqat.lowbit_quantize import GroupFakeQuantize
 from nbqat.nn import TemporalFusionTransformer, TFTConfig
 from nbqat.nn.convert import QUANTIZED_MODULE_MAPPINGS, QuantizedLinear, QuantizedLSTM
 from nbqat.nn.layers import LSTM, Linear
 from nbqat.nn.qat import QATTemporalFusionTransformer
+from nbqat.quantization._quantizer_base import UncalibratedError, check_observed, is_observed
+from nbqat.quantization.lowbit_quantize import GroupFakeQuantize
 
 PKG = Path(__file__).resolve().parents[1] / "nbqat"
 PATCHED = {"forward", "backward", "__call__"}

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nbqat._quantizer_base import check_observed
+from nbqat.quantization._quantizer_base import check_observed
 
 
 def check_qat(qat: Any) -> None:

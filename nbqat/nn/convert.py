@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 
 from nbqat._docs import INT8_RESULT, fill_doc
-from nbqat._quantizer_base import check_observed
-from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
 from nbqat.nn.int4 import int_linear, int_lstm
 from nbqat.nn.int8_layers import FrozenFakeQuantize
 from nbqat.nn.layers import LSTM, Linear
 from nbqat.nn.params import Module
 from nbqat.nn.phases import QATPhases
 from nbqat.nn.qat_mappings import hooks_for
+from nbqat.quantization._quantizer_base import check_observed
+from nbqat.quantization.fake_quantize import FakeQuantize, LearnableFakeQuantize
 
 __all__ = [
     "QUANTIZED_MODULE_MAPPINGS",

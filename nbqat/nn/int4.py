@@ -28,11 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from nbqat._quantizer_base import check_observed
-from nbqat.affine import fake_quantize_affine
-from nbqat.lowbit_quantize import Float8FakeQuantize, GroupFakeQuantize, PerTokenFakeQuantize
 from nbqat.nn.int8_arith import quantize_per_tensor
 from nbqat.nn.int8_layers import Int8Linear, Int8LSTM, _qparams
+from nbqat.quantization._quantizer_base import check_observed
+from nbqat.quantization.affine import fake_quantize_affine
+from nbqat.quantization.lowbit_quantize import (
+    Float8FakeQuantize,
+    GroupFakeQuantize,
+    PerTokenFakeQuantize,
+)
 
 __all__ = ["FakeQuantLinear", "GroupedLSTM", "GroupedLinear", "int_linear", "int_lstm"]
 

@@ -33,7 +33,6 @@ from here.
 
 from __future__ import annotations
 
-from nbqat._quantizer_base import UncalibratedError
 from nbqat.nn.int8_arith import (
     accumulator_dtype,
     qlinear,
@@ -42,6 +41,7 @@ from nbqat.nn.int8_arith import (
 )
 from nbqat.nn.int8_layers import FrozenFakeQuantize, Int8Linear, Int8LSTM
 from nbqat.nn.int8_tft import Int8TemporalFusionTransformer
+from nbqat.quantization._quantizer_base import UncalibratedError
 
 __all__ = [
     "Int8LSTM",

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from nbqat._quantizer_base import check_observed
 from nbqat.kernels import nn_cpu
 from nbqat.kernels.int8_cpu import (
     F32_EXACT,
@@ -26,6 +25,7 @@ from nbqat.nn.int8_arith import (
     quantize_per_tensor,
 )
 from nbqat.nn.phases import is_learnable
+from nbqat.quantization._quantizer_base import check_observed
 
 __all__ = ["FrozenFakeQuantize", "Int8LSTM", "Int8Linear"]
 

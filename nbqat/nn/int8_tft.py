@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 
 from nbqat._docs import FORECAST_IO, fill_doc
-from nbqat._quantizer_base import check_observed
 from nbqat.nn.convert import swap_modules
 from nbqat.nn.int8_arith import quantize_per_tensor
 from nbqat.nn.int8_layers import FrozenFakeQuantize, _qparams
 from nbqat.nn.qat_mappings import hooks_for
 from nbqat.nn.tft import TemporalFusionTransformer
+from nbqat.quantization._quantizer_base import check_observed
 
 __all__ = ["FrozenFakeQuantize", "Int8TemporalFusionTransformer"]
 

@@ -22,7 +22,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_step_args", "step_once", "train_step"]
+from nbqat.clip import clip_coef, get_total_norm
+from nbqat.nn.loss import quantile_loss, quantile_loss_grad
+from nbqat.nn.phases import QATPhases
+
+__all__ = ["check_step_args", "float_network", "train_step"]
 
 
 def train_step(
@@ -43,7 +47,7 @@ def train_step(
         :class:`~nbqat.nn.qat.QATTemporalFusionTransformer`:
         ``forward(static, historical, future) -> (B, tau, Q)``, ``backward``, ``params``,
         ``grads``, ``zero_grad`` and ``config`` (``quantiles``, ``prediction_horizon``). A QAT
-        model's own ``train_step`` runs (it counts its steps).
+        model counts the step (:meth:`~nbqat.nn.phases.QATPhases.count_step`).
     batch : (static (B, m_s), historical (B, k, m_z), future (B, tau, m_x), target (B, tau))
     optimizer : nbqat.SGD, nbqat.Adam or nbqat.AdamW
         Built over ``model.params``.
@@ -71,57 +75,10 @@ def train_step(
     The update folds torch's coefficient ``min(max_norm / (total + 1e-6), 1)``
     (:func:`nbqat.clip.clip_coef`, in the gradients' dtype) into the fused optimizer step.
     """
-    if hasattr(model, "train_step"):  # a QAT model: its step count and optimizer
-        return model.train_step(batch, optimizer, max_norm, grad_hook=grad_hook)
-    return step_once(model, batch, optimizer, max_norm, grad_hook)
-
-
-def _lsq_group(model: Any, optimizer: Any) -> list[Any]:
-    """The learnable quantizers of ``model``; their parameter group added to ``optimizer``
-    (with its own hyper-parameters) when it has none yet."""
-    learn = model.learnable_quantizers() if hasattr(model, "learnable_quantizers") else []
-    if learn:
-        src = model.quantizer_parameters()
-        if not callable(getattr(optimizer, "add_param_group", None)):
-            raise ValueError(
-                "learnable quantizers (LSQ) need an nbqat optimizer with parameter groups "
-                f"(nbqat.SGD/Adam/AdamW), got {type(optimizer).__name__}"
-            )
-        if not optimizer.has_param_group(src):
-            optimizer.add_param_group({"params": src})
-    return learn
-
-
-def step_once(
-    model: Any,
-    batch: Sequence[np.ndarray],
-    optimizer: Any,
-    max_norm: float | None = None,
-    grad_hook: Callable[[list[np.ndarray]], None] | None = None,
-) -> tuple[float, float]:
-    """The body of :func:`train_step` (without a QAT model's bookkeeping).
-
-    Parameters
-    ----------
-    model, batch, optimizer, max_norm, grad_hook
-        As :func:`train_step`.
-
-    Returns
-    -------
-    (loss, total_norm) : (float, float)
-
-    Raises
-    ------
-    ValueError
-        As :func:`train_step`.
-    """
-    from nbqat.clip import clip_coef, get_total_norm
-    from nbqat.nn.loss import quantile_loss, quantile_loss_grad
-
     static, historical, future, target, max_norm = check_step_args(
         model, batch, optimizer, max_norm
     )
-    q = getattr(model, "model", model).config.quantiles  # a QAT model wraps the float one
+    q = float_network(model).config.quantiles
     learn = _lsq_group(model, optimizer)
     model.zero_grad()
     out = model.forward(static, historical, future)
@@ -135,7 +92,40 @@ def step_once(
     if max_norm is not None and not math.isinf(max_norm):
         coef = float(clip_coef(total, max_norm, model.grads.dtype))
     optimizer.step(model.grads, grad_scale=coef)  # every parameter group, one coefficient
+    if isinstance(model, QATPhases):  # a QAT model: its step count and optimizer (checkpoints)
+        model.count_step(optimizer)
     return float(loss), total
+
+
+def float_network(model: Any) -> Any:
+    """The float forecaster of ``model``: ``model`` itself, or the one a QAT model wraps.
+
+    Parameters
+    ----------
+    model : forecaster or QAT model
+
+    Returns
+    -------
+    forecaster
+        Its ``config`` holds ``quantiles`` and ``prediction_horizon``.
+    """
+    return model.model if isinstance(model, QATPhases) else model
+
+
+def _lsq_group(model: Any, optimizer: Any) -> list[Any]:
+    """The learnable quantizers of ``model``; their parameter group added to ``optimizer``
+    (with its own hyper-parameters) when it has none yet."""
+    learn = model.learnable_quantizers() if isinstance(model, QATPhases) else []
+    if learn:
+        src = model.quantizer_parameters()
+        if not callable(getattr(optimizer, "add_param_group", None)):
+            raise ValueError(
+                "learnable quantizers (LSQ) need an nbqat optimizer with parameter groups "
+                f"(nbqat.SGD/Adam/AdamW), got {type(optimizer).__name__}"
+            )
+        if not optimizer.has_param_group(src):
+            optimizer.add_param_group({"params": src})
+    return learn
 
 
 def _check_batch(batch: Any) -> tuple[Any, Any, Any, np.ndarray]:
@@ -174,7 +164,7 @@ def check_step_args(model: Any, batch: Any, optimizer: Any, max_norm: Any) -> tu
         an optimizer over other parameters.
     """
     static, historical, future, target = _check_batch(batch)
-    cfg = getattr(model, "model", model).config
+    cfg = float_network(model).config
     nb = np.shape(static)[0] if np.ndim(static) >= 1 else -1
     if target.shape != (nb, cfg.prediction_horizon):
         raise ValueError(
@@ -196,7 +186,7 @@ def check_step_args(model: Any, batch: Any, optimizer: Any, max_norm: Any) -> tu
         raise ValueError(f"optimizer must be an nbqat optimizer, got {type(optimizer)}")
     p = getattr(optimizer, "params", None)
     if isinstance(p, np.ndarray) and not np.shares_memory(p, model.params):
-        name = "qat" if hasattr(model, "fake_quants") else "model"
+        name = "qat" if isinstance(model, QATPhases) else "model"
         raise ValueError(
             f"optimizer does not update this model's parameters: build it over {name}.params "
             f"(e.g. nbqat.Adam({name}.params, lr=1e-3))"

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from numbers import Integral
 from typing import Any
 
-from nbqat import checkpoint as ckpt
+from nbqat.train import checkpoint_schema as ckpt
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -94,7 +94,7 @@ class TrainConfig:
     ema_decay: float | None = None  # EMA of the float weights, evaluated and kept (0: off)
     plateau_factor: float | None = None  # the learning rate's factor after a plateau (0: stop)
     overwrite: bool = False
-    observer: str = "minmax"  # activation observer (nbqat.report.OBSERVERS, or "all")
+    observer: str = "minmax"  # activation observer (nbqat.train.report.OBSERVERS, or "all")
     sensitivity: bool = False
     float_fallback: int = 0
     model: str = "tft"  # the forecaster (nbqat.nn.forecasters.FORECASTERS)
@@ -220,8 +220,8 @@ class TrainConfig:
         """The QConfig of the run's QAT model: ``--observer``'s activation observer (``all``
         trains with min/max) and the ``--weight-bits`` / ``--group-size`` / ``--weight-dtype``
         weights. The one definition, for training and for loading a finished run."""
-        from nbqat.qconfig import weight_format_qconfig
-        from nbqat.report import activation_qconfig
+        from nbqat.quantization.qconfig import weight_format_qconfig
+        from nbqat.train.report import activation_qconfig
 
         obs = self.observer if self.observer != "all" else "minmax"
         return weight_format_qconfig(activation_qconfig(obs), self)
