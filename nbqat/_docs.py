@@ -60,8 +60,8 @@ Int8Model
 
 Raises
 ------
-RuntimeError
-    A quantizer has never observed data (calibrate first)."""
+UncalibratedError
+    A quantizer has never observed data (calibrate first; a RuntimeError and a ValueError)."""
 
 
 def fill_doc(**blocks: str) -> Callable[[T], T]:

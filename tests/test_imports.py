@@ -43,8 +43,8 @@ def test_every_module_imports_first():
 
 
 def test_lazy_re_exports_are_listed_and_resolve():
-    # PEP 562: the names nbqat.nn.int8 re-exports lazily are in dir() (completion, help) and
-    # are the objects of their home module.
+    # the names nbqat.nn.int8 re-exports (plain imports since issue 28: no PEP 562
+    # __getattr__, no import circle) are in dir() and are the objects of their home module.
     import nbqat.nn.int8 as m
     from nbqat.nn import int8_tft
 
@@ -52,3 +52,4 @@ def test_lazy_re_exports_are_listed_and_resolve():
     for name in ("FrozenFakeQuantize", "Int8TemporalFusionTransformer"):
         assert getattr(m, name) is getattr(int8_tft, name)
     assert not hasattr(m, "NoSuchName")
+    assert "__getattr__" not in vars(m)

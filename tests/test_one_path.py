@@ -220,11 +220,12 @@ def test_the_fused_helpers_write_no_attribute():
 
 
 def test_one_observed_yet_check():
-    """``has_observed`` is the one "observed yet?" rule (conversion and export use it)."""
+    """``is_observed`` is the one "observed yet?" rule; conversion and export ask it through
+    ``check_observed`` (one exception, one message)."""
     import numpy as np
 
     import nbqat
-    from nbqat.quantization._quantizer_base import has_observed
+    from nbqat.quantization._quantizer_base import is_observed
     from nbqat.quantization.lowbit_quantize import (
         Float8FakeQuantize,
         GroupFakeQuantize,
@@ -238,17 +239,17 @@ def test_one_observed_yet_check():
         nbqat.FakeQuantize(observer=nbqat.HistogramObserver),
         GroupFakeQuantize(4),
     ):
-        assert not has_observed(fq), fq
+        assert not is_observed(fq), fq
         fq(x)
-        assert has_observed(fq), fq
+        assert is_observed(fq), fq
     for fq in (PerTokenFakeQuantize(), Float8FakeQuantize()):  # qparams of each batch
-        assert has_observed(fq)
-    users = {"nbqat/export/_check.py", "nbqat/nn/int8.py", "nbqat/nn/int4.py"}
+        assert is_observed(fq)
+    users = {"nbqat/export/_check.py", "nbqat/nn/int8_layers.py", "nbqat/nn/int4.py"}
     calls = {
         f
         for f, t in _modules()
         if any(
-            isinstance(n, ast.Call) and getattr(n.func, "id", None) == "has_observed"
+            isinstance(n, ast.Call) and getattr(n.func, "id", None) == "check_observed"
             for n in ast.walk(t)
         )
     }

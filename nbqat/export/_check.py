@@ -7,20 +7,16 @@ from typing import Any
 
 import numpy as np
 
-from nbqat.quantization._quantizer_base import has_observed
+from nbqat.quantization._quantizer_base import check_observed
 
 
 def check_qat(qat: Any) -> None:
-    """Raise ValueError unless every quantizer of ``qat`` has observed data, fake-quantizes
-    (QAT phase) and is frozen; the message names the first offending quantizer."""
+    """Raise ValueError unless every quantizer of ``qat`` has observed data
+    (:func:`~nbqat.quantization._quantizer_base.check_observed`: ``UncalibratedError``, a
+    ValueError), fake-quantizes (QAT phase) and is frozen; the message names the first
+    offending quantizer."""
     observe_only: set[str] = getattr(qat, "_observe_only", set())
-    never = [n for n, fq in qat.fake_quants.items() if not has_observed(fq)]
-    if never:
-        raise ValueError(
-            f"cannot export: quantizer {never[0]!r} is uncalibrated (has never observed data"
-            + (f"; {len(never) - 1} more" if len(never) > 1 else "")
-            + "): calibrate first (qat.calibrate(batches)), then qat.freeze_observers()"
-        )
+    check_observed(qat.fake_quants)
     if qat.phase != "qat":
         raise ValueError(
             "cannot export: the QAT model is in its calibration phase (fake quantization off): "

@@ -72,18 +72,19 @@ class GraphBuilder:
     ----------
     opset : int
         The default-domain opset the nodes are written for.
-    int8_layers : dict
-        ``Int8TemporalFusionTransformer.layers``: the quantized Linear / LSTM layers by module
-        name (a Linear not in it is exported in float).
+    int8_layers : dict, optional
+        The integer model's ``layers`` (its integer Linear / LSTM layers by module name), kept
+        as :attr:`layers` for reference; the emitters dispatch on the module types (a
+        :class:`~nbqat.nn.QuantizedLinear` emits its integer matmul, a ``Linear`` a float one).
     """
 
-    def __init__(self, opset: int, int8_layers: dict[str, Any]) -> None:
+    def __init__(self, opset: int, int8_layers: dict[str, Any] | None = None) -> None:
         from onnx import helper, numpy_helper
 
         self._helper = helper
         self._np_helper = numpy_helper
         self.opset = int(opset)
-        self.layers = int8_layers
+        self.layers = {} if int8_layers is None else int8_layers
         self.nodes: list[Any] = []
         self.initializers: list[Any] = []
         self._names: set[str] = set()
@@ -165,12 +166,9 @@ class GraphBuilder:
 
     def weight_dq(self, lin: Any, hint: str) -> str:
         """The (K, N) float weight of an ``Int8Linear`` as int codes + per-axis
-        DequantizeLinear (``axis=1``: one scale per output channel of ``x @ W``); a low-bit
-        layer's (grouped int4, float8) from :func:`nbqat.export.lowbit.weight_dq`."""
-        if not hasattr(lin, "weight_q") or hasattr(lin, "block_size"):
-            from nbqat.export.lowbit import weight_dq
-
-            return weight_dq(self, lin, hint)
+        DequantizeLinear (``axis=1``: one scale per output channel of ``x @ W``); the low-bit
+        layers' are :func:`nbqat.export.lowbit.weight_dq`
+        (:func:`nbqat.export.emitters.weight_dq` picks by layer type)."""
         dt = storage_dtype(
             int(lin.weight_q.min()) if lin.weight_q.size else 0,
             int(lin.weight_q.max()) if lin.weight_q.size else 0,

@@ -1,12 +1,17 @@
-"""One ONNX emitter per nbqat layer type.
+"""One ONNX emitter per nbqat layer type: the one registry of every exported model.
 
 An emitter has the signature ``emit(g, name, module, *inputs, **options) -> outputs`` where
 ``g`` is the :class:`~nbqat.export._graph.GraphBuilder`, ``name`` the module's dotted name in
-the model (it keys the int8 layer and names the nodes) and the inputs/outputs are ONNX tensor
-names. :func:`emit` dispatches on the module's type through :data:`EMITTERS`; supporting a new
-layer is one more function registered there. Each emitter follows the float arithmetic of the
-nbqat layer it mirrors (the order of additions included), with a QuantizeLinear ->
-DequantizeLinear pair at every point where the QAT model fake-quantizes.
+the model (it names the nodes) and the inputs/outputs are ONNX tensor names. :func:`emit`
+dispatches on the module's type through :data:`EMITTERS`; supporting a new layer is one more
+function registered there. The integer model of either forecaster (``to_int8()`` /
+:func:`nbqat.nn.convert`) holds :class:`~nbqat.nn.QuantizedLinear` /
+:class:`~nbqat.nn.QuantizedLSTM` modules where the QAT model quantized, so the float layer types
+emit float operators and the integer ones a QuantizeLinear -> DequantizeLinear pair at every
+point where the QAT model fake-quantizes (int8, grouped int4 and float8 weights:
+:mod:`nbqat.export.lowbit`). Each emitter follows the float arithmetic of the nbqat layer it
+mirrors (the order of additions included). The forecasters' own data flow (the TFT's,
+:class:`~nbqat.nn.LSTMForecaster`'s) are emitters of their types too.
 """
 
 from __future__ import annotations
@@ -16,8 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from nbqat.export import lowbit
 from nbqat.export._graph import GraphBuilder, QParams
 from nbqat.nn import layers
+from nbqat.nn.convert import QuantizedLinear, QuantizedLSTM
+from nbqat.nn.int8_layers import Int8Linear
+from nbqat.nn.lstm_forecaster import LSTMForecaster
 
 Emitter = Callable[..., Any]
 #: The emitter of each layer type (exact type match first, then ``isinstance``).
@@ -69,17 +78,25 @@ def _input_qparams(lin: Any, name: str) -> QParams:
 def _quant_in(g: GraphBuilder, x: str, lin: Any, qname: str, hint: str) -> str:
     """``DQ(Q(x))`` with an ``Int8Linear``'s input qparams; a low-bit layer's input
     quantization (per token, float8, none) from :func:`nbqat.export.lowbit.quantize_input`."""
-    if type(lin).__name__ == "Int8Linear":
+    if type(lin) is Int8Linear:
         return g.qdq(x, _input_qparams(lin, qname), hint)
-    from nbqat.export.lowbit import quantize_input
+    return lowbit.quantize_input(g, x, lin, qname, hint)
 
-    return quantize_input(g, x, lin, qname, hint)
+
+def weight_dq(g: GraphBuilder, lin: Any, hint: str) -> str:
+    """The (K, N) float weight of an integer layer: int8 codes + per-axis DequantizeLinear
+    (:meth:`GraphBuilder.weight_dq <nbqat.export._graph.GraphBuilder.weight_dq>`), a low-bit
+    layer's (grouped int4, float8) from :func:`nbqat.export.lowbit.weight_dq`."""
+    if type(lin) is Int8Linear:
+        return g.weight_dq(lin, hint)
+    return lowbit.weight_dq(g, lin, hint)
 
 
 def qlinear(g: GraphBuilder, name: str, lin: Any, x: str, bias: Any = None) -> str:
-    """The quantized matmul of an ``Int8Linear``: ``DQ(Q(x)) @ DQ(W_q)`` [+ ``bias``]."""
+    """The quantized matmul of an ``Int8Linear`` (or a low-bit twin):
+    ``DQ(Q(x)) @ DQ(W_q)`` [+ ``bias``]."""
     xq = _quant_in(g, x, lin, name + ".input_fake_quant", name + ".input")
-    y = g.node("MatMul", [xq, g.weight_dq(lin, name)], name)
+    y = g.node("MatMul", [xq, weight_dq(g, lin, name)], name)
     if bias is not None:
         y = g.node("Add", [y, g.init(name + ".bias", np.asarray(bias, np.float32))], name)
     return y
@@ -89,17 +106,22 @@ def qlinear(g: GraphBuilder, name: str, lin: Any, x: str, bias: Any = None) -> s
 def emit_linear(
     g: GraphBuilder, name: str, mod: layers.Linear, x: str, add_bias: bool = True
 ) -> str:
-    """``x @ W.T + b`` over the last axis; quantized: ``DQ(Q(x)) @ DQ(W_q)`` (+ b)."""
-    lin = g.layers.get(name)
+    """A float layer (the quantile head by default): ``x @ W.T + b`` over the last axis."""
     with_bias = mod.has_bias and add_bias
-    if lin is not None:
-        return qlinear(g, name, lin, x, lin.bias if with_bias else None)
-    # float layer (the quantile head by default)
     w = g.init(name + ".weight", np.asarray(mod.weight, np.float32).T)
     y = g.node("MatMul", [x, w], name)
     if with_bias:
         y = g.node("Add", [y, g.init(name + ".bias", np.asarray(mod.bias, np.float32))], name)
     return y
+
+
+@register(QuantizedLinear)
+def emit_quantized_linear(
+    g: GraphBuilder, name: str, mod: QuantizedLinear, x: str, add_bias: bool = True
+) -> str:
+    """A converted Linear: ``DQ(Q(x)) @ DQ(W_q)`` (+ b when the layer has a bias)."""
+    lin = mod.int8
+    return qlinear(g, name, lin, x, lin.bias if mod.has_bias and add_bias else None)
 
 
 @register(layers.LayerNorm)
@@ -165,9 +187,9 @@ def emit_grn(
     return emit(g, name + ".gate", mod.gate, eta1, skip)
 
 
-def _bias(g: GraphBuilder, name: str, mod: layers.Linear) -> np.ndarray:
-    lin = g.layers.get(name)
-    return np.asarray(mod.bias if lin is None else lin.bias, np.float32)
+def _bias(g: GraphBuilder, name: str, mod: Any) -> np.ndarray:
+    """The float32 bias of a Linear or a QuantizedLinear (the int8 layer's copy)."""
+    return np.asarray(mod.bias, np.float32)
 
 
 @register(layers.VariableSelectionNetwork)
@@ -205,24 +227,35 @@ def emit_vsn(
 def emit_lstm(
     g: GraphBuilder, name: str, mod: layers.LSTM, x: str, h0: str, c0: str, steps: int
 ) -> tuple[str, str, str]:
-    """The LSTM UNROLLED over its ``steps`` (fixed by the model's config): the input projection
-    of all steps is one MatMul (input quantized once, as in training), and at every step
-    ``h_{t-1}`` goes through the hidden-state Q/DQ before ``W_hh``, exactly where training's
-    ``hidden_fake_quant`` sits. Returns ``(out (B, L, d), h_L, c_L)``."""
-    d = mod.hidden_size
-    lstm = g.layers.get(name)
-    if lstm is not None:
-        xq = _quant_in(g, x, lstm.ih, name + ".input_fake_quant", name + ".input")
-        w_ih = g.weight_dq(lstm.ih, name + ".ih")
-        w_hh = g.weight_dq(lstm.hh, name + ".hh")
-        bias = np.asarray(lstm.ih.bias, np.float32)
-        hqp: Any = lstm.hh
-    else:
-        xq = x
-        w_ih = g.init(name + ".weight_ih", np.asarray(mod.weight_ih, np.float32).T)
-        w_hh = g.init(name + ".weight_hh", np.asarray(mod.weight_hh, np.float32).T)
-        bias = np.asarray(mod.bias_ih + mod.bias_hh, np.float32)
-        hqp = None
+    """A float LSTM UNROLLED over its ``steps`` (:func:`_unrolled_lstm`). Returns
+    ``(out (B, L, d), h_L, c_L)``."""
+    w_ih = g.init(name + ".weight_ih", np.asarray(mod.weight_ih, np.float32).T)
+    w_hh = g.init(name + ".weight_hh", np.asarray(mod.weight_hh, np.float32).T)
+    bias = np.asarray(mod.bias_ih + mod.bias_hh, np.float32)
+    return _unrolled_lstm(g, name, mod.hidden_size, x, (w_ih, w_hh, bias, None), h0, c0, steps)
+
+
+@register(QuantizedLSTM)
+def emit_quantized_lstm(
+    g: GraphBuilder, name: str, mod: QuantizedLSTM, x: str, h0: str, c0: str, steps: int
+) -> tuple[str, str, str]:
+    """A converted LSTM unrolled: the input projection of all steps is one MatMul (input
+    quantized once, as in training), and at every step ``h_{t-1}`` goes through the
+    hidden-state Q/DQ before ``W_hh``, exactly where training's ``hidden_fake_quant`` sits."""
+    lstm = mod.int8
+    xq = _quant_in(g, x, lstm.ih, name + ".input_fake_quant", name + ".input")
+    w_ih = weight_dq(g, lstm.ih, name + ".ih")
+    w_hh = weight_dq(g, lstm.hh, name + ".hh")
+    bias = np.asarray(lstm.ih.bias, np.float32)
+    return _unrolled_lstm(g, name, mod.hidden_size, xq, (w_ih, w_hh, bias, lstm.hh), h0, c0, steps)
+
+
+def _unrolled_lstm(
+    g: GraphBuilder, name: str, d: int, xq: str, w: tuple, h0: str, c0: str, steps: int
+) -> tuple[str, str, str]:
+    """The LSTM over its ``steps`` (fixed by the model's config) from the (fake-quantized)
+    input ``xq`` and ``w = (W_ih (K, 4d), W_hh (d, 4d), bias, hidden layer or None)``."""
+    w_ih, w_hh, bias, hqp = w
     xg = g.node("MatMul", [xq, w_ih], name)  # (B, L, 4d)
     xg = g.node("Add", [xg, g.init(name + ".bias", bias)], name)
     split = g.const([d, d, d, d], np.int64)
@@ -287,3 +320,39 @@ def emit_attention(
     pbar = g.node("Mul", [pbar, g.const(np.float32(1) / np.float32(nh))], name)
     o = g.node("MatMul", [pbar, v], name)  # (B, tq, d_h)
     return emit(g, name + ".out_proj", mod.out_proj, o)
+
+
+def _zeros(g: GraphBuilder, like: str, width: int, hint: str) -> str:
+    """A float32 (B, width) zero tensor, B the batch of ``like``."""
+    from onnx import TensorProto, helper
+
+    batch = g.node(
+        "Slice",
+        [
+            g.node("Shape", [like], hint),
+            g.const([0], np.int64),
+            g.const([1], np.int64),
+        ],
+        hint,
+    )
+    shape = g.node("Concat", [batch, g.const([width], np.int64)], hint, axis=0)
+    zero = helper.make_tensor("value", TensorProto.FLOAT, [1], [0.0])
+    return g.node("ConstantOfShape", [shape], hint, value=zero)
+
+
+@register(LSTMForecaster)
+def emit_lstm_forecaster(
+    g: GraphBuilder, name: str, m: LSTMForecaster, static: str, hist: str, fut: str
+) -> str:
+    """LSTM encoder from a zero state; its final ``h_k`` and the static inputs repeated over
+    the tau steps, concatenated with the known inputs, -> ``fc`` -> ELU -> ``head``."""
+    cfg = m.config
+    d, tau = cfg.hidden_dim, cfg.prediction_horizon
+    zeros = _zeros(g, static, d, "state0")
+    _, h_k, _ = emit(g, "encoder", m.encoder, hist, zeros, zeros, cfg.sequence_length)
+    rep = g.const([1, tau, 1], np.int64)
+    hk = g.node("Expand", [g.unsqueeze(h_k, 1, "z"), rep], "z")
+    sx = g.node("Expand", [g.unsqueeze(static, 1, "z"), rep], "z")
+    z = g.node("Concat", [hk, fut, sx], "z", axis=2)
+    y = g.node("Elu", [emit(g, "fc", m.fc, z)], "act", alpha=1.0)
+    return emit(g, "head", m.head, y)

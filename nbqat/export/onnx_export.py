@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -25,12 +26,27 @@ INPUTS = ("static", "historical", "future")
 OUTPUT = "quantiles"
 
 
+def as_int8(model: Any) -> Any:
+    """An export view of a ``convert()`` result (``Int8Model``): the network, the integer
+    layers by path, and no output quantizer (the attributes of an
+    ``Int8TemporalFusionTransformer`` that the export reads)."""
+    return SimpleNamespace(
+        model=model.model,
+        layers={n: getattr(m, "int8", m) for n, m in model.layers.items()},
+        quantized_output=False,
+        output_scale=None,
+        output_zero_point=0,
+        output_quant_min=0,
+        output_quant_max=255,
+        forward=model.forward,
+    )
+
+
 def _as_int8(model: Any) -> tuple[Any, str]:
     """The integer model to export and what it came from ("qat", "int8", "prepare_qat" or
     "convert")."""
-    from nbqat.export import emitters_generic
     from nbqat.nn.convert import Int8Model, convert
-    from nbqat.nn.int8 import Int8TemporalFusionTransformer
+    from nbqat.nn.int8_tft import Int8TemporalFusionTransformer
     from nbqat.nn.qat import QATTemporalFusionTransformer
     from nbqat.nn.quantize import QATModel
 
@@ -41,9 +57,9 @@ def _as_int8(model: Any) -> tuple[Any, str]:
         int8, source = model, "int8"
     elif isinstance(model, QATModel):
         check_qat(model)
-        int8, source = emitters_generic.as_int8(convert(model)), "prepare_qat"
+        int8, source = as_int8(convert(model)), "prepare_qat"
     elif isinstance(model, Int8Model):
-        int8, source = emitters_generic.as_int8(model), "convert"
+        int8, source = as_int8(model), "convert"
     else:
         raise TypeError(
             "model must be a calibrated, frozen nbqat.nn.QATTemporalFusionTransformer or a "

@@ -5,7 +5,14 @@ needs) and ``backward`` (accumulating into the flat gradient buffer, returning i
 gradients). Parameters of a whole model live in one flat buffer (:class:`ParameterBuffer`).
 """
 
-from nbqat.nn.convert import Int8Model, convert
+from nbqat.nn.convert import (
+    QUANTIZED_MODULE_MAPPINGS,
+    Int8Model,
+    QuantizedLinear,
+    QuantizedLSTM,
+    convert,
+    swap_modules,
+)
 from nbqat.nn.forecasters import build_forecaster, load_qat_forecaster, prepare_forecaster
 from nbqat.nn.layers import (
     ELU,
@@ -39,10 +46,14 @@ __all__ = [
     "ELU",
     "Dropout",
     "QAT_MODULE_MAPPINGS",
+    "QUANTIZED_MODULE_MAPPINGS",
     "Int8Model",
+    "QuantizedLSTM",
+    "QuantizedLinear",
     "QATModel",
     "Sequential",
     "convert",
+    "swap_modules",
     "prepare_qat",
     "register_qat_module",
     "GateAddNorm",

@@ -1,10 +1,15 @@
-"""convert(): the integer model of a prepared (calibrated) model, from Int8 module classes.
+"""convert(): the integer model of a prepared (calibrated) model, by a public layer mapping.
 
-Every quantized ``Linear`` is REPLACED (in its parent, by name) with a :class:`QuantizedLinear`
-and every ``LSTM`` with a :class:`QuantizedLSTM` (integer matmuls with int32/int64
-accumulation, :mod:`nbqat.nn.int8`); attention probabilities keep their frozen fake
-quantization (:class:`~nbqat.nn.int8.FrozenFakeQuantize`); the rest runs the float layers. No
-instance method is patched.
+:data:`QUANTIZED_MODULE_MAPPINGS` maps each QAT layer type to its integer module type (torch.ao's
+static quantized module mappings): :func:`swap_modules` REPLACES every quantized ``Linear`` (in
+its parent, by name) with a :class:`QuantizedLinear` and every ``LSTM`` with a
+:class:`QuantizedLSTM` (integer matmuls with int32/int64 accumulation, :mod:`nbqat.nn.int8`);
+the int8 quantizers left in the other layers' hooks (the attention probabilities) get their
+frozen fake quantization (:class:`~nbqat.nn.int8.FrozenFakeQuantize`); the rest runs the float
+layers. No method is patched: a converted layer is a module of another type. Both forecasters
+convert this way: the generic :func:`convert_model` (the LSTM forecaster, any prepared
+network) and the TFT's :meth:`Int8TemporalFusionTransformer.from_qat
+<nbqat.nn.int8.Int8TemporalFusionTransformer.from_qat>`.
 """
 
 from __future__ import annotations
@@ -15,10 +20,23 @@ from typing import Any
 import numpy as np
 
 from nbqat._docs import INT8_RESULT, fill_doc
+from nbqat.nn.int4 import int_linear, int_lstm
+from nbqat.nn.int8_layers import FrozenFakeQuantize
+from nbqat.nn.layers import LSTM, Linear
 from nbqat.nn.params import Module
-from nbqat.nn.quantize import QATModel, hooks_for
+from nbqat.nn.phases import QATPhases
+from nbqat.nn.qat_mappings import hooks_for
+from nbqat.quantization._quantizer_base import check_observed
+from nbqat.quantization.fake_quantize import FakeQuantize, LearnableFakeQuantize
 
-__all__ = ["Int8Model", "QuantizedLSTM", "QuantizedLinear", "convert"]
+__all__ = [
+    "QUANTIZED_MODULE_MAPPINGS",
+    "Int8Model",
+    "QuantizedLSTM",
+    "QuantizedLinear",
+    "convert",
+    "swap_modules",
+]
 
 
 class QuantizedLinear(Module):
@@ -34,10 +52,9 @@ class QuantizedLinear(Module):
     """
 
     def __init__(self, linear: Any, name: str) -> None:
-        from nbqat.nn.int4 import int_linear  # Int8Linear, or the low-bit twin (issue 30)
-
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.has_bias = bool(linear.has_bias)
         bias = linear.bias if linear.has_bias else None
         self.int8 = int_linear(
             np.asarray(linear.weight, np.float32),
@@ -45,7 +62,25 @@ class QuantizedLinear(Module):
             linear.weight_fake_quant,
             linear.input_fake_quant,
             name,
-        )
+        )  # Int8Linear, or the low-bit twin (issue 30)
+
+    @classmethod
+    def from_float(cls, linear: Any, name: str) -> QuantizedLinear | None:
+        """The integer module of a QAT ``Linear`` (torch's ``from_float``).
+
+        Parameters
+        ----------
+        linear : Linear
+            A layer of a calibrated prepared network (its quantizers are read).
+        name : str
+            Its path, for error messages.
+
+        Returns
+        -------
+        QuantizedLinear or None
+            None when the layer has no weight quantizer (it stays float).
+        """
+        return None if linear.weight_fake_quant is None else cls(linear, name)
 
     @property
     def bias(self) -> np.ndarray | None:
@@ -85,11 +120,27 @@ class QuantizedLSTM(Module):
     """
 
     def __init__(self, lstm: Any, name: str) -> None:
-        from nbqat.nn.int4 import int_lstm  # Int8LSTM, or GroupedLSTM (issue 30)
-
         super().__init__()
         self.input_size, self.hidden_size = lstm.input_size, lstm.hidden_size
-        self.int8 = int_lstm(lstm, name)
+        self.int8 = int_lstm(lstm, name)  # Int8LSTM, or GroupedLSTM (issue 30)
+
+    @classmethod
+    def from_float(cls, lstm: Any, name: str) -> QuantizedLSTM | None:
+        """The integer module of a QAT ``LSTM``.
+
+        Parameters
+        ----------
+        lstm : LSTM
+            A layer of a calibrated prepared network (its four quantizers are read).
+        name : str
+            Its path, for error messages.
+
+        Returns
+        -------
+        QuantizedLSTM or None
+            None when the layer has no weight quantizer (it stays float).
+        """
+        return None if lstm.weight_ih_fake_quant is None else cls(lstm, name)
 
     def forward(self, x: np.ndarray, h0: np.ndarray, c0: np.ndarray) -> Any:
         """Run the LSTM with integer matmuls.
@@ -104,6 +155,12 @@ class QuantizedLSTM(Module):
         ``(out (B, L, hidden_size), (h_L, c_L))``, float32.
         """
         return self.int8.forward(x, h0, c0)
+
+
+#: QAT layer type -> its integer module type (exact type match; public and extensible: the
+#: integer type's ``from_float(module, name)`` returns the replacement, or None to keep the
+#: layer float).
+QUANTIZED_MODULE_MAPPINGS: dict[type, type] = {Linear: QuantizedLinear, LSTM: QuantizedLSTM}
 
 
 class Int8Model:
@@ -145,6 +202,59 @@ class Int8Model:
     __call__ = forward
 
 
+def _freeze_hooks(mod: Module, name: str) -> None:
+    """Replace the int8-family quantizers (FakeQuantize, LSQ) in ``mod``'s mapped hooks by
+    their frozen fake quantization (its current qparams, no observer)."""
+    for hook in hooks_for(mod) or ():
+        fq = getattr(mod, hook, None)
+        if isinstance(fq, FakeQuantize | LearnableFakeQuantize):
+            setattr(mod, hook, FrozenFakeQuantize(fq, f"{name}.{hook}" if name else hook))
+
+
+def swap_modules(
+    net: Module, mapping: dict[type, type] | None = None
+) -> tuple[Module, dict[str, Module]]:
+    """Convert ``net`` IN PLACE: each layer whose type is in ``mapping`` and that is quantized
+    is replaced in its parent by its integer module; the other layers' int8 quantizers are
+    frozen (:class:`~nbqat.nn.int8.FrozenFakeQuantize`).
+
+    Parameters
+    ----------
+    net : Module
+        A prepared network, calibrated (its quantizers are read, not changed); its layers are
+        replaced, so pass a copy.
+    mapping : dict of type to type, optional
+        Default :data:`QUANTIZED_MODULE_MAPPINGS`.
+
+    Returns
+    -------
+    (net, layers) : (Module, dict[str, Module])
+        The converted network (the integer module itself when ``net`` is one quantized layer)
+        and the integer modules by path.
+
+    Raises
+    ------
+    UncalibratedError
+        A quantizer has never observed data
+        (:func:`~nbqat.quantization._quantizer_base.check_observed`).
+    """
+    mapping = QUANTIZED_MODULE_MAPPINGS if mapping is None else mapping
+    layers: dict[str, Module] = {}
+    for name, mod in list(net.named_modules()):
+        cls = mapping.get(type(mod))
+        new = None if cls is None else cls.from_float(mod, name)  # type: ignore[attr-defined]
+        if new is None:
+            _freeze_hooks(mod, name)
+            continue
+        parent, _, attr = name.rpartition(".")
+        if not name:  # the model is one quantized layer
+            net = new
+        else:
+            setattr(dict(net.named_modules())[parent], attr, new)  # replace it in its parent
+        layers[name] = new
+    return net, layers
+
+
 def convert(qat_model: Any) -> Any:
     """The integer model of a calibrated QAT model.
 
@@ -163,10 +273,10 @@ def convert(qat_model: Any) -> Any:
     ------
     TypeError
         ``qat_model`` was not prepared (a float Module or anything else).
-    RuntimeError
-        A quantizer has never observed data.
+    UncalibratedError
+        A quantizer has never observed data (a RuntimeError and a ValueError).
     """
-    if not isinstance(qat_model, QATModel) and not hasattr(qat_model, "to_int8"):
+    if not isinstance(qat_model, QATPhases) and not hasattr(qat_model, "to_int8"):
         raise TypeError(
             f"convert: expects the result of prepare_qat, got {type(qat_model).__name__} "
             "(prepare and calibrate it first: qat = prepare_qat(model))"
@@ -175,7 +285,7 @@ def convert(qat_model: Any) -> Any:
 
 
 @fill_doc(int8_result=INT8_RESULT)
-def convert_model(qat_model: QATModel) -> Int8Model:
+def convert_model(qat_model: Any) -> Int8Model:
     """:func:`convert` of a generic prepared model (:meth:`QATModel.to_int8
     <nbqat.nn.quantize.QATModel.to_int8>`): a deep copy of its network whose quantized
     ``Linear`` / ``LSTM`` layers become :class:`QuantizedLinear` / :class:`QuantizedLSTM` and
@@ -188,29 +298,6 @@ def convert_model(qat_model: QATModel) -> Int8Model:
 
     {int8_result}
     """
-    from nbqat.nn.int8 import FrozenFakeQuantize
-    from nbqat.nn.layers import LSTM, Linear
-    from nbqat.quantization.fake_quantize import FakeQuantize
-
-    net = copy.deepcopy(qat_model.model)
-    layers: dict[str, Module] = {}
-    for name, mod in list(net.named_modules()):
-        parent, _, attr = name.rpartition(".")
-        new: Module | None = None
-        if type(mod) is Linear and mod.weight_fake_quant is not None:
-            new = QuantizedLinear(mod, name)
-        elif type(mod) is LSTM and mod.weight_ih_fake_quant is not None:
-            new = QuantizedLSTM(mod, name)
-        else:
-            for hook in hooks_for(mod) or ():
-                fq = getattr(mod, hook, None)
-                if isinstance(fq, FakeQuantize):  # frozen qparams, no observer
-                    setattr(mod, hook, FrozenFakeQuantize(fq, f"{name}.{hook}"))
-        if new is None:
-            continue
-        if not name:  # the model is one quantized layer
-            net = new
-        else:
-            setattr(dict(net.named_modules())[parent], attr, new)  # replace it in its parent
-        layers[name] = new
+    check_observed(qat_model.fake_quants)  # every quantizer named at once, before any copy
+    net, layers = swap_modules(copy.deepcopy(qat_model.model))
     return Int8Model(net, layers)

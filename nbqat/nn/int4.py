@@ -4,9 +4,8 @@
 quantizers: :class:`~nbqat.nn.int8.Int8Linear` for the int8 qconfigs, :class:`GroupedLinear`
 for a :class:`~nbqat.quantization.lowbit_quantize.GroupFakeQuantize` weight, for per-token dynamic
 activations (:class:`~nbqat.quantization.lowbit_quantize.PerTokenFakeQuantize`) or for float
-activations
-(weight-only), and :class:`FakeQuantLinear` for float8 (no integer arithmetic: the float8
-weights dequantized once, the activations through their frozen float8 fake quantization).
+activations (weight-only), and :class:`FakeQuantLinear` for float8 (no integer arithmetic: the
+float8 weights dequantized once, the activations through their frozen float8 fake quantization).
 
 :class:`GroupedLinear`'s arithmetic, for weight codes ``w_q`` (N, K) with one scale
 ``s_w[n, g]`` per group ``g`` of ``G`` input features (``G = K`` per channel) and activation
@@ -29,20 +28,20 @@ from typing import Any
 
 import numpy as np
 
-from nbqat.nn.int8 import Int8Linear, Int8LSTM, _qparams, quantize_per_tensor
-from nbqat.quantization._quantizer_base import has_observed
+from nbqat.nn.int8_arith import quantize_per_tensor
+from nbqat.nn.int8_layers import Int8Linear, Int8LSTM, _qparams
+from nbqat.quantization._quantizer_base import check_observed
 from nbqat.quantization.affine import fake_quantize_affine
+from nbqat.quantization.lowbit_quantize import (
+    Float8FakeQuantize,
+    GroupFakeQuantize,
+    PerTokenFakeQuantize,
+)
 
 __all__ = ["FakeQuantLinear", "GroupedLSTM", "GroupedLinear", "int_linear", "int_lstm"]
 
 
 def _kind(fq: Any) -> str:
-    from nbqat.quantization.lowbit_quantize import (
-        Float8FakeQuantize,
-        GroupFakeQuantize,
-        PerTokenFakeQuantize,
-    )
-
     if fq is None:
         return "float"
     if isinstance(fq, GroupFakeQuantize):
@@ -202,11 +201,7 @@ class GroupedLinear:
 def _weight_qparams(fq: Any, w: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, tuple]:
     """Per-block ``(scale (N, K // B), zero_point, block_size)`` of a weight quantizer."""
     if _kind(fq) == "group":
-        if not has_observed(fq):
-            raise RuntimeError(
-                f"quantizer {name}.weight_fake_quant has never observed data: calibrate the QAT "
-                "model before to_int8() / convert()"
-            )
+        check_observed({name + ".weight_fake_quant": fq})
         block = tuple(fq.block_size)
         s = np.asarray(fq.scale, np.float32).reshape(w.shape[0], -1)
         z = np.asarray(fq.zero_point).astype(np.int32).reshape(w.shape[0], -1)

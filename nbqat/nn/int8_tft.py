@@ -1,10 +1,9 @@
-"""The integer-arithmetic twin of a QAT-trained TFT (:class:`Int8TemporalFusionTransformer`) and
-the frozen per-tensor fake quantization of its attention probabilities.
+"""The integer-arithmetic twin of a QAT-trained TFT (:class:`Int8TemporalFusionTransformer`).
 
 Built by :meth:`QATTemporalFusionTransformer.to_int8()
-<nbqat.nn.qat.QATTemporalFusionTransformer.to_int8>` from the integer layers of
-:mod:`nbqat.nn.int8` (whose module docstring gives the arithmetic and the accuracy bound);
-importable from there too.
+<nbqat.nn.qat.QATTemporalFusionTransformer.to_int8>` through :func:`nbqat.nn.convert.swap_modules`
+and its layer mapping (the integer modules of :mod:`nbqat.nn.int8`, whose module docstring gives
+the arithmetic and the accuracy bound); importable from :mod:`nbqat.nn.int8` too.
 """
 
 from __future__ import annotations
@@ -14,31 +13,14 @@ from typing import Any
 import numpy as np
 
 from nbqat._docs import FORECAST_IO, fill_doc
-from nbqat.nn.int8 import _qparams, quantize_per_tensor
+from nbqat.nn.convert import swap_modules
+from nbqat.nn.int8_arith import quantize_per_tensor
+from nbqat.nn.int8_layers import FrozenFakeQuantize, _qparams
+from nbqat.nn.qat_mappings import hooks_for
+from nbqat.nn.tft import TemporalFusionTransformer
+from nbqat.quantization._quantizer_base import check_observed
 
 __all__ = ["FrozenFakeQuantize", "Int8TemporalFusionTransformer"]
-
-
-class FrozenFakeQuantize:
-    """Per-tensor fake quantization with fixed qparams (the attention probabilities).
-
-    Parameters
-    ----------
-    fq : FakeQuantize
-        A calibrated per-tensor quantizer; its current qparams are copied.
-    name : str
-        Its path, for error messages.
-    """
-
-    def __init__(self, fq: Any, name: str) -> None:
-        s, z, self.quant_min, self.quant_max = _qparams(fq, name)
-        self.scale, self.zero_point = np.float32(s[0]), int(z[0])
-        self.ctx = None
-
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """``(clamp(rint(x / scale) + zp) - zp) * scale`` with the frozen qparams, float32."""
-        q = quantize_per_tensor(x, self.scale, self.zero_point, self.quant_min, self.quant_max)
-        return ((q - self.zero_point).astype(np.float32) * self.scale).astype(np.float32)
 
 
 _FrozenFakeQuantize = FrozenFakeQuantize  # the earlier private name
@@ -85,43 +67,14 @@ class Int8TemporalFusionTransformer:
 
         Raises
         ------
-        RuntimeError
-            When a quantizer has never observed data.
+        UncalibratedError
+            When a quantizer has never observed data (a RuntimeError and a ValueError).
         """
-        from nbqat.nn.int4 import int_linear, int_lstm  # int8, or low-bit twins (issue 30)
-        from nbqat.nn.layers import LSTM, InterpretableMultiHeadAttention, Linear
-        from nbqat.nn.tft import TemporalFusionTransformer
-
-        src = qat.model
+        check_observed(qat.fake_quants)  # every quantizer named at once (as the export does)
         self = cls()
-        model = TemporalFusionTransformer(src.config, dtype=np.float32)
-        model.params[...] = src.params.astype(np.float32)
-        src_mods = dict(src.named_modules())
-        for name, mod in model.named_modules():
-            s = src_mods[name]
-            if isinstance(mod, Linear) and s.weight_fake_quant is not None:
-                lin = int_linear(
-                    mod.weight,
-                    mod.bias if mod.has_bias else None,
-                    s.weight_fake_quant,
-                    s.input_fake_quant,
-                    name,
-                )
-                self.layers[name] = lin
-                mod.forward = lin.forward  # type: ignore[method-assign]  # the float graph calls the int matmul
-            elif isinstance(mod, LSTM) and s.weight_ih_fake_quant is not None:
-                # Int8LSTM reads the quantizers from the source layer, weights from the copy
-                tmp = _LSTMView(mod, s)
-                lstm = int_lstm(tmp, name)
-                self.layers[name] = lstm
-                mod.forward = lstm.forward  # type: ignore[method-assign]
-            elif (
-                isinstance(mod, InterpretableMultiHeadAttention)
-                and s.attention_fake_quant is not None
-            ):
-                mod.attention_fake_quant = _FrozenFakeQuantize(
-                    s.attention_fake_quant, name + ".attention_fake_quant"
-                )
+        model = _float32_prepared(qat.model)
+        model, layers = swap_modules(model)
+        self.layers = {name: mod.int8 for name, mod in layers.items()}  # type: ignore[attr-defined]
         ofq = qat.output_fake_quant
         s, z, self.output_quant_min, self.output_quant_max = _qparams(ofq, "output_fake_quant")
         self.output_scale, self.output_zero_point = np.float32(s[0]), int(z[0])
@@ -168,14 +121,17 @@ class Int8TemporalFusionTransformer:
         )
 
 
-class _LSTMView:
-    """Weights of the float copy, quantizers of the QAT source layer."""
-
-    def __init__(self, mod: Any, src: Any) -> None:
-        self.hidden_size, self.input_size = mod.hidden_size, mod.input_size
-        self.weight_ih, self.weight_hh = mod.weight_ih, mod.weight_hh
-        self.bias_ih, self.bias_hh = mod.bias_ih, mod.bias_hh
-        self.weight_ih_fake_quant = src.weight_ih_fake_quant
-        self.weight_hh_fake_quant = src.weight_hh_fake_quant
-        self.input_fake_quant = src.input_fake_quant
-        self.hidden_fake_quant = src.hidden_fake_quant
+def _float32_prepared(src: Any) -> Any:
+    """A float32 copy of the prepared QAT network ``src`` (a new TFT, its parameters cast to
+    float32) holding ``src``'s own quantizers (shared, only read) in the same hooks
+    (:func:`~nbqat.nn.qat_mappings.hooks_for`): what :func:`~nbqat.nn.convert.swap_modules`
+    converts, as the generic :func:`~nbqat.nn.convert.convert_model` converts a deep copy."""
+    model = TemporalFusionTransformer(src.config, dtype=np.float32)
+    model.params[...] = src.params.astype(np.float32)
+    src_mods = dict(src.named_modules())
+    for name, mod in model.named_modules():
+        for hook in hooks_for(mod) or ():
+            fq = getattr(src_mods[name], hook, None)
+            if fq is not None:
+                setattr(mod, hook, fq)
+    return model

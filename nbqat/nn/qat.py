@@ -333,10 +333,10 @@ class QATTemporalFusionTransformer(QATModel):
 
         Raises
         ------
-        RuntimeError
-            When a quantizer has never observed data (calibrate first).
+        UncalibratedError
+            When a quantizer has never observed data (calibrate first; a RuntimeError).
         """
-        from nbqat.nn.int8 import Int8TemporalFusionTransformer
+        from nbqat.nn.int8_tft import Int8TemporalFusionTransformer
 
         return Int8TemporalFusionTransformer.from_qat(self)
 

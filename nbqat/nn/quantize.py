@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from nbqat._docs import INT8_RESULT, fill_doc
+from nbqat.nn.convert import convert_model
 from nbqat.nn.params import Module, ParameterBuffer
 from nbqat.nn.phases import CALIBRATION, QATPhases, is_learnable
 from nbqat.nn.qat_mappings import QAT_MODULE_MAPPINGS, hooks_for, register_qat_module
@@ -444,8 +445,6 @@ class QATModel(QATCheckpoint, QATPhases):
 
         {int8_result}
         """
-        from nbqat.nn.convert import convert_model
-
         return convert_model(self)
 
     def train_step(

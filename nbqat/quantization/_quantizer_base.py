@@ -5,7 +5,10 @@ context of the last forward and the state-dict plumbing around the observer's st
 from __future__ import annotations
 
 import copy
+import itertools
 import math
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -22,23 +25,6 @@ def _make_observer(observer: Any, kwargs: dict[str, Any], who: str) -> _MinMaxBa
     obs = observer(**kwargs)
     VS.check_built(obs, _MinMaxBase, who)
     return obs
-
-
-def has_observed(fq: Any) -> bool:
-    """Whether the quantizer ``fq`` holds qparams taken from data ("observed yet?", the one
-    definition: conversion and export refuse a quantizer for which it is False).
-
-    A min/max (or histogram, range) observer's state is set and finite in every entry; a
-    grouped weight quantizer has seen a weight (its ``block_size``); a quantizer without such
-    a state (per token, float8: qparams of each batch) always has.
-    """
-    if getattr(fq, "block_size", ()) is None:
-        return False
-    mn = getattr(getattr(fq, "activation_post_process", None), "min_val", None)
-    if mn is None:
-        return True
-    mn = np.asarray(mn, np.float64)
-    return mn.size > 0 and bool(np.all(np.isfinite(mn)))
 
 
 def _numel(x: Any) -> int:
@@ -75,6 +61,89 @@ def _switch(what: str, on_doc: str, off_doc: str) -> tuple[Any, Any]:
     for fn, name in ((enable, on_name), (disable, f"disable_{what}")):
         fn.__name__, fn.__qualname__ = name, f"_QuantizerPhases.{name}"
     return enable, disable
+
+
+class UncalibratedError(RuntimeError, ValueError):
+    """A quantizer has never observed data (no qparams yet): raised by :func:`check_observed`
+    for the integer conversion (``to_int8()`` / ``convert()``) and the ONNX export alike. A
+    RuntimeError (a state error) and a ValueError (the argument's value) at once."""
+
+
+def is_observed(fq: Any) -> bool:
+    """Whether the quantizer ``fq`` has qparams from observed data.
+
+    Parameters
+    ----------
+    fq : quantizer
+        A FakeQuantize-family module (or any object with ``activation_post_process``).
+
+    Returns
+    -------
+    bool
+        False when its observer's ``min_val`` is empty or not finite (a min/max observer that
+        has seen no element), or when a grouped quantizer (``group_size``) has no
+        ``block_size`` yet; True otherwise (a quantizer without min/max statistics: dynamic
+        per-token, float8 with a fixed scale, LSQ).
+    """
+    if hasattr(fq, "group_size") and getattr(fq, "block_size", None) is None:
+        return False
+    obs = getattr(fq, "activation_post_process", None)
+    mn = getattr(obs, "min_val", None)
+    if mn is None:
+        return True
+    mn = np.asarray(mn, dtype=np.float64)
+    return mn.size > 0 and bool(np.all(np.isfinite(mn)))
+
+
+def check_observed(quantizers: Mapping[str, Any]) -> None:
+    """Raise unless every quantizer has observed data (:func:`is_observed`).
+
+    Parameters
+    ----------
+    quantizers : mapping of str to quantizer
+        By name (``"<module path>.<hook>"``); None values are skipped.
+
+    Raises
+    ------
+    UncalibratedError
+        Naming the first quantizer that has never observed data (and how many more).
+    """
+    never = [n for n, fq in quantizers.items() if fq is not None and not is_observed(fq)]
+    if never:
+        more = f"; {len(never) - 1} more" if len(never) > 1 else ""
+        raise UncalibratedError(
+            f"quantizer {never[0]!r} is uncalibrated (it has never observed data{more}): "
+            "calibrate the QAT model first (qat.calibrate(batches)), then freeze it "
+            "(qat.freeze_observers()) before to_int8() / convert() / to_onnx()"
+        )
+
+
+class RemovableHandle:
+    """What :meth:`register_forward_pre_hook` returns: ``handle.remove()`` unregisters the
+    hook (torch's ``torch.utils.hooks.RemovableHandle``); also a context manager that removes
+    it on exit.
+
+    Parameters
+    ----------
+    hooks : dict
+        The quantizer's hook table the hook was added to.
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, hooks: dict[int, Any]) -> None:
+        self.hooks = hooks
+        self.id = next(RemovableHandle._ids)
+
+    def remove(self) -> None:
+        """Unregister the hook (a second call does nothing)."""
+        self.hooks.pop(self.id, None)
+
+    def __enter__(self) -> RemovableHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
 
 
 class _QuantizerPhases:
@@ -118,6 +187,46 @@ class _QuantizerPhases:
 
     def __call__(self, x: Any) -> Any:
         return self.forward(x)  # type: ignore[attr-defined]
+
+    #: The registered forward pre-hooks by handle id (none: the class's empty mapping).
+    _forward_pre_hooks: Mapping[int, Callable[..., Any]] = MappingProxyType({})
+
+    def register_forward_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
+        """Call ``hook(module, (x,))`` at the start of every :meth:`forward` (torch's
+        ``nn.Module.register_forward_pre_hook``).
+
+        Parameters
+        ----------
+        hook : callable
+            ``hook(module, args) -> None or modified input``: ``args`` is the tuple ``(x,)``
+            of the forward's input; a return value other than None replaces the input (a
+            1-tuple or the array itself). Hooks run in registration order.
+
+        Returns
+        -------
+        RemovableHandle
+            ``handle.remove()`` unregisters the hook.
+
+        Raises
+        ------
+        TypeError
+            ``hook`` is not callable.
+        """
+        if not callable(hook):
+            raise TypeError(f"register_forward_pre_hook: hook must be callable, got {hook!r}")
+        if not isinstance(self._forward_pre_hooks, dict):  # the first one of this quantizer
+            self._forward_pre_hooks = {}
+        handle = RemovableHandle(self._forward_pre_hooks)  # type: ignore[arg-type]
+        handle.hooks[handle.id] = hook
+        return handle
+
+    def _run_forward_pre_hooks(self, x: Any) -> Any:
+        """``x`` after every registered pre-hook (called first in each ``forward``)."""
+        for hook in tuple(self._forward_pre_hooks.values()):
+            out = hook(self, (x,))
+            if out is not None:
+                x = out[0] if isinstance(out, tuple) else out
+        return x
 
     def _bind_observer(self, observer: Any, observer_kwargs: dict[str, Any]) -> None:
         """Build :attr:`activation_post_process` and copy its range, dtype, qscheme and

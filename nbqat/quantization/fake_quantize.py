@@ -114,6 +114,8 @@ class FakeQuantize(_QuantizerPhases):
             Bad input (from the observer or the fake-quantize function); the observer state is
             unchanged when the observer rejects the batch.
         """
+        if self._forward_pre_hooks:  # register_forward_pre_hook (e.g. the quantizer report)
+            x = self._run_forward_pre_hooks(x)
         if _numel(x) == 0:
             return self._forward_empty(x)
         observe = self.observer_enabled

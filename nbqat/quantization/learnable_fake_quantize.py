@@ -147,6 +147,8 @@ class LearnableFakeQuantize(_QuantizerPhases):
         -------
         y : array like ``x`` (``x`` itself when fake quantization is disabled)
         """
+        if self._forward_pre_hooks:  # register_forward_pre_hook (e.g. the quantizer report)
+            x = self._run_forward_pre_hooks(x)
         numel = _numel(x)
         if numel == 0 and self._observe_empty(x):  # a data-parallel observer took other ranks'
             self._take_observer_qparams()

@@ -288,6 +288,8 @@ class GroupFakeQuantize(_LowBitBase):
         RuntimeError
             Fake quantization with the observer off before any observation.
         """
+        if self._forward_pre_hooks:  # register_forward_pre_hook (e.g. the quantizer report)
+            x = self._run_forward_pre_hooks(x)
         x = self._x32(x, type(self).__name__)
         if self.observer_enabled:
             obs: Any = self.activation_post_process
@@ -379,6 +381,8 @@ class PerTokenFakeQuantize(_LowBitBase):
         -------
         y : float32 ndarray like ``x`` (``x`` itself when fake quantization is disabled)
         """
+        if self._forward_pre_hooks:  # register_forward_pre_hook (e.g. the quantizer report)
+            x = self._run_forward_pre_hooks(x)
         x = self._x32(x, type(self).__name__)
         if not self.fake_quant_enabled or x.size == 0:
             return self._done(x, x, None)
@@ -444,6 +448,8 @@ class Float8FakeQuantize(_LowBitBase):
         -------
         y : float32 ndarray like ``x``
         """
+        if self._forward_pre_hooks:  # register_forward_pre_hook (e.g. the quantizer report)
+            x = self._run_forward_pre_hooks(x)
         x = self._x32(x, type(self).__name__)
         if self.observer_enabled and x.size:
             per_row = self.granularity == "per_row" and x.ndim >= 2

@@ -197,6 +197,23 @@ def _predictor(qat: Any) -> Callable:
     return predict
 
 
+def _accumulate(a: list) -> Callable:
+    """A forward pre-hook adding an input's count, saturated count, signal and float64
+    fake-quantization noise energy to ``a`` (``[n, saturated, sum x^2, sum (fq(x) - x)^2]``)."""
+
+    def hook(fq: Any, args: tuple) -> None:
+        x = args[0]
+        xh = x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
+        y, sat = _fq_numpy(fq, xh)
+        x64 = xh.astype(np.float64)
+        a[0] += x64.size
+        a[1] += sat
+        a[2] += float(np.sum(x64 * x64))
+        a[3] += float(np.sum((y - x64) ** 2))
+
+    return hook
+
+
 def quantizer_report(qat: Any, batches: Iterable[tuple], n_inputs: int = 3) -> list[dict]:
     """Per-quantizer statistics of ``qat`` over ``batches`` (no observer is updated).
 
@@ -221,31 +238,22 @@ def quantizer_report(qat: Any, batches: Iterable[tuple], n_inputs: int = 3) -> l
 
     Notes
     -----
-    Each quantizer's ``forward`` is wrapped for the duration of the call; the statistics use
-    the quantizer's own float32 fake quantization with its current qparams, whether or not
-    fake quantization is enabled for it, summed in float64.
+    A forward pre-hook on each quantizer (``register_forward_pre_hook``, removed afterwards)
+    sees every input it fake-quantizes during the call; the statistics use the quantizer's own
+    float32 fake quantization with its current qparams, whether or not fake quantization is
+    enabled for it, summed in float64.
     """
     acc = {name: [0, 0, 0.0, 0.0] for name in qat.fake_quants}
-    for name, fq in qat.fake_quants.items():
-
-        def wrapped(x: Any, _fq: Any = fq, _a: list = acc[name], _f: Any = fq.forward) -> Any:
-            xh = x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
-            y, sat = _fq_numpy(_fq, xh)
-            x64 = xh.astype(np.float64)
-            _a[0] += x64.size
-            _a[1] += sat
-            _a[2] += float(np.sum(x64 * x64))
-            _a[3] += float(np.sum((y - x64) ** 2))
-            return _f(x)
-
-        fq.forward = wrapped
+    handles = [
+        fq.register_forward_pre_hook(_accumulate(acc[name])) for name, fq in qat.fake_quants.items()
+    ]
     predict = _predictor(qat)
     try:
         for b in batches:
             predict(*b[:n_inputs])
     finally:
-        for fq in qat.fake_quants.values():
-            del fq.forward
+        for h in handles:
+            h.remove()
     rows = []
     for name, fq in qat.fake_quants.items():
         n, sat, sig, noise = acc[name]

@@ -79,14 +79,11 @@ class Linear(Module):
         self.input_fake_quant: Any = None
 
     def is_plain(self) -> bool:
-        """True when this layer computes exactly ``x @ W.T + b``: no quantization hook and no
-        replaced ``forward`` (the int8 model swaps in its integer matmul that way). Only then
-        may a caller fold it algebraically into a neighbouring affine map."""
-        return (
-            self.input_fake_quant is None
-            and self.weight_fake_quant is None
-            and "forward" not in vars(self)
-        )
+        """True when this layer computes exactly ``x @ W.T + b``: no quantization hook. Only
+        then may a caller fold it algebraically into a neighbouring affine map. (The int8
+        model's integer matmul is another module type, :class:`~nbqat.nn.QuantizedLinear`,
+        whose ``is_plain`` is False.)"""
+        return self.input_fake_quant is None and self.weight_fake_quant is None
 
     def forward(self, x: np.ndarray, add_bias: bool = True) -> np.ndarray:
         """``y = input_fake_quant(x) @ weight_fake_quant(W).T + b`` over the last axis.
