@@ -29,6 +29,9 @@ from nbqat.observers import (
 __all__ = [
     "QATConfig",
     "QConfig",
+    "WEIGHT_BITS",
+    "WEIGHT_DTYPES",
+    "WEIGHT_GROUP_SIZE",
     "default_qat_qconfig",
     "float8_qconfig",
     "int4_weight_qconfig",
@@ -160,6 +163,14 @@ def float8_qconfig(dtype: str = "float8_e4m3fn", activations: bool = True) -> QC
     Float8FakeQuantize(dtype)  # validates dtype now, not at prepare_qat
     a = Float8FakeQuantize.with_args(dtype=dtype, granularity="per_tensor") if activations else None
     return QConfig(activation=a, weight=w)
+
+
+#: The weight formats of :func:`weight_format_qconfig` (``nbqat train --weight-bits`` /
+#: ``--weight-dtype``): 8 (per-channel int8) or 4 (grouped int4); integer or float8 weights.
+WEIGHT_BITS = (8, 4)
+WEIGHT_DTYPES = ("int", "float8_e4m3fn")
+#: Input features per int4 weight scale when ``--group-size`` is not given.
+WEIGHT_GROUP_SIZE = 32
 
 
 def weight_format_qconfig(qconfig: QConfig, cfg: Any) -> QConfig:
