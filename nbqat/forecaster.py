@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,6 @@ __all__ = ["Forecaster"]
 #: TrainConfig fields the Forecaster sets from ``fit``'s arguments (not options).
 _DATA_FIELDS = ("csv", "time_col", "target_col", "entity_col", "known_cols", "static_cols",
                 "observed_cols")  # fmt: skip
-#: Options whose CLI flag is the negation (``--no-plots``) or that only tests use.
-_HIDDEN = ("stop_after_steps",)
 
 
 def _names(cols: Any) -> str | None:
@@ -42,9 +39,9 @@ def _names(cols: Any) -> str | None:
 
 
 def _option_names() -> list[str]:
-    from nbqat.train import TrainConfig
+    from nbqat.train.options import config_options
 
-    return [f.name for f in fields(TrainConfig) if f.name not in _DATA_FIELDS + _HIDDEN]
+    return [k for k, o in config_options().items() if k not in _DATA_FIELDS and o.cli != "hidden"]
 
 
 class Forecaster:
@@ -62,15 +59,22 @@ class Forecaster:
     ------
     TypeError
         For an option ``nbqat train`` does not have (the message lists them).
+    ValueError
+        For a value out of the option's range, or an option that the ``model`` does not read
+        (``Forecaster(model="lstm", heads=2)``); the message names the option (the checks of
+        :mod:`nbqat.train.options`, the same as ``nbqat train``'s).
     """
 
     def __init__(self, **options: Any) -> None:
+        from nbqat.train.options import check_options
+
         bad = sorted(set(options) - set(_option_names()))
         if bad:
             raise TypeError(
                 f"Forecaster got unknown option(s) {bad}; the options are nbqat train's: "
                 f"{', '.join(_option_names())}"
             )
+        check_options(options)
         self.options = dict(options)
         self.run_dir: Path | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from nbqat._io import atomic_open
 from nbqat.train.config import SIDE_FILES, TrainConfig
 from nbqat.train.loop import FLOAT, Run, RunState
 from nbqat.train.model import to_host
+from nbqat.train.options import config_checks
 
 __all__ = [
     "config_schema",
@@ -141,14 +142,16 @@ def load_checkpoint(r: Run, ck: Path, meta: dict) -> None:
 
 
 def config_schema() -> dict[str, Any]:
-    """The schema of a checkpoint's ``config``: ``{option: default}`` of every
-    :class:`~nbqat.train.TrainConfig` field (handed to :func:`nbqat.checkpoint.read_state`).
+    """The schema of a checkpoint's ``config``: ``{option: check}`` of every
+    :class:`~nbqat.train.TrainConfig` field, from the options registry
+    (:func:`nbqat.train.options.config_checks`; handed to :func:`nbqat.checkpoint.read_state`).
 
     Returns
     -------
     dict
+        ``check(value)`` returns what is wrong with ``value`` ("expected ..., got ...") or None.
     """
-    return {f.name: f.default for f in fields(TrainConfig)}
+    return config_checks()
 
 
 def read_run_state(ck: str | Path) -> dict:
