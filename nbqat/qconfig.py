@@ -200,15 +200,19 @@ class QATConfig:
     qconfig : QConfig, default default_qat_qconfig
         Fake-quantize factories for activations and weights.
     max_norm : float or None, default 1.0
-        Gradient-clipping norm (``clip_grad_norm_``); None disables clipping.
+        Gradient-clipping norm (``clip_grad_norm_``); None disables clipping. ``nbqat train``'s
+        QAT phase clips at its QAT model's ``config.max_norm`` (``--max-norm``); a loop of
+        your own passes it per step: ``qat.train_step(batch, opt, qat.config.max_norm)``.
     learnable_scales : bool, default False
         Use LearnableFakeQuantize (LSQ) instead of FakeQuantize.
     freeze_observers_after_calibration : bool, default False
         Disable the observers once calibration ends (fixed qparams during QAT).
     quantize_attention : bool, default True
-        Fake-quantize the attention projections (and probabilities).
+        Fake-quantize the attention projections (and probabilities); False keeps every
+        InterpretableMultiHeadAttention in float (read by :func:`~nbqat.nn.prepare_qat`).
     quantize_output_head : bool, default False
-        Fake-quantize the quantile output head.
+        Fake-quantize the quantile output head: the module a model names in its
+        ``output_head`` attribute (the forecasters'; read by :func:`~nbqat.nn.prepare_qat`).
 
     Raises
     ------
