@@ -74,8 +74,9 @@ class Forecaster:
                 f"Forecaster got unknown option(s) {bad}; the options are nbqat train's: "
                 f"{', '.join(_option_names())}"
             )
-        check_options(options)
+        check_options(options)  # explicit keywords: ranges, and options the model ignores
         self.options = dict(options)
+        self._config()  # and the rules between options, as nbqat train's
         self.run_dir: Path | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._result: dict | None = None
@@ -175,8 +176,10 @@ class Forecaster:
 
     def _config(self, **data_fields: Any) -> Any:
         from nbqat.train import TrainConfig
+        from nbqat.train.options import config_options
 
-        kw = {k: v for k, v in self.options.items() if v is not None or k == "max_norm"}
+        opts = config_options()  # None: the mode's default, unless None is a value (--max-norm)
+        kw = {k: v for k, v in self.options.items() if v is not None or opts[k].nullable}
         return TrainConfig(**kw, **data_fields)
 
     def train(self, cfg: Any, resume: Any = None, check: bool = False) -> Forecaster:

@@ -214,3 +214,13 @@ def test_every_option_has_help_and_a_known_group():
     for o in OPTIONS:
         assert o.help and o.group in GROUPS, o.name
         assert o.type in (int, float, str, bool), o.name
+
+
+def test_a_skip_learning_rate_without_the_skip_is_refused(capsys):
+    with pytest.raises(ValueError, match="--skip-lr-scale sets the linear skip"):
+        TrainConfig(linear_skip=False, skip_lr_scale=0.5)
+    with pytest.raises(ValueError, match="--qat-skip-lr-scale sets the linear skip"):
+        Forecaster(linear_skip=False, qat_skip_lr_scale=0.5)
+    assert main(["train", "--no-linear-skip", "--skip-lr-scale", "0.5", "--check"]) == 2
+    assert "--skip-lr-scale sets the linear skip" in capsys.readouterr().err
+    TrainConfig(linear_skip=False).resolved()  # the defaults: no error

@@ -142,6 +142,11 @@ class TrainConfig:
             and getattr(self, f.name) not in (f.default, full.get(f.name, f.default))
         ]
         check_model_options(self.model, changed)
+        scales = [k for k in ("skip_lr_scale", "qat_skip_lr_scale") if k in changed]
+        if scales and not self.linear_skip:  # no skip: its learning rate would be ignored
+            opt = "--" + scales[0].replace("_", "-")
+            raise ValueError(f"{opt} sets the linear skip's learning rate, but --no-linear-skip "
+                             f"removes the skip: drop {opt} or --no-linear-skip")  # fmt: skip
 
     @classmethod
     def from_args(cls, args: Any) -> TrainConfig:
