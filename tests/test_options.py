@@ -157,6 +157,7 @@ def test_trainconfig_fields_are_the_registry_options():
 
 def test_the_names_are_defined_once():
     from nbqat.nn.forecasters import FORECASTERS
+    from nbqat.predict import ENGINES
     from nbqat.qconfig import WEIGHT_BITS, WEIGHT_DTYPES
     from nbqat.report import OBSERVERS
 
@@ -165,6 +166,7 @@ def test_the_names_are_defined_once():
     assert train["observer"].choices == (*OBSERVERS, "all")
     assert train["weight_bits"].choices is WEIGHT_BITS
     assert train["weight_dtype"].choices is WEIGHT_DTYPES
+    assert options("predict")["engine"].choices is ENGINES
     for path in ("nbqat/_cli_parser.py", "nbqat/train/config.py", "nbqat/checkpoint.py"):
         src = (ROOT / path).read_text(encoding="utf-8")
         assert '"histogram", "percentile"' not in src and '("tft", "lstm")' not in src, path

@@ -1,8 +1,9 @@
 """The table of the main job's options (:data:`OPTIONS`) and the :class:`Option` record.
 
 Read it through :mod:`nbqat.train.options`, which builds the checks from it. The names of the
-models, observers and weight formats come from where they are defined (``nbqat.nn.forecasters``,
-``nbqat.report``, ``nbqat.qconfig``), never typed again here.
+models, observers, weight formats and engines come from where they are defined
+(``nbqat.nn.forecasters``, ``nbqat.report``, ``nbqat.qconfig``; the engines here, imported by
+``nbqat.predict``), never typed again.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ MODELS: tuple[str, ...] = FORECASTERS
 OBSERVER_CHOICES: tuple[str, ...] = (*OBSERVERS, "all")
 #: ``--device``'s values.
 DEVICES = ("cpu", "cuda")
-#: ``nbqat predict --engine``'s values.
+#: ``nbqat predict --engine``'s values (``nbqat.predict.ENGINES`` is this tuple).
 ENGINES = ("onnx", "int8", "float")
 #: The commands whose options the table holds.
 COMMANDS = ("train", "predict", "backtest")
