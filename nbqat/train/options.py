@@ -108,16 +108,19 @@ def expected(o: Option, null: str = "None") -> str:
 
 
 def _range_text(o: Option) -> str:
-    kind = "integer" if o.type is int else "number"
+    """"a positive integer", "an integer >= 0", "a positive finite number", "a number in [0, 1)"
+    and so on, from ``o``'s type and bounds."""
+    integer = o.type is int
+    kind = "integer" if integer else "finite number"
     lo, hi = o.low, o.high
-    if lo == 0 and hi is None and not o.low_open:
-        return f"an {kind} >= 0" if kind == "integer" else "a finite number >= 0"
-    if lo is not None and hi is None:
-        if o.type is int and lo == 1 or o.low_open and lo == 0:
-            return f"a positive {kind}" if kind == "integer" else "a positive finite number"
-        return f"a{'n' if kind == 'integer' else ''} {kind} {'>' if o.low_open else '>='} {lo}"
+    if hi is None and (lo == 1 and integer or lo == 0 and o.low_open):
+        return f"a positive {kind}"
+    if hi is None and lo is not None:
+        return f"{'an' if integer else 'a'} {kind} {'>' if o.low_open else '>='} {lo}"
+    if lo is None and hi is None:
+        return f"{'an' if integer else 'a'} {kind}"
     left, right = "(" if o.low_open else "[", ")" if o.high_open else "]"
-    return f"a {kind} in {left}{lo}, {hi}{right}"
+    return f"{'an integer' if integer else 'a number'} in {left}{lo}, {hi}{right}"
 
 
 def problem(o: Option, v: Any, *, resolved: bool = False, null: str = "None") -> str | None:
@@ -136,14 +139,10 @@ def problem(o: Option, v: Any, *, resolved: bool = False, null: str = "None") ->
     if v is None:
         ok = o.nullable or (not resolved and o.default is None)
         return None if ok else f"expected {expected(o, null)}, got {null}"
-    if not _type_ok(o, v, resolved):
-        return f"expected {expected(o, null)}, got {type(v).__name__} {v!r}"
     if o.choices is not None:
-        ok = v in o.choices
-    elif o.type in (int, float):
-        ok = _in_range(o, v)
+        ok = _type_ok(o, v, resolved) and v in o.choices
     else:
-        ok = True
+        ok = _type_ok(o, v, resolved) and (o.type not in (int, float) or _in_range(o, v))
     return None if ok else f"expected {expected(o, null)}, got {v!r}"
 
 
