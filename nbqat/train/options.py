@@ -108,8 +108,8 @@ def expected(o: Option, null: str = "None") -> str:
 
 
 def _range_text(o: Option) -> str:
-    """ "a positive integer", "an integer >= 0", "a positive finite number", "a number in [0, 1)"
-    and so on, from ``o``'s type and bounds."""
+    """``o``'s type and bounds in words: "a positive integer", "an integer >= 0", "a positive
+    finite number", "a number in [0, 1)"..."""
     integer = o.type is int
     kind = "integer" if integer else "finite number"
     lo, hi = o.low, o.high
