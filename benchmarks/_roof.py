@@ -8,6 +8,7 @@ noisy), and every function is called once before timing (JIT compile, page fault
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -128,3 +129,22 @@ def report(benchmark, **figures: float) -> None:
         benchmark.extra_info[k] = v
     name = getattr(benchmark, "name", "")
     print("\n[nbqat-bench] " + name + " " + " ".join(f"{k}={v:.4g}" for k, v in figures.items()))
+
+
+def ours_time(benchmark, fn: Callable[[], Any], repeat: int) -> float:
+    """Run ``fn`` under pytest-benchmark and return its median; under ``--benchmark-disable``
+    (the CI smoke run) time it here instead (:func:`median_time`)."""
+    benchmark(fn)
+    t = bench_median(benchmark)
+    if math.isnan(t):  # --benchmark-disable: time it ourselves
+        t = median_time(fn, repeat=repeat)
+    return t
+
+
+def torch_or_none() -> Any:
+    """The torch module, or None where it is not installed (the ratio is then left out)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch

@@ -15,10 +15,8 @@ Ratios are reported, never asserted.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
-from _roof import bench_median, copy_roof, median_time, report
+from _roof import copy_roof, median_time, ours_time, report, torch_or_none
 from conftest import SMALL
 
 import nbqat
@@ -42,19 +40,7 @@ class _Shrinking:
 
 
 def _ours_time(benchmark, fn) -> float:
-    benchmark(fn)
-    t = bench_median(benchmark)
-    if math.isnan(t):  # --benchmark-disable: time it ourselves
-        t = median_time(fn, repeat=REPEAT)
-    return t
-
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
+    return ours_time(benchmark, fn, REPEAT)
 
 
 def _flat_views(rng):
@@ -78,7 +64,7 @@ def test_clip_grad_norm_150_arrays(benchmark):
 
     ours = _ours_time(benchmark, fn)
     figures = {"n_arrays": len(views), "elements": flat.size, "us": ours * 1e6}
-    torch = _torch()
+    torch = torch_or_none()
     if torch is not None:
         params = []
         for v in views:
@@ -105,7 +91,7 @@ def test_clip_grad_norm_one_big_array(benchmark):
     figures = {"elements": N_BIG, "ms": ours * 1e3, "fraction_of_roof": roof / ours}  # >= 0.85
     norm_only = median_time(lambda: nbqat.get_total_norm(g), REPEAT)
     figures["norm_only_ms"] = norm_only * 1e3
-    torch = _torch()
+    torch = torch_or_none()
     if torch is not None:
         q = torch.nn.Parameter(torch.zeros(N_BIG))
         q.grad = torch.from_numpy(g.copy())

@@ -32,7 +32,7 @@ ROUNDS = 3 if SMALL else 11
 def _model():
     from nbqat.nn import TemporalFusionTransformer, TFTConfig
     from nbqat.nn.qat import QATTemporalFusionTransformer
-    from nbqat.qconfig import QATConfig
+    from nbqat.quantization.qconfig import QATConfig
 
     cfg = TFTConfig(MS, MX, MZ, D, K, TAU, num_heads=HEADS)
     fm = TemporalFusionTransformer(cfg, seed=0)

@@ -13,7 +13,6 @@ asserted. ``NBQAT_BENCH_SMALL=1`` shrinks every size.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import tempfile
 
 import numpy as np
 import pytest
-from _roof import bench_median, copy_roof, median_time, report
+from _roof import copy_roof, median_time, ours_time, report, torch_or_none
 from conftest import SMALL
 
 import nbqat
@@ -33,19 +32,7 @@ BYTES_PER_ELEM = 9  # float32 in, float32 out, bool mask out
 
 
 def _ours_time(benchmark, fn) -> float:
-    benchmark(fn)
-    t = bench_median(benchmark)
-    if math.isnan(t):  # --benchmark-disable: time it ourselves
-        t = median_time(fn, repeat=REPEAT)
-    return t
-
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
+    return ours_time(benchmark, fn, REPEAT)
 
 
 def test_per_tensor_cachemask(benchmark):
@@ -67,7 +54,7 @@ def test_per_tensor_cachemask(benchmark):
         "GBps": BYTES_PER_ELEM * n / t / 1e9,
         "roof_ratio": roof / t,
     }
-    torch = _torch()
+    torch = torch_or_none()
     if torch is not None:
         tx = torch.from_numpy(x)
         tt = median_time(
@@ -97,7 +84,7 @@ def test_per_channel_cachemask(benchmark, axis):
     t = _ours_time(benchmark, fn)
     roof = copy_roof(BYTES_PER_ELEM * n, repeat=REPEAT)
     figures = {"seconds": t, "GBps": BYTES_PER_ELEM * n / t / 1e9, "roof_ratio": roof / t}
-    torch = _torch()
+    torch = torch_or_none()
     if torch is not None:
         tx, ts, tz = torch.from_numpy(x), torch.from_numpy(scale), torch.from_numpy(zp)
         tt = median_time(

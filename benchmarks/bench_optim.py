@@ -11,10 +11,8 @@ Ratios are reported, never asserted. ``NBQAT_BENCH_SMALL=1`` shrinks every size.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
-from _roof import bench_median, copy_roof, median_time, report
+from _roof import copy_roof, median_time, ours_time, report, torch_or_none
 from conftest import SMALL
 
 import nbqat
@@ -24,19 +22,7 @@ REPEAT = 3 if SMALL else 9
 
 
 def _ours_time(benchmark, fn) -> float:
-    benchmark(fn)
-    t = bench_median(benchmark)
-    if math.isnan(t):  # --benchmark-disable: time it ourselves
-        t = median_time(fn, repeat=REPEAT)
-    return t
-
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
+    return ours_time(benchmark, fn, REPEAT)
 
 
 def _bench(benchmark, name, kw, bytes_per_elem, grad_scale=1.0):
@@ -47,7 +33,7 @@ def _bench(benchmark, name, kw, bytes_per_elem, grad_scale=1.0):
     ours = _ours_time(benchmark, lambda: opt.step(g, grad_scale=grad_scale))
     roof = copy_roof(bytes_per_elem * N, repeat=REPEAT)
     figures = {"elements": N, "ms": ours * 1e3, "fraction_of_roof": roof / ours}
-    torch = _torch()
+    torch = torch_or_none()
     if torch is not None:
         tp = torch.nn.Parameter(torch.from_numpy(p.copy()))
         tp.grad = torch.from_numpy(g.copy())

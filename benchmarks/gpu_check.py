@@ -127,7 +127,7 @@ def _torch_cuda() -> Any:
 
 def _nbqat_cases(cuda: Any, x: np.ndarray, channels: int) -> dict[str, Callable[[], Any]]:
     import nbqat
-    from nbqat import fake_quant as F
+    from nbqat.quantization import fake_quant as F
 
     n = x.size
     dx, dout = cuda.to_device(x), cuda.device_array(n, np.float32)

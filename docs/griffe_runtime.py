@@ -3,7 +3,8 @@
 Griffe reads nbqat's source statically, and two things in nbqat exist only at import time:
 
 * the observers' constructor signature: ``_MinMaxBase.__init__(self, *args, **kwargs)`` binds
-  against the class attribute ``__signature__`` (:class:`nbqat._observer_args.ConstructorSignature`,
+  against the class attribute ``__signature__``
+  (:class:`nbqat.quantization._observer_args.ConstructorSignature`,
   the common arguments written once), so ``inspect.signature(MinMaxObserver)`` is torch's while
   the source shows ``*args, **kwargs``. Griffe compared the documented parameters (``dtype``,
   ``qscheme``, ..., ``nonfinite``) with the static signature and warned for each of them ("does

@@ -8,39 +8,45 @@ live in :mod:`nbqat.nn`, the shipped dataset in :mod:`nbqat.data`, the main job 
 :mod:`nbqat.train` (``nbqat train``) and its Python API :class:`nbqat.Forecaster`.
 """
 
+import importlib
 from typing import TYPE_CHECKING
 
-from nbqat import affine as _affine
-from nbqat import fake_quant as _fake_quant
-from nbqat import float8 as _float8
-from nbqat.affine import *  # noqa: F403 - block-wise affine (torchao), re-exported below
+from nbqat import _moved
+from nbqat._version import __version__ as __version__
 from nbqat.clip import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm
-from nbqat.fake_quant import *  # noqa: F403 - its __all__, re-exported below
-from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
-from nbqat.float8 import *  # noqa: F403 - float8 (torchao), re-exported below
-from nbqat.histogram_observers import HistogramObserver
-from nbqat.observers import (
+from nbqat.optim import SGD, Adam, AdamW
+from nbqat.quantization import affine as _affine
+from nbqat.quantization import fake_quant as _fake_quant
+from nbqat.quantization import float8 as _float8
+from nbqat.quantization.affine import *  # noqa: F403 - block-wise affine (torchao), re-exported below
+from nbqat.quantization.fake_quant import *  # noqa: F403 - its __all__, re-exported below
+from nbqat.quantization.fake_quantize import FakeQuantize, LearnableFakeQuantize
+from nbqat.quantization.float8 import *  # noqa: F403 - float8 (torchao), re-exported below
+from nbqat.quantization.histogram_observers import HistogramObserver
+from nbqat.quantization.observers import (
     MinMaxObserver,
     MovingAverageMinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
     PerChannelMinMaxObserver,
 )
-from nbqat.optim import SGD, Adam, AdamW
-from nbqat.qconfig import QATConfig, QConfig, default_qat_qconfig
-from nbqat.range_observers import MSEObserver, PercentileObserver
+from nbqat.quantization.qconfig import QATConfig, QConfig, default_qat_qconfig
+from nbqat.quantization.range_observers import MSEObserver, PercentileObserver
+
+_moved.install()  # the old import paths of moved modules, with a DeprecationWarning
 
 if TYPE_CHECKING:  # imported lazily by __getattr__
     from nbqat.forecaster import Forecaster
 
-__version__ = "0.1.0"
-
 
 def __getattr__(name: str):
-    """``nbqat.Forecaster``, imported on first use (``import nbqat`` stays light)."""
+    """``nbqat.Forecaster``, imported on first use (``import nbqat`` stays light), and the old
+    paths of moved modules (:mod:`nbqat._moved`)."""
     if name == "Forecaster":
         from nbqat.forecaster import Forecaster
 
         return Forecaster
+    if f"nbqat.{name}" in _moved.MOVED:  # nbqat.fake_quant & co., the moved modules
+        return importlib.import_module(f"nbqat.{name}")  # the alias: warns once, then cached
     raise AttributeError(f"module 'nbqat' has no attribute {name!r}")
 
 

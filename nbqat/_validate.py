@@ -24,8 +24,8 @@ Helpers (general, for every nbqat module):
 * :func:`split_axis` -- the ``(outer, C, inner)`` factorisation of a shape around an axis.
 
 Two sibling modules hold the checks of one domain each, built on these:
-:mod:`nbqat._validate_qparams` (quantization range, scales, zero points) and
-:mod:`nbqat._validate_state` (quantizer construction and state dicts); their names are
+:mod:`nbqat.quantization._validate_qparams` (quantization range, scales, zero points) and
+:mod:`nbqat.quantization._validate_state` (quantizer construction and state dicts); their names are
 reachable from this module as well (``_validate.check_scale``), imported on first use.
 """
 
@@ -382,7 +382,7 @@ def check_device_contiguous(d: Any, name: str) -> None:
 
 #: The sibling modules whose checks are reachable here too (``V.check_scale``): imported on
 #: first use (they import this module, so not at import time).
-_SIBLINGS = ("nbqat._validate_qparams", "nbqat._validate_state")
+_SIBLINGS = ("nbqat.quantization._validate_qparams", "nbqat.quantization._validate_state")
 
 
 def __getattr__(name: str) -> Any:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from nbqat._cli_parser import build_parser
+from nbqat.train.parser import build_parser
 
 __all__ = ["build_parser", "main"]
 
@@ -141,7 +141,7 @@ def _predict(args: argparse.Namespace) -> int:
 
     from nbqat.data import DataError
     from nbqat.forecaster import Forecaster
-    from nbqat.predict import check_out, write_csv
+    from nbqat.train.predict import check_out, write_csv
 
     name = f"nbqat {args.command}"
     backtest = args.command == "backtest" or getattr(args, "backtest", False)

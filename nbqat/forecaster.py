@@ -155,7 +155,7 @@ class Forecaster:
                     f"data must be a pandas DataFrame, a path or a SeriesData, got "
                     f"{type(data).__name__}"
                 )
-            from nbqat import preflight
+            from nbqat.train import preflight
 
             preflight.check_out(out, bool(self.options.get("overwrite")))
             out.mkdir(parents=True, exist_ok=True)
@@ -230,9 +230,9 @@ class Forecaster:
         Raises
         ------
         FileNotFoundError, ValueError
-            No such folder, or no finished run in it (:func:`nbqat.predict.load_run`).
+            No such folder, or no finished run in it (:func:`nbqat.train.predict.load_run`).
         """
-        from nbqat.predict import load_run
+        from nbqat.train.predict import load_run
 
         run, cfg = load_run(run_dir)
         names = set(_option_names())
@@ -270,9 +270,9 @@ class Forecaster:
         Returns
         -------
         pandas.DataFrame
-            ``entity, time, step, p10, p50, p90 [, actual]`` (:func:`nbqat.predict.forecast`).
+            ``entity, time, step, p10, p50, p90 [, actual]`` (:func:`nbqat.train.predict.forecast`).
         """
-        from nbqat.predict import forecast
+        from nbqat.train.predict import forecast
 
         return forecast(self._run(), data, at=at, engine=engine, fill_gaps=fill_gaps)
 
@@ -294,9 +294,9 @@ class Forecaster:
         -------
         pandas.DataFrame
             ``entity, origin, time, step, p10, p50, p90, actual``; ``.attrs["q_risk"]``: the
-            q-risk per quantile (:func:`nbqat.predict.q_risk_table`).
+            q-risk per quantile (:func:`nbqat.train.predict.q_risk_table`).
         """
-        from nbqat.predict import forecast, load_run, q_risk_table, run_info
+        from nbqat.train.predict import forecast, load_run, q_risk_table, run_info
 
         run, cfg = load_run(self._run())
         info = run_info(run, cfg)

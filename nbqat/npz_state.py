@@ -2,7 +2,8 @@
 
 The one module that writes or reads ``.npz`` files: every QAT model's ``save`` / ``load``
 (:class:`~nbqat.nn.qat.QATTemporalFusionTransformer`, :class:`~nbqat.nn.quantize.QATModel`) and
-the main job's ``float.npz`` (its schema is :mod:`nbqat.checkpoint`'s, handed in as a format
+the main job's ``float.npz`` (its schema is :mod:`nbqat.train.checkpoint_schema`'s, handed in as a
+format
 name), so that nbqat has one on-disk format::
 
     save_state("qat.npz", {"params": p, "opt": opt.state_dict()}, format="nbqat.qat")

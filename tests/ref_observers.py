@@ -1,7 +1,7 @@
 """Slow, obviously-correct NumPy references for the observers (the oracle besides PyTorch).
 
 Everything works element by element on NumPy float32 scalars, with no compiled code and no code
-shared with :mod:`nbqat.observers`.
+shared with :mod:`nbqat.quantization.observers`.
 """
 
 from __future__ import annotations

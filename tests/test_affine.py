@@ -8,7 +8,7 @@ import pytest
 from ref_lowbit import assert_same_bits, load_quant_primitives
 
 import nbqat
-from nbqat import _blocks
+from nbqat.quantization import _blocks
 
 RANGES = [
     ("symmetric", -8, 7),

@@ -96,7 +96,7 @@ def test_not_an_array_is_a_type_error():
 
 
 def test_one_cuda_array_predicate(cuda_sim):
-    from nbqat import _validate_qparams, _validate_state
+    from nbqat.quantization import _validate_qparams, _validate_state
 
     assert V.is_cuda_array is _cuda.is_cuda_array
     assert V.check_scale is _validate_qparams.check_scale  # the siblings reachable from V

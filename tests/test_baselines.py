@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nbqat.baselines import RidgeBaseline, flatten_window, seasonal_naive_forecast
 from nbqat.data import load_tmy3, make_windows
+from nbqat.train.baselines import RidgeBaseline, flatten_window, seasonal_naive_forecast
 
 
 class _Split:
@@ -59,7 +59,7 @@ def test_flatten_window_order(rng):
 
 @pytest.mark.parametrize("lam", [0.0, 1.0, 50.0])
 def test_ridge_matches_lstsq_oracle(rng, lam, monkeypatch):
-    import nbqat.baselines as bl
+    import nbqat.train.baselines as bl
 
     monkeypatch.setattr(bl, "_CHUNK", 64)  # several chunks: the accumulation is exercised
     s, h, f, y = _data(rng)
@@ -157,7 +157,7 @@ def test_tuned_ridge_matches_a_plain_grid_search():
     # Oracle: every history's windows from make_windows itself (not Windows.with_history),
     # ridge by lstsq, the validation P50 q-risk written out (sum |y - P50| / sum |y|), and
     # the grid searched in plain Python.
-    from nbqat.baselines import tune_ridge
+    from nbqat.train.baselines import tune_ridge
 
     data, kw, w = _ar_windows()
     seasons, lambdas = (1, 2, 4), (0.01, 1.0, 300.0)
@@ -187,7 +187,7 @@ def test_tuned_ridge_matches_a_plain_grid_search():
 
 
 def test_tuned_ridge_keeps_to_the_histories_the_data_allows():
-    from nbqat.baselines import ridge_histories, tune_ridge
+    from nbqat.train.baselines import ridge_histories, tune_ridge
 
     _, _, w = _ar_windows()
     # 400 rows, the validation split starts at row 280: a history of 300 would move the
@@ -210,7 +210,7 @@ def test_tuned_ridge_keeps_to_the_histories_the_data_allows():
 
 
 def test_tuned_ridge_with_the_fixed_point_in_its_grid_is_not_worse_on_validation():
-    from nbqat.baselines import tune_ridge
+    from nbqat.train.baselines import tune_ridge
 
     w = make_windows(load_tmy3(), history=24, horizon=6, eval_stride=24, train_stride=8)
     t = tune_ridge(w, seasons=(1, 2), lambdas=(1.0, 100.0))

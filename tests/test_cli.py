@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nbqat import plots
 from nbqat.cli import build_parser, main
 from nbqat.data import TMY3_FILE
-from nbqat.train import TrainConfig, pinball_loss, q_risk
+from nbqat.train import TrainConfig, pinball_loss, plots, q_risk
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import nbqat
-from nbqat import fake_quant as F
+from nbqat.quantization import fake_quant as F
 
 DTYPES = [np.float16, np.float32, np.float64]
 

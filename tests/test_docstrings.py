@@ -28,9 +28,9 @@ PACKAGES = (
     "nbqat.nn",
     "nbqat.export",
     "nbqat.data",
-    "nbqat.checkpoint",
-    "nbqat.preflight",
-    "nbqat.plots",
+    "nbqat.train.checkpoint_schema",
+    "nbqat.train.preflight",
+    "nbqat.train.plots",
 )
 
 _HEADER = re.compile(r"^(?P<title>[A-Za-z][A-Za-z ]*)\n-{3,}[ \t]*$", re.MULTILINE)

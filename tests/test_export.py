@@ -23,7 +23,7 @@ from nbqat.export.onnx_export import build_model
 from nbqat.export.parity import ort_session
 from nbqat.nn import TemporalFusionTransformer, TFTConfig
 from nbqat.nn.qat import QATTemporalFusionTransformer
-from nbqat.qconfig import default_qat_qconfig
+from nbqat.quantization.qconfig import default_qat_qconfig
 
 K, TAU, MS, MX, MZ = 5, 3, 2, 2, 3
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from ref_fake_quant import fake_quant_ref, lsq_ref
 
 import nbqat
-from nbqat import fake_quant as F
+from nbqat.quantization import fake_quant as F
 
 RANGES = {
     "int4": (-8, 7),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nbqat import fake_quant as F
+from nbqat.quantization import fake_quant as F
 
 EDGE = np.array(
     [0.5, 1.5, 2.5, -0.5, 1.55, 12.75, -0.05, np.nan, np.inf, -np.inf, 1e38, -0.0, 0.3],

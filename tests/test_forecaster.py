@@ -208,11 +208,11 @@ def test_docs_onnxruntime_example_reproduces_predict(demand, tmp_path):
 def test_onnx_graph_matches_nbqat_features_and_qdq_part(demand):
     """The self-contained graph against nbqat's own path: nbqat's features fed to the QDQ part
     (rebuilt from the checkpoint), unscaled by nbqat, on every backtest window."""
-    from nbqat import predict as P
     from nbqat.data import Scaling
     from nbqat.data._forecast import forecast_windows
     from nbqat.export.onnx_export import build_model
     from nbqat.export.parity import ort_session
+    from nbqat.train import predict as P
 
     d, full, _, fut, run = demand
     r, cfg = P.load_run(run)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import nbqat
-from nbqat._observer_stats import decode as decode_keys
 from nbqat.kernels import histogram_cpu as hk
 from nbqat.kernels import keygrid_cpu as kg
+from nbqat.quantization._observer_stats import decode as decode_keys
 
 CONFIGS = [
     ("quint8", "per_tensor_affine", False),

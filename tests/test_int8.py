@@ -80,7 +80,7 @@ def test_qlinear_accumulates_exactly_in_integers(rng):
 
 def test_int8_linear_and_lstm_match_their_fake_quant_layers(rng):
     from nbqat.nn import ParameterBuffer
-    from nbqat.qconfig import default_qat_qconfig as qc
+    from nbqat.quantization.qconfig import default_qat_qconfig as qc
 
     lin = Linear(12, 5)
     ParameterBuffer(lin, np.float32, seed=1)

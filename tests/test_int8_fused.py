@@ -9,7 +9,7 @@ import pytest
 from nbqat.kernels.int8_cpu import F32_EXACT
 from nbqat.nn import LSTM, Linear, ParameterBuffer
 from nbqat.nn.int8 import Int8Linear, Int8LSTM
-from nbqat.qconfig import default_qat_qconfig as qc
+from nbqat.quantization.qconfig import default_qat_qconfig as qc
 
 
 def _same(a, b):

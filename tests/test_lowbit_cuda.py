@@ -8,7 +8,7 @@ import pytest
 from ref_lowbit import assert_same_bits
 
 import nbqat
-from nbqat import _blocks
+from nbqat.quantization import _blocks
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from test_export import _batch, _qat
 from nbqat.export import to_onnx
 from nbqat.export.onnx_export import INPUTS, build_model
 from nbqat.export.parity import ort_session
-from nbqat.qconfig import float8_qconfig, int4_weight_qconfig
+from nbqat.quantization.qconfig import float8_qconfig, int4_weight_qconfig
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,15 @@ import pytest
 from ref_lowbit import assert_same_bits, load_quant_primitives
 
 import nbqat
-from nbqat.lowbit_quantize import Float8FakeQuantize, GroupFakeQuantize, PerTokenFakeQuantize
 from nbqat.nn import ELU, Linear, ParameterBuffer, Sequential, prepare_qat
 from nbqat.nn.convert import convert
 from nbqat.nn.int4 import GroupedLinear
-from nbqat.qconfig import float8_qconfig, int4_weight_qconfig
+from nbqat.quantization.lowbit_quantize import (
+    Float8FakeQuantize,
+    GroupFakeQuantize,
+    PerTokenFakeQuantize,
+)
+from nbqat.quantization.qconfig import float8_qconfig, int4_weight_qconfig
 
 
 @pytest.fixture(scope="module")
@@ -187,8 +191,8 @@ def test_float8_qconfig_flow():
 
 
 def test_train_weight_format_options():
-    from nbqat._cli_parser import build_parser
     from nbqat.train.config import TrainConfig
+    from nbqat.train.parser import build_parser
 
     with pytest.raises(ValueError, match="--group-size needs --weight-bits 4"):
         TrainConfig(group_size=16).resolved()

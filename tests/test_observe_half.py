@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nbqat import _observer_stats as S
 from nbqat.kernels import observe_cpu as K
+from nbqat.quantization import _observer_stats as S
 
 
 def _same(a, b):

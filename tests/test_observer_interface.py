@@ -1,5 +1,5 @@
 """The observers' public interfaces: torch's constructor signatures (written once in
-nbqat._observer_args), the state interface of FakeQuantize's fused path (set_min_max,
+nbqat.quantization._observer_args), the state interface of FakeQuantize's fused path (set_min_max,
 symmetric_zero_point) and the counting kernels at block, chunk and bin-edge boundaries."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import nbqat
-from nbqat._observer_stats import decode
 from nbqat.kernels import histogram_cpu as hk
 from nbqat.kernels import keygrid_cpu as kg
+from nbqat.quantization._observer_stats import decode
 
 # nbqat class -> torch class name; nbqat's extra arguments (not in torch's signature)
 CLASSES = [

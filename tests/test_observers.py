@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from ref_observers import RefObserver, ref_batch_minmax, ref_channel_values, ref_qparams
 
 import nbqat
-from nbqat import _observer_stats as S
 from nbqat._validate import split_axis
 from nbqat.kernels import observe_cpu as K
+from nbqat.quantization import _observer_stats as S
 
 KINDS = {
     "minmax": (nbqat.MinMaxObserver, "MinMaxObserver", False, False),

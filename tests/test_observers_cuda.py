@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import nbqat
-from nbqat import _observer_stats as S
+from nbqat.quantization import _observer_stats as S
 
 
 def _inject(rng, x, n_bad):

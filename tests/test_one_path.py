@@ -2,7 +2,9 @@
 
 * one module (``nbqat/npz_state.py``) writes and reads ``.npz`` files;
 * no module writes another object's underscore attributes on the fake-quantize path;
-* ``nbqat.checkpoint`` (the schema validator) imports nothing of the job (``nbqat.train``);
+* the checkpoint codec (``nbqat/npz_state.py``) knows no schema; the job's schema
+  (``nbqat.train.checkpoint_schema``) imports nothing else of the job, and no module below
+  the job imports it;
 * an option that the chosen ``--model`` does not read is a one-line error naming both.
 """
 
@@ -65,12 +67,12 @@ def _foreign_private_writes(tree: ast.AST) -> list[str]:
 
 
 FAKE_QUANT_PATH = [
-    "nbqat/fake_quantize.py",
-    "nbqat/_fake_quantize_fused.py",
-    "nbqat/_quantizer_base.py",
-    "nbqat/learnable_fake_quantize.py",
-    "nbqat/fake_quant.py",
-    "nbqat/report.py",
+    "nbqat/quantization/fake_quantize.py",
+    "nbqat/quantization/_fake_quantize_fused.py",
+    "nbqat/quantization/_quantizer_base.py",
+    "nbqat/quantization/learnable_fake_quantize.py",
+    "nbqat/quantization/fake_quant.py",
+    "nbqat/train/report.py",
 ]
 
 
@@ -94,12 +96,33 @@ def _imported(tree: ast.AST) -> set[str]:
     return out
 
 
+_SCHEMA = {"nbqat.train.checkpoint_schema", "nbqat.train.checkpoint_float"}
+
+
 @pytest.mark.parametrize(
-    "module", ["nbqat/checkpoint.py", "nbqat/_checkpoint_float.py", "nbqat/npz_state.py"]
+    "module, allowed",
+    [
+        ("nbqat/npz_state.py", set()),  # the codec knows no schema
+        ("nbqat/train/checkpoint_schema.py", _SCHEMA),  # the schema: nothing else of the job
+        ("nbqat/train/checkpoint_float.py", _SCHEMA),
+    ],
 )
-def test_the_checkpoint_modules_import_nothing_of_the_job(module):
+def test_the_checkpoint_modules_import_nothing_of_the_job(module, allowed):
     imported = _imported(dict(_modules())[module])  # module level and inside functions
-    assert not {m for m in imported if m == "nbqat.train" or m.startswith("nbqat.train.")}
+    job = {m for m in imported if m == "nbqat.train" or m.startswith("nbqat.train.")}
+    assert {m for m in job if m not in allowed and m.rpartition(".")[0] not in allowed} == set()
+
+
+def test_no_module_below_the_job_imports_it():
+    """The data flows one way (docs/architecture.md): only the command line, the Forecaster API
+    and the job itself import :mod:`nbqat.train`."""
+    above = {"nbqat/cli.py", "nbqat/forecaster.py", "nbqat/__main__.py"}
+    bad = {
+        path: sorted(m for m in _imported(tree) if m.startswith("nbqat.train"))
+        for path, tree in _modules()
+        if path not in above and not path.startswith("nbqat/train/")
+    }
+    assert {p: ms for p, ms in bad.items() if ms} == {}
 
 
 @pytest.mark.parametrize(
@@ -129,7 +152,7 @@ def test_the_api_refuses_a_tft_option_with_the_lstm_too(tmp_path):
 
 def test_the_fused_helpers_write_no_attribute():
     """FakeQuantize owns its fast path: the compiled helpers return the new state."""
-    tree = dict(_modules())["nbqat/_fake_quantize_fused.py"]
+    tree = dict(_modules())["nbqat/quantization/_fake_quantize_fused.py"]
     writes = [
         ast.unparse(t)
         for n in ast.walk(tree)

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from nbqat import checkpoint as ckpt
-from nbqat._cli_parser import build_parser
 from nbqat.cli import main
 from nbqat.forecaster import Forecaster
 from nbqat.train import TrainConfig
+from nbqat.train import checkpoint_schema as ckpt
 from nbqat.train.checkpointing import config_schema
 from nbqat.train.option_doc import REGENERATE, markdown
 from nbqat.train.options import OPTIONS, config_options, options
+from nbqat.train.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -157,9 +157,9 @@ def test_trainconfig_fields_are_the_registry_options():
 
 def test_the_names_are_defined_once():
     from nbqat.nn.forecasters import FORECASTERS
-    from nbqat.predict import ENGINES
-    from nbqat.qconfig import WEIGHT_BITS, WEIGHT_DTYPES
-    from nbqat.report import OBSERVERS
+    from nbqat.quantization.qconfig import WEIGHT_BITS, WEIGHT_DTYPES
+    from nbqat.train.predict import ENGINES
+    from nbqat.train.report import OBSERVERS
 
     train = options("train")
     assert train["model"].choices is FORECASTERS
@@ -167,14 +167,15 @@ def test_the_names_are_defined_once():
     assert train["weight_bits"].choices is WEIGHT_BITS
     assert train["weight_dtype"].choices is WEIGHT_DTYPES
     assert options("predict")["engine"].choices is ENGINES
-    for path in ("nbqat/_cli_parser.py", "nbqat/train/config.py", "nbqat/checkpoint.py"):
+    paths = ("nbqat/train/parser.py", "nbqat/train/config.py", "nbqat/train/checkpoint_schema.py")
+    for path in paths:
         src = (ROOT / path).read_text(encoding="utf-8")
         assert '"histogram", "percentile"' not in src and '("tft", "lstm")' not in src, path
         assert '"float8_e4m3fn")' not in src, path
 
 
 def test_checkpoint_repeats_no_range_rule():
-    src = (ROOT / "nbqat" / "checkpoint.py").read_text(encoding="utf-8")
+    src = (ROOT / "nbqat" / "train" / "checkpoint_schema.py").read_text(encoding="utf-8")
     # the state's consistency checks read config["epochs"] etc.; no option's range is here
     for name in ("batch_size", "hidden_dim", "heads", "lr", "qat_lr", "dropout", "ema_decay"):
         assert f'"{name}"' not in src, name

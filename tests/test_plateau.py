@@ -4,7 +4,7 @@ back to the best weights at ``--plateau-factor`` times the scheduled rate (torch
 
 Oracle: a scripted validation P50 sequence (the real loss curve kept) and every optimizer
 step's rate and weights recorded by hand, against the closed-form schedule
-(:func:`nbqat.recipe.lr_at`) and the rule written out in each test.
+(:func:`nbqat.train.recipe.lr_at`) and the rule written out in each test.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from nbqat.checkpoint import load_float_state
-from nbqat.recipe import GroupedAdamW, lr_at
+from nbqat.train.checkpoint_schema import load_float_state
+from nbqat.train.recipe import GroupedAdamW, lr_at
 
 _TINY = ["train", "--epochs", "5", "--qat-epochs", "1", "--batch-size", "16", "--hidden-dim",
          "4", "--heads", "1", "--history", "24", "--horizon", "6", "--windows-per-epoch", "48",
@@ -134,7 +134,7 @@ def after_plateau(tmp_path_factory):
 
 def _signed(ck, fn) -> None:
     """Edit state.json and recompute its checksum (to reach the checks behind it)."""
-    from nbqat.checkpoint import digest
+    from nbqat.train.checkpoint_schema import digest
 
     meta = json.loads((ck / "state.json").read_text())
     fn(meta)

@@ -127,7 +127,7 @@ def test_error_unfinished_or_empty_run(run, tmp_path, capsys):
     st["state"]["phase"] = "qat"
     (part / "checkpoint" / "state.json").write_text(json.dumps(st))  # a hand edit: refused
     _fails(["predict", str(part)], tmp_path / "f.csv", capsys, "checksum")
-    from nbqat.checkpoint import digest
+    from nbqat.train.checkpoint_schema import digest
 
     st["checksum"] = digest(st)  # an interrupted run's state, as the main job writes it
     (part / "checkpoint" / "state.json").write_text(json.dumps(st))
@@ -181,7 +181,7 @@ def test_other_data_is_standardised_with_the_runs_scaling(run, tmp_path):
     forecast (it would not move a refitted standardisation's inputs)."""
     import warnings
 
-    from nbqat.predict import forecast
+    from nbqat.train.predict import forecast
 
     raw = _raw_rows()
     for r in raw:

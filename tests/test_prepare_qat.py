@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ref_nn import forecast_batch
+from ref_nn import fd_grad, forecast_batch
 from ref_qat_torch import t_act, t_weight
 from tolerances import dot_bound
 
@@ -50,7 +50,16 @@ def mlp():
     return Sequential(Linear(6, 16), ELU(), LayerNorm(16), Residual(16, 8, 3))
 
 
-def fd_check(model, buf, x, rng, eps=1e-6):
+def _assert_fd(loss, arrays_and_indices):
+    """Each ``(array, flat indices, analytic gradient)``: the analytic entries equal
+    :func:`ref_nn.fd_grad`'s float64 finite differences of ``loss()``."""
+    for arr, idx, grad in arrays_and_indices:
+        fd = fd_grad(loss, arr, indices=idx)
+        for i in idx:
+            assert grad.reshape(-1)[i] == pytest.approx(fd.reshape(-1)[i], rel=1e-6, abs=1e-8)
+
+
+def fd_check(model, buf, x, rng):
     w = rng.standard_normal(model(x).shape)
 
     def loss():
@@ -59,20 +68,9 @@ def fd_check(model, buf, x, rng, eps=1e-6):
     buf.zero_grad()
     model(x)
     dx = model.backward(w.copy())
-    for i in rng.choice(buf.params.size, 40, replace=False):
-        old = buf.params[i]
-        buf.params[i] = old + eps
-        up = loss()
-        buf.params[i] = old - eps
-        down = loss()
-        buf.params[i] = old
-        assert buf.grads[i] == pytest.approx((up - down) / (2 * eps), rel=1e-6, abs=1e-8)
-    for idx in [(0, 0), (2, 5), (4, 3)]:
-        xp, xm = x.copy(), x.copy()
-        xp[idx] += eps
-        xm[idx] -= eps
-        fd = (np.sum(model(xp) * w) - np.sum(model(xm) * w)) / (2 * eps)
-        assert dx[idx] == pytest.approx(fd, rel=1e-6, abs=1e-8)
+    picks = rng.choice(buf.params.size, 40, replace=False)
+    xs = [np.ravel_multi_index(i, x.shape) for i in [(0, 0), (2, 5), (4, 3)]]
+    _assert_fd(loss, [(buf.params, picks, buf.grads), (x, xs, dx)])
 
 
 def test_sequential_and_composite_gradients_match_finite_differences(rng):
@@ -293,23 +291,10 @@ def test_lstm_forecaster_gradients_match_finite_differences(rng):
     m.zero_grad()
     m.forward(s, h, f)
     ds, dh, df = m.backward(w.copy())
-    eps = 1e-6
-    for i in rng.choice(m.params.size, 40, replace=False):
-        old = m.params[i]
-        m.params[i] = old + eps
-        up = loss()
-        m.params[i] = old - eps
-        down = loss()
-        m.params[i] = old
-        assert m.grads[i] == pytest.approx((up - down) / (2 * eps), rel=1e-6, abs=1e-8)
-    for arr, grad, idx in ((s, ds, (1, 0)), (h, dh, (2, 3, 1)), (f, df, (0, 2, 2))):
-        old = arr[idx]
-        arr[idx] = old + eps
-        up = loss()
-        arr[idx] = old - eps
-        down = loss()
-        arr[idx] = old
-        assert grad[idx] == pytest.approx((up - down) / (2 * eps), rel=1e-6, abs=1e-8)
+    picks = rng.choice(m.params.size, 40, replace=False)
+    inputs = [(s, ds, (1, 0)), (h, dh, (2, 3, 1)), (f, df, (0, 2, 2))]
+    checks = [(a, [np.ravel_multi_index(i, a.shape)], g) for a, g, i in inputs]
+    _assert_fd(loss, [(m.params, picks, m.grads), *checks])
 
 
 def test_qat_lstm_forecaster_matches_torch_fake_quantize(torch, rng):
@@ -408,7 +393,7 @@ def test_qat_lstm_forecaster_matches_torch_fake_quantize(torch, rng):
 def test_learnable_scales_config_builds_lsq_quantizers(rng):
     """QATConfig(learnable_scales=True) was silently ignored by prepare_qat (plain FakeQuantize,
     scales never learned)."""
-    from nbqat.fake_quantize import LearnableFakeQuantize
+    from nbqat.quantization.fake_quantize import LearnableFakeQuantize
 
     model = Sequential(Linear(4, 8), ELU(), Linear(8, 2))
     ParameterBuffer(model, seed=0)
@@ -510,7 +495,7 @@ def test_inplace_keeps_a_model_owned_buffer(rng):
 
 
 def test_float_fallback_reports_a_request_beyond_the_modules(rng):
-    from nbqat import report
+    from nbqat.train import report
 
     model = Sequential(Linear(4, 8), ELU(), Linear(8, 2))
     ParameterBuffer(model, seed=0)

@@ -13,7 +13,6 @@ import pytest
 from ref_nn import forecast_batch
 
 import nbqat
-from nbqat.fake_quantize import FakeQuantize
 from nbqat.nn import (
     LSTMForecaster,
     LSTMForecasterConfig,
@@ -33,6 +32,7 @@ from nbqat.nn.layers import Linear
 from nbqat.nn.qat import tft_qconfig_mapping
 from nbqat.nn.quantize import QAT_MODULE_MAPPINGS
 from nbqat.npz_state import CheckpointError, load_state, save_state
+from nbqat.quantization.fake_quantize import FakeQuantize
 
 TCFG = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)
 

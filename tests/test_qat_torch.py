@@ -28,7 +28,7 @@ from nbqat.nn import (
     quantile_loss_grad,
 )
 from nbqat.nn.qat import QATTemporalFusionTransformer
-from nbqat.qconfig import default_qat_qconfig as QC
+from nbqat.quantization.qconfig import default_qat_qconfig as QC
 
 
 def T(torch, a, grad=False):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import nbqat
-from nbqat import range_observers as R
+from nbqat.quantization import range_observers as R
 
 
 def _fq(v, s, z, qmin, qmax):

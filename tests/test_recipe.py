@@ -13,10 +13,10 @@ import math
 import numpy as np
 import pytest
 
-from nbqat.baselines import RidgeBaseline
 from nbqat.nn import TemporalFusionTransformer, TFTConfig, quantile_loss_grad
 from nbqat.optim import AdamW
-from nbqat.recipe import (
+from nbqat.train.baselines import RidgeBaseline
+from nbqat.train.recipe import (
     GroupedAdamW,
     finetune_float,
     init_linear_skip_from_ridge,
@@ -201,7 +201,7 @@ def test_calibration_never_sees_dropout(rng):
     # equal those of the same weights without dropout layers
     from nbqat.nn import set_dropout
     from nbqat.nn.qat import QATTemporalFusionTransformer
-    from nbqat.qconfig import QATConfig
+    from nbqat.quantization.qconfig import QATConfig
 
     kw = dict(num_heads=2, linear_skip=True)
     drop = TemporalFusionTransformer(TFTConfig(2, 3, 2, 4, 5, 3, dropout=0.5, **kw), seed=3)
@@ -231,7 +231,7 @@ def test_calibration_never_sees_dropout(rng):
 def test_averaged_optimizer_is_torch_ema_averaged_model(torch, rng):
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-    from nbqat.recipe import AveragedOptimizer, swap_average
+    from nbqat.train.recipe import AveragedOptimizer, swap_average
 
     n, decay = 30, 0.9
     p0 = rng.normal(size=n).astype(np.float32)
@@ -263,7 +263,7 @@ def test_averaged_optimizer_is_torch_ema_averaged_model(torch, rng):
 
 
 def test_averaged_optimizer_state_round_trip():
-    from nbqat.recipe import AveragedOptimizer
+    from nbqat.train.recipe import AveragedOptimizer
 
     def run(split):
         p = np.linspace(-1, 1, 30, dtype=np.float32)
@@ -323,7 +323,7 @@ def test_main_job_evaluates_and_keeps_the_weight_average(tmp_path, monkeypatch):
     ema = seen[0]
     for p in seen[1:n]:
         ema = 0.5 * ema + 0.5 * p
-    from nbqat.checkpoint import load_float_state
+    from nbqat.train.checkpoint_schema import load_float_state
 
     best = load_float_state(tmp_path / "checkpoint" / "float.npz")["best_params"]
     np.testing.assert_allclose(best, ema, rtol=1e-5, atol=1e-6)

@@ -11,9 +11,9 @@ import pytest
 from ref_nn import forecast_batch
 
 import nbqat
-from nbqat import report
 from nbqat.nn import TemporalFusionTransformer, TFTConfig
 from nbqat.nn.qat import QATTemporalFusionTransformer
+from nbqat.train import report
 
 CFG = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)
 

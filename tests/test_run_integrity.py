@@ -16,7 +16,7 @@ import pytest
 
 from nbqat.cli import main
 from nbqat.data import tmy3_path
-from nbqat.preflight import finite_metrics
+from nbqat.train.preflight import finite_metrics
 
 TINY = [
     "--epochs", "2", "--qat-epochs", "1", "--batch-size", "16", "--hidden-dim", "4",
@@ -165,7 +165,7 @@ def test_resume_uses_the_checkpoint_location_and_sums_timings(run_copy, interrup
 def _legacy_float_npz(ck: Path) -> None:
     """Rewrite float.npz in the layout of nbqat releases before the one codec: flat members
     ``params``, ``best_params``, ``opt.<a/0/b>`` (lists as ``<path>/__list__``), no manifest."""
-    from nbqat.checkpoint import load_float_state
+    from nbqat.train.checkpoint_schema import load_float_state
 
     state = load_float_state(ck / "float.npz")
     flat: dict[str, np.ndarray] = {}
@@ -234,7 +234,7 @@ def test_resume_refuses_conflicting_options(run_copy, capsys):
 
 def _edit_state(ck: Path, fn, sign: bool = True) -> None:
     """Edit state.json; ``sign``: recompute its checksum (to reach the checks behind it)."""
-    from nbqat.checkpoint import digest
+    from nbqat.train.checkpoint_schema import digest
 
     meta = json.loads((ck / "state.json").read_text())
     fn(meta)
@@ -246,7 +246,7 @@ def _edit_state(ck: Path, fn, sign: bool = True) -> None:
 def _npz(ck: Path, fn) -> None:
     """Edit float.npz's state through the codec (the file stays a valid npz_state file)."""
     from nbqat import npz_state
-    from nbqat.checkpoint import FLOAT_FORMAT
+    from nbqat.train.checkpoint_schema import FLOAT_FORMAT
 
     state = npz_state.load_state(ck / "float.npz", format=FLOAT_FORMAT)
     fn(state)
@@ -311,7 +311,7 @@ def test_corrupt_checkpoints_are_clear_errors_and_left_alone(run_copy, capsys, c
 def test_plots_take_dollar_names_and_label_units(tmp_path):
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
 
-    from nbqat import plots
+    from nbqat.train import plots
 
     rng = np.random.default_rng(0)
     names = ["$x", "a$b$c", "price $", r"y$\nope$", "$a_b_c$"]  # the last two: bad mathtext

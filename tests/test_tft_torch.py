@@ -19,16 +19,17 @@ from ref_tft_torch import make_torch_tft, torch_name
 
 from nbqat.nn import TemporalFusionTransformer, TFTConfig, quantile_loss, quantile_loss_grad
 
+_SMALL = dict(
+    num_static_features=2,
+    num_known_features=3,
+    num_unknown_features=2,
+    hidden_dim=8,
+    sequence_length=5,
+    prediction_horizon=3,
+    num_heads=2,
+)
 CONFIGS = [
-    dict(
-        num_static_features=2,
-        num_known_features=3,
-        num_unknown_features=2,
-        hidden_dim=8,
-        sequence_length=5,
-        prediction_horizon=3,
-        num_heads=2,
-    ),
+    _SMALL,
     dict(
         num_static_features=1,
         num_known_features=2,
@@ -39,16 +40,7 @@ CONFIGS = [
         num_heads=3,
         quantiles=(0.1, 0.25, 0.5, 0.75, 0.9),
     ),
-    dict(
-        num_static_features=2,
-        num_known_features=3,
-        num_unknown_features=2,
-        hidden_dim=8,
-        sequence_length=5,
-        prediction_horizon=3,
-        num_heads=2,
-        linear_skip=True,
-    ),
+    {**_SMALL, "linear_skip": True},
 ]
 
 

@@ -138,7 +138,7 @@ def build_model(model: Any, *, opset: int | None = None, metadata: Mapping[str, 
     import onnx
     from onnx import TensorProto, helper
 
-    from nbqat import __version__
+    from nbqat._version import __version__
 
     opset = _check_opset(opset)
     int8, source = _as_int8(model)

@@ -1,7 +1,8 @@
 """CPU kernels for fake quantization (Numba, ``parallel=True``, no fastmath).
 
 All kernels work on flat 1-D C-contiguous buffers of one float dtype ``T`` (float32 or float64),
-so each compiles to at most two specialisations; :mod:`nbqat.fake_quant` makes the views
+so each compiles to at most two specialisations; :mod:`nbqat.quantization.fake_quant` makes the
+views
 (contiguous copies for strided input, float32 for float16) and validates every argument.
 Per-channel kernels see a C-contiguous array as ``(outer, C, inner)`` (``C = shape[axis]``), so
 any axis works without a transpose.

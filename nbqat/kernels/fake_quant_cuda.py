@@ -1,6 +1,6 @@
 """CUDA twins of :mod:`nbqat.kernels.fake_quant_cpu` (``@cuda.jit``), and their launchers.
 
-Imported lazily by :mod:`nbqat.fake_quant` only once a CUDA array is seen (after
+Imported lazily by :mod:`nbqat.quantization.fake_quant` only once a CUDA array is seen (after
 :func:`nbqat._cuda.require_cuda`). Kernels are dtype-generic (float32/float64; float16 device
 arrays go through float32 temporaries and are rounded once on the way back) and use grid-stride
 loops sized by :func:`nbqat._cuda.grid_1d`, read at call time. The arithmetic is the CPU kernels'
@@ -183,7 +183,7 @@ def lsq_channel_backward_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
-# launchers (plain Python; arguments already validated by nbqat.fake_quant)
+# launchers (plain Python; arguments already validated by nbqat.quantization.fake_quant)
 # ----------------------------------------------------------------------------------------------
 def _dev(a, name):
     """A C-contiguous Numba device array view of a CUDA array."""

@@ -2,9 +2,10 @@
 fastmath).
 
 Every kernel works on a flat C-contiguous float32 ``x`` seen through the block geometry of
-:mod:`nbqat._blocks` (``geo = (L, G, nseg, P, Cp, m, ni, rows)`` and ``rows_map``): the
+:mod:`nbqat.quantization._blocks` (``geo = (L, G, nseg, P, Cp, m, ni, rows)`` and ``rows_map``): the
 parallel loop runs over ``rows * ni`` items of ``m`` units, a unit being a contiguous span of at
-most :data:`nbqat._blocks.UNIT` elements with one block ``rows_map[r] * nseg + j``. The element
+most :data:`nbqat.quantization._blocks.UNIT` elements with one block ``rows_map[r] * nseg + j``. The
+element
 arithmetic is :mod:`nbqat.kernels.lowbit_formula`; the kernels only loop, reduce and store.
 
 Reductions are deterministic: one partial per unit, merged serially in (row, segment, piece)

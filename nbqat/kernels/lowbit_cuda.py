@@ -11,7 +11,8 @@ merging the units in (row, piece) order, the CPU merge order, so reductions are 
 ``rint`` is rebound to the device's by :func:`nbqat._cuda.device_function` (as in
 :mod:`nbqat.kernels.fake_quant_cuda`); the bit casts and the unfused product are
 :func:`nbqat._cuda.device_scalar_helpers`.
-Arguments are validated by :mod:`nbqat.affine` / :mod:`nbqat.float8` before any launch.
+Arguments are validated by :mod:`nbqat.quantization.affine` / :mod:`nbqat.quantization.float8`
+before any launch.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """CPU kernels of the min/max observers: one pass computes min and max together.
 
 Compiled code only; validation, the non-finite policy and the state update live in
-:mod:`nbqat.observers`.
+:mod:`nbqat.quantization.observers`.
 
 The hot kernels work on the IEEE-754 bits of float32 data (an ``int32`` view, no copy) mapped to
 *order keys*: ``key = w ^ ((w >> 31) & 0x7fffffff)`` is a signed integer whose order is the float

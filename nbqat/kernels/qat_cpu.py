@@ -4,8 +4,10 @@ A QAT training step calls its quantizers ~200 times on small tensors, so these k
 (a parallel-region launch costs more than the work) and each quantizer call is ONE compiled call:
 the observer's min/max pass, the observer update, ``calculate_qparams`` and the fake
 quantization with its STE mask (:func:`fq_tensor_fused`, :func:`fq_channel_fused`). Every result
-is bit for bit that of the public, validated path (:meth:`nbqat.observers._MinMaxBase.forward`,
-``calculate_qparams`` and :mod:`nbqat.fake_quant`); whenever the data or the state is not plain
+is bit for bit that of the public, validated path
+(:meth:`nbqat.quantization.observers._MinMaxBase.forward`,
+``calculate_qparams`` and :mod:`nbqat.quantization.fake_quant`); whenever the data or the state is
+not plain
 finite data they report failure with nothing written that the caller keeps, and the caller takes
 the public path.
 """
@@ -27,7 +29,8 @@ _QB = np.int64(QUANT_BOUND)
 
 @cpu_kernel(parallel=False, inline="always")
 def _fq_args_ok(scale, z, qmin, qmax):  # pragma: no cover
-    """What :mod:`nbqat.fake_quant` accepts (else it raises, and so must the caller): a range
+    """What :mod:`nbqat.quantization.fake_quant` accepts (else it raises, and so must the caller): a
+    range
     ``qmin < qmax`` inside ``[-QUANT_BOUND, QUANT_BOUND]``, a zero point inside it, a float32
     scale that is finite, > 0 and has a finite reciprocal."""
     if not (qmin < qmax and qmin >= -_QB and qmax <= _QB and qmin <= z and z <= qmax):
@@ -50,7 +53,8 @@ def _keys_to_f32(k0, k1):  # pragma: no cover
 def _update_qparams(fmin, fmax, om, oM, has_old, moving, cst, symmetric, qmin, qmax, eps):
     """One (channel's) observer update and qparams, as float32 scalars.
 
-    torch's expressions (:meth:`nbqat.observers._MinMaxBase._update` and ``_qparams``), with
+    torch's expressions (:meth:`nbqat.quantization.observers._MinMaxBase._update` and ``_qparams``),
+    with
     NumPy's ``minimum(a, b) = a if a < b else b``. Returns ``(ok, new_min, new_max, scale, z)``;
     ``ok`` is False when the new state is not finite or the zero point would need torch's
     out-of-range conversion (the public path handles those). Symmetric: ``z`` is 0.
@@ -141,7 +145,8 @@ def fq_tensor_fused(x, y, mask, scale, zp, observe, fake, old, obs, qrange):  # 
     -------
     (ok, new_min, new_max, scale, zero_point) : (bool, float32, float32, float32, int64)
         ``ok`` False (NaN/Inf in ``x``, a non-finite state, an overflowing zero point, qparams
-        or a range that :mod:`nbqat.fake_quant` rejects): the caller keeps nothing and takes the
+        or a range that :mod:`nbqat.quantization.fake_quant` rejects): the caller keeps nothing and
+        takes the
         public path.
     """
     T = np.float32
@@ -189,7 +194,8 @@ def fq_channel_fused(
     -------
     bool
         False (NaN/Inf in ``x``, an unset channel in the state, a non-finite state, an
-        overflowing zero point, qparams or a range that :mod:`nbqat.fake_quant` rejects): the
+        overflowing zero point, qparams or a range that :mod:`nbqat.quantization.fake_quant`
+        rejects): the
         outputs are partly written and the caller keeps nothing.
     """
     T = np.float32

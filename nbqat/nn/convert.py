@@ -188,9 +188,9 @@ def convert_model(qat_model: QATModel) -> Int8Model:
 
     {int8_result}
     """
-    from nbqat.fake_quantize import FakeQuantize
     from nbqat.nn.int8 import FrozenFakeQuantize
     from nbqat.nn.layers import LSTM, Linear
+    from nbqat.quantization.fake_quantize import FakeQuantize
 
     net = copy.deepcopy(qat_model.model)
     layers: dict[str, Module] = {}

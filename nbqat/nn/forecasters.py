@@ -106,9 +106,10 @@ def forecaster_name(model: Any) -> str:
         Neither forecaster.
     """
     from nbqat.nn.lstm_forecaster import LSTMForecaster
+    from nbqat.nn.step import float_network
     from nbqat.nn.tft import TemporalFusionTransformer
 
-    net = getattr(model, "model", model)
+    net = float_network(model)
     if isinstance(net, TemporalFusionTransformer):
         return "tft"
     if isinstance(net, LSTMForecaster):
@@ -144,7 +145,7 @@ def prepare_forecaster(
     """
     from nbqat.nn.qat import QATTemporalFusionTransformer
     from nbqat.nn.quantize import prepare_qat
-    from nbqat.qconfig import QATConfig
+    from nbqat.quantization.qconfig import QATConfig
 
     config = QATConfig() if config is None else config
     if not isinstance(config, QATConfig):

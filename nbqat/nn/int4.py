@@ -2,8 +2,9 @@
 
 :func:`int_linear` / :func:`int_lstm` pick the integer twin of a fake-quantized matmul from its
 quantizers: :class:`~nbqat.nn.int8.Int8Linear` for the int8 qconfigs, :class:`GroupedLinear`
-for a :class:`~nbqat.lowbit_quantize.GroupFakeQuantize` weight, for per-token dynamic
-activations (:class:`~nbqat.lowbit_quantize.PerTokenFakeQuantize`) or for float activations
+for a :class:`~nbqat.quantization.lowbit_quantize.GroupFakeQuantize` weight, for per-token dynamic
+activations (:class:`~nbqat.quantization.lowbit_quantize.PerTokenFakeQuantize`) or for float
+activations
 (weight-only), and :class:`FakeQuantLinear` for float8 (no integer arithmetic: the float8
 weights dequantized once, the activations through their frozen float8 fake quantization).
 
@@ -28,14 +29,18 @@ from typing import Any
 
 import numpy as np
 
-from nbqat.affine import fake_quantize_affine
 from nbqat.nn.int8 import Int8Linear, Int8LSTM, _qparams, quantize_per_tensor
+from nbqat.quantization.affine import fake_quantize_affine
 
 __all__ = ["FakeQuantLinear", "GroupedLSTM", "GroupedLinear", "int_linear", "int_lstm"]
 
 
 def _kind(fq: Any) -> str:
-    from nbqat.lowbit_quantize import Float8FakeQuantize, GroupFakeQuantize, PerTokenFakeQuantize
+    from nbqat.quantization.lowbit_quantize import (
+        Float8FakeQuantize,
+        GroupFakeQuantize,
+        PerTokenFakeQuantize,
+    )
 
     if fq is None:
         return "float"

@@ -43,6 +43,9 @@ class QATPhases:
 
     fake_quants: dict[str, Any]
     config: Any
+    model: Any  # the float network being quantized
+    step: int  # training steps taken (a checkpoint saves it, with the optimizer)
+    optimizer: Any
     _observe_only: set[str]
 
     def _init_phases(self) -> None:
@@ -51,6 +54,17 @@ class QATPhases:
         self.calibration_batches_seen = 0
         self._calibration_ended = False
         self.training = True
+
+    def count_step(self, optimizer: Any) -> None:
+        """Record one training step taken with ``optimizer`` (:func:`nbqat.nn.train_step` calls
+        it; the QAT checkpoint saves the count and the optimizer's state).
+
+        Parameters
+        ----------
+        optimizer : nbqat optimizer
+        """
+        self.step += 1
+        self.optimizer = optimizer
 
     def learnable_quantizers(self) -> list[Any]:
         """The quantizers that learn their scale / zero point (LSQ), in ``fake_quants`` order."""
@@ -178,9 +192,7 @@ class QATPhases:
             False is :meth:`eval`.
         """
         self.training = bool(mode)
-        inner: Any = getattr(self, "model", None)
-        if inner is not None and hasattr(inner, "train"):
-            inner.train(mode)
+        self.model.train(mode)
         self._apply_flags()
         return self
 

@@ -110,7 +110,7 @@ def tft_qconfig_mapping(model: Any, config: Any) -> dict[str, None]:
 
 def _static_activations(qconfig: Any) -> bool:
     """Whether ``qconfig.activation`` builds per-tensor FakeQuantize / LSQ modules (or None)."""
-    from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
+    from nbqat.quantization.fake_quantize import FakeQuantize, LearnableFakeQuantize
 
     fac = qconfig.activation
     return fac is None or isinstance(fac(), (FakeQuantize, LearnableFakeQuantize))
@@ -119,8 +119,8 @@ def _static_activations(qconfig: Any) -> bool:
 def _output_quantizer(qconfig: Any) -> Any:
     """``qconfig.activation()``, or the default per-tensor quint8 quantizer where the qconfig's
     activations are float or dynamic (its scale is the output step of :meth:`to_int8`)."""
-    from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
-    from nbqat.qconfig import default_qat_qconfig
+    from nbqat.quantization.fake_quantize import FakeQuantize, LearnableFakeQuantize
+    from nbqat.quantization.qconfig import default_qat_qconfig
 
     fq = None if qconfig.activation is None else qconfig.activation()
     if not isinstance(fq, (FakeQuantize, LearnableFakeQuantize)):
@@ -178,7 +178,7 @@ class QATTemporalFusionTransformer(QATModel):
     """
 
     def __init__(self, model: Any, qconfig: Any = None, config: Any = None) -> None:
-        from nbqat.qconfig import QATConfig
+        from nbqat.quantization.qconfig import QATConfig
 
         if config is None:
             config = QATConfig()
@@ -196,7 +196,7 @@ class QATTemporalFusionTransformer(QATModel):
         mapping: dict[Any, Any] = {}  # QATModel adds QATConfig's float fallback
         if not _static_activations(qconfig):  # per-token / float8: static per-tensor probs
             from nbqat.nn.layers import InterpretableMultiHeadAttention
-            from nbqat.qconfig import QConfig, default_qat_qconfig
+            from nbqat.quantization.qconfig import QConfig, default_qat_qconfig
 
             act: Any = default_qat_qconfig.activation
             static = QConfig(activation=act, weight=qconfig.weight)

@@ -73,7 +73,7 @@ def saved_network(path: str | os.PathLike, config_cls: type, qat_config: Any) ->
     FileNotFoundError, CheckpointError
         An unreadable file, or saved fields that do not build the configs.
     """
-    from nbqat.qconfig import QATConfig
+    from nbqat.quantization.qconfig import QATConfig
 
     st = read_checkpoint(path)
     try:

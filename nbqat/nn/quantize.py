@@ -196,7 +196,7 @@ def prepare_qat(
         ``model`` already holds a quantizer (prepared twice); unbound parameters; a
         ``qconfig_mapping`` name that is no module of ``model``.
     """
-    from nbqat.qconfig import QATConfig
+    from nbqat.quantization.qconfig import QATConfig
 
     if isinstance(model, QATModel) or not isinstance(model, Module):
         what = "already prepared" if isinstance(model, QATModel) else type(model).__name__
@@ -234,7 +234,7 @@ def _new_quantizer(qc: Any, kind: str, config: Any) -> Any:
 
 def _to_learnable(factory: Any, kind: str) -> Any:
     """A LearnableFakeQuantize with the observer and range of a FakeQuantize factory."""
-    from nbqat.fake_quantize import LearnableFakeQuantize
+    from nbqat.quantization.fake_quantize import LearnableFakeQuantize
 
     kw = getattr(getattr(factory, "p", None), "keywords", None)
     if kw is None:
@@ -484,15 +484,12 @@ class QATModel(QATCheckpoint, QATPhases):
 
         Notes
         -----
-        :func:`nbqat.nn.step.step_once`: STE gradients first, then the norm over the STE-masked
+        :func:`nbqat.nn.train_step`: STE gradients first, then the norm over the STE-masked
         gradients (the LSQ gradients included), then the update of every parameter group with
         ``grad_scale = min(max_norm / (total + 1e-6), 1)`` folded in (torch's coefficient,
         always applied: a NaN norm gives NaN updates, as torch's clipping gives NaN grads). The
         gradient buffer keeps the unclipped gradients.
         """
-        from nbqat.nn.step import step_once
+        from nbqat.nn.step import train_step
 
-        out = step_once(self, batch, optimizer, max_norm, grad_hook)
-        self.step += 1
-        self.optimizer = optimizer
-        return out
+        return train_step(self, batch, optimizer, max_norm=max_norm, grad_hook=grad_hook)

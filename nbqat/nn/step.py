@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_step_args", "step_once", "train_step"]
+from nbqat.nn.phases import QATPhases
+
+__all__ = ["check_step_args", "float_network", "step_once", "train_step"]
 
 
 def train_step(
@@ -43,7 +45,7 @@ def train_step(
         :class:`~nbqat.nn.qat.QATTemporalFusionTransformer`:
         ``forward(static, historical, future) -> (B, tau, Q)``, ``backward``, ``params``,
         ``grads``, ``zero_grad`` and ``config`` (``quantiles``, ``prediction_horizon``). A QAT
-        model's own ``train_step`` runs (it counts its steps).
+        model counts the step (:meth:`~nbqat.nn.phases.QATPhases.count_step`).
     batch : (static (B, m_s), historical (B, k, m_z), future (B, tau, m_x), target (B, tau))
     optimizer : nbqat.SGD, nbqat.Adam or nbqat.AdamW
         Built over ``model.params``.
@@ -71,15 +73,31 @@ def train_step(
     The update folds torch's coefficient ``min(max_norm / (total + 1e-6), 1)``
     (:func:`nbqat.clip.clip_coef`, in the gradients' dtype) into the fused optimizer step.
     """
-    if hasattr(model, "train_step"):  # a QAT model: its step count and optimizer
-        return model.train_step(batch, optimizer, max_norm, grad_hook=grad_hook)
-    return step_once(model, batch, optimizer, max_norm, grad_hook)
+    out = step_once(model, batch, optimizer, max_norm, grad_hook)
+    if isinstance(model, QATPhases):  # a QAT model: its step count and optimizer (checkpoints)
+        model.count_step(optimizer)
+    return out
+
+
+def float_network(model: Any) -> Any:
+    """The float forecaster of ``model``: ``model`` itself, or the one a QAT model wraps.
+
+    Parameters
+    ----------
+    model : forecaster or QAT model
+
+    Returns
+    -------
+    forecaster
+        Its ``config`` holds ``quantiles`` and ``prediction_horizon``.
+    """
+    return model.model if isinstance(model, QATPhases) else model
 
 
 def _lsq_group(model: Any, optimizer: Any) -> list[Any]:
     """The learnable quantizers of ``model``; their parameter group added to ``optimizer``
     (with its own hyper-parameters) when it has none yet."""
-    learn = model.learnable_quantizers() if hasattr(model, "learnable_quantizers") else []
+    learn = model.learnable_quantizers() if isinstance(model, QATPhases) else []
     if learn:
         src = model.quantizer_parameters()
         if not callable(getattr(optimizer, "add_param_group", None)):
@@ -121,7 +139,7 @@ def step_once(
     static, historical, future, target, max_norm = check_step_args(
         model, batch, optimizer, max_norm
     )
-    q = getattr(model, "model", model).config.quantiles  # a QAT model wraps the float one
+    q = float_network(model).config.quantiles
     learn = _lsq_group(model, optimizer)
     model.zero_grad()
     out = model.forward(static, historical, future)
@@ -174,7 +192,7 @@ def check_step_args(model: Any, batch: Any, optimizer: Any, max_norm: Any) -> tu
         an optimizer over other parameters.
     """
     static, historical, future, target = _check_batch(batch)
-    cfg = getattr(model, "model", model).config
+    cfg = float_network(model).config
     nb = np.shape(static)[0] if np.ndim(static) >= 1 else -1
     if target.shape != (nb, cfg.prediction_horizon):
         raise ValueError(
@@ -196,7 +214,7 @@ def check_step_args(model: Any, batch: Any, optimizer: Any, max_norm: Any) -> tu
         raise ValueError(f"optimizer must be an nbqat optimizer, got {type(optimizer)}")
     p = getattr(optimizer, "params", None)
     if isinstance(p, np.ndarray) and not np.shares_memory(p, model.params):
-        name = "qat" if hasattr(model, "fake_quants") else "model"
+        name = "qat" if isinstance(model, QATPhases) else "model"
         raise ValueError(
             f"optimizer does not update this model's parameters: build it over {name}.params "
             f"(e.g. nbqat.Adam({name}.params, lr=1e-3))"

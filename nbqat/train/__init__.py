@@ -49,7 +49,7 @@ from nbqat.train.job import run
 from nbqat.train.metrics import pinball_loss, q_risk
 from nbqat.train.model import load_data
 
-#: The old private name (tests and nbqat.recipe's callers use it).
+#: The old private name (tests and nbqat.train.recipe's callers use it).
 _load_data = load_data
 
 __all__ = [

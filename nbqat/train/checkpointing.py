@@ -1,4 +1,5 @@
-"""The main job's checkpoint: write (rank 0, atomically) and restore (:mod:`nbqat.checkpoint`
+"""The main job's checkpoint: write (rank 0, atomically) and restore
+(:mod:`nbqat.train.checkpoint_schema`
 validates the files against the schema handed to it, :func:`config_schema`; this module maps
 them onto a :class:`~nbqat.train.loop.Run`)."""
 
@@ -11,8 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from nbqat import checkpoint as ckpt
 from nbqat._io import atomic_open
+from nbqat.train import checkpoint_schema as ckpt
 from nbqat.train.config import SIDE_FILES, TrainConfig
 from nbqat.train.loop import FLOAT, Run, RunState
 from nbqat.train.model import to_host
@@ -98,7 +99,7 @@ def nonfinite_field(st: Any) -> str | None:
 
 
 def load_checkpoint(r: Run, ck: Path, meta: dict) -> None:
-    """Restore ``r`` from a validated checkpoint (:func:`nbqat.checkpoint.read_state`).
+    """Restore ``r`` from a validated checkpoint (:func:`nbqat.train.checkpoint_schema.read_state`).
 
     Parameters
     ----------
@@ -107,7 +108,7 @@ def load_checkpoint(r: Run, ck: Path, meta: dict) -> None:
     ck : Path
         The checkpoint folder (never written to).
     meta : dict
-        :func:`nbqat.checkpoint.read_state`'s result.
+        :func:`nbqat.train.checkpoint_schema.read_state`'s result.
 
     Raises
     ------
@@ -144,7 +145,8 @@ def load_checkpoint(r: Run, ck: Path, meta: dict) -> None:
 def config_schema() -> dict[str, Any]:
     """The schema of a checkpoint's ``config``: ``{option: check}`` of every
     :class:`~nbqat.train.TrainConfig` field, from the options registry
-    (:func:`nbqat.train.options.config_checks`; handed to :func:`nbqat.checkpoint.read_state`).
+    (:func:`nbqat.train.options.config_checks`; handed to
+    :func:`nbqat.train.checkpoint_schema.read_state`).
 
     Returns
     -------
@@ -155,7 +157,8 @@ def config_schema() -> dict[str, Any]:
 
 
 def read_run_state(ck: str | Path) -> dict:
-    """:func:`nbqat.checkpoint.read_state` of ``ck`` under this job's :func:`config_schema`.
+    """:func:`nbqat.train.checkpoint_schema.read_state` of ``ck`` under this job's
+    :func:`config_schema`.
 
     Parameters
     ----------
@@ -170,7 +173,7 @@ def read_run_state(ck: str | Path) -> dict:
     Raises
     ------
     FileNotFoundError, CheckpointError
-        As :func:`nbqat.checkpoint.read_state`.
+        As :func:`nbqat.train.checkpoint_schema.read_state`.
     """
     return ckpt.read_state(ck, config_schema())
 
@@ -193,6 +196,6 @@ def read_run_config(ck: str | Path) -> TrainConfig:
     Raises
     ------
     FileNotFoundError, CheckpointError
-        As :func:`nbqat.checkpoint.read_state`.
+        As :func:`nbqat.train.checkpoint_schema.read_state`.
     """
     return TrainConfig(**read_run_state(ck)["config"])

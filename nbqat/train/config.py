@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-from nbqat import checkpoint as ckpt
-from nbqat.qconfig import WEIGHT_GROUP_SIZE
+from nbqat.quantization.qconfig import WEIGHT_GROUP_SIZE
+from nbqat.train import checkpoint_schema as ckpt
 from nbqat.train.options import (
     DEFAULT_CALENDAR,
     MIN_HISTORY,
@@ -207,8 +207,8 @@ class TrainConfig:
         """The QConfig of the run's QAT model: ``--observer``'s activation observer (``all``
         trains with min/max) and the ``--weight-bits`` / ``--group-size`` / ``--weight-dtype``
         weights. The one definition, for training and for loading a finished run."""
-        from nbqat.qconfig import weight_format_qconfig
-        from nbqat.report import activation_qconfig
+        from nbqat.quantization.qconfig import weight_format_qconfig
+        from nbqat.train.report import activation_qconfig
 
         obs = self.observer if self.observer != "all" else "minmax"
         return weight_format_qconfig(activation_qconfig(obs), self)

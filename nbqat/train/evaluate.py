@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nbqat.baselines import seasonal_naive_forecast, tune_ridge
+from nbqat.train.baselines import seasonal_naive_forecast, tune_ridge
 from nbqat.train.config import NOT_IN_METRICS, NOT_IN_METRICS_AT_DEFAULT
 from nbqat.train.loop import Run
 from nbqat.train.metrics import diebold_mariano, grad_stats, loss_stats, q_risk
@@ -51,7 +51,7 @@ RIDGE_FIXED_NOTE = (
 
 def fair_rows(r: Run) -> dict:
     """q-risk of the float model fine-tuned like QAT and of post-training quantization
-    (:func:`nbqat.recipe.fair_rows`, on the CPU).
+    (:func:`nbqat.train.recipe.fair_rows`, on the CPU).
 
     Parameters
     ----------
@@ -63,7 +63,7 @@ def fair_rows(r: Run) -> dict:
     dict
         ``{"float_finetuned": q-risks, "ptq_int8": q-risks}``.
     """
-    from nbqat.recipe import fair_rows as recipe_fair_rows
+    from nbqat.train.recipe import fair_rows as recipe_fair_rows
 
     cpu_cfg = dataclass_replace(r.cfg, device="cpu")
     return recipe_fair_rows(
@@ -76,7 +76,7 @@ def fair_rows(r: Run) -> dict:
 def _predictions(r: Run) -> dict:
     """Every model's (unscaled) test forecasts, the int8 model, the quantization report."""
     from nbqat import distributed as dist
-    from nbqat.report import from_run
+    from nbqat.train.report import from_run
 
     t0 = time.perf_counter()
     test = r.w.test
@@ -107,7 +107,7 @@ def _predictions(r: Run) -> dict:
 
 
 def _comparisons(p50: dict, pred_int8: np.ndarray, pred_qat: np.ndarray) -> dict:
-    from nbqat.recipe import baseline_comparisons
+    from nbqat.train.recipe import baseline_comparisons
 
     return {
         "float_vs_naive_P50_improvement": 1.0 - p50["float"] / p50["seasonal_naive"],
@@ -323,7 +323,7 @@ def evaluate(r: Run) -> dict:
     -------
     dict
     """
-    from nbqat import __version__
+    from nbqat._version import __version__
 
     cfg, w = r.cfg, r.w
     p = _predictions(r)

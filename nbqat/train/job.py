@@ -9,10 +9,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from nbqat import checkpoint as ckpt
-from nbqat import preflight
-from nbqat.baselines import RidgeBaseline
 from nbqat.data import tmy3_path
+from nbqat.train import checkpoint_schema as ckpt
+from nbqat.train import preflight
+from nbqat.train.baselines import RidgeBaseline
 from nbqat.train.checkpointing import (
     load_checkpoint,
     nonfinite_field,
@@ -160,7 +160,7 @@ def _run(cfg: TrainConfig, resume: str | Path | None, check_only: bool, par: Par
         return {"data": w.summary(), "config": cfg.to_json()}
     r.ridge = RidgeBaseline(lam=1.0, quantiles=w.quantiles).fit_split(w.train)
     if meta is None and cfg.linear_skip and getattr(r.model, "linear_skip", None) is not None:
-        from nbqat.recipe import init_linear_skip_from_ridge
+        from nbqat.train.recipe import init_linear_skip_from_ridge
 
         init_linear_skip_from_ridge(r.model, r.ridge)
     par.barrier()  # every rank validated its inputs before rank 0 creates or clears anything

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from nbqat.data import SplitWindows, Windows
-from nbqat.recipe import lr_at, swap_average
 from nbqat.train.config import TrainConfig, TrainingInterrupted
 from nbqat.train.metrics import pinball_loss, q_risk
 from nbqat.train.model import make_optimizer, set_dropout_mode, to_host
 from nbqat.train.parallel import Parallel
+from nbqat.train.recipe import lr_at, swap_average
 
 __all__ = ["Interrupt", "Run", "RunState"]
 
@@ -214,7 +214,7 @@ class Run:
     # ------------------------------------------------------------------ models
     def qat_config(self) -> Any:
         """The QATConfig of the QAT phase (and of the PTQ row): ``--observer``'s qconfig."""
-        from nbqat.qconfig import QATConfig
+        from nbqat.quantization.qconfig import QATConfig
 
         return QATConfig(
             calibration_batches=self.cfg.calibration_batches, max_norm=self.cfg.max_norm,

@@ -3,13 +3,14 @@ optimizer (:class:`DeviceAdam` for ``--device cuda``) and the dropout mode."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from nbqat import preflight
-from nbqat.data import Windows, load_csv, load_tmy3, make_windows
+from nbqat.data import TMY3_COLUMNS, Windows, load_csv, load_tmy3, make_windows
 from nbqat.optim_groups import inner_attribute
+from nbqat.train import preflight
 from nbqat.train.config import MIN_HISTORY, QUANTILES
 
 
@@ -33,7 +34,7 @@ def build_model(cfg: Any, w: Windows) -> Any:
 
 
 def make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
-    """AdamW in two groups (body, linear skip), see :class:`nbqat.recipe.GroupedAdamW`.
+    """AdamW in two groups (body, linear skip), see :class:`nbqat.train.recipe.GroupedAdamW`.
 
     ``qat=True``: the QAT phase's (and the equally fine-tuned float model's) optimizer, whose
     skip group moves faster (``qat_skip_lr_scale``) so that the skip's int8 weights can adapt.
@@ -50,10 +51,10 @@ def make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
     Returns
     -------
     GroupedAdamW or DeviceAdam
-        Wrapped in :class:`nbqat.recipe.AveragedOptimizer` for the float phase when
+        Wrapped in :class:`nbqat.train.recipe.AveragedOptimizer` for the float phase when
         ``cfg.ema_decay > 0``.
     """
-    from nbqat.recipe import AveragedOptimizer, GroupedAdamW, skip_offset
+    from nbqat.train.recipe import AveragedOptimizer, GroupedAdamW, skip_offset
 
     kw = dict(
         lr=lr,
@@ -71,7 +72,7 @@ def make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
 class DeviceAdam:
     """Adam whose fused update runs on a CUDA device copy of a host parameter buffer.
 
-    ``--device cuda`` uses it (the two AdamW groups of :class:`nbqat.recipe.GroupedAdamW`):
+    ``--device cuda`` uses it (the two AdamW groups of :class:`nbqat.train.recipe.GroupedAdamW`):
     nbqat.nn's forward and backward passes run on the CPU (the
     layer graph keeps its activations in NumPy), so each step uploads the flat gradient buffer
     (and the parameters), runs :class:`nbqat.Adam`'s CUDA kernel there with the clipping
@@ -82,7 +83,7 @@ class DeviceAdam:
 
     def __init__(self, params: np.ndarray, lr: float, **group_kw: Any) -> None:
         from nbqat import _cuda
-        from nbqat.recipe import GroupedAdamW
+        from nbqat.train.recipe import GroupedAdamW
 
         _cuda.require_cuda("--device cuda")
         self.params = params
@@ -150,6 +151,35 @@ def check_device(device: str) -> None:
             raise err
 
 
+#: The options that name a ``--csv`` file's columns (``load_csv``'s keywords).
+CSV_COLUMN_OPTIONS = (
+    "time_col",
+    "target_col",
+    "entity_col",
+    "known_cols",
+    "static_cols",
+    "observed_cols",
+)
+
+
+def column_roles(opts: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`nbqat.data.load_csv`'s column keywords for a run: its ``--csv`` column options,
+    or the shipped dataset's (:data:`nbqat.data.TMY3_COLUMNS`) when it has no ``csv``.
+
+    Parameters
+    ----------
+    opts : mapping
+        The run's options (``TrainConfig`` fields, as a dict: a checkpoint's ``config``).
+
+    Returns
+    -------
+    dict
+    """
+    if opts.get("csv") is None:
+        return dict(TMY3_COLUMNS)
+    return {k: opts.get(k) for k in CSV_COLUMN_OPTIONS}
+
+
 def load_data(cfg: Any) -> Windows:
     """The run's windows: ``--csv`` (or the shipped TMY3 dataset) cut into TFT windows.
 
@@ -165,19 +195,11 @@ def load_data(cfg: Any) -> Windows:
     Raises
     ------
     DataError, ValueError
-        Bad data, or windows that do not fit the options (:func:`nbqat.preflight.check_windows`).
+        Bad data, or windows that do not fit the options
+        (:func:`nbqat.train.preflight.check_windows`).
     """
     if cfg.csv is not None:
-        data = load_csv(
-            cfg.csv,
-            time_col=cfg.time_col,  # type: ignore[arg-type]
-            target_col=cfg.target_col,  # type: ignore[arg-type]
-            entity_col=cfg.entity_col,
-            known_cols=cfg.known_cols,
-            static_cols=cfg.static_cols,
-            observed_cols=cfg.observed_cols,
-            fill_gaps=cfg.fill_gaps,
-        )
+        data = load_csv(cfg.csv, fill_gaps=cfg.fill_gaps, **column_roles(vars(cfg)))
     else:
         data = load_tmy3()
     if cfg.history is None:  # one day of hours, and at least one season (the naive reads it)
@@ -198,8 +220,10 @@ def load_data(cfg: Any) -> Windows:
 
 __all__ = [
     "DeviceAdam",
+    "CSV_COLUMN_OPTIONS",
     "build_model",
     "check_device",
+    "column_roles",
     "load_data",
     "make_optimizer",
     "set_dropout_mode",

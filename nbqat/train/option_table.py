@@ -1,9 +1,9 @@
 """The table of the main job's options (:data:`OPTIONS`) and the :class:`Option` record.
 
 Read it through :mod:`nbqat.train.options`, which builds the checks from it. The names of the
-models, observers, weight formats and engines come from where they are defined
-(``nbqat.nn.forecasters``, ``nbqat.report``, ``nbqat.qconfig``; the engines here, imported by
-``nbqat.predict``), never typed again.
+models, observers and weight formats come from where they are defined (``nbqat.nn.forecasters``,
+``nbqat.train.report``, ``nbqat.quantization.qconfig``) and the engines are defined here
+(``nbqat.train.predict`` imports them): never typed twice.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from nbqat.nn.forecasters import FORECASTERS
-from nbqat.qconfig import WEIGHT_BITS, WEIGHT_DTYPES, WEIGHT_GROUP_SIZE
-from nbqat.report import OBSERVERS
+from nbqat.quantization.qconfig import WEIGHT_BITS, WEIGHT_DTYPES, WEIGHT_GROUP_SIZE
+from nbqat.train.report import OBSERVERS
 
 __all__ = [
     "COMMANDS",
@@ -30,11 +30,11 @@ __all__ = [
 
 #: ``--model``'s values (the forecasters of :func:`nbqat.nn.build_forecaster`).
 MODELS: tuple[str, ...] = FORECASTERS
-#: ``--observer``'s values: the activation observers of :mod:`nbqat.report`, or all of them.
+#: ``--observer``'s values: the activation observers of :mod:`nbqat.train.report`, or all.
 OBSERVER_CHOICES: tuple[str, ...] = (*OBSERVERS, "all")
 #: ``--device``'s values.
 DEVICES = ("cpu", "cuda")
-#: ``nbqat predict --engine``'s values (``nbqat.predict.ENGINES`` is this tuple).
+#: ``nbqat predict --engine``'s values (``nbqat.train.predict.ENGINES`` is this tuple).
 ENGINES = ("onnx", "int8", "float")
 #: The commands whose options the table holds.
 COMMANDS = ("train", "predict", "backtest")

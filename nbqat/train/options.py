@@ -4,12 +4,12 @@ Every option of ``nbqat train``, ``nbqat predict`` and ``nbqat backtest`` is def
 (name, type, default, range or choices, help, the models and commands it applies to). Built
 from it:
 
-* the argparse options (:func:`nbqat._cli_parser.build_parser`; the ``[default: ...]`` of each
+* the argparse options (:func:`nbqat.train.parser.build_parser`; the ``[default: ...]`` of each
   help text is :meth:`Option.default_text`);
 * :class:`~nbqat.train.TrainConfig`'s field defaults, its ``FULL`` / ``QUICK`` defaults and its
   range checks (:func:`check_option`);
 * the range checks of a checkpoint's ``config`` (:func:`config_checks`, handed to
-  :func:`nbqat.checkpoint.read_state`, which repeats no rule);
+  :func:`nbqat.train.checkpoint_schema.read_state`, which repeats no rule);
 * :class:`nbqat.Forecaster`'s keyword validation (:func:`check_options`);
 * the options table of the documentation (``docs/options.md``, :func:`options_markdown`;
   regenerate it with ``python -m nbqat.train.option_doc docs/options.md``).
@@ -232,7 +232,7 @@ def check_model_options(model: str, given: Iterable[str]) -> None:
 def config_checks() -> dict[str, Callable[[Any], str | None]]:
     """``{field: check}`` of a checkpoint's ``config`` (a resolved configuration): ``check(v)``
     says what is wrong with ``v`` ("expected ..., got ...") or returns None; handed to
-    :func:`nbqat.checkpoint.read_state`."""
+    :func:`nbqat.train.checkpoint_schema.read_state`."""
 
     def checker(o: Option) -> Callable[[Any], str | None]:
         return lambda v: problem(o, v, resolved=True, null="null")

@@ -20,7 +20,7 @@ __all__ = ["interpretation", "plots", "write_outputs"]
 def _fans(r: Run, test: SplitWindows, y: np.ndarray, naive_point: Any, preds: dict,
           ridge_p50: Any) -> list:  # fmt: skip
     """One forecast fan per model over a few test windows spread over entities and time."""
-    from nbqat import plots as pl
+    from nbqat.train import plots as pl
 
     w, n = r.w, len(test)
     pick = np.unique(np.linspace(0, n - 1, 4).round().astype(np.int64))
@@ -62,7 +62,7 @@ def plots(r: Run, y: np.ndarray, naive_point: Any, pred_float: np.ndarray,
     -------
     list of str
     """
-    from nbqat import plots as pl
+    from nbqat.train import plots as pl
 
     w, st, out, test = r.w, r.st, r.out, r.w.test
     curves = {ph: st.curves[ph] for ph in ("float", "qat", "qat_noclip") if ph in st.curves}

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from nbqat.fake_quantize import FakeQuantize
 from nbqat.kernels import nn_cpu
 from nbqat.nn.params import Module, uniform_init
+from nbqat.quantization.fake_quantize import FakeQuantize
 
 
 @functools.lru_cache(maxsize=32)

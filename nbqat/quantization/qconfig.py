@@ -19,8 +19,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nbqat.fake_quantize import FakeQuantize, LearnableFakeQuantize
-from nbqat.observers import (
+from nbqat.quantization.fake_quantize import FakeQuantize, LearnableFakeQuantize
+from nbqat.quantization.observers import (
     MovingAverageMinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
     _MinMaxBase,
@@ -112,7 +112,7 @@ def int4_weight_qconfig(group_size: int, activation: str | None = "per_tensor") 
     group_size : int
         Input features per weight scale (``G``, positive). A layer whose input width is
         smaller than ``G`` or not a multiple of it is quantized per output channel instead
-        (:attr:`~nbqat.lowbit_quantize.GroupFakeQuantize.per_channel_fallback`).
+        (:attr:`~nbqat.quantization.lowbit_quantize.GroupFakeQuantize.per_channel_fallback`).
     activation : {"per_tensor", "per_token", None}, default "per_tensor"
         ``"per_tensor"``: the default static quint8 activations (``default_qat_qconfig``'s);
         ``"per_token"``: dynamic per-token asymmetric int8 (torchao's
@@ -122,7 +122,7 @@ def int4_weight_qconfig(group_size: int, activation: str | None = "per_tensor") 
     Returns
     -------
     QConfig
-        Weights: :class:`~nbqat.lowbit_quantize.GroupFakeQuantize` (``[-8, 7]``, scale
+        Weights: :class:`~nbqat.quantization.lowbit_quantize.GroupFakeQuantize` (``[-8, 7]``, scale
         ``max |w| / 7.5`` per group, :func:`~nbqat.choose_qparams_affine`).
 
     Raises
@@ -130,7 +130,11 @@ def int4_weight_qconfig(group_size: int, activation: str | None = "per_tensor") 
     TypeError, ValueError
         ``group_size`` not a positive int; an unknown ``activation``.
     """
-    from nbqat.lowbit_quantize import GroupFakeQuantize, PerTokenFakeQuantize, check_group_size
+    from nbqat.quantization.lowbit_quantize import (
+        GroupFakeQuantize,
+        PerTokenFakeQuantize,
+        check_group_size,
+    )
 
     g = check_group_size(group_size)
     if activation not in _ACTIVATIONS:
@@ -155,9 +159,9 @@ def float8_qconfig(dtype: str = "float8_e4m3fn", activations: bool = True) -> QC
     Returns
     -------
     QConfig
-        :class:`~nbqat.lowbit_quantize.Float8FakeQuantize` factories.
+        :class:`~nbqat.quantization.lowbit_quantize.Float8FakeQuantize` factories.
     """
-    from nbqat.lowbit_quantize import Float8FakeQuantize
+    from nbqat.quantization.lowbit_quantize import Float8FakeQuantize
 
     w = Float8FakeQuantize.with_args(dtype=dtype, granularity="per_row")
     Float8FakeQuantize(dtype)  # validates dtype now, not at prepare_qat
@@ -176,7 +180,7 @@ WEIGHT_GROUP_SIZE = 32
 def weight_format_qconfig(qconfig: QConfig, cfg: Any) -> QConfig:
     """``qconfig`` with the weights of ``nbqat train``'s ``--weight-bits`` / ``--group-size`` /
     ``--weight-dtype`` (``cfg``: a TrainConfig); the activations are kept."""
-    from nbqat.lowbit_quantize import Float8FakeQuantize, GroupFakeQuantize
+    from nbqat.quantization.lowbit_quantize import Float8FakeQuantize, GroupFakeQuantize
 
     fmt = cfg.weight_format()
     if fmt["weight_dtype"] != "int":

@@ -21,7 +21,7 @@ import numpy as np
 
 from nbqat import _jit
 from nbqat.kernels import qat_cpu as _qk
-from nbqat.observers import (
+from nbqat.quantization.observers import (
     MinMaxObserver,
     MovingAverageMinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,

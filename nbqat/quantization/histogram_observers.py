@@ -19,7 +19,8 @@ Where torch is wrong, nbqat is not:
 * huge values: torch's float32 bin arithmetic and its L2 norms overflow (bins and ranges become
   garbage); nbqat switches to float64 arithmetic there (bins and the unit-range search), and
   for ranges below 1e-7, where torch's norms underflow;
-* NaN / Inf follow ``nonfinite=`` (see :mod:`nbqat.observers`): ``"raise"`` (default) rejects the
+* NaN / Inf follow ``nonfinite=`` (see :mod:`nbqat.quantization.observers`): ``"raise"`` (default)
+  rejects the
   batch, ``"ignore"`` skips those values, ``"propagate"`` is torch's behaviour (+-Inf skipped with
   a warning; a NaN makes torch's ``histc`` raise, so it raises ValueError here).
 """
@@ -33,15 +34,15 @@ from typing import Any
 import numpy as np
 
 from nbqat import _cuda, _jit
-from nbqat import _observer_args as _args
-from nbqat._observer_args import DTYPES, int_in_range
-from nbqat._observer_stats import batch_stats as _batch_stats_any
-from nbqat._observer_stats import check_input as _check_input
-from nbqat._observer_stats import decode as _decode
-from nbqat._observer_stats import device as _device
 from nbqat.kernels import histogram_cpu as _hk
 from nbqat.kernels import observe_cpu as _ok
-from nbqat.observers import _MinMaxBase
+from nbqat.quantization import _observer_args as _args
+from nbqat.quantization._observer_args import DTYPES, int_in_range
+from nbqat.quantization._observer_stats import batch_stats as _batch_stats_any
+from nbqat.quantization._observer_stats import check_input as _check_input
+from nbqat.quantization._observer_stats import decode as _decode
+from nbqat.quantization._observer_stats import device as _device
+from nbqat.quantization.observers import _MinMaxBase
 
 __all__ = ["HistogramObserver"]
 

@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from nbqat import _minmax_math as _mm
-from nbqat import _observer_args as _args
-from nbqat import _observer_stats as _st
-from nbqat._observer_args import PartialWrapper as _PartialWrapper
-from nbqat._observer_args import with_args as _with_args
-from nbqat._observer_stats import check_input as _check_input
+from nbqat.quantization import _minmax_math as _mm
+from nbqat.quantization import _observer_args as _args
+from nbqat.quantization import _observer_stats as _st
+from nbqat.quantization._observer_args import PartialWrapper as _PartialWrapper
+from nbqat.quantization._observer_args import with_args as _with_args
+from nbqat.quantization._observer_stats import check_input as _check_input
 
 __all__ = [
     "MinMaxObserver",
@@ -51,7 +51,8 @@ class _MinMaxBase:
     """Shared machinery of every observer (configuration, qparams, state, policy).
 
     A subclass names its constructor's own leading arguments in :attr:`OWN_PARAMS` and checks
-    them in :meth:`_configure_own`; the common ones (:data:`nbqat._observer_args.COMMON_PARAMS`)
+    them in :meth:`_configure_own`; the common ones
+    (:data:`nbqat.quantization._observer_args.COMMON_PARAMS`)
     follow in torch's order, so ``inspect.signature(cls)`` is torch's.
     """
 

@@ -12,11 +12,12 @@ Backward is hand-written: ``forward`` leaves in ``ctx`` what ``backward`` needs 
 or None when fake quantization was off), and ``backward(grad_y, ctx)`` takes that ctx, so one
 module can serve many calls (every LSTM time step keeps its own ctx).
 
-:class:`LearnableFakeQuantize` (:mod:`nbqat.learnable_fake_quantize`, re-exported here) is
+:class:`LearnableFakeQuantize` (:mod:`nbqat.quantization.learnable_fake_quantize`, re-exported here)
+is
 torch's ``_LearnableFakeQuantize`` (LSQ): trainable scale and zero point whose gradients
 ``backward`` accumulates into ``grad_scale`` / ``grad_zero_point``.
 
-The arithmetic is :mod:`nbqat.fake_quant` (bit-exact with torch on float32).
+The arithmetic is :mod:`nbqat.quantization.fake_quant` (bit-exact with torch on float32).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from nbqat import _fake_quantize_fused as _fused
-from nbqat import _validate_state as VS
-from nbqat import fake_quant as _fq
-from nbqat._quantizer_base import _CACHED, _axis, _numel, _QuantizerPhases
-from nbqat.learnable_fake_quantize import LearnableFakeQuantize
-from nbqat.observers import MovingAverageMinMaxObserver
+from nbqat.quantization import _fake_quantize_fused as _fused
+from nbqat.quantization import _validate_state as VS
+from nbqat.quantization import fake_quant as _fq
+from nbqat.quantization._quantizer_base import _CACHED, _axis, _numel, _QuantizerPhases
+from nbqat.quantization.learnable_fake_quantize import LearnableFakeQuantize
+from nbqat.quantization.observers import MovingAverageMinMaxObserver
 
 __all__ = ["FakeQuantize", "LearnableFakeQuantize"]
 
@@ -154,7 +155,8 @@ class FakeQuantize(_QuantizerPhases):
         self.zero_point = z.astype(np.int32)
 
     def _forward_fused(self, x: np.ndarray, observe: bool) -> tuple[bool, Any]:
-        """The fast path of :meth:`forward` (:mod:`nbqat._fake_quantize_fused`: one compiled
+        """The fast path of :meth:`forward` (:mod:`nbqat.quantization._fake_quantize_fused`: one
+        compiled
         call, the public path's bits): ``(True, y)`` with the new state applied here, or
         ``(False, None)`` with nothing changed when the public path must run."""
         fast = _fused.forward_channel if self.is_per_channel else _fused.forward_tensor
@@ -203,7 +205,8 @@ class FakeQuantize(_QuantizerPhases):
         RuntimeError
             No ctx given and forward has never run.
         TypeError, ValueError
-            Bad ``grad_y``, ``ctx`` or ``out`` (:func:`nbqat.fake_quant.fake_quantize_backward`).
+            Bad ``grad_y``, ``ctx`` or ``out``
+            (:func:`nbqat.quantization.fake_quant.fake_quantize_backward`).
         """
         ctx = self._saved_ctx(ctx)
         g = _fused.ste_backward(grad_y, ctx, out)  # our own forward's mask: not re-validated

@@ -2,7 +2,8 @@
 the running update, the merge, the qparams and the serialized state's checks.
 
 Pure functions of arrays (no observer object), torch 2.13's expressions operation by operation
-(``torch/ao/quantization/observer.py``); :mod:`nbqat.observers` calls them. The compiled twins
+(``torch/ao/quantization/observer.py``); :mod:`nbqat.quantization.observers` calls them. The
+compiled twins
 of the update and the qparams for :class:`nbqat.FakeQuantize`'s fused path are in
 :mod:`nbqat.kernels.qat_cpu` (tested bit for bit against these).
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nbqat._observer_args import DTYPES
+from nbqat.quantization._observer_args import DTYPES
 
 __all__ = [
     "apply_policy",
@@ -33,7 +34,7 @@ def apply_policy(policy: str, who: str, fmin, fmax, nnan, npinf, nninf):
     """A batch's (C,) min/max under the non-finite ``policy`` (raises before any state change).
 
     ``fmin``/``fmax`` are the finite values' float32 min/max, ``nnan``/``npinf``/``nninf`` the
-    int64 counts (:mod:`nbqat._observer_stats`).
+    int64 counts (:mod:`nbqat.quantization._observer_stats`).
     """
     t_nan, t_pinf, t_ninf = int(nnan.sum()), int(npinf.sum()), int(nninf.sum())
     if t_nan + t_pinf + t_ninf == 0:

@@ -29,13 +29,13 @@ from typing import Any
 import numpy as np
 
 from nbqat import _cuda, _jit
-from nbqat import _exact_values as _ev
-from nbqat._observer_args import int_in_range
-from nbqat._observer_stats import decode as _decode
-from nbqat._observer_stats import device as _device
 from nbqat._validate import split_axis
 from nbqat.kernels import keygrid_cpu as _kg
-from nbqat.observers import _MinMaxBase
+from nbqat.quantization import _exact_values as _ev
+from nbqat.quantization._observer_args import int_in_range
+from nbqat.quantization._observer_stats import decode as _decode
+from nbqat.quantization._observer_stats import device as _device
+from nbqat.quantization.observers import _MinMaxBase
 
 __all__ = ["MSEObserver", "PercentileObserver"]
 

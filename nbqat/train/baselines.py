@@ -11,7 +11,7 @@ The main job's ``ridge`` row is the strongest such model a practitioner would fi
 :func:`tune_ridge` chooses its history length (whole seasons, up to the longest the data
 allows) and its penalty on the validation split (:class:`TunedRidge`). The fixed configuration
 (the model's history, penalty 1) is the ``ridge_fixed`` row, and the start of the TFT's linear
-skip (:func:`nbqat.recipe.init_linear_skip_from_ridge`).
+skip (:func:`nbqat.train.recipe.init_linear_skip_from_ridge`).
 """
 
 from __future__ import annotations

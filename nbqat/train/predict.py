@@ -40,7 +40,8 @@ def load_run(run_dir: str | os.PathLike) -> tuple[Path, dict]:
     ValueError
         When it holds no finished model (no ``checkpoint/state.json`` with phase ``done``,
         or a missing ``qat.npz`` / ``float.npz``); a :class:`~nbqat.nn.qat.CheckpointError`
-        (a ValueError) when ``state.json`` fails its schema (:func:`nbqat.checkpoint.read_state`).
+        (a ValueError) when ``state.json`` fails its schema
+        (:func:`nbqat.train.checkpoint_schema.read_state`).
     """
     run = Path(run_dir)
     if not run.is_dir():
@@ -98,14 +99,12 @@ def read_data(cfg: dict, data: Any, fill_gaps: bool | None = None, run: Path | N
     DataError
         As :func:`nbqat.data.load_csv` (the columns named by the run missing, bad values ...).
     """
-    from nbqat.data import TMY3_COLUMNS, from_dataframe, load_csv, tmy3_path
+    from nbqat.data import from_dataframe, load_csv, tmy3_path
+    from nbqat.train.model import column_roles
 
     if isinstance(data, SeriesData):
         return data
-    cols: dict[str, Any] = dict(TMY3_COLUMNS)
-    if cfg.get("csv") is not None:
-        names = ("time_col", "target_col", "entity_col", "known_cols", "static_cols")
-        cols = {k: cfg.get(k) for k in (*names, "observed_cols")}
+    cols = column_roles(cfg)
     fill = bool(cfg.get("fill_gaps")) if fill_gaps is None else bool(fill_gaps)
     if data is not None and not isinstance(data, (str, os.PathLike)):
         return from_dataframe(data, fill_gaps=fill, future_rows=True, **cols)
@@ -148,7 +147,7 @@ def _engine(engine: str, run: Path, qat: Any) -> Any:
     if engine == "int8":
         fwd = qat.to_int8().forward
     else:
-        from nbqat.checkpoint import load_float_state
+        from nbqat.train.checkpoint_schema import load_float_state
 
         z = load_float_state(run / "checkpoint" / "float.npz")
         model = type(qat.model)(qat.model.config, dtype=np.float32)  # the run's forecaster

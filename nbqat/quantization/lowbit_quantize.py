@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from nbqat import fake_quant as _fq
-from nbqat._quantizer_base import _CACHED, _QuantizerPhases
-from nbqat.affine import choose_qparams_affine, fake_quantize_affine_cachemask
-from nbqat.float8 import choose_scale_float8, fake_quantize_float8_cachemask
+from nbqat.quantization import fake_quant as _fq
+from nbqat.quantization._quantizer_base import _CACHED, _QuantizerPhases
+from nbqat.quantization.affine import choose_qparams_affine, fake_quantize_affine_cachemask
+from nbqat.quantization.float8 import choose_scale_float8, fake_quantize_float8_cachemask
 
 __all__ = [
     "Float8FakeQuantize",
@@ -305,7 +305,7 @@ class GroupFakeQuantize(_LowBitBase):
 
     def report_fake_quant(self, x: Any) -> tuple[np.ndarray, int]:
         """float64 fake quantization with the current qparams and the saturated count
-        (:func:`nbqat.report.quantizer_report`)."""
+        (:func:`nbqat.train.report.quantizer_report`)."""
         x = np.asarray(x, np.float64)
         if self.block_size is None:
             return x, 0

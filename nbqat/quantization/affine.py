@@ -1,7 +1,8 @@
 """Block-wise affine (integer-grid) fake quantization: torchao 0.18's primitives.
 
 ``block_size`` has one entry per dimension of ``x`` (per tensor: ``x.shape``; per channel:
-``(1, K)``; per group: ``(1, G)``; per token: ``(1, ..., 1, K)``; see :mod:`nbqat._blocks`).
+``(1, K)``; per group: ``(1, G)``; per token: ``(1, ..., 1, K)``; see
+:mod:`nbqat.quantization._blocks`).
 The arithmetic, in float32, is torchao's (``torchao/quantization/quant_primitives.py``:
 ``choose_qparams_affine``, ``_fake_quantize_affine`` with ``quant_dtype=torch.int32`` and
 ``ZeroPointDomain.INT``)::
@@ -28,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from nbqat import _validate as V
-from nbqat import _validate_qparams as VQ
-from nbqat._blocks import Blocks, blocks_of, check_block_size, check_grid_shape
-from nbqat._fake_quant_core import _F32, _flat_in, _is_gpu, _run_forward
 from nbqat._jit import threads_for
 from nbqat.kernels import lowbit_cpu as _k
+from nbqat.quantization import _validate_qparams as VQ
+from nbqat.quantization._blocks import Blocks, blocks_of, check_block_size, check_grid_shape
+from nbqat.quantization._fake_quant_core import _F32, _flat_in, _is_gpu, _run_forward
 
 __all__ = [
     "choose_qparams_affine",

@@ -1,7 +1,9 @@
 """LSQ fake quantization with a trainable scale and zero point (torch's ``_LearnableFakeQuantize``).
 
-:class:`LearnableFakeQuantize` (also importable from :mod:`nbqat.fake_quantize` and ``nbqat``):
-the arithmetic is :mod:`nbqat.fake_quant`'s ``fake_quantize_learnable_per_{tensor,channel}_affine``
+:class:`LearnableFakeQuantize` (also importable from :mod:`nbqat.quantization.fake_quantize` and
+``nbqat``):
+the arithmetic is :mod:`nbqat.quantization.fake_quant`'s
+``fake_quantize_learnable_per_{tensor,channel}_affine``
 and their backward; the phase switches are :class:`nbqat.FakeQuantize`'s.
 """
 
@@ -13,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from nbqat import _validate as V
-from nbqat import _validate_qparams as VQ
-from nbqat import _validate_state as VS
-from nbqat import fake_quant as _fq
-from nbqat._quantizer_base import _CACHED, _axis, _numel, _QuantizerPhases
-from nbqat.observers import MovingAverageMinMaxObserver
+from nbqat.quantization import _validate_qparams as VQ
+from nbqat.quantization import _validate_state as VS
+from nbqat.quantization import fake_quant as _fq
+from nbqat.quantization._quantizer_base import _CACHED, _axis, _numel, _QuantizerPhases
+from nbqat.quantization.observers import MovingAverageMinMaxObserver
 
 __all__ = ["LearnableFakeQuantize"]
 

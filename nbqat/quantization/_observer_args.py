@@ -3,7 +3,8 @@ the constructor's common arguments (written once) and torch's ``with_args`` fact
 
 Every observer's constructor is ``(own arguments..., dtype, qscheme, reduce_range, quant_min,
 quant_max, eps, nonfinite)`` in torch's order: the class names its own leading arguments
-(:attr:`nbqat.observers._MinMaxBase.OWN_PARAMS`) and :func:`constructor_signature` appends the
+(:attr:`nbqat.quantization.observers._MinMaxBase.OWN_PARAMS`) and :func:`constructor_signature`
+appends the
 common ones, so ``inspect.signature(MinMaxObserver)`` and argument binding (positional or
 keyword) are those of torch's classes without seven parameters written out in every class.
 """

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from nbqat.fake_quantize import FakeQuantize
-from nbqat.histogram_observers import HistogramObserver
-from nbqat.qconfig import QConfig, default_qat_qconfig
-from nbqat.range_observers import MSEObserver, PercentileObserver
+from nbqat.quantization.fake_quantize import FakeQuantize
+from nbqat.quantization.histogram_observers import HistogramObserver
+from nbqat.quantization.qconfig import QConfig, default_qat_qconfig
+from nbqat.quantization.range_observers import MSEObserver, PercentileObserver
 
 __all__ = [
     "OBSERVERS",
@@ -358,7 +358,7 @@ def _plot(rows: list[dict], path: Path, top: int = PLOT_TOP) -> Path:
     """SQNR and saturation of the ``top`` worst quantizers (lowest SQNR first)."""
     from matplotlib.patches import Patch
 
-    from nbqat.plots import _esc, _figure, _save
+    from nbqat.train.plots import _esc, _figure, _save
 
     rows = [r for r in rows if r["values"]]
     sq = np.array([np.nan if r["sqnr_db"] is None else r["sqnr_db"] for r in rows], np.float64)
@@ -449,7 +449,7 @@ def _observer_table(r: Any, batches: list, evaluate: Callable) -> dict:
     """Post-training fake-quant P50 q-risk for each activation observer (same calibration
     batches, the best float weights, no QAT)."""
     from nbqat.nn.forecasters import prepare_forecaster
-    from nbqat.qconfig import QATConfig
+    from nbqat.quantization.qconfig import QATConfig
 
     table = {}
     for name in OBSERVERS:

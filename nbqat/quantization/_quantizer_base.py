@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from nbqat import _validate_state as VS
-from nbqat.observers import _MinMaxBase, _PartialWrapper, _with_args
+from nbqat.quantization import _validate_state as VS
+from nbqat.quantization.observers import _MinMaxBase, _PartialWrapper, _with_args
 
 _CACHED = object()  # default of backward's ctx: "use the ctx of the last forward"
 _OBS_PREFIX = "activation_post_process."
@@ -132,7 +132,7 @@ class _QuantizerPhases:
         """``(y, mask)`` of an empty ``x``: empty arrays of its shape (CPU or CUDA), validated
         as any input (the per-tensor function: the qparams' length has no meaning here, and a
         per-channel quantizer has no channel count before its first non-empty batch)."""
-        from nbqat import fake_quant as _fq
+        from nbqat.quantization import fake_quant as _fq
 
         return _fq.fake_quantize_per_tensor_affine_cachemask(
             x, np.float32(1.0), 0, self.quant_min, self.quant_max

@@ -29,13 +29,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nbqat._checkpoint_float import (
+from nbqat.npz_state import CheckpointError
+from nbqat.train.checkpoint_float import (
     FLOAT_FORMAT,
     load_float_state,
     read_float_arrays,
     write_float_arrays,
 )
-from nbqat.npz_state import CheckpointError
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -352,7 +352,7 @@ def check_data(meta: dict, fingerprint: dict) -> None:
 def __getattr__(name: str) -> Any:
     if name == "read_run_config":  # it builds the job's TrainConfig: it lives with the job
         raise AttributeError(
-            "nbqat.checkpoint.read_run_config moved to nbqat.train.read_run_config (the job's "
+            f"{__name__}.read_run_config moved to nbqat.train.read_run_config (the job's "
             "schema lives with the job; this module only validates against it)"
         )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,8 @@ ridge initialisation, and the fair float / PTQ / QAT comparison rows.
   that the skip's Q output rows, which start equal, become a linear quantile regression
   trained with the body on the pinball loss.
 * :func:`init_linear_skip_from_ridge` -- the skip starts as the ridge baseline
-  (:class:`nbqat.baselines.RidgeBaseline`), the output layer at zero, so the TFT starts exactly
+  (:class:`nbqat.train.baselines.RidgeBaseline`), the output layer at zero, so the TFT starts
+  exactly
   at the linear forecast and learns what it misses (a residual hybrid, as in TiDE / DLinear).
 * :class:`AveragedOptimizer` and :func:`swap_average` -- an exponential moving average
   (Polyak averaging) of the float weights, kept by the optimizer (so the checkpoint carries

@@ -32,12 +32,12 @@ from typing import Any
 import numpy as np
 
 from nbqat import _validate as V
-from nbqat._blocks import blocks_of, check_block_size, float8_block_of
-from nbqat._fake_quant_core import _F32, _flat_in, _is_gpu, _run_forward
 from nbqat._jit import threads_for
-from nbqat.affine import _gpu, _host_param, _reduce_blocks, check_x32
 from nbqat.kernels import lowbit_cpu as _k
 from nbqat.kernels.lowbit_formula import E4M3FN, E5M2
+from nbqat.quantization._blocks import blocks_of, check_block_size, float8_block_of
+from nbqat.quantization._fake_quant_core import _F32, _flat_in, _is_gpu, _run_forward
+from nbqat.quantization.affine import _gpu, _host_param, _reduce_blocks, check_x32
 
 __all__ = ["choose_scale_float8", "fake_quantize_float8", "fake_quantize_float8_cachemask"]
 

@@ -37,7 +37,7 @@ kernels, Numba device array results; a RuntimeError when CUDA is unavailable). H
 a copy where possible, and give NumPy results; a tensor that requires grad is a TypeError that
 says ``.detach()``.
 
-The learnable (LSQ) functions live in :mod:`nbqat.fake_quant_learnable` and are re-exported
+The learnable (LSQ) functions live in :mod:`nbqat.quantization.lsq` and are re-exported
 here; the scalar arithmetic of every kernel is :mod:`nbqat.kernels.fake_quant_formula`.
 
 References
@@ -54,7 +54,9 @@ from typing import Any
 import numpy as np
 
 from nbqat import _validate as V
-from nbqat._fake_quant_core import (
+from nbqat._jit import threads_for
+from nbqat.kernels import fake_quant_cpu as _k
+from nbqat.quantization._fake_quant_core import (
     _F16,
     _finish,
     _flat_in,
@@ -64,14 +66,12 @@ from nbqat._fake_quant_core import (
     _per_channel,
     _per_tensor,
 )
-from nbqat._jit import threads_for
-from nbqat.fake_quant_learnable import (
+from nbqat.quantization.lsq import (
     fake_quantize_learnable_per_channel_affine,
     fake_quantize_learnable_per_channel_affine_backward,
     fake_quantize_learnable_per_tensor_affine,
     fake_quantize_learnable_per_tensor_affine_backward,
 )
-from nbqat.kernels import fake_quant_cpu as _k
 
 __all__ = [
     "fake_quantize_backward",

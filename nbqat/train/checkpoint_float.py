@@ -1,5 +1,6 @@
 """The main job's ``float.npz`` (float weights, best weights, optimizer state) on the one
-codec, :mod:`nbqat.npz_state`; re-exported by :mod:`nbqat.checkpoint`, whose schema it is.
+codec, :mod:`nbqat.npz_state`; re-exported by :mod:`nbqat.train.checkpoint_schema`, whose schema it
+is.
 
 New files are ``npz_state`` files of format :data:`FLOAT_FORMAT`; the manifest-free layout of
 earlier releases (members ``params``, ``best_params``, ``opt.<a/0/b>``) still loads.

@@ -1,5 +1,5 @@
-"""The host side of the fake-quantize forwards shared by :mod:`nbqat.fake_quant` and
-:mod:`nbqat.fake_quant_learnable`: validation, dtypes, flat views, outputs written in place or
+"""The host side of the fake-quantize forwards shared by :mod:`nbqat.quantization.fake_quant` and
+:mod:`nbqat.quantization.lsq`: validation, dtypes, flat views, outputs written in place or
 through temporaries, host/device dispatch (plain Python; the arithmetic is the kernels')."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numba
 import numpy as np
 
 from nbqat import _validate as V
-from nbqat import _validate_qparams as VQ
 from nbqat._jit import threads_for
 from nbqat.kernels import fake_quant_cpu as _k
+from nbqat.quantization import _validate_qparams as VQ
 
 _NO_MASK = np.zeros(1, np.bool_)  # dummy mask argument when no mask is wanted
 _F16 = np.dtype(np.float16)

@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="nbqat",
         description="nbqat: quantization-aware training on NumPy + Numba.",
     )
-    from nbqat import __version__
+    from nbqat._version import __version__
 
     p.add_argument("--version", action="version", version=f"nbqat {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")

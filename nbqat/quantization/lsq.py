@@ -1,8 +1,10 @@
 """Learnable (LSQ) fake quantization: forward and backward with a trainable scale and zero
 point (torch's ``_fake_quantize_learnable_per_{tensor,channel}_affine`` and their backward).
 
-Re-exported by :mod:`nbqat.fake_quant` and ``nbqat``; the arithmetic and the dtype, layout and
-device rules are those of :mod:`nbqat.fake_quant` (module docstring there), the per-element
+Re-exported by :mod:`nbqat.quantization.fake_quant` and ``nbqat``; the arithmetic and the dtype,
+layout and
+device rules are those of :mod:`nbqat.quantization.fake_quant` (module docstring there), the
+per-element
 gradient is :func:`nbqat.kernels.fake_quant_formula.lsq_terms`.
 
 References
@@ -18,8 +20,10 @@ from typing import Any
 import numpy as np
 
 from nbqat import _validate as V
-from nbqat import _validate_qparams as VQ
-from nbqat._fake_quant_core import (
+from nbqat._jit import threads_for
+from nbqat.kernels import fake_quant_cpu as _k
+from nbqat.quantization import _validate_qparams as VQ
+from nbqat.quantization._fake_quant_core import (
     _channel_arrays,
     _compute_dtype,
     _flat_in,
@@ -29,8 +33,6 @@ from nbqat._fake_quant_core import (
     _per_tensor,
     _tensor_scalars,
 )
-from nbqat._jit import threads_for
-from nbqat.kernels import fake_quant_cpu as _k
 
 __all__ = [
     "fake_quantize_learnable_per_channel_affine",

@@ -1,0 +1,70 @@
+"""The package layout (issue 28): a small root, moved modules' old paths kept for one release,
+and nbqat's own code on the new paths only."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbqat
+from nbqat._moved import MOVED
+
+PKG = Path(nbqat.__file__).parent
+
+
+def test_the_package_root_holds_at_most_20_modules():
+    root = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(root) <= 20, root
+
+
+def test_every_old_path_is_the_moved_module_with_a_deprecation_warning():
+    """In a fresh interpreter (an alias warns once per process): ``import old`` and
+    ``from nbqat import short`` give the new module object, each with one DeprecationWarning that
+    names the new path and points at the importing line."""
+    script = f"""
+import importlib, json, warnings
+import nbqat
+out = {{}}
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    from nbqat import recipe  # an attribute of the package, not yet imported
+out["from"] = [recipe is importlib.import_module("nbqat.train.recipe"), [str(x.message) for x in w]]
+for old, new in {MOVED!r}.items():
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        mod = importlib.import_module(old) if old != "nbqat.recipe" else recipe
+    out[old] = [mod is importlib.import_module(new), mod.__name__, mod.__spec__.name,
+                [(str(x.message), x.category.__name__, x.filename) for x in w]]
+print(json.dumps(out))
+"""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    out = json.loads(res.stdout)
+    for old, new in MOVED.items():
+        same, name, spec, warns = out[old]
+        assert same and name == new and spec == new, (old, name, spec)
+        if old == "nbqat.recipe":  # imported above, by ``from nbqat import recipe``
+            continue
+        assert len(warns) == 1, (old, warns)
+        msg, cat, filename = warns[0]
+        assert cat == "DeprecationWarning" and new in msg and old in msg, warns
+        assert filename == "<string>", (old, filename)  # the importing line, not importlib
+    assert out["from"][0] and len(out["from"][1]) == 1 and "nbqat.train.recipe" in out["from"][1][0]
+
+
+def test_nbqat_itself_imports_no_old_path():
+    """The aliases are for users only: every module of the package imports the new paths (module
+    level and inside functions)."""
+    shorts = {old.removeprefix("nbqat.") for old in MOVED}
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Import):
+                bad += [(path.name, a.name) for a in n.names if a.name in MOVED]
+            elif isinstance(n, ast.ImportFrom) and n.module in MOVED:
+                bad.append((path.name, n.module))
+            elif isinstance(n, ast.ImportFrom) and n.module == "nbqat":
+                bad += [(path.name, a.name) for a in n.names if a.name in shorts]
+    assert bad == []
