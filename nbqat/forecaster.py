@@ -232,11 +232,14 @@ class Forecaster:
         FileNotFoundError, ValueError
             No such folder, or no finished run in it (:func:`nbqat.train.predict.load_run`).
         """
+        from nbqat.train.options import config_options
         from nbqat.train.predict import load_run
 
         run, cfg = load_run(run_dir)
-        names = set(_option_names())
-        fc = cls(**{k: v for k, v in cfg.items() if k in names})
+        names, opts = set(_option_names()), config_options()
+        model = cfg.get("model", opts["model"].default)  # its options only (an LSTM run's
+        # config holds the TFT's --heads at its default: not an option of this model)
+        fc = cls(**{k: v for k, v in cfg.items() if k in names and model in opts[k].models})
         fc.run_dir = run
         return fc
 

@@ -227,3 +227,17 @@ def test_a_skip_learning_rate_without_the_skip_is_refused(capsys):
     assert main(["train", "--no-linear-skip", "--skip-lr-scale", "0.5", "--check"]) == 2
     assert "--skip-lr-scale sets the linear skip" in capsys.readouterr().err
     TrainConfig(linear_skip=False).resolved()  # the defaults: no error
+
+
+def test_a_finished_lstm_run_loads_without_the_tft_options(tmp_path, monkeypatch):
+    """Forecaster.load passes the run's options back as keywords: an LSTM run's config holds
+    the TFT's options at their defaults, which must not count as given."""
+    import nbqat.train.predict as predict
+
+    cfg = {**TrainConfig(model="lstm", quick=True).resolved().to_json(), "out": str(tmp_path)}
+    tft_only = {k for k, o in config_options().items() if "lstm" not in o.models}
+    assert tft_only == {"heads", "dropout", "linear_skip", "skip_lr_scale", "qat_skip_lr_scale"}
+    monkeypatch.setattr(predict, "load_run", lambda run_dir: (tmp_path, cfg))
+    fc = Forecaster.load(tmp_path)
+    assert fc.options["model"] == "lstm" and not tft_only & set(fc.options)
+    assert fc.options["epochs"] == cfg["epochs"]
