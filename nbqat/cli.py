@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from nbqat.data import DataError
         from nbqat.forecaster import Forecaster
         from nbqat.train import TrainConfig, TrainingInterrupted
-        from nbqat.train.config import check_model_options
+        from nbqat.train.options import check_model_options
 
         try:
             cfg = TrainConfig.from_args(args)

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,6 @@ __all__ = ["Forecaster"]
 #: TrainConfig fields the Forecaster sets from ``fit``'s arguments (not options).
 _DATA_FIELDS = ("csv", "time_col", "target_col", "entity_col", "known_cols", "static_cols",
                 "observed_cols")  # fmt: skip
-#: Options whose CLI flag is the negation (``--no-plots``) or that only tests use.
-_HIDDEN = ("stop_after_steps",)
 
 
 def _names(cols: Any) -> str | None:
@@ -42,9 +39,9 @@ def _names(cols: Any) -> str | None:
 
 
 def _option_names() -> list[str]:
-    from nbqat.train import TrainConfig
+    from nbqat.train.options import config_options
 
-    return [f.name for f in fields(TrainConfig) if f.name not in _DATA_FIELDS + _HIDDEN]
+    return [k for k, o in config_options().items() if k not in _DATA_FIELDS and o.cli != "hidden"]
 
 
 class Forecaster:
@@ -62,16 +59,24 @@ class Forecaster:
     ------
     TypeError
         For an option ``nbqat train`` does not have (the message lists them).
+    ValueError
+        For a value out of the option's range, or an option that the ``model`` does not read
+        (``Forecaster(model="lstm", heads=2)``); the message names the option (the checks of
+        :mod:`nbqat.train.options`, the same as ``nbqat train``'s).
     """
 
     def __init__(self, **options: Any) -> None:
+        from nbqat.train.options import check_options
+
         bad = sorted(set(options) - set(_option_names()))
         if bad:
             raise TypeError(
                 f"Forecaster got unknown option(s) {bad}; the options are nbqat train's: "
                 f"{', '.join(_option_names())}"
             )
+        check_options(options)  # explicit keywords: ranges, and options the model ignores
         self.options = dict(options)
+        self._config()  # and the rules between options, as nbqat train's
         self.run_dir: Path | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._result: dict | None = None
@@ -171,8 +176,10 @@ class Forecaster:
 
     def _config(self, **data_fields: Any) -> Any:
         from nbqat.train import TrainConfig
+        from nbqat.train.options import config_options
 
-        kw = {k: v for k, v in self.options.items() if v is not None or k == "max_norm"}
+        opts = config_options()  # None: the mode's default, unless None is a value (--max-norm)
+        kw = {k: v for k, v in self.options.items() if v is not None or opts[k].nullable}
         return TrainConfig(**kw, **data_fields)
 
     def train(self, cfg: Any, resume: Any = None, check: bool = False) -> Forecaster:
@@ -225,11 +232,14 @@ class Forecaster:
         FileNotFoundError, ValueError
             No such folder, or no finished run in it (:func:`nbqat.train.predict.load_run`).
         """
+        from nbqat.train.options import config_options
         from nbqat.train.predict import load_run
 
         run, cfg = load_run(run_dir)
-        names = set(_option_names())
-        fc = cls(**{k: v for k, v in cfg.items() if k in names})
+        names, opts = set(_option_names()), config_options()
+        model = cfg.get("model", opts["model"].default)  # its options only (an LSTM run's
+        # config holds the TFT's --heads at its default: not an option of this model)
+        fc = cls(**{k: v for k, v in cfg.items() if k in names and model in opts[k].models})
         fc.run_dir = run
         return fc
 

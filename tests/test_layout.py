@@ -68,3 +68,83 @@ def test_nbqat_itself_imports_no_old_path():
             elif isinstance(n, ast.ImportFrom) and n.module == "nbqat":
                 bad += [(path.name, a.name) for a in n.names if a.name in shorts]
     assert bad == []
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """nbqat's modules -> the nbqat modules each imports (module level and inside functions;
+    ``from pkg import name`` counts as the submodule ``pkg.name`` when there is one)."""
+    mods = {}
+    for p in PKG.rglob("*.py"):
+        parts = list(p.relative_to(PKG.parent).with_suffix("").parts)
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        pkg = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        for n in ast.walk(ast.parse(p.read_text())):
+            names: list[str | None] = []
+            if isinstance(n, ast.Import):
+                names = [resolve(a.name) for a in n.names]
+            elif isinstance(n, ast.ImportFrom):
+                base = n.module or ""
+                if n.level:
+                    up = pkg.split(".")[: len(pkg.split(".")) - n.level + 1]
+                    base = ".".join(up + ([n.module] if n.module else []))
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else resolve(base)
+                         for a in n.names]  # fmt: skip
+            graph[m] |= {t for t in names if t and t != m}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle():
+    """Data flows one way (docs/architecture.md): no two modules import each other, directly or
+    through others, at module level or inside a function."""
+    assert _circles(_import_graph()) == []
+
+
+def test_the_circle_check_can_fail():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_imports_the_package_root():
+    """A module inside nbqat imports what it uses from its own module, never from ``nbqat``
+    itself (whose ``__init__`` imports everything: a circle in waiting)."""
+    graph = _import_graph()
+    assert sorted(m for m, deps in graph.items() if "nbqat" in deps and m != "nbqat") == []

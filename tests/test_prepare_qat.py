@@ -303,7 +303,8 @@ def test_qat_lstm_forecaster_matches_torch_fake_quantize(torch, rng):
     from nbqat.nn import LSTMForecaster, train_step
 
     cfg = _lf_cfg()
-    qat = prepare_qat(LSTMForecaster(cfg, seed=3), config=nbqat.QATConfig(calibration_batches=2))
+    qcfg = nbqat.QATConfig(calibration_batches=2, quantize_output_head=True)  # the head too
+    qat = prepare_qat(LSTMForecaster(cfg, seed=3), config=qcfg)
     m = qat.model
     assert sorted(qat.fake_quants) == sorted(
         ["encoder.weight_ih_fake_quant", "encoder.weight_hh_fake_quant",

@@ -154,8 +154,7 @@ def prepare_forecaster(
         return QATTemporalFusionTransformer.from_float(
             model, qconfig=qconfig, config=config, inplace=inplace
         )
-    mapping = None if config.quantize_output_head else {"head": None}
-    return prepare_qat(model, qconfig, qconfig_mapping=mapping, config=config, inplace=inplace)
+    return prepare_qat(model, qconfig, config=config, inplace=inplace)  # head: QATConfig's
 
 
 def load_qat_forecaster(path: str | os.PathLike, qconfig: Any = None, config: Any = None) -> Any:

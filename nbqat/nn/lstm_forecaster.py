@@ -71,6 +71,10 @@ class LSTMForecaster(BufferedModel):
         ``config`` is not an LSTMForecasterConfig.
     """
 
+    #: The quantile head, kept in float by :func:`~nbqat.nn.prepare_qat` unless
+    #: ``QATConfig.quantize_output_head``.
+    output_head = "head"
+
     def __init__(self, config: LSTMForecasterConfig, seed: int = 0, dtype: Any = np.float32):
         super().__init__()
         if not isinstance(config, LSTMForecasterConfig):

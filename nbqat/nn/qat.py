@@ -65,6 +65,7 @@ import numpy as np
 
 from nbqat._docs import BACKWARD_IO, FORECAST_IO, fill_doc
 from nbqat.nn.phases import CALIBRATION
+from nbqat.nn.qat_mappings import config_qconfig_mapping
 from nbqat.nn.qat_state import saved_network
 from nbqat.nn.quantize import QATModel, hooks_for
 from nbqat.nn.step import check_step_args
@@ -101,18 +102,10 @@ def tft_qconfig_mapping(model: Any, config: Any) -> dict[str, None]:
     Returns
     -------
     dict
-        ``{module name: None}`` (float fallback).
+        ``{module name: None}`` (float fallback): the one rule of every prepared model,
+        :func:`nbqat.nn.qat_mappings.config_qconfig_mapping`.
     """
-    from nbqat.nn.layers import InterpretableMultiHeadAttention
-
-    mapping: dict[str, None] = {}
-    if not config.quantize_output_head:
-        mapping["output_layer"] = None
-    if not config.quantize_attention:
-        for name, mod in model.named_modules():
-            if isinstance(mod, InterpretableMultiHeadAttention):
-                mapping[name] = None
-    return mapping
+    return config_qconfig_mapping(model, config)
 
 
 def _static_activations(qconfig: Any) -> bool:
@@ -200,7 +193,7 @@ class QATTemporalFusionTransformer(QATModel):
                     "`qconfig` must be a nbqat.QConfig with callable `activation` and `weight` "
                     f"factories, got {type(qconfig).__name__}"
                 )
-        mapping: dict[Any, Any] = dict(tft_qconfig_mapping(model, config))
+        mapping: dict[Any, Any] = {}  # QATModel adds QATConfig's float fallback
         if not _static_activations(qconfig):  # per-token / float8: static per-tensor probs
             from nbqat.nn.layers import InterpretableMultiHeadAttention
             from nbqat.quantization.qconfig import QConfig, default_qat_qconfig

@@ -12,10 +12,11 @@ mapping (through :func:`hooks_for`) for every model, the TFT's QAT model include
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from nbqat.nn.params import Module
 
-__all__ = ["QAT_MODULE_MAPPINGS", "hooks_for", "register_qat_module"]
+__all__ = ["QAT_MODULE_MAPPINGS", "config_qconfig_mapping", "hooks_for", "register_qat_module"]
 
 
 def _default_mappings() -> dict[type, dict[str, str]]:
@@ -82,3 +83,33 @@ def hooks_for(mod: Module) -> dict[str, str] | None:
         if cls in QAT_MODULE_MAPPINGS:
             return QAT_MODULE_MAPPINGS[cls]
     return None
+
+
+def config_qconfig_mapping(model: Module, config: Any) -> dict[str, None]:
+    """The float fallback that ``config``'s switches ask for (``{module name: None}``), which
+    :func:`~nbqat.nn.prepare_qat` applies under its ``qconfig_mapping`` (an entry there wins).
+
+    Parameters
+    ----------
+    model : Module
+    config : QATConfig
+        ``quantize_output_head=False`` (the default) keeps the module named by the model's
+        ``output_head`` attribute in float (the forecasters' quantile heads; a model without
+        the attribute has no head to keep); ``quantize_attention=False`` keeps every
+        InterpretableMultiHeadAttention (its projections included) in float.
+
+    Returns
+    -------
+    dict
+    """
+    from nbqat.nn.layers import InterpretableMultiHeadAttention
+
+    mapping: dict[str, None] = {}
+    head = getattr(model, "output_head", None)
+    if isinstance(head, str) and not config.quantize_output_head:
+        mapping[head] = None
+    if not config.quantize_attention:
+        for name, mod in model.named_modules():
+            if isinstance(mod, InterpretableMultiHeadAttention):
+                mapping[name] = None
+    return mapping

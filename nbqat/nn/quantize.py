@@ -34,7 +34,12 @@ from nbqat._docs import INT8_RESULT, fill_doc
 from nbqat.nn.convert import convert_model
 from nbqat.nn.params import Module, ParameterBuffer
 from nbqat.nn.phases import CALIBRATION, QATPhases, is_learnable
-from nbqat.nn.qat_mappings import QAT_MODULE_MAPPINGS, hooks_for, register_qat_module
+from nbqat.nn.qat_mappings import (
+    QAT_MODULE_MAPPINGS,
+    config_qconfig_mapping,
+    hooks_for,
+    register_qat_module,
+)
 from nbqat.nn.qat_state import QATCheckpoint
 
 __all__ = [
@@ -168,10 +173,9 @@ def prepare_qat(
         ``{module name or layer type: QConfig or None}``; a name covers its descendants, a
         name wins over a type; None keeps those modules in float (float fallback).
     config : QATConfig, optional
-        Calibration length, freezing, ``learnable_scales`` (LSQ quantizers built from the
-        qconfig's factories) (default ``QATConfig()``). Its TFT-only fields
-        (``quantize_attention``, ``quantize_output_head``) are not read here: use
-        ``qconfig_mapping`` (e.g. ``{"head": None}``).
+        Calibration, freezing, LSQ (``learnable_scales``); ``quantize_output_head=False`` keeps
+        the model's ``output_head`` in float, ``quantize_attention=False`` the attention
+        (:func:`~nbqat.nn.qat_mappings.config_qconfig_mapping`; ``qconfig_mapping`` wins).
     inplace : bool, default False
         Put the quantizers into ``model`` itself (its parameters stay where they are) instead
         of into a copy with its own flat buffer. A model that owns its buffer
@@ -287,6 +291,7 @@ class QATModel(QATCheckpoint, QATPhases):
     """
 
     def __init__(self, model: Module, qconfig: Any, mapping: dict, config: Any, buf: Any):
+        mapping = {**config_qconfig_mapping(model, config), **mapping}  # QATConfig's switches
         self.model = model
         self.config = config
         self.qconfig = qconfig

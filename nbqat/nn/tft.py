@@ -182,6 +182,9 @@ class TemporalFusionTransformer(BufferedModel):
         After forward: attention probabilities averaged over heads (T = k + tau).
     static_weights, encoder_weights, decoder_weights : ndarray or None
         After forward: variable-selection weights (B, m_s), (B, k, m_z), (B, tau, m_x).
+    output_head : str
+        ``"output_layer"``: the quantile head, kept in float by :func:`~nbqat.nn.prepare_qat`
+        unless ``QATConfig.quantize_output_head``.
 
     Notes
     -----
@@ -213,6 +216,8 @@ class TemporalFusionTransformer(BufferedModel):
     GRN's ``fc2`` into its GLU's projection (same function, float rounding in another order;
     :meth:`~nbqat.nn.params.Module.set_folding` turns both off; QAT never folds).
     """
+
+    output_head = "output_layer"
 
     def __init__(self, config: TFTConfig, seed: int = 0, dtype: Any = np.float32) -> None:
         super().__init__()

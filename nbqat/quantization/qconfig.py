@@ -31,6 +31,9 @@ from nbqat.quantization.observers import (
 __all__ = [
     "QATConfig",
     "QConfig",
+    "WEIGHT_BITS",
+    "WEIGHT_DTYPES",
+    "WEIGHT_GROUP_SIZE",
     "default_qat_qconfig",
     "float8_qconfig",
     "int4_weight_qconfig",
@@ -216,6 +219,14 @@ def float8_qconfig(dtype: str = "float8_e4m3fn", activations: bool = True) -> QC
     return QConfig(activation=a, weight=w)
 
 
+#: The weight formats of :func:`weight_format_qconfig` (``nbqat train --weight-bits`` /
+#: ``--weight-dtype``): 8 (per-channel int8) or 4 (grouped int4); integer or float8 weights.
+WEIGHT_BITS = (8, 4)
+WEIGHT_DTYPES = ("int", "float8_e4m3fn")
+#: Input features per int4 weight scale when ``--group-size`` is not given.
+WEIGHT_GROUP_SIZE = 32
+
+
 def weight_format_qconfig(qconfig: QConfig, cfg: Any) -> QConfig:
     """``qconfig`` with the weights of ``nbqat train``'s ``--weight-bits`` / ``--group-size`` /
     ``--weight-dtype`` (``cfg``: a TrainConfig); the activations are kept. With
@@ -249,15 +260,19 @@ class QATConfig:
     qconfig : QConfig, default default_qat_qconfig
         Fake-quantize factories for activations and weights.
     max_norm : float or None, default 1.0
-        Gradient-clipping norm (``clip_grad_norm_``); None disables clipping.
+        Gradient-clipping norm (``clip_grad_norm_``); None disables clipping. ``nbqat train``'s
+        QAT phase clips at its QAT model's ``config.max_norm`` (``--max-norm``); a loop of
+        your own passes it per step: ``qat.train_step(batch, opt, qat.config.max_norm)``.
     learnable_scales : bool, default False
         Use LearnableFakeQuantize (LSQ) instead of FakeQuantize.
     freeze_observers_after_calibration : bool, default False
         Disable the observers once calibration ends (fixed qparams during QAT).
     quantize_attention : bool, default True
-        Fake-quantize the attention projections (and probabilities).
+        Fake-quantize the attention projections (and probabilities); False keeps every
+        InterpretableMultiHeadAttention in float (read by :func:`~nbqat.nn.prepare_qat`).
     quantize_output_head : bool, default False
-        Fake-quantize the quantile output head.
+        Fake-quantize the quantile output head: the module a model names in its
+        ``output_head`` attribute (the forecasters'; read by :func:`~nbqat.nn.prepare_qat`).
 
     Raises
     ------

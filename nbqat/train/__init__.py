@@ -31,7 +31,9 @@ same metrics.json as an uninterrupted run. A second Ctrl-C aborts at once.
 (:mod:`nbqat.train.parallel`, docs/distributed.md): it equals the 1-process run to
 reduction-order rounding; rank 0 alone writes, and ``metrics.json`` gains ``world_size``.
 
-The package, one concern per module: :mod:`~nbqat.train.config` (options, constants),
+The package, one concern per module: :mod:`~nbqat.train.options` (the one registry of the
+options, from which the parser, :class:`TrainConfig`, ``Forecaster`` and the checkpoint checks
+are built), :mod:`~nbqat.train.config` (:class:`TrainConfig`, constants),
 :mod:`~nbqat.train.metrics` (q-risk, loss and gradient statistics), :mod:`~nbqat.train.model`
 (data, model, optimizer), :mod:`~nbqat.train.loop` (the training phases),
 :mod:`~nbqat.train.parallel` (the process group), :mod:`~nbqat.train.checkpointing`,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -152,44 +153,22 @@ def _check_type(file: Path, field: str, v: Any, typ: type, allow_none: bool = Fa
         raise _err(file, field, "is NaN")
 
 
-def _check_config(file: Path, cfg: Any, fields: dict[str, Any]) -> None:
+def _check_config(file: Path, cfg: Any, checks: Mapping[str, Callable[[Any], str | None]]) -> None:
+    """Every option of ``cfg`` present, known and accepted by its check (the job's schema: the
+    range rules live in the job's options registry, not here)."""
     if not isinstance(cfg, dict):
         raise _err(file, "config", f"expected an object, got {type(cfg).__name__}")
-    extra = sorted(set(cfg) - set(fields))
-    missing = sorted(set(fields) - set(cfg))
+    extra = sorted(set(cfg) - set(checks))
+    missing = sorted(set(checks) - set(cfg))
     if extra:
         raise _err(file, f"config.{extra[0]}", "unknown option (an edited or foreign file?)")
     if missing:
         raise _err(file, f"config.{missing[0]}", "missing")
-    for k, default in fields.items():
-        v = cfg[k]
-        if isinstance(default, bool):
-            _check_type(file, f"config.{k}", v, bool)
-        elif isinstance(default, str):
-            _check_type(file, f"config.{k}", v, str)
-        elif isinstance(v, bool) or not (v is None or isinstance(v, (int, float, str))):
-            raise _err(file, f"config.{k}", f"unexpected value {v!r}")
-    for k in ("epochs", "batch_size", "hidden_dim", "heads", "history", "horizon", "eval_stride"):
-        v = cfg[k]
-        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 10**9:
-            raise _err(file, f"config.{k}", f"expected a positive integer, got {v!r}")
-    for k in ("qat_epochs", "windows_per_epoch", "calibration_batches", "patience"):
-        v = cfg[k]
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 10**9:
-            raise _err(file, f"config.{k}", f"expected an integer >= 0, got {v!r}")
-    for k in ("lr", "qat_lr"):
-        v = cfg[k]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
-            raise _err(file, f"config.{k}", f"expected a positive number, got {v!r}")
-    for k in ("dropout", "ema_decay", "plateau_factor"):  # fractions (TrainConfig.validate)
-        v = cfg[k]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1:
-            raise _err(file, f"config.{k}", f"expected a number in [0, 1), got {v!r}")
-    for k in ("csv", "time_col", "target_col", "entity_col", "known_cols", "static_cols",
-              "observed_cols"):  # fmt: skip
-        if cfg[k] is not None and not isinstance(cfg[k], str):
-            raise _err(file, f"config.{k}", f"expected a string or null, got {cfg[k]!r}")
-    if cfg["csv"] is not None and not Path(cfg["csv"]).is_absolute():
+    for k, check in checks.items():
+        why = check(cfg[k])
+        if why is not None:
+            raise _err(file, f"config.{k}", why)
+    if cfg.get("csv") is not None and not Path(cfg["csv"]).is_absolute():
         raise _err(file, "config.csv", f"expected an absolute path, got {cfg['csv']!r}")
 
 
@@ -273,15 +252,17 @@ def _check_state(file: Path, st: Any, cfg: dict) -> None:
         raise _err(file, "state.timings", "expected non-negative seconds per phase")
 
 
-def read_state(ck: str | Path, config_fields: dict[str, Any]) -> dict:
+def read_state(ck: str | Path, config_fields: Mapping[str, Callable[[Any], str | None]]) -> dict:
     """Read and validate ``ck/state.json``; nothing is written.
 
     Parameters
     ----------
     ck : str or Path
         The checkpoint folder (or a file inside it).
-    config_fields : dict
-        ``{option: default}`` of :class:`nbqat.train.TrainConfig` (the schema of ``config``).
+    config_fields : mapping
+        The schema of ``config``: ``{option: check}``, ``check(value)`` returning what is wrong
+        with ``value`` ("expected ..., got ...") or None (the job's
+        :func:`nbqat.train.checkpointing.config_schema`, built from its options registry).
 
     Returns
     -------

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from nbqat.train import checkpoint_schema as ckpt
 from nbqat.train.config import SIDE_FILES, TrainConfig
 from nbqat.train.loop import FLOAT, Run, RunState
 from nbqat.train.model import to_host
+from nbqat.train.options import config_checks
 
 __all__ = [
     "config_schema",
@@ -142,15 +143,17 @@ def load_checkpoint(r: Run, ck: Path, meta: dict) -> None:
 
 
 def config_schema() -> dict[str, Any]:
-    """The schema of a checkpoint's ``config``: ``{option: default}`` of every
-    :class:`~nbqat.train.TrainConfig` field (handed to
+    """The schema of a checkpoint's ``config``: ``{option: check}`` of every
+    :class:`~nbqat.train.TrainConfig` field, from the options registry
+    (:func:`nbqat.train.options.config_checks`; handed to
     :func:`nbqat.train.checkpoint_schema.read_state`).
 
     Returns
     -------
     dict
+        ``check(value)`` returns what is wrong with ``value`` ("expected ..., got ...") or None.
     """
-    return {f.name: f.default for f in fields(TrainConfig)}
+    return config_checks()
 
 
 def read_run_state(ck: str | Path) -> dict:

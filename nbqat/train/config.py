@@ -1,13 +1,23 @@
-"""The main job's options (:class:`TrainConfig`), its constants and its interrupt exception."""
+"""The main job's options (:class:`TrainConfig`), its constants and its interrupt exception.
+
+Each field's default, range and help come from the registry :mod:`nbqat.train.options`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
-from numbers import Integral
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
 
+from nbqat.quantization.qconfig import WEIGHT_GROUP_SIZE
 from nbqat.train import checkpoint_schema as ckpt
+from nbqat.train.options import (
+    DEFAULT_CALENDAR,
+    MIN_HISTORY,
+    check_model_options,
+    check_option,
+    config_options,
+    mode_defaults,
+)
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -24,10 +34,6 @@ __all__ = [
 ]
 
 QUANTILES = (0.1, 0.5, 0.9)
-#: The default history (steps) when the seasonal-naive period is shorter (``--history``).
-MIN_HISTORY = 24
-#: Derived known inputs used by default (see ``--calendar``).
-DEFAULT_CALENDAR = "hour,dow"
 CHECKPOINT_VERSION = ckpt.CHECKPOINT_VERSION
 #: QAT states kept beside the checkpoint by --compare-clipping (copied into checkpoint/).
 SIDE_FILES = ("qat_start.npz", "qat_clipped.npz")
@@ -36,6 +42,19 @@ SIDE_FILES = ("qat_start.npz", "qat_clipped.npz")
 NOT_IN_METRICS = ("out", "progress", "stop_after_steps", "overwrite")
 #: Options left out of metrics.json at their default (a default run's file stays as it was).
 NOT_IN_METRICS_AT_DEFAULT = {"model": "tft"}
+#: Options that only some forecasters read: option -> the ``--model`` values that read it
+#: (from the registry; any other model refuses the option).
+MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
+    o.name: o.models
+    for o in config_options().values()
+    if set(o.models) != set(config_options()["model"].choices or ())
+}
+
+
+def _field(name: str) -> Any:
+    """The dataclass field of option ``name``: the registry's default, the Option as metadata."""
+    o = config_options()[name]
+    return field(default=o.default, metadata={"option": o})
 
 
 class TrainingInterrupted(Exception):
@@ -53,94 +72,90 @@ class TrainConfig:
     with ``quick=True``, the quick ones.
     """
 
-    epochs: int | None = None
-    qat_epochs: int | None = None
-    batch_size: int | None = None
-    hidden_dim: int | None = None
-    heads: int | None = None
-    lr: float | None = None
-    qat_lr: float | None = None
-    max_norm: float | None = 1.0
-    patience: int | None = None
-    calibration_batches: int | None = None
-    windows_per_epoch: int | None = None
-    seed: int = 0
-    device: str = "cpu"
-    compare_clipping: bool = False
-    quick: bool = False
-    progress: bool = True
-    plots: bool = True
-    out: str = "nbqat-run"
-    csv: str | None = None
-    time_col: str | None = None
-    target_col: str | None = None
-    entity_col: str | None = None
-    known_cols: str | None = None
-    static_cols: str | None = None
-    observed_cols: str | None = None
-    fill_gaps: bool = False
-    history: int | None = None
-    horizon: int | None = None
-    eval_stride: int | None = None
-    calendar: str = DEFAULT_CALENDAR
-    threads: int | None = None
-    stop_after_steps: int | None = None
-    linear_skip: bool = True  # the ridge-started linear skip (--no-linear-skip)
-    weight_decay: float | None = None
-    warmup_steps: int | None = None
-    skip_lr_scale: float | None = None
-    qat_skip_lr_scale: float | None = None
-    dropout: float | None = None
-    ema_decay: float | None = None  # EMA of the float weights, evaluated and kept (0: off)
-    plateau_factor: float | None = None  # the learning rate's factor after a plateau (0: stop)
-    overwrite: bool = False
-    observer: str = "minmax"  # activation observer (nbqat.train.report.OBSERVERS, or "all")
-    sensitivity: bool = False
-    float_fallback: int = 0
-    model: str = "tft"  # the forecaster (nbqat.nn.forecasters.FORECASTERS)
-    weight_bits: int = 8  # --weight-bits: 8 (per-channel int8) or 4 (grouped int4)
-    group_size: int | None = None  # --group-size: int4 group (default 32 with --weight-bits 4)
-    weight_dtype: str = "int"  # --weight-dtype: int or float8_e4m3fn
+    epochs: int | None = _field("epochs")
+    qat_epochs: int | None = _field("qat_epochs")
+    batch_size: int | None = _field("batch_size")
+    hidden_dim: int | None = _field("hidden_dim")
+    heads: int | None = _field("heads")
+    lr: float | None = _field("lr")
+    qat_lr: float | None = _field("qat_lr")
+    max_norm: float | None = _field("max_norm")
+    patience: int | None = _field("patience")
+    calibration_batches: int | None = _field("calibration_batches")
+    windows_per_epoch: int | None = _field("windows_per_epoch")
+    seed: int = _field("seed")
+    device: str = _field("device")
+    compare_clipping: bool = _field("compare_clipping")
+    quick: bool = _field("quick")
+    progress: bool = _field("progress")
+    plots: bool = _field("plots")
+    out: str = _field("out")
+    csv: str | None = _field("csv")
+    time_col: str | None = _field("time_col")
+    target_col: str | None = _field("target_col")
+    entity_col: str | None = _field("entity_col")
+    known_cols: str | None = _field("known_cols")
+    static_cols: str | None = _field("static_cols")
+    observed_cols: str | None = _field("observed_cols")
+    fill_gaps: bool = _field("fill_gaps")
+    history: int | None = _field("history")
+    horizon: int | None = _field("horizon")
+    eval_stride: int | None = _field("eval_stride")
+    calendar: str = _field("calendar")
+    threads: int | None = _field("threads")
+    stop_after_steps: int | None = _field("stop_after_steps")
+    linear_skip: bool = _field("linear_skip")
+    weight_decay: float | None = _field("weight_decay")
+    warmup_steps: int | None = _field("warmup_steps")
+    skip_lr_scale: float | None = _field("skip_lr_scale")
+    qat_skip_lr_scale: float | None = _field("qat_skip_lr_scale")
+    dropout: float | None = _field("dropout")
+    ema_decay: float | None = _field("ema_decay")
+    plateau_factor: float | None = _field("plateau_factor")
+    overwrite: bool = _field("overwrite")
+    observer: str = _field("observer")
+    sensitivity: bool = _field("sensitivity")
+    float_fallback: int = _field("float_fallback")
+    model: str = _field("model")
+    weight_bits: int = _field("weight_bits")
+    group_size: int | None = _field("group_size")
+    weight_dtype: str = _field("weight_dtype")
 
-    FULL = {
-        "epochs": 20,
-        "qat_epochs": 2,
-        "batch_size": 64,
-        "hidden_dim": 16,
-        "heads": 4,
-        "lr": 3e-3,
-        "patience": 5,
-        "calibration_batches": 100,
-        "windows_per_epoch": 4096,
-        "history": None,  # auto: max(24, the seasonal-naive period), see load_data
-        "horizon": 24,
-        "eval_stride": 6,
-        "weight_decay": 0.3,
-        "warmup_steps": 100,
-        "skip_lr_scale": 0.1,
-        "qat_skip_lr_scale": 0.1,
-        "dropout": 0.1,
-        "ema_decay": 0.0,
-        "plateau_factor": 0.1,
-    }
-    QUICK = {  # --quick: the full run's options but these
-        **FULL,
-        "epochs": 4,
-        "qat_epochs": 1,
-        "patience": 2,
-        "calibration_batches": 10,
-        "windows_per_epoch": 1024,
-        "eval_stride": 24,
-        "warmup_steps": 10,
-    }
+    #: ``{option: default}`` that :meth:`resolved` fills in for ``None`` (the full run's, and
+    #: ``--quick``'s), from the registry.
+    FULL: ClassVar[dict[str, Any]] = mode_defaults(quick=False)
+    QUICK: ClassVar[dict[str, Any]] = mode_defaults(quick=True)
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    def _check(self) -> None:
+        """Every field in its registry range (None where the mode fills it in), then no option
+        set away from its default that ``model`` does not read (a default never refuses)."""
+        for f in fields(self):
+            check_option(f.name, getattr(self, f.name))
+        full = mode_defaults(quick=False)
+        changed = [
+            f.name
+            for f in fields(self)
+            if getattr(self, f.name) is not None
+            and getattr(self, f.name) not in (f.default, full.get(f.name, f.default))
+        ]
+        check_model_options(self.model, changed)
+        scales = [k for k in ("skip_lr_scale", "qat_skip_lr_scale") if k in changed]
+        if scales and not self.linear_skip:  # no skip: its learning rate would be ignored
+            opt = "--" + scales[0].replace("_", "-")
+            raise ValueError(f"{opt} sets the linear skip's learning rate, but --no-linear-skip "
+                             f"removes the skip: drop {opt} or --no-linear-skip")  # fmt: skip
 
     @classmethod
     def from_args(cls, args: Any) -> TrainConfig:
         """Build from parsed ``nbqat train`` arguments (argparse.Namespace)."""
+        opts = config_options()
         kw = {
-            f.name: getattr(args, f.name)
-            for f in fields(cls)
-            if hasattr(args, f.name) and (getattr(args, f.name) is not None or f.name == "max_norm")
+            k: getattr(args, k)
+            for k, o in opts.items()
+            if hasattr(args, k) and (getattr(args, k) is not None or o.nullable)
         }
         kw["progress"] = not getattr(args, "no_progress", False)
         kw["plots"] = not getattr(args, "no_plots", False)
@@ -160,56 +175,28 @@ class TrainConfig:
         return cfg
 
     def validate(self) -> None:
-        """Raise ValueError naming the option for an inconsistent configuration."""
-        if self.model not in ("tft", "lstm"):
-            raise ValueError(f"--model must be 'tft' or 'lstm', got {self.model!r}")
+        """Raise ValueError naming the option for an inconsistent configuration (each option
+        in its registry range, and the rules between options)."""
+        self._check()
         if self.model == "tft" and self.hidden_dim % self.heads:  # type: ignore[operator]
             raise ValueError(
                 f"--heads {self.heads} must divide --hidden-dim {self.hidden_dim} "
                 "(each head gets hidden_dim / heads features)"
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, Integral) or self.seed < 0:
-            raise ValueError(f"--seed must be an integer >= 0 (NumPy's seeds), got {self.seed!r}")
-        if not 0.0 <= self.dropout < 1.0:  # type: ignore[operator]
-            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout!r}")
-        if not 0.0 <= self.ema_decay < 1.0:  # type: ignore[operator]
-            raise ValueError(f"--ema-decay must be in [0, 1) (0: off), got {self.ema_decay!r}")
-        if not 0.0 <= self.plateau_factor < 1.0:  # type: ignore[operator]
-            raise ValueError(
-                f"--plateau-factor must be in [0, 1) (0: stop at the first plateau), got "
-                f"{self.plateau_factor!r}"
-            )
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"--device must be 'cpu' or 'cuda', got {self.device!r}")
-        if self.max_norm is not None and not self.max_norm > 0:
-            raise ValueError(f"--max-norm must be positive or 'none', got {self.max_norm!r}")
         if self.compare_clipping and self.max_norm is None:
             raise ValueError("--compare-clipping needs a --max-norm (the clipped run)")
         self._validate_weight_format()
-        if self.observer not in ("minmax", "histogram", "percentile", "mse", "all"):
-            raise ValueError(
-                f"--observer must be minmax|histogram|percentile|mse|all, got {self.observer!r}"
-            )
 
     def _validate_weight_format(self) -> None:
-        """--weight-bits / --group-size / --weight-dtype (issue 30)."""
-        if self.weight_bits not in (4, 8):
-            raise ValueError(f"--weight-bits must be 4 or 8, got {self.weight_bits!r}")
-        if self.weight_dtype not in ("int", "float8_e4m3fn"):
-            raise ValueError(
-                f"--weight-dtype must be 'int' or 'float8_e4m3fn', got {self.weight_dtype!r}"
-            )
-        g = self.group_size
-        if g is not None and self.weight_bits != 4:
+        """--weight-bits / --group-size / --weight-dtype together (issue 30)."""
+        if self.group_size is not None and self.weight_bits != 4:
             raise ValueError("--group-size needs --weight-bits 4 (int8 weights are per channel)")
-        if g is not None and (isinstance(g, bool) or not isinstance(g, Integral) or g < 1):
-            raise ValueError(f"--group-size must be a positive integer, got {g!r}")
         if self.weight_dtype != "int" and self.weight_bits != 8:
             raise ValueError("--weight-dtype float8_e4m3fn is 8-bit: drop --weight-bits 4")
 
     def weight_format(self) -> dict:
         """``{weight_bits, group_size, weight_dtype, name}`` of the run (metrics.json)."""
-        g = (self.group_size or 32) if self.weight_bits == 4 else None
+        g = (self.group_size or WEIGHT_GROUP_SIZE) if self.weight_bits == 4 else None
         name = "int8" if self.weight_bits == 8 else f"int4_g{g}"
         if self.weight_dtype != "int":
             name = self.weight_dtype
@@ -228,45 +215,3 @@ class TrainConfig:
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-#: Options that only some forecasters read: option -> the ``--model`` values that read it.
-#: Any other model refuses the option (it would be accepted and silently ignored).
-MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
-    "heads": ("tft",),
-    "dropout": ("tft",),
-    "linear_skip": ("tft",),
-}
-
-
-def check_model_options(model: str, given: Iterable[str]) -> None:
-    """Raise ValueError for an option of ``given`` that ``model`` does not read.
-
-    Parameters
-    ----------
-    model : str
-        The ``--model`` value.
-    given : iterable of str
-        The options set explicitly (TrainConfig field names); those not in
-        :data:`MODEL_OPTIONS` are read by every model.
-
-    Raises
-    ------
-    ValueError
-        One line naming the option and the model: ``--heads is not used by --model lstm``.
-    """
-    for name in given:
-        models = MODEL_OPTIONS.get(name, (model,))
-        if model not in models:
-            opt = "--" + name.replace("_", "-")
-            raise ValueError(
-                f"{opt} is not used by --model {model} (only by --model {', '.join(models)}): "
-                f"drop {opt}, or choose --model {models[0]}"
-            )
-
-
-def explicit_model_options(cfg: TrainConfig) -> list[str]:
-    """The :data:`MODEL_OPTIONS` that the unresolved ``cfg`` sets (not None; the linear skip
-    when turned off, its default being on)."""
-    out = [k for k in ("heads", "dropout") if getattr(cfg, k) is not None]
-    return out + ([] if cfg.linear_skip else ["linear_skip"])

@@ -47,7 +47,7 @@ def int8_reference_rows(r: Run) -> dict:
     sub.best_params = r.best_params
     set_dropout_mode(sub.model, False)  # as the float phase leaves the model
     sub.calibrate_phase()
-    sub.qat_phase(Interrupt(None), "qat", cfg8.max_norm)  # no handler: Ctrl-C interrupts
+    sub.qat_phase(Interrupt(None), "qat")  # no handler: Ctrl-C interrupts
     test = r.w.test
     int8 = sub.qat.to_int8()
     pred = test.unscale(sub.predict(int8.forward, test))

@@ -19,12 +19,7 @@ from nbqat.train.checkpointing import (
     read_run_state,
     save_checkpoint,
 )
-from nbqat.train.config import (
-    TrainConfig,
-    TrainingInterrupted,
-    check_model_options,
-    explicit_model_options,
-)
+from nbqat.train.config import TrainConfig, TrainingInterrupted
 from nbqat.train.evaluate import evaluate
 from nbqat.train.loop import Interrupt, Run
 from nbqat.train.model import build_model, check_device, load_data, make_optimizer
@@ -106,8 +101,6 @@ def _config(cfg: TrainConfig, resume: str | Path | None, par: Parallel) -> tuple
         saved["progress"] = cfg.progress
         saved["stop_after_steps"] = cfg.stop_after_steps
         cfg = TrainConfig(**saved)
-    else:
-        check_model_options(cfg.model, explicit_model_options(cfg))
     if resume is None and cfg.csv is not None:
         if not isinstance(cfg.csv, (str, Path)):
             raise TypeError(
@@ -239,7 +232,7 @@ def _phases(r: Run) -> None:
         if st.phase == "calibrate":
             _timed(r, "calibration", r.calibrate_phase)
         if st.phase == "qat":
-            _timed(r, "qat", r.qat_phase, intr, "qat", cfg.max_norm)
+            _timed(r, "qat", r.qat_phase, intr, "qat")
             if cfg.compare_clipping:
                 # keep the clipped result, restart from the calibrated state without clipping
                 r.qat.save(out / "qat_clipped.npz", optimizer=r.qat_opt)
@@ -248,7 +241,7 @@ def _phases(r: Run) -> None:
             else:
                 st.phase = "evaluate"
         if st.phase == "qat_noclip":
-            _timed(r, "qat_noclip", r.qat_phase, intr, "qat_noclip", None)
+            _timed(r, "qat_noclip", r.qat_phase, intr, "qat_noclip")
             r.reset_qat(out / "qat_clipped.npz")  # the clipped model is the one evaluated
             st.phase = "evaluate"
 

@@ -417,9 +417,11 @@ class Run:
         if self.cfg.compare_clipping:
             self.qat.save(self.out / "qat_start.npz", optimizer=self.qat_opt)
 
-    def qat_phase(self, intr: Interrupt, phase: str, max_norm: float | None) -> None:
-        """QAT fine-tuning (``phase`` "qat", or "qat_noclip" for --compare-clipping)."""
+    def qat_phase(self, intr: Interrupt, phase: str) -> None:
+        """QAT fine-tuning (``phase`` "qat", or "qat_noclip" for --compare-clipping): clipped at
+        the QAT model's ``QATConfig.max_norm`` (``--max-norm``), unclipped in "qat_noclip"."""
         cfg, st = self.cfg, self.st
+        max_norm = self.qat.config.max_norm if phase == "qat" else None
         curves = self._curves(phase)
         n_steps = cfg.qat_epochs * self.steps_per_epoch()
         train = (self.qat, self.qat.model, self.qat_opt,

@@ -22,11 +22,12 @@ import numpy as np
 
 from nbqat._io import atomic_open
 from nbqat.data import Scaling, SeriesData
+from nbqat.train.option_table import ENGINES as OPTION_ENGINES
 
 __all__ = ["ENGINES", "check_out", "forecast", "load_run", "q_risk_table", "run_info", "write_csv"]
 
 #: Inference engines of ``nbqat predict --engine``.
-ENGINES = ("onnx", "int8", "float")
+ENGINES = OPTION_ENGINES  # the options registry's (nbqat predict --engine)
 
 
 def load_run(run_dir: str | os.PathLike) -> tuple[Path, dict]:

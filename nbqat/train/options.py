@@ -1,0 +1,240 @@
+"""The one registry of the main job's options: :data:`OPTIONS`, one :class:`Option` each.
+
+Every option of ``nbqat train``, ``nbqat predict`` and ``nbqat backtest`` is defined here once
+(name, type, default, range or choices, help, the models and commands it applies to). Built
+from it:
+
+* the argparse options (:func:`nbqat.train.parser.build_parser`; the ``[default: ...]`` of each
+  help text is :meth:`Option.default_text`);
+* :class:`~nbqat.train.TrainConfig`'s field defaults, its ``FULL`` / ``QUICK`` defaults and its
+  range checks (:func:`check_option`);
+* the range checks of a checkpoint's ``config`` (:func:`config_checks`, handed to
+  :func:`nbqat.train.checkpoint_schema.read_state`, which repeats no rule);
+* :class:`nbqat.Forecaster`'s keyword validation (:func:`check_options`);
+* the options table of the documentation (``docs/options.md``,
+  :func:`nbqat.train.option_doc.markdown`;
+  regenerate it with ``python -m nbqat.train.option_doc docs/options.md``).
+
+An option that the chosen ``--model`` does not read (:attr:`Option.models`) is an error naming
+the option and the model (:func:`check_model_options`), never silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from numbers import Integral, Real
+from typing import Any
+
+from nbqat.train.option_table import (
+    COMMANDS,
+    DEFAULT_CALENDAR,
+    DEVICES,
+    ENGINES,
+    GROUPS,
+    MIN_HISTORY,
+    MODELS,
+    OBSERVER_CHOICES,
+    OPTIONS,
+    Option,
+)
+
+__all__ = [
+    "COMMANDS",
+    "DEFAULT_CALENDAR",
+    "DEVICES",
+    "ENGINES",
+    "GROUPS",
+    "MIN_HISTORY",
+    "MODELS",
+    "OBSERVER_CHOICES",
+    "OPTIONS",
+    "Option",
+    "check_model_options",
+    "check_option",
+    "check_options",
+    "config_checks",
+    "config_options",
+    "expected",
+    "mode_defaults",
+    "options",
+    "problem",
+]
+
+
+def options(command: str) -> dict[str, Option]:
+    """``{name: Option}`` of one command (``"train"``, ``"predict"`` or ``"backtest"``).
+
+    Raises
+    ------
+    ValueError
+        For another command.
+    """
+    if command not in COMMANDS:
+        raise ValueError(f"unknown command {command!r}: one of {', '.join(COMMANDS)}")
+    return {o.name: o for o in OPTIONS if command in o.commands}
+
+
+def config_options() -> dict[str, Option]:
+    """``{name: Option}`` of :class:`~nbqat.train.TrainConfig`'s fields (in field order)."""
+    return {o.name: o for o in OPTIONS if o.field}
+
+
+def mode_defaults(quick: bool) -> dict[str, Any]:
+    """``{name: default}`` that :meth:`TrainConfig.resolved` fills in for ``None`` (the full
+    run's, or ``--quick``'s)."""
+    out = {}
+    for o in config_options().values():
+        if o.full is not Option.UNSET:
+            out[o.name] = o.quick if quick and o.quick is not Option.UNSET else o.full
+    return out
+
+
+# ------------------------------------------------------------------------------------ checks
+def expected(o: Option, null: str = "None") -> str:
+    """What ``o`` accepts, as in "expected <this>" (``null``: the word for a missing value)."""
+    if o.choices is not None:
+        what = "one of " + ", ".join(repr(c) for c in o.choices)
+    elif o.type is bool:
+        what = "a bool"
+    elif o.type is str:
+        what = "a string"
+    else:
+        what = _range_text(o)
+    if o.nullable:
+        what += " or " + null
+    return what
+
+
+def _range_text(o: Option) -> str:
+    """``o``'s type and bounds in words: "a positive integer", "an integer >= 0", "a positive
+    finite number", "a number in [0, 1)"..."""
+    integer = o.type is int
+    kind = "integer" if integer else "finite number"
+    lo, hi = o.low, o.high
+    if hi is None and (lo == 1 and integer or lo == 0 and o.low_open):
+        return f"a positive {kind}"
+    if hi is None and lo is not None:
+        return f"{'an' if integer else 'a'} {kind} {'>' if o.low_open else '>='} {lo}"
+    if lo is None and hi is None:
+        return f"{'an' if integer else 'a'} {kind}"
+    left, right = "(" if o.low_open else "[", ")" if o.high_open else "]"
+    return f"{'an integer' if integer else 'a number'} in {left}{lo}, {hi}{right}"
+
+
+def problem(o: Option, v: Any, *, resolved: bool = False, null: str = "None") -> str | None:
+    """Why ``v`` is not a valid value of ``o`` ("expected ..., got ..."), or None when it is.
+
+    Parameters
+    ----------
+    o : Option
+    v : object
+    resolved : bool, default False
+        A resolved configuration (a checkpoint's): None only where :attr:`Option.nullable`;
+        otherwise also where the default is None (the mode fills it in).
+    null : str, default "None"
+        The word for a missing value in the message (``"null"`` for JSON).
+    """
+    if v is None:
+        ok = o.nullable or (not resolved and o.default is None)
+        return None if ok else f"expected {expected(o, null)}, got {null}"
+    if o.choices is not None:
+        ok = _type_ok(o, v, resolved) and v in o.choices
+    else:
+        ok = _type_ok(o, v, resolved) and (o.type not in (int, float) or _in_range(o, v))
+    return None if ok else f"expected {expected(o, null)}, got {v!r}"
+
+
+def _type_ok(o: Option, v: Any, resolved: bool) -> bool:
+    if o.type is bool:
+        return isinstance(v, bool)
+    if isinstance(v, bool):
+        return False
+    if o.type is int:
+        return isinstance(v, Integral)
+    if o.type is float:
+        return isinstance(v, Real)
+    return isinstance(v, str) or (not resolved and o.path and isinstance(v, os.PathLike))
+
+
+def _in_range(o: Option, v: Any) -> bool:
+    if isinstance(v, float) and not math.isfinite(v):
+        return False
+    if o.low is not None and not (v > o.low if o.low_open else v >= o.low):
+        return False
+    return o.high is None or (v < o.high if o.high_open else v <= o.high)
+
+
+def check_option(name: str, v: Any, command: str = "train") -> None:
+    """Raise ValueError ``--<name> must be <expected>, got <v>`` for an invalid value.
+
+    Parameters
+    ----------
+    name : str
+        The option (a :class:`~nbqat.train.TrainConfig` field name).
+    v : object
+    command : str, default "train"
+    """
+    o = options(command)[name]
+    why = problem(o, v)
+    if why is not None:
+        raise ValueError(f"{o.flag} must be {why.removeprefix('expected ')}")
+
+
+def check_options(given: Mapping[str, Any], command: str = "train") -> None:
+    """:func:`check_option` of every ``{name: value}`` in ``given``, then
+    :func:`check_model_options` for the ``model`` (given, or the default) and the given names.
+
+    Raises
+    ------
+    TypeError
+        For a name that is not an option of ``command`` (the message lists them).
+    ValueError
+        For an invalid value or an option that the model does not read (naming it).
+    """
+    known = options(command)
+    bad = sorted(set(given) - set(known))
+    if bad:
+        raise TypeError(f"unknown option(s) {bad}; {command}'s options: {', '.join(known)}")
+    for k, v in given.items():
+        check_option(k, v, command)
+    if "model" in known:
+        model = given.get("model", known["model"].default)
+        check_model_options(model, [k for k, v in given.items() if v is not None])
+
+
+def check_model_options(model: str, given: Iterable[str]) -> None:
+    """Raise ValueError for an option of ``given`` that ``model`` does not read.
+
+    Parameters
+    ----------
+    model : str
+        The ``--model`` value.
+    given : iterable of str
+        The options set explicitly (names; those not in the registry are ignored).
+
+    Raises
+    ------
+    ValueError
+        One line naming the option and the model: ``--heads is not used by --model lstm``.
+    """
+    train = options("train")
+    for name in given:
+        o = train.get(name)
+        if o is not None and model not in o.models:
+            raise ValueError(
+                f"{o.flag} is not used by --model {model} (only by --model "
+                f"{', '.join(o.models)}): drop {o.flag}, or choose --model {o.models[0]}"
+            )
+
+
+def config_checks() -> dict[str, Callable[[Any], str | None]]:
+    """``{field: check}`` of a checkpoint's ``config`` (a resolved configuration): ``check(v)``
+    says what is wrong with ``v`` ("expected ..., got ...") or returns None; handed to
+    :func:`nbqat.train.checkpoint_schema.read_state`."""
+
+    def checker(o: Option) -> Callable[[Any], str | None]:
+        return lambda v: problem(o, v, resolved=True, null="null")
+
+    return {name: checker(o) for name, o in config_options().items()}
