@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from nbqat.train.model import CSV_COLUMN_OPTIONS
 from nbqat.train.parser import build_parser
 
 __all__ = ["build_parser", "main"]
@@ -87,14 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.csv is None:
             given = [
                 f"--{n.replace('_', '-')}"
-                for n in (
-                    "time_col",
-                    "target_col",
-                    "entity_col",
-                    "known_cols",
-                    "static_cols",
-                    "observed_cols",
-                )
+                for n in CSV_COLUMN_OPTIONS
                 if getattr(args, n) is not None
             ]
             if given:

@@ -3,7 +3,6 @@ public mechanisms that replaced the instance patching.
 
 * no module of nbqat assigns ``forward`` / ``backward`` / ``__call__`` on an instance (the int8
   model swaps in integer modules; the quantizer report uses forward pre-hooks);
-* no import circle inside ``nbqat.nn`` or ``nbqat.export`` (module level or in functions);
 * one "observed yet?" check: the int8 conversion and the export raise the same exception;
 * ``register_forward_pre_hook`` on the FakeQuantize family: the hook sees every input, leaves
   the output's bits alone (the oracle is an untouched copy of the quantizer), and its handle
@@ -89,91 +88,6 @@ setattr(a, "__call__", print)
 del a.forward
 """
     assert sorted(_instance_patches(ast.parse(src))) == [7, 8, 9, 10]
-
-
-def _import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the nbqat modules it imports (anywhere in it: module level, in functions)."""
-
-    def resolve(name: str) -> str | None:
-        while name and name not in mods:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    graph: dict[str, set[str]] = {m: set() for m in mods}
-    for m, p in mods.items():
-        pkg = m if p.name == "__init__.py" else m.rpartition(".")[0]
-        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                found = {resolve(a.name) for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    b = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
-                    base = ".".join(b + ([node.module] if node.module else []))
-                found = {
-                    f"{base}.{a.name}" if f"{base}.{a.name}" in mods else resolve(base)
-                    for a in node.names
-                }
-            else:
-                continue
-            graph[m] |= {t for t in found if t and t != m}
-    return graph
-
-
-def _cycles(graph: dict[str, set[str]], nodes: set[str]) -> list[list[str]]:
-    """Strongly connected components with more than one module of the subgraph on ``nodes``
-    (iterative Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out = []
-    for root in sorted(nodes):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root] & nodes)))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on.add(root)
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(graph[w] & nodes))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                if len(comp) > 1:
-                    out.append(sorted(comp))
-    return out
-
-
-@pytest.mark.parametrize("package", ["nbqat.nn", "nbqat.export"])
-def test_no_import_circle_inside_the_package(package):
-    mods = _modules()
-    nodes = {m for m in mods if m == package or m.startswith(package + ".")}
-    assert _cycles(_import_graph(mods), nodes) == []
-
-
-def test_the_circle_check_can_fail():
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
-    assert _cycles(graph, set(graph)) == [["a", "b", "c"]]
-    assert _cycles(graph, {"a", "b", "d"}) == []
 
 
 # ----------------------------------------------------------------------------- one check
