@@ -175,13 +175,19 @@ def test_random_shapes_against_exact_reference(shapes, p, seed):
 # non-finite values, overflow, edge cases
 
 
-@pytest.mark.parametrize("p", NORMS)
-def test_nan_total_makes_all_grads_nan(torch, rng, p):
+def _clip_with_one_value(torch, rng, p, where, value):
+    """``clip_grad_norm_(max_norm=1)`` of a gradient set holding ``value`` at ``where``
+    (list index, element): ``(nbqat's total, torch's total, nbqat's grads, torch's grads)``."""
     grads = grad_set(rng, np.float32)
-    grads[3][2, 2] = np.nan
+    grads[where[0]][where[1]] = value
     t_total, t_grads = torch_clip(torch, grads, 1.0, p)
     mine = [g.copy() for g in grads]
-    total = nbqat.clip_grad_norm_(mine, 1.0, p)
+    return nbqat.clip_grad_norm_(mine, 1.0, p), t_total, mine, t_grads
+
+
+@pytest.mark.parametrize("p", NORMS)
+def test_nan_total_makes_all_grads_nan(torch, rng, p):
+    total, t_total, mine, t_grads = _clip_with_one_value(torch, rng, p, (3, (2, 2)), np.nan)
     assert math.isnan(total) and math.isnan(t_total)
     assert all(np.isnan(g).all() for g in mine)
     assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(mine, t_grads))
@@ -189,11 +195,7 @@ def test_nan_total_makes_all_grads_nan(torch, rng, p):
 
 @pytest.mark.parametrize("p", NORMS)
 def test_inf_total_zeroes_grads(torch, rng, p):
-    grads = grad_set(rng, np.float32)
-    grads[0][0, 0] = np.inf
-    t_total, t_grads = torch_clip(torch, grads, 1.0, p)
-    mine = [g.copy() for g in grads]
-    total = nbqat.clip_grad_norm_(mine, 1.0, p)
+    total, t_total, mine, t_grads = _clip_with_one_value(torch, rng, p, (0, (0, 0)), np.inf)
     assert total == math.inf == t_total
     assert np.isnan(mine[0][0, 0])  # inf * 0, as torch
     assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(mine, t_grads))

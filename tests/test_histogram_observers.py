@@ -63,6 +63,15 @@ def test_qparams_and_histogram_equal_torch(torch, rng, kind, dtype, qscheme, rr)
     np.testing.assert_allclose(s[0], ts.item(), rtol=1e-6)
 
 
+def _assert_same_as_torch(ours, ref):
+    """The same histogram as torch's observer, the same zero point, the scale to 1e-6."""
+    np.testing.assert_array_equal(ours.histogram, ref.histogram.numpy())
+    s, z = ours.calculate_qparams()
+    ts, tz = ref.calculate_qparams()
+    assert z[0] == tz.item()
+    np.testing.assert_allclose(s[0], ts.item(), rtol=1e-6)
+
+
 @pytest.mark.parametrize(("bins", "rate"), [(256, 8), (100, 3), (2048, 128)])
 def test_other_bins_and_upsample_rates_equal_torch(torch, rng, bins, rate):
     ours = nbqat.HistogramObserver(bins=bins, upsample_rate=rate, dtype="qint8")
@@ -70,11 +79,7 @@ def test_other_bins_and_upsample_rates_equal_torch(torch, rng, bins, rate):
     for x in _stream(rng, "growing"):
         ours(x)
         ref(torch.from_numpy(x))
-    np.testing.assert_array_equal(ours.histogram, ref.histogram.numpy())
-    s, z = ours.calculate_qparams()
-    ts, tz = ref.calculate_qparams()
-    assert z[0] == tz.item()
-    np.testing.assert_allclose(s[0], ts.item(), rtol=1e-6)
+    _assert_same_as_torch(ours, ref)
 
 
 @pytest.mark.parametrize("n", [3, 8, 15, 100, 2048, 2049, 4100])
@@ -316,11 +321,7 @@ def test_random_streams_equal_torch(torch, seed):
         x = x.astype(np.float32)
         ours(x)
         ref(torch.from_numpy(x))
-    np.testing.assert_array_equal(ours.histogram, ref.histogram.numpy())
-    s, z = ours.calculate_qparams()
-    ts, tz = ref.calculate_qparams()
-    assert z[0] == tz.item()
-    np.testing.assert_allclose(s[0], ts.item(), rtol=1e-6)
+    _assert_same_as_torch(ours, ref)
 
 
 @pytest.mark.parametrize(
