@@ -122,7 +122,8 @@ class Grid:
         return self.cnt, self.s1, self.s2, self.lo, self.hi
 
     def copy(self) -> Grid:
-        g = Grid(*self.cnt.shape, self.exps)
+        c, nb = self.cnt.shape
+        g = Grid(c, nb, self.exps)
         for dst, src in zip(g.arrays(), self.arrays(), strict=True):
             dst[...] = src
         return g
