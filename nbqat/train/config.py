@@ -79,7 +79,7 @@ class TrainConfig:
     static_cols: str | None = None
     observed_cols: str | None = None
     fill_gaps: bool = False
-    history: int | None = None
+    history: int | str | None = None  # a positive int, or "auto" (--history auto)
     horizon: int | None = None
     eval_stride: int | None = None
     calendar: str = DEFAULT_CALENDAR
@@ -186,6 +186,13 @@ class TrainConfig:
         if self.compare_clipping and self.max_norm is None:
             raise ValueError("--compare-clipping needs a --max-norm (the clipped run)")
         self._validate_weight_format()
+        h = self.history
+        if (
+            h is not None
+            and h != "auto"
+            and (isinstance(h, bool) or not isinstance(h, Integral) or h < 1)
+        ):
+            raise ValueError(f"--history must be a positive integer or 'auto', got {h!r}")
         if self.observer not in ("minmax", "histogram", "percentile", "mse", "all"):
             raise ValueError(
                 f"--observer must be minmax|histogram|percentile|mse|all, got {self.observer!r}"

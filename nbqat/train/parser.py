@@ -33,6 +33,12 @@ def _checked(
 
 
 _positive_int = _checked(int, lambda v: v >= 1, "a positive integer", "positive_int")
+_history = _checked(
+    lambda s: s if s == "auto" else int(s),
+    lambda v: v == "auto" or v >= 1,
+    "a positive integer or 'auto'",
+    "history",
+)
 _nonneg_int = _checked(int, lambda v: v >= 0, "an integer >= 0", "nonneg_int")
 _positive_float = _checked(
     float,
@@ -363,9 +369,11 @@ def _add_data_options(t: Any) -> None:
     )
     d.add_argument(
         "--history",
-        type=_positive_int,
+        type=_history,
         default=None,
-        help="encoder length k in steps [default: 24, or the seasonal-naive period if longer]",
+        help="encoder length k in steps, or 'auto': chosen on the validation split by the "
+        "tuned ridge's search, history + horizon at most 240 steps (metrics.json "
+        "history_choice) [default: 24, or the seasonal-naive period if longer]",
     )
     d.add_argument(
         "--horizon",
