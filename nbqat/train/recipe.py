@@ -312,6 +312,9 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
     for s, h, f, _ in run.calibration_batches():
         ptq.forward(s, h, f)
     ptq.disable_calibration()
+    from nbqat.train.skip_range import widen_skip_input
+
+    widen_skip_input(ptq, w)  # the QAT model's rule (issue 31)
     int8 = ptq.to_int8()
     out["ptq_int8"] = q_risk(test.unscale(run.predict(int8.forward, test)), y, w.quantiles)
     return out
