@@ -98,7 +98,7 @@ class TrainConfig:
     static_cols: str | None = _field("static_cols")
     observed_cols: str | None = _field("observed_cols")
     fill_gaps: bool = _field("fill_gaps")
-    history: int | None = _field("history")
+    history: int | str | None = _field("history")  # a positive int, or "auto"
     horizon: int | None = _field("horizon")
     eval_stride: int | None = _field("eval_stride")
     calendar: str = _field("calendar")

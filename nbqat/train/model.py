@@ -186,7 +186,10 @@ def load_data(cfg: Any) -> Windows:
     Parameters
     ----------
     cfg : TrainConfig (resolved)
-        ``cfg.history`` None is set here: ``max(MIN_HISTORY, the seasonal-naive period)``.
+        ``cfg.history`` None is set here: ``max(MIN_HISTORY, the seasonal-naive period)``;
+        ``"auto"`` is set to the history chosen on the validation split
+        (:func:`nbqat.train.history_auto.choose_history`, from the default one), and the
+        windows' ``history_choice`` holds its record.
 
     Returns
     -------
@@ -202,8 +205,9 @@ def load_data(cfg: Any) -> Windows:
         data = load_csv(cfg.csv, fill_gaps=cfg.fill_gaps, **column_roles(vars(cfg)))
     else:
         data = load_tmy3()
-    if cfg.history is None:  # one day of hours, and at least one season (the naive reads it)
-        from nbqat.data._calendar import default_season
+    auto = cfg.history == "auto"
+    if cfg.history is None or auto:  # one day of hours, and at least one season (the naive
+        from nbqat.data._calendar import default_season  # reads it)
 
         cfg.history = max(MIN_HISTORY, default_season(data, cfg.horizon))
     w = make_windows(
@@ -214,6 +218,13 @@ def load_data(cfg: Any) -> Windows:
         quantiles=QUANTILES,
         calendar=[c.strip() for c in cfg.calendar.split(",") if c.strip()],
     )
+    if auto:
+        from nbqat.train.history_auto import choose_history
+
+        cfg.history, record = choose_history(w)
+        if cfg.history != w.history:
+            w = w.with_history(cfg.history)  # the same split bounds, cut again
+        w.history_choice = record  # type: ignore[attr-defined]
     preflight.check_windows(cfg, w)
     return w
 

@@ -82,6 +82,8 @@ class Option:
     nullable : bool
         None is a valid value of a resolved configuration (``none_words``: how the command
         line spells it).
+    words : tuple of str
+        Words accepted besides a value of :attr:`type` (``--history auto``).
     models : tuple of str
         The ``--model`` values that read it (any other refuses it).
     commands : tuple of str
@@ -117,6 +119,7 @@ class Option:
     choices: tuple | None = None
     nullable: bool = False
     none_words: tuple[str, ...] = ()
+    words: tuple[str, ...] = ()
     models: tuple[str, ...] = MODELS
     commands: tuple[str, ...] = _TRAIN
     field: bool = True
@@ -264,7 +267,9 @@ OPTIONS: tuple[Option, ...] = (
          "interpolation, or for a column of a few whole-number levels (a 0/1 flag, a category: "
          "at most 16 distinct values) the last value carried forward (the summary names those "
          "columns)", group="data", cli="flag"),
-    _opt("history", int, None, "encoder length k in steps", group="data", full=None,
+    _opt("history", int, None, "encoder length k in steps, or 'auto': chosen on the validation "
+         "split by the tuned ridge's search, history + horizon at most 240 steps (metrics.json "
+         "history_choice)", group="data", full=None, words=("auto",),
          default_doc=f"{MIN_HISTORY}, or the seasonal-naive period if longer", **_POS),
     _opt("horizon", int, None, "forecast length tau in steps", group="data", full=24, **_POS),
     _opt("calendar", str, DEFAULT_CALENDAR, "derived known inputs, comma-separated from: hour "

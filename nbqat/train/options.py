@@ -102,6 +102,7 @@ def expected(o: Option, null: str = "None") -> str:
         what = "a string"
     else:
         what = _range_text(o)
+    what += "".join(f" or {w!r}" for w in o.words)
     if o.nullable:
         what += " or " + null
     return what
@@ -139,6 +140,8 @@ def problem(o: Option, v: Any, *, resolved: bool = False, null: str = "None") ->
     if v is None:
         ok = o.nullable or (not resolved and o.default is None)
         return None if ok else f"expected {expected(o, null)}, got {null}"
+    if isinstance(v, str) and v in o.words:
+        return None
     if o.choices is not None:
         ok = _type_ok(o, v, resolved) and v in o.choices
     else:

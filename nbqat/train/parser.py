@@ -86,6 +86,8 @@ def _value_type(o: Option) -> Callable[[str], Any]:
     def parse(s: str) -> Any:
         if s.lower() in o.none_words:
             return None
+        if s in o.words:
+            return s
         try:
             v = conv(s)
         except ValueError:
