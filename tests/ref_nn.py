@@ -119,3 +119,22 @@ def forecast_batch(rng, cfg, nb: int, dtype=np.float32, target: bool = True, tar
         y = rng.standard_normal((nb, cfg.prediction_horizon))
         out.append((y if target_scale is None else target_scale * y).astype(dtype))
     return tuple(out)
+
+
+def observed_lstm(rng, input_size: int, hidden_size: int, batch: int, steps: int, seed: int):
+    """An ``LSTM(input_size, hidden_size)`` (float32 buffer, ``seed``) with
+    ``default_qat_qconfig`` fake-quant hooks whose observers have seen one forward of a random
+    batch: standard normal ``xs`` (batch, steps, input_size), ``h0`` and ``c0`` (batch,
+    hidden_size) times 0.5, drawn in that order. Returns ``(lstm, xs, h0, c0)``."""
+    from nbqat.nn import LSTM, ParameterBuffer
+    from nbqat.quantization.qconfig import default_qat_qconfig as qc
+
+    lstm = LSTM(input_size, hidden_size)
+    ParameterBuffer(lstm, np.float32, seed=seed)
+    lstm.weight_ih_fake_quant, lstm.weight_hh_fake_quant = qc.weight(), qc.weight()
+    lstm.input_fake_quant, lstm.hidden_fake_quant = qc.activation(), qc.activation()
+    xs = rng.standard_normal((batch, steps, input_size)).astype(np.float32)
+    h0 = rng.standard_normal((batch, hidden_size)).astype(np.float32) * 0.5
+    c0 = rng.standard_normal((batch, hidden_size)).astype(np.float32) * 0.5
+    lstm.forward(xs, h0, c0)
+    return lstm, xs, h0, c0

@@ -2,14 +2,16 @@
 
 Oracles: ``numpy.linalg.lstsq`` on the augmented least-squares system
 ``[[X, 1], [sqrt(lam) I, 0]] [beta; b] = [[y], [0]]`` (ridge with an unpenalised intercept,
-solved by an SVD, not by the normal equations the code uses); the flattening written as explicit
-loops; ``numpy.quantile`` of the oracle's residuals; the seasonal naive by index arithmetic.
+solved by an SVD, not by the normal equations the code uses: tests/ref_ridge.py); the flattening
+written as explicit loops; ``numpy.quantile`` of the oracle's residuals; the seasonal naive by
+index arithmetic.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from ref_ridge import ridge_lstsq, ridge_oracle
 
 from nbqat.data import load_tmy3, make_windows
 from nbqat.train.baselines import RidgeBaseline, flatten_window, seasonal_naive_forecast
@@ -65,18 +67,15 @@ def test_ridge_matches_lstsq_oracle(rng, lam, monkeypatch):
     s, h, f, y = _data(rng)
     r = RidgeBaseline(lam=lam, quantiles=(0.1, 0.5, 0.9)).fit_split(_Split(s, h, f, y))
     x = flatten_window(s, h, f)
-    n, nf = x.shape
-    a = np.block([[x, np.ones((n, 1))], [np.sqrt(lam) * np.eye(nf), np.zeros((nf, 1))]])
-    rhs = np.vstack([y.astype(np.float64), np.zeros((nf, y.shape[1]))])
-    sol = np.linalg.lstsq(a, rhs, rcond=None)[0]
-    np.testing.assert_allclose(r.coef, sol[:nf], rtol=1e-8, atol=1e-10)
-    np.testing.assert_allclose(r.intercept, sol[nf], rtol=1e-8, atol=1e-10)
-    res = y - (x @ sol[:nf] + sol[nf])
+    coef, b = ridge_lstsq(x, y, lam)
+    np.testing.assert_allclose(r.coef, coef, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(r.intercept, b, rtol=1e-8, atol=1e-10)
+    res = y - (x @ coef + b)
     for j, q in enumerate((0.1, 0.5, 0.9)):
         for t in range(y.shape[1]):
             assert r.residual_quantiles[t, j] == pytest.approx(np.quantile(res[:, t], q), abs=1e-8)
     pred = r.predict(s[:5], h[:5], f[:5])
-    want = (x[:5] @ sol[:nf] + sol[nf])[..., None] + r.residual_quantiles[None]
+    want = (x[:5] @ coef + b)[..., None] + r.residual_quantiles[None]
     np.testing.assert_allclose(pred, want, rtol=1e-8, atol=1e-9)
     sp = _Split(s, h, f, y, level=2.0, scale=3.0)
     np.testing.assert_allclose(r.predict_split(sp, bs=7), 3.0 * r.predict(s, h, f) + 2.0)
@@ -135,20 +134,12 @@ def _ar_windows(n=400, history=4, horizon=4):
 
 
 def _oracle_ridge(train, lam, q):
-    """Ridge by lstsq on the augmented system, residual quantiles by numpy.quantile."""
-    s, h, f, y = train.batch()
-    x = np.concatenate([h.reshape(len(h), -1), f.reshape(len(f), -1), s], axis=1).astype(float)
-    n, nf = x.shape
-    a = np.block([[x, np.ones((n, 1))], [np.sqrt(lam) * np.eye(nf), np.zeros((nf, 1))]])
-    rhs = np.vstack([y.astype(np.float64), np.zeros((nf, y.shape[1]))])
-    sol = np.linalg.lstsq(a, rhs, rcond=None)[0]
-    res = y - (x @ sol[:nf] + sol[nf])
-    rq = np.array([[np.quantile(res[:, t], qq) for qq in q] for t in range(y.shape[1])])
+    """Ridge by lstsq (tests/ref_ridge.py), residual quantiles by numpy.quantile."""
+    mean, res = ridge_oracle(train, lam)
+    rq = np.array([[np.quantile(res[:, t], qq) for qq in q] for t in range(res.shape[1])])
 
     def predict(split):
-        s2, h2, f2, _ = split.batch()
-        x2 = np.concatenate([h2.reshape(len(h2), -1), f2.reshape(len(f2), -1), s2], axis=1)
-        return split.unscale((x2 @ sol[:nf] + sol[nf])[..., None] + rq[None])
+        return split.unscale(mean(split)[..., None] + rq[None])
 
     return predict
 

@@ -79,6 +79,14 @@ def hourly_rows(n: int, entity: str = "a", start: datetime = datetime(2020, 3, 1
 HEADER = ["id", "ts", "y", "x", "k", "s"]
 
 
+def csv_with_cell(path: Path, row: int, col: int, value: str) -> tuple[Path, list[list]]:
+    """``hourly_rows(50)`` with cell ``[row][col]`` set to ``value``, written to ``path``;
+    returns the path and the rows."""
+    rows = hourly_rows(50)
+    rows[row][col] = value
+    return write_csv(path, HEADER, rows), rows
+
+
 # --------------------------------------------------------------------------------- shipped data
 
 
@@ -293,9 +301,7 @@ def test_missing_column_message_lists_header(tmp_path):
 
 
 def test_non_numeric_value(tmp_path):
-    rows = hourly_rows(50)
-    rows[7][3] = "abc"
-    p = write_csv(tmp_path / "b.csv", HEADER, rows)
+    p, _ = csv_with_cell(tmp_path / "b.csv", 7, 3, "abc")
     with pytest.raises(DataError, match=r"line 9: column 'x' has a non-numeric value 'abc'"):
         load(p)
     # fill_gaps does not repair text
@@ -304,9 +310,7 @@ def test_non_numeric_value(tmp_path):
 
 
 def test_missing_value_error_and_repair(tmp_path):
-    rows = hourly_rows(50)
-    rows[10][2] = ""
-    p = write_csv(tmp_path / "b.csv", HEADER, rows)
+    p, rows = csv_with_cell(tmp_path / "b.csv", 10, 2, "")
     with pytest.raises(DataError, match=r"line 12: column 'y' has a missing value.*--fill-gaps"):
         load(p)
     d = load(p, fill_gaps=True)
@@ -340,28 +344,24 @@ def test_gap_error_and_repair(tmp_path):
 
 
 def test_irregular_step(tmp_path):
-    rows = hourly_rows(50)
-    rows[25][1] = "2020-03-02T01:30:00"
+    p, _ = csv_with_cell(tmp_path / "i.csv", 25, 1, "2020-03-02T01:30:00")
     with pytest.raises(DataError, match="not a whole number of steps"):
-        load(write_csv(tmp_path / "i.csv", HEADER, rows))
+        load(p)
 
 
 def test_static_must_be_constant(tmp_path):
-    rows = hourly_rows(50)
-    rows[5][5] = "2.5"
+    p, _ = csv_with_cell(tmp_path / "s.csv", 5, 5, "2.5")
     with pytest.raises(DataError, match="static column 's' changes within entity 'a'"):
-        load(write_csv(tmp_path / "s.csv", HEADER, rows))
+        load(p)
 
 
 def test_bad_time_values(tmp_path):
-    rows = hourly_rows(50)
-    rows[3][1] = "yesterday"
+    p, _ = csv_with_cell(tmp_path / "t.csv", 3, 1, "yesterday")
     with pytest.raises(DataError, match="neither a number nor an ISO 8601"):
-        load(write_csv(tmp_path / "t.csv", HEADER, rows))
-    rows = hourly_rows(50)
-    rows[3][1] = "17"
+        load(p)
+    p, _ = csv_with_cell(tmp_path / "t2.csv", 3, 1, "17")
     with pytest.raises(DataError, match="mixes date times and plain numbers"):
-        load(write_csv(tmp_path / "t2.csv", HEADER, rows))
+        load(p)
 
 
 def test_empty_missing_and_short(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 from onnx import numpy_helper
 from tolerances import q_risk_bound
 
-from nbqat import FakeQuantize, MovingAverageMinMaxObserver, QATConfig, QConfig
+from nbqat import QATConfig, QConfig
 from nbqat.export import check_parity, division_study, to_onnx
 from nbqat.export.onnx_export import build_model
 from nbqat.export.parity import ort_session
@@ -291,13 +291,7 @@ def test_ties_round_half_to_even_like_torch(torch):
 
 
 def test_reduced_range_gets_clip_and_parity(tmp_path, rng):
-    act = FakeQuantize.with_args(
-        observer=MovingAverageMinMaxObserver,
-        quant_min=0,
-        quant_max=127,
-        dtype="quint8",
-        qscheme="per_tensor_affine",
-    )
+    act = default_qat_qconfig.activation.with_args(quant_max=127)  # [0, 127] quint8
     q = _qat(seed=4, qconfig=QConfig(activation=act, weight=default_qat_qconfig.weight))
     proto, _ = build_model(q)
     n_q = sum(n.op_type == "QuantizeLinear" for n in proto.graph.node)
@@ -357,13 +351,7 @@ def test_error_calibration_phase(tmp_path, qat_float_head):
 
 
 def test_error_unrepresentable_range(tmp_path):
-    act = FakeQuantize.with_args(
-        observer=MovingAverageMinMaxObserver,
-        quant_min=-1000,
-        quant_max=1000,
-        dtype="qint16",
-        qscheme="per_tensor_affine",
-    )
+    act = default_qat_qconfig.activation.with_args(quant_min=-1000, quant_max=1000, dtype="qint16")
     q = _qat(seed=7, qconfig=QConfig(activation=act, weight=default_qat_qconfig.weight))
     with pytest.raises(ValueError, match=r"\[-1000, 1000\].*opset 13"):
         to_onnx(q, tmp_path / "m.onnx", opset=13)

@@ -6,64 +6,41 @@ import warnings
 
 import numpy as np
 import pytest
+from fq_configs import per_channel_kwargs
 
 import nbqat
 
+#: name -> nbqat.FakeQuantize arguments; torch's FakeQuantize gets the same (torch_args)
 CONFIGS = {
-    "tensor_affine_quint8": (
-        dict(observer=nbqat.MovingAverageMinMaxObserver, quant_min=0, quant_max=255),
-        ("MovingAverageMinMaxObserver", dict(quant_min=0, quant_max=255)),
+    "tensor_affine_quint8": dict(
+        observer=nbqat.MovingAverageMinMaxObserver, quant_min=0, quant_max=255
     ),
-    "tensor_symmetric_qint8": (
-        dict(
-            observer=nbqat.MinMaxObserver,
-            dtype="qint8",
-            qscheme="per_tensor_symmetric",
-        ),
-        ("MinMaxObserver", dict(dtype="qint8", qscheme="per_tensor_symmetric")),
+    "tensor_symmetric_qint8": dict(
+        observer=nbqat.MinMaxObserver, dtype="qint8", qscheme="per_tensor_symmetric"
     ),
-    "channel0_symmetric_qint8": (
-        dict(
-            observer=nbqat.MovingAveragePerChannelMinMaxObserver,
-            quant_min=-128,
-            quant_max=127,
-            dtype="qint8",
-            qscheme="per_channel_symmetric",
-            ch_axis=0,
-        ),
-        (
-            "MovingAveragePerChannelMinMaxObserver",
-            dict(
-                quant_min=-128,
-                quant_max=127,
-                dtype="qint8",
-                qscheme="per_channel_symmetric",
-                ch_axis=0,
-            ),
-        ),
-    ),
-    "channel1_affine_quint8": (
-        dict(observer=nbqat.PerChannelMinMaxObserver, ch_axis=1, qscheme="per_channel_affine"),
-        ("PerChannelMinMaxObserver", dict(ch_axis=1, qscheme="per_channel_affine")),
+    "channel0_symmetric_qint8": per_channel_kwargs(0),
+    "channel1_affine_quint8": dict(
+        observer=nbqat.PerChannelMinMaxObserver, ch_axis=1, qscheme="per_channel_affine"
     ),
 }
 
 
-def torch_kwargs(torch, kw):
-    out = dict(kw)
+def torch_args(torch, kw):
+    """torch's observer class of the name of ``kw["observer"]`` and the other arguments of
+    ``kw`` with torch's dtype and qscheme objects."""
+    out = {k: v for k, v in kw.items() if k != "observer"}
     for k in ("dtype", "qscheme"):
         if k in out:
             out[k] = getattr(torch, out[k])
-    return out
+    return getattr(torch.ao.quantization.observer, kw["observer"].__name__), out
 
 
 def make_pair(torch, name):
-    ours_kw, (tobs, tkw) = CONFIGS[name]
-    observer = getattr(torch.ao.quantization.observer, tobs)
+    observer, tkw = torch_args(torch, CONFIGS[name])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs = torch.ao.quantization.FakeQuantize(observer=observer, **torch_kwargs(torch, tkw))
-    return nbqat.FakeQuantize(**ours_kw), theirs
+        theirs = torch.ao.quantization.FakeQuantize(observer=observer, **tkw)
+    return nbqat.FakeQuantize(**CONFIGS[name]), theirs
 
 
 def bits(a):
@@ -130,7 +107,7 @@ def test_state_dict_roundtrip_and_torch_keys(torch, rng):
     theirs(torch.from_numpy(x))
     sd = ours.state_dict()
     assert set(sd) == set(theirs.state_dict())
-    fresh = nbqat.FakeQuantize(**CONFIGS["channel0_symmetric_qint8"][0])
+    fresh = nbqat.FakeQuantize(**CONFIGS["channel0_symmetric_qint8"])
     fresh.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()})
     np.testing.assert_array_equal(fresh.scale, ours.scale)
     np.testing.assert_array_equal(fresh(x), ours(x))
@@ -223,20 +200,10 @@ def test_learnable_matches_torch(torch, rng, per_channel):
     from torch.ao.quantization._learnable_fake_quantize import _LearnableFakeQuantize as TL
 
     if per_channel:
-        kw = dict(
-            observer=nbqat.MovingAveragePerChannelMinMaxObserver,
-            quant_min=-128,
-            quant_max=127,
-            dtype="qint8",
-            qscheme="per_channel_affine",
-            ch_axis=1,
-            channel_len=5,
-        )
-        tobs = torch.ao.quantization.MovingAveragePerChannelMinMaxObserver
+        kw = per_channel_kwargs(1, qscheme="per_channel_affine", channel_len=5)
     else:
-        kw = dict(observer=nbqat.MovingAverageMinMaxObserver, quant_min=0, quant_max=255)
-        tobs = torch.ao.quantization.MovingAverageMinMaxObserver
-    tkw = torch_kwargs(torch, {k: v for k, v in kw.items() if k != "observer"})
+        kw = CONFIGS["tensor_affine_quint8"]
+    tobs, tkw = torch_args(torch, kw)
     ours = nbqat.LearnableFakeQuantize(use_grad_scaling=True, **kw)
     theirs = TL(observer=tobs, use_grad_scaling=True, **tkw)
     theirs.enable_static_estimate()
@@ -298,8 +265,8 @@ def test_learnable_accumulates_and_zero_grad(rng):
 
 
 def test_fake_quantize_on_device_equals_host(cuda_sim, small_cuda_blocks, rng):
-    host = nbqat.FakeQuantize(**CONFIGS["channel1_affine_quint8"][0])
-    dev = nbqat.FakeQuantize(**CONFIGS["channel1_affine_quint8"][0])
+    host = nbqat.FakeQuantize(**CONFIGS["channel1_affine_quint8"])
+    dev = nbqat.FakeQuantize(**CONFIGS["channel1_affine_quint8"])
     for _ in range(2):
         x = rng.standard_normal((3, 4)).astype(np.float32)
         yh = host(x)
@@ -318,7 +285,7 @@ FUSED_CONFIGS = {
     "tensor_symmetric_qint8": dict(
         observer=nbqat.MinMaxObserver, dtype="qint8", qscheme="per_tensor_symmetric"
     ),
-    "channel0_symmetric_qint8_moving": CONFIGS["channel0_symmetric_qint8"][0],
+    "channel0_symmetric_qint8_moving": CONFIGS["channel0_symmetric_qint8"],
     "channel0_affine_quint8": dict(
         observer=nbqat.PerChannelMinMaxObserver, ch_axis=0, qscheme="per_channel_affine"
     ),

@@ -55,8 +55,12 @@ def test_qparams_and_histogram_equal_torch(torch, rng, kind, dtype, qscheme, rr)
     for x in _stream(rng, kind):
         ours(x)
         ref(torch.from_numpy(x))
-    np.testing.assert_array_equal(ours.histogram, ref.histogram.numpy())
     assert ours.min_val == ref.min_val.item() and ours.max_val == ref.max_val.item()
+    _assert_same_as_torch(ours, ref)
+
+
+def _assert_same_qparams(ours, ref):
+    """The same zero point as torch's observer, the scale to 1e-6."""
     s, z = ours.calculate_qparams()
     ts, tz = ref.calculate_qparams()
     assert z[0] == tz.item()
@@ -66,10 +70,7 @@ def test_qparams_and_histogram_equal_torch(torch, rng, kind, dtype, qscheme, rr)
 def _assert_same_as_torch(ours, ref):
     """The same histogram as torch's observer, the same zero point, the scale to 1e-6."""
     np.testing.assert_array_equal(ours.histogram, ref.histogram.numpy())
-    s, z = ours.calculate_qparams()
-    ts, tz = ref.calculate_qparams()
-    assert z[0] == tz.item()
-    np.testing.assert_allclose(s[0], ts.item(), rtol=1e-6)
+    _assert_same_qparams(ours, ref)
 
 
 @pytest.mark.parametrize(("bins", "rate"), [(256, 8), (100, 3), (2048, 128)])
@@ -142,10 +143,7 @@ def test_constant_input_equals_torch(torch, c):
         x = np.full(64, c, np.float32)
         ours(x)
         ref(torch.from_numpy(x))
-    s, z = ours.calculate_qparams()
-    ts, tz = ref.calculate_qparams()
-    assert z[0] == tz.item()
-    np.testing.assert_allclose(s[0], ts.item(), rtol=1e-6)
+    _assert_same_qparams(ours, ref)
 
 
 @pytest.mark.parametrize("power", [100, -40])
@@ -247,10 +245,7 @@ def test_state_dict_round_trip_and_torch_state(torch, rng):
         ref(torch.from_numpy(b))
     ours = nbqat.HistogramObserver(dtype="qint8")
     ours.load_state_dict({k: v.numpy() for k, v in ref.state_dict().items()})
-    s, z = ours.calculate_qparams()
-    ts, tz = ref.calculate_qparams()
-    assert z[0] == tz.item()
-    np.testing.assert_allclose(s[0], ts.item(), rtol=1e-6)
+    _assert_same_qparams(ours, ref)
     again = nbqat.HistogramObserver(dtype="qint8")
     again.load_state_dict(ours.state_dict())
     np.testing.assert_array_equal(again.histogram, ours.histogram)
@@ -341,7 +336,4 @@ def test_custom_ranges_equal_torch(torch, rng, dtype, qscheme, qmin, qmax):
         x = (rng.standard_normal(3000) * s + 0.5).astype(np.float32)
         ours(x)
         ref(torch.from_numpy(x))
-    s, z = ours.calculate_qparams()
-    ts, tz = ref.calculate_qparams()
-    assert z[0] == tz.item()
-    np.testing.assert_allclose(s[0], ts.item(), rtol=1e-6)
+    _assert_same_qparams(ours, ref)

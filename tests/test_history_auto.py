@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+from ref_ridge import ridge_oracle
 
 from nbqat.cli import build_parser, main
 from nbqat.data import make_windows
@@ -55,17 +56,9 @@ def _lag_data(n=600, lag=12):
 
 
 def _oracle_val_p50(wh, lam):
-    s, h, f, y = wh.train.batch()
-    x = np.concatenate([h.reshape(len(h), -1), f.reshape(len(f), -1), s], axis=1).astype(float)
-    n, nf = x.shape
-    a = np.block([[x, np.ones((n, 1))], [np.sqrt(lam) * np.eye(nf), np.zeros((nf, 1))]])
-    rhs = np.vstack([y.astype(np.float64), np.zeros((nf, y.shape[1]))])
-    sol = np.linalg.lstsq(a, rhs, rcond=None)[0]
-    res = y - (x @ sol[:nf] + sol[nf])
-    r50 = np.array([np.quantile(res[:, t], 0.5) for t in range(y.shape[1])])
-    s2, h2, f2, _ = wh.val.batch()
-    x2 = np.concatenate([h2.reshape(len(h2), -1), f2.reshape(len(f2), -1), s2], axis=1)
-    p50 = wh.val.unscale(((x2 @ sol[:nf] + sol[nf]) + r50)[..., None])[..., 0]
+    mean, res = ridge_oracle(wh.train, lam)  # tests/ref_ridge.py
+    r50 = np.array([np.quantile(res[:, t], 0.5) for t in range(res.shape[1])])
+    p50 = wh.val.unscale((mean(wh.val) + r50)[..., None])[..., 0]
     yv = wh.val.target_raw()
     return np.abs(yv - p50).sum() / np.abs(yv).sum()
 

@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from ref_nn import forecast_batch
+from ref_nn import forecast_batch, observed_lstm
 
 from nbqat import (
     Adam,
@@ -19,7 +19,7 @@ from nbqat import (
     fake_quantize_per_channel_affine,
     fake_quantize_per_tensor_affine,
 )
-from nbqat.nn import LSTM, Linear, TemporalFusionTransformer, TFTConfig
+from nbqat.nn import Linear, TemporalFusionTransformer, TFTConfig
 from nbqat.nn.int8 import (
     Int8Linear,
     Int8LSTM,
@@ -94,14 +94,7 @@ def test_int8_linear_and_lstm_match_their_fake_quant_layers(rng):
     assert i8.weight_q.dtype == np.int8 and i8.weight_scale.shape == (5,)
     np.testing.assert_allclose(i8.forward(x), y_fq, rtol=1e-5, atol=1e-6)
 
-    lstm = LSTM(4, 6)
-    ParameterBuffer(lstm, np.float32, seed=2)
-    lstm.weight_ih_fake_quant, lstm.weight_hh_fake_quant = qc.weight(), qc.weight()
-    lstm.input_fake_quant, lstm.hidden_fake_quant = qc.activation(), qc.activation()
-    xs = rng.standard_normal((3, 5, 4)).astype(np.float32)
-    h0 = rng.standard_normal((3, 6)).astype(np.float32) * 0.5
-    c0 = rng.standard_normal((3, 6)).astype(np.float32) * 0.5
-    lstm.forward(xs, h0, c0)
+    lstm, xs, h0, c0 = observed_lstm(rng, 4, 6, batch=3, steps=5, seed=2)
     for hook in ("weight_ih", "weight_hh", "input", "hidden"):
         getattr(lstm, hook + "_fake_quant").disable_observer()
     out_fq, (h_fq, c_fq) = lstm.forward(xs, h0, c0)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ref_nn import observed_lstm
 
 from nbqat.kernels.int8_cpu import F32_EXACT
-from nbqat.nn import LSTM, Linear, ParameterBuffer
+from nbqat.nn import Linear, ParameterBuffer
 from nbqat.nn.int8 import Int8Linear, Int8LSTM
 from nbqat.quantization.qconfig import default_qat_qconfig as qc
 
@@ -45,14 +46,7 @@ def test_wide_layers_keep_the_integer_path(rng):
 
 
 def test_fused_lstm_equals_step_by_step(rng):
-    lstm = LSTM(5, 16)
-    ParameterBuffer(lstm, np.float32, seed=3)
-    lstm.weight_ih_fake_quant, lstm.weight_hh_fake_quant = qc.weight(), qc.weight()
-    lstm.input_fake_quant, lstm.hidden_fake_quant = qc.activation(), qc.activation()
-    xs = rng.standard_normal((9, 11, 5)).astype(np.float32)
-    h0 = rng.standard_normal((9, 16)).astype(np.float32) * 0.5
-    c0 = rng.standard_normal((9, 16)).astype(np.float32) * 0.5
-    lstm.forward(xs, h0, c0)
+    lstm, xs, h0, c0 = observed_lstm(rng, 5, 16, batch=9, steps=11, seed=3)
     i8 = Int8LSTM(lstm)
     fast = i8.forward(xs, h0, c0)
     i8.hh._fused = i8.ih._fused = False

@@ -12,21 +12,7 @@ import numpy as np
 import pytest
 from ref_nn import IdentityHook, NumpyFakeQuant, SquareHook, fd_grad, rel_err
 
-from nbqat.nn import (
-    ELU,
-    LSTM,
-    GateAddNorm,
-    GatedLinearUnit,
-    GatedResidualNetwork,
-    InterpretableMultiHeadAttention,
-    LayerNorm,
-    Linear,
-    ParameterBuffer,
-    VariableSelectionNetwork,
-    q_risk,
-    quantile_loss,
-    quantile_loss_grad,
-)
+from nbqat import nn
 
 TOL = 1e-6
 FLOOR_REL = 1e-5
@@ -64,13 +50,13 @@ def _check(module, fwd, bwd, inputs, seed=0, tol=TOL):
 
 
 def _build(module, seed=3):
-    return ParameterBuffer(module, np.float64, seed)
+    return nn.ParameterBuffer(module, np.float64, seed)
 
 
 @pytest.mark.parametrize("lead", [(5,), (2, 3)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear(rng, lead, bias):
-    lin = Linear(4, 3, bias=bias)
+    lin = nn.Linear(4, 3, bias=bias)
     _build(lin)
     x = rng.normal(size=lead + (4,))
     n = _check(lin, lambda: (lin.forward(x),), lambda r: (lin.backward(r[0]),), [x])
@@ -78,14 +64,14 @@ def test_linear(rng, lead, bias):
 
 
 def test_linear_matches_numpy(rng):
-    lin = Linear(4, 3)
+    lin = nn.Linear(4, 3)
     _build(lin)
     x = rng.normal(size=(2, 3, 4))
     np.testing.assert_allclose(lin.forward(x), x @ lin.weight.T + lin.bias, rtol=1e-14)
 
 
 def test_linear_hooks(rng):
-    lin = Linear(4, 3)
+    lin = nn.Linear(4, 3)
     _build(lin)
     lin.weight_fake_quant = SquareHook(0.1)
     lin.input_fake_quant = SquareHook(-0.07)
@@ -94,7 +80,7 @@ def test_linear_hooks(rng):
 
 
 def test_linear_ste_hook_against_reference(rng):
-    lin = Linear(6, 5)
+    lin = nn.Linear(6, 5)
     _build(lin)
     wq, xq = NumpyFakeQuant(0.05), NumpyFakeQuant(0.1, 3, -20, 20)
     lin.weight_fake_quant, lin.input_fake_quant = wq, xq
@@ -116,8 +102,8 @@ def test_identity_hooks_are_exactly_the_float_path(rng):
     x = rng.normal(size=(2, 5, 4)).astype(np.float32)
     res = []
     for hooked in (False, True):
-        lstm = LSTM(4, 3)
-        buf = ParameterBuffer(lstm, np.float32, 1)
+        lstm = nn.LSTM(4, 3)
+        buf = nn.ParameterBuffer(lstm, np.float32, 1)
         if hooked:
             for a in ("weight_ih", "weight_hh", "input", "hidden"):
                 setattr(lstm, a + "_fake_quant", IdentityHook())
@@ -130,7 +116,7 @@ def test_identity_hooks_are_exactly_the_float_path(rng):
 
 
 def test_elu(rng):
-    e = ELU()
+    e = nn.ELU()
     x = rng.normal(size=(3, 4))
     x[0, 0] = 0.0  # the x > 0 branch choice at 0 is the left (exp) one
     x[np.abs(x) < 1e-3] = 0.5
@@ -151,22 +137,22 @@ def test_elu_fused_bias_and_context(rng, dtype):
     p64 = pre.astype(np.float64)
     ref = np.where(p64 > 0, p64, np.expm1(p64))
     xin = x.copy()
-    y = ELU().forward(xin, bias=bias, context=ctx)
+    y = nn.ELU().forward(xin, bias=bias, context=ctx)
     tol = 2 * np.finfo(dtype).eps
     np.testing.assert_allclose(y, ref, rtol=tol, atol=tol * 1e-3)
     assert np.array_equal(xin, pre)  # the cached pre-activation, bit for bit
     with pytest.raises(ValueError, match="context must have shape"):
-        ELU().forward(x.copy(), context=ctx[:2])
+        nn.ELU().forward(x.copy(), context=ctx[:2])
     empty = np.zeros((0, steps, c), dtype)  # an empty batch, with and without the fused terms
-    assert ELU().forward(empty).shape == empty.shape
-    assert ELU().forward(empty, bias=bias, context=ctx[:0]).shape == empty.shape
+    assert nn.ELU().forward(empty).shape == empty.shape
+    assert nn.ELU().forward(empty, bias=bias, context=ctx[:0]).shape == empty.shape
     with pytest.raises(ValueError, match="C-contiguous"):
-        ELU().forward(np.asfortranarray(x[0]), bias=bias)
+        nn.ELU().forward(np.asfortranarray(x[0]), bias=bias)
 
 
 @pytest.mark.parametrize("residual", [False, True])
 def test_glu(rng, residual):
-    glu = GatedLinearUnit(3, 4)
+    glu = nn.GatedLinearUnit(3, 4)
     _build(glu)
     x = rng.normal(size=(2, 3, 3))
     r = rng.normal(size=(2, 3, 4)) if residual else None
@@ -190,7 +176,7 @@ def test_glu(rng, residual):
 def test_glu_projected_rejects_malformed_arrays_before_the_kernel(rng):
     """The compiled GLU passes have no bounds checks: a wrong z, bias or dy must be refused in
     Python (these shapes corrupted the heap before the checks)."""
-    glu = GatedLinearUnit(3, 3)
+    glu = nn.GatedLinearUnit(3, 3)
     _build(glu)
     b6 = np.zeros(6)
     for z in (
@@ -204,7 +190,7 @@ def test_glu_projected_rejects_malformed_arrays_before_the_kernel(rng):
     with pytest.raises(ValueError, match="bias must have shape"):
         glu.forward_projected(np.zeros((2, 6)), None, np.zeros(3))
     with pytest.raises(ValueError, match="z must be"):
-        GateAddNorm(3, 3).forward_projected(np.zeros((4, 3)), np.zeros((4, 3)), b6)
+        nn.GateAddNorm(3, 3).forward_projected(np.zeros((4, 3)), np.zeros((4, 3)), b6)
     y = glu.forward(rng.normal(size=(2, 3)))
     for dy in (np.zeros((400, 3)), np.zeros((2, 4)), np.zeros((1, 3))):
         with pytest.raises(ValueError, match="dy must have"):
@@ -222,7 +208,7 @@ def test_grn_folds_fc2_only_with_enough_rows(rng):
     for rows, folded in ((limit - 1, False), (limit, True)):
         outs = []
         for fold in (True, False):
-            grn = GatedResidualNetwork(4, 5, c, fold_fc2=fold)
+            grn = nn.GatedResidualNetwork(4, 5, c, fold_fc2=fold)
             _build(grn)
             a = np.random.default_rng(rows).normal(size=(rows, 4))
             outs.append(grn.forward(a))
@@ -234,7 +220,7 @@ def test_grn_folds_fc2_only_with_enough_rows(rng):
 
 
 def test_vsn_rejects_bad_input(rng):
-    vsn = VariableSelectionNetwork(3, 4)
+    vsn = nn.VariableSelectionNetwork(3, 4)
     _build(vsn)
     for x in (np.zeros((2, 4)), np.zeros((2, 3), int), [[0.0, 1.0, 2.0]]):
         with pytest.raises(ValueError, match="x must be"):
@@ -242,7 +228,7 @@ def test_vsn_rejects_bad_input(rng):
 
 
 def test_layernorm(rng):
-    ln = LayerNorm(5)
+    ln = nn.LayerNorm(5)
     buf = _build(ln)
     buf.params[:] = rng.normal(size=buf.params.size)  # non-trivial gamma / beta
     x = rng.normal(size=(3, 300, 5))  # > ROW_CHUNK rows: several chunks
@@ -263,7 +249,7 @@ def test_layernorm(rng):
 
 
 def test_gate_add_norm(rng):
-    g = GateAddNorm(3, 4)
+    g = nn.GateAddNorm(3, 4)
     _build(g)
     x = rng.normal(size=(2, 3, 3))
     s = rng.normal(size=(2, 3, 4))
@@ -289,7 +275,7 @@ def _with_context(rng, layer, shape, ctx):
 )
 @pytest.mark.parametrize("fold", [True, False], ids=["fc2_folded", "fc2_separate"])
 def test_grn(rng, in_size, out_size, ctx, lead, fold):
-    grn = GatedResidualNetwork(in_size, 4, out_size, ctx, fold_fc2=fold)
+    grn = nn.GatedResidualNetwork(in_size, 4, out_size, ctx, fold_fc2=fold)
     _build(grn)
     a, c, inputs, bwd = _with_context(rng, grn, lead + (in_size,), ctx)
     _check(grn, lambda: (grn.forward(a, c),), bwd, inputs)
@@ -298,7 +284,7 @@ def test_grn(rng, in_size, out_size, ctx, lead, fold):
 def test_grn_projected_pair_is_the_grn_after_its_projections(rng):
     """forward_projected / backward_projected with the caller's fc1 and skip products give the
     GRN's own output and gradients exactly; the plain backward refuses a projected forward."""
-    grn = GatedResidualNetwork(5, 4, 3, 2)
+    grn = nn.GatedResidualNetwork(5, 4, 3, 2)
     _build(grn)
     a, c, dy = rng.normal(size=(2, 3, 5)), rng.normal(size=(2, 2)), rng.normal(size=(2, 3, 3))
     y = grn.forward(a, c)
@@ -322,7 +308,7 @@ def test_grn_projected_pair_is_the_grn_after_its_projections(rng):
 
 
 def test_grn_context_errors(rng):
-    grn = GatedResidualNetwork(4, 4, 4, 3)
+    grn = nn.GatedResidualNetwork(4, 4, 4, 3)
     _build(grn)
     with pytest.raises(ValueError, match="context"):
         grn.forward(rng.normal(size=(2, 4)))
@@ -333,7 +319,7 @@ def test_grn_context_errors(rng):
 @pytest.mark.parametrize("fold", [True, False], ids=["folded", "materialised"])
 @pytest.mark.parametrize("m,ctx,lead", [(3, None, (4,)), (2, 4, (2, 3)), (1, None, (3,))])
 def test_vsn(rng, m, ctx, lead, fold):
-    vsn = VariableSelectionNetwork(m, 4, ctx, fold_embedding=fold)
+    vsn = nn.VariableSelectionNetwork(m, 4, ctx, fold_embedding=fold)
     _build(vsn)
     x, c, inputs, bwd = _with_context(rng, vsn, lead + (m,), ctx)
     _check(vsn, lambda: (vsn.forward(x, c)[0],), bwd, inputs)
@@ -362,7 +348,7 @@ def _lstm_ref(lstm, x, h, c):
 
 @pytest.mark.parametrize("hooks", [False, True])
 def test_lstm(rng, hooks):
-    lstm = LSTM(3, 4)
+    lstm = nn.LSTM(3, 4)
     _build(lstm)
     x = rng.normal(size=(2, 5, 3))
     h0 = rng.normal(size=(2, 4))
@@ -393,7 +379,7 @@ def test_lstm(rng, hooks):
 
 @pytest.mark.parametrize("hook", [False, True])
 def test_attention(rng, hook):
-    att = InterpretableMultiHeadAttention(4, 2)
+    att = nn.InterpretableMultiHeadAttention(4, 2)
     _build(att)
     if hook:
         att.attention_fake_quant = SquareHook(0.3)
@@ -424,8 +410,8 @@ def test_attention_float32_matches_float64(rng, offset):
     dy = rng.normal(size=(nb, tq, d))
     res = {}
     for dt in (np.float64, np.float32):
-        att = InterpretableMultiHeadAttention(d, 4)
-        buf = ParameterBuffer(att, dt, 3)  # same seed: the same weights, cast
+        att = nn.InterpretableMultiHeadAttention(d, 4)
+        buf = nn.ParameterBuffer(att, dt, 3)  # same seed: the same weights, cast
         out = att.forward(q.astype(dt), kv.astype(dt), offset=offset)
         dq, dkv = att.backward(dy.astype(dt))
         res[dt] = (out, dq, dkv, buf.grads.copy(), att.attention_weights)
@@ -439,7 +425,7 @@ def test_attention_float32_matches_float64(rng, offset):
 
 
 def test_attention_rejects_negative_offset(rng):
-    att = InterpretableMultiHeadAttention(4, 2)
+    att = nn.InterpretableMultiHeadAttention(4, 2)
     _build(att)
     x = rng.normal(size=(1, 2, 4))
     with pytest.raises(ValueError, match="offset must be >= 0"):
@@ -447,7 +433,7 @@ def test_attention_rejects_negative_offset(rng):
 
 
 def test_attention_matches_reference(rng):
-    att = InterpretableMultiHeadAttention(6, 3)
+    att = nn.InterpretableMultiHeadAttention(6, 3)
     _build(att)
     k, tau, dh = 3, 2, 2
     kv = rng.normal(size=(2, k + tau, 6))
@@ -468,7 +454,7 @@ def test_attention_matches_reference(rng):
 
 
 def test_backward_before_forward_raises():
-    lin = Linear(2, 2)
+    lin = nn.Linear(2, 2)
     _build(lin)
     with pytest.raises(RuntimeError, match="before forward"):
         lin.backward(np.zeros((1, 2)))
@@ -481,24 +467,24 @@ def test_quantile_loss_and_grad(rng):
     e = y[..., None] - yhat
     qq = np.array(q)
     ref = np.mean(qq * np.maximum(e, 0) + (1 - qq) * np.maximum(-e, 0))
-    assert quantile_loss(yhat, y, q) == pytest.approx(ref, rel=1e-14)
-    g = quantile_loss_grad(yhat, y, q)
-    fd = fd_grad(lambda: quantile_loss(yhat, y, q), yhat, eps=1e-7)
+    assert nn.quantile_loss(yhat, y, q) == pytest.approx(ref, rel=1e-14)
+    g = nn.quantile_loss_grad(yhat, y, q)
+    fd = fd_grad(lambda: nn.quantile_loss(yhat, y, q), yhat, eps=1e-7)
     assert rel_err(g, fd) < 1e-6
     # tie: zero subgradient
     y2 = yhat[..., 1].copy()
-    assert np.all(quantile_loss_grad(yhat, y2, q)[..., 1] == 0)
+    assert np.all(nn.quantile_loss_grad(yhat, y2, q)[..., 1] == 0)
     with pytest.raises(ValueError, match="shape"):
-        quantile_loss(yhat, y[:, :2], q)
+        nn.quantile_loss(yhat, y[:, :2], q)
     with pytest.raises(ValueError, match="quantiles"):
-        quantile_loss(yhat, y, (0.1, 0.5, 1.0))
+        nn.quantile_loss(yhat, y, (0.1, 0.5, 1.0))
 
 
 def test_q_risk(rng):
     q = (0.5, 0.9)
     yhat = rng.normal(size=(5, 3, 2))
     y = rng.normal(size=(5, 3)) + 3
-    r = q_risk(yhat, y, q)
+    r = nn.q_risk(yhat, y, q)
     for j, qj in enumerate(q):
         e = y - yhat[..., j]
         ref = 2 * np.sum(np.maximum(qj * e, (qj - 1) * e)) / np.sum(np.abs(y))

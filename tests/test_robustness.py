@@ -17,22 +17,12 @@ import textwrap
 
 import numpy as np
 import pytest
+from fq_configs import per_channel_kwargs
 
 import nbqat
 from nbqat.nn.int8 import accumulator_dtype, qlinear
 
 _PER_TENSOR = dict(observer=nbqat.MovingAverageMinMaxObserver, quant_min=0, quant_max=255)
-
-
-def _per_channel(axis):
-    return dict(
-        observer=nbqat.MovingAveragePerChannelMinMaxObserver,
-        quant_min=-128,
-        quant_max=127,
-        dtype="qint8",
-        qscheme="per_channel_symmetric",
-        ch_axis=axis,
-    )
 
 
 @pytest.mark.parametrize("cls", [nbqat.FakeQuantize, nbqat.LearnableFakeQuantize])
@@ -41,9 +31,9 @@ def _per_channel(axis):
     [
         (_PER_TENSOR, (2, 4), (0, 4)),
         (_PER_TENSOR, (2, 4), (0,)),
-        (_per_channel(1), (2, 4), (0, 4)),
-        (_per_channel(0), (4, 3), (4, 0)),
-        (_per_channel(1), (2, 4, 3), (2, 4, 0)),
+        (per_channel_kwargs(1), (2, 4), (0, 4)),
+        (per_channel_kwargs(0), (4, 3), (4, 0)),
+        (per_channel_kwargs(1), (2, 4, 3), (2, 4, 0)),
     ],
 )
 @pytest.mark.parametrize("learn", [False, True])
@@ -129,12 +119,7 @@ def test_int8_linear_picks_a_wide_accumulator_for_16_bit_codes():
     rng = np.random.default_rng(2)
     w = rng.standard_normal((3, 5)).astype(np.float32)
     wfq = nbqat.FakeQuantize(
-        observer=nbqat.MovingAveragePerChannelMinMaxObserver,
-        quant_min=-32768,
-        quant_max=32767,
-        dtype="qint32",
-        qscheme="per_channel_symmetric",
-        ch_axis=0,
+        **per_channel_kwargs(0, quant_min=-32768, quant_max=32767, dtype="qint32")
     )
     xfq = nbqat.FakeQuantize(
         observer=nbqat.MovingAverageMinMaxObserver, quant_min=0, quant_max=65535, dtype="qint32"

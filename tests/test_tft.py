@@ -18,6 +18,7 @@ from ref_nn import (
     SquareHook,
     fd_directional,
     fd_grad,
+    forecast_batch,
     rel_err,
 )
 
@@ -41,10 +42,7 @@ CFG = dict(
 
 
 def _inputs(cfg, rng, b=2, dtype=np.float64):
-    s = rng.normal(size=(b, cfg.num_static_features)).astype(dtype)
-    h = rng.normal(size=(b, cfg.sequence_length, cfg.num_unknown_features)).astype(dtype)
-    f = rng.normal(size=(b, cfg.prediction_horizon, cfg.num_known_features)).astype(dtype)
-    return s, h, f
+    return forecast_batch(rng, cfg, b, dtype, target=False)
 
 
 def _set_hooks(model, make):

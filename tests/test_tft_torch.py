@@ -12,52 +12,32 @@ itself checked against torch float64 to 1e-9) as torch float32 is, within a fact
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
-from ref_nn import rel_err
+from ref_nn import forecast_batch, rel_err
 from ref_tft_torch import make_torch_tft, torch_name
 
 from nbqat.nn import TemporalFusionTransformer, TFTConfig, quantile_loss, quantile_loss_grad
 
-_SMALL = dict(
-    num_static_features=2,
-    num_known_features=3,
-    num_unknown_features=2,
-    hidden_dim=8,
-    sequence_length=5,
-    prediction_horizon=3,
-    num_heads=2,
-)
+_SMALL = TFTConfig(2, 3, 2, 8, 5, 3, num_heads=2)  # m_s, m_x, m_z, d, k, tau
 CONFIGS = [
     _SMALL,
-    dict(
-        num_static_features=1,
-        num_known_features=2,
-        num_unknown_features=4,
-        hidden_dim=12,
-        sequence_length=7,
-        prediction_horizon=4,
-        num_heads=3,
-        quantiles=(0.1, 0.25, 0.5, 0.75, 0.9),
-    ),
-    {**_SMALL, "linear_skip": True},
+    TFTConfig(1, 2, 4, 12, 7, 4, num_heads=3, quantiles=(0.1, 0.25, 0.5, 0.75, 0.9)),
+    dataclasses.replace(_SMALL, linear_skip=True),
 ]
 
 
 @pytest.mark.parametrize("fold", [True, False], ids=["folded", "materialised"])
-@pytest.mark.parametrize("cfg_kw", CONFIGS)
+@pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-9), (np.float32, 1e-4)])
-def test_tft_matches_torch(torch, rng, cfg_kw, dtype, tol, fold):
-    cfg = TFTConfig(**cfg_kw)
+def test_tft_matches_torch(torch, rng, cfg, dtype, tol, fold):
     model = TemporalFusionTransformer(cfg, seed=7, dtype=dtype)
     model.set_folding(fold)  # VSN embedding and GRN fc2 folds (their classes' Notes)
     tdt = torch.float64 if dtype == np.float64 else torch.float32
     ref = make_torch_tft(torch, cfg, model.state_dict(), tdt)
-    b = 3
-    s = rng.normal(size=(b, cfg.num_static_features)).astype(dtype)
-    h = rng.normal(size=(b, cfg.sequence_length, cfg.num_unknown_features)).astype(dtype)
-    f = rng.normal(size=(b, cfg.prediction_horizon, cfg.num_known_features)).astype(dtype)
-    y = rng.normal(size=(b, cfg.prediction_horizon)).astype(dtype)
+    s, h, f, y = forecast_batch(rng, cfg, 3, dtype)
 
     out = model.forward(s, h, f)
     loss = quantile_loss(out, y, cfg.quantiles)
@@ -109,15 +89,11 @@ def test_tft_with_dropout_masks_matches_torch(torch, rng):
     # training-mode dropout at every GLU input: nbqat's masks copied into the torch reference
     from nbqat.nn import Dropout, set_dropout
 
-    cfg = TFTConfig(**{**CONFIGS[0], "dropout": 0.2, "linear_skip": True})
+    cfg = dataclasses.replace(CONFIGS[0], dropout=0.2, linear_skip=True)
     model = TemporalFusionTransformer(cfg, seed=9, dtype=np.float64)
     set_dropout(model, True, seed=(3, 1, 5))
     ref = make_torch_tft(torch, cfg, model.state_dict(), torch.float64)
-    b = 3
-    s = rng.normal(size=(b, cfg.num_static_features))
-    h = rng.normal(size=(b, cfg.sequence_length, cfg.num_unknown_features))
-    f = rng.normal(size=(b, cfg.prediction_horizon, cfg.num_known_features))
-    y = rng.normal(size=(b, cfg.prediction_horizon))
+    s, h, f, y = forecast_batch(rng, cfg, 3, np.float64)
     out = model.forward(s, h, f)
     ds, dh, df = model.backward(quantile_loss_grad(out, y, cfg.quantiles))
     tmods = dict(ref.named_modules())
