@@ -63,6 +63,27 @@ Raises
 UncalibratedError
     A quantizer has never observed data (calibrate first; a RuntimeError and a ValueError)."""
 
+# The mask argument and the results of every ``*_cachemask`` fake quantization (fake_quant,
+# affine, float8); ``{y}`` is the output's type, the docstring describes the mask after it.
+CACHEMASK_IO = """\
+mask : bool array of ``x``'s shape, optional
+    Preallocated mask output.
+
+Returns
+-------
+y : {y}
+mask : bool array of ``x``'s shape"""
+
+# What an observer's ``merge`` returns and raises; the docstring says why after it.
+MERGE_RESULT = """\
+Returns
+-------
+self
+
+Raises
+------
+TypeError, ValueError"""
+
 
 def fill_doc(**blocks: str) -> Callable[[T], T]:
     """Decorator: fill each ``{name}`` line of the object's docstring with ``blocks[name]``.

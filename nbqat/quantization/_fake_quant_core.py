@@ -67,18 +67,19 @@ def _finish(dst: np.ndarray | None, buf: np.ndarray, shape: tuple, dtype: np.dty
     return dst
 
 
-def _check_common_float(x: Any, out: Any, mask: Any, with_mask: bool) -> Any:
-    x = V.check_float_array(x, "x")
+def _is_gpu(**arrays: Any) -> bool:
+    """True when the named arrays (None skipped) are CUDA arrays (TypeError when mixed)."""
+    return V.check_same_device(arrays)
+
+
+def _outputs_on_gpu(x: Any, out: Any, mask: Any, with_mask: bool) -> bool:
+    """Check a forward's ``out`` (and ``mask`` when it returns one) against the checked input
+    ``x``; True when the arrays are CUDA arrays (TypeError when host and device are mixed)."""
     if out is not None:
         V.check_out(out, x.shape, x.dtype, "out")
     if with_mask and mask is not None:
         V.check_mask(mask, x.shape, "mask")
-    return x
-
-
-def _is_gpu(**arrays: Any) -> bool:
-    """True when the named arrays (None skipped) are CUDA arrays (TypeError when mixed)."""
-    return V.check_same_device(arrays)
+    return _is_gpu(x=x, out=out, mask=mask if with_mask else None)
 
 
 def _gpu():
@@ -136,8 +137,8 @@ def _per_tensor(x, scale, zero_point, quant_min, quant_max, out, mask, with_mask
         zp = float(min(max(np.rint(VQ.check_float_zero_point(zero_point)), qmin), qmax))
     else:
         zp = VQ.check_zero_point(zero_point, qmin, qmax)
-    x = _check_common_float(x, out, mask, with_mask)
-    if _is_gpu(x=x, out=out, mask=mask if with_mask else None):
+    x = V.check_float_array(x, "x")
+    if _outputs_on_gpu(x, out, mask, with_mask):
         return _gpu().per_tensor(x, s32, zp, qmin, qmax, out, mask, with_mask)
 
     def launch(xf, of, mf, t):
@@ -157,8 +158,7 @@ def _per_channel(
     s32, zp = VQ.check_channel_qparams(scale, zero_point, C, qmin, qmax, float_zero_point=zp_float)
     if zp_float:  # learnable zero point: round half to even, clamp (torch's round().clamp_())
         zp = np.clip(np.rint(zp), qmin, qmax).astype(np.int32)
-    x = _check_common_float(x, out, mask, with_mask)
-    if _is_gpu(x=x, out=out, mask=mask if with_mask else None):
+    if _outputs_on_gpu(x, out, mask, with_mask):
         G = _gpu()
         return G.per_channel(x, s32, zp, outer, C, inner, qmin, qmax, out, mask, with_mask)
     by_outer = _by_outer(outer, inner)

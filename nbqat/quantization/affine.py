@@ -29,11 +29,18 @@ from typing import Any
 import numpy as np
 
 from nbqat import _validate as V
+from nbqat._docs import CACHEMASK_IO, fill_doc
 from nbqat._jit import threads_for
 from nbqat.kernels import lowbit_cpu as _k
 from nbqat.quantization import _validate_qparams as VQ
 from nbqat.quantization._blocks import Blocks, blocks_of, check_block_size, check_grid_shape
-from nbqat.quantization._fake_quant_core import _F32, _flat_in, _is_gpu, _run_forward
+from nbqat.quantization._fake_quant_core import (
+    _F32,
+    _flat_in,
+    _is_gpu,
+    _outputs_on_gpu,
+    _run_forward,
+)
 
 __all__ = [
     "choose_qparams_affine",
@@ -44,6 +51,9 @@ __all__ = [
 
 #: torch.finfo(torch.float32).smallest_normal: torchao's default ``eps`` for float32 input.
 EPS_F32 = np.float32(2.0**-126)
+
+#: The ``*_cachemask`` parameter and results of the float32 block-wise functions (float8's too).
+MASK_IO_F32 = CACHEMASK_IO.format(y="float32 array of ``x``'s shape")
 
 
 def _gpu():
@@ -97,11 +107,7 @@ def _qparams(x: Any, block_size: Any, scale: Any, zero_point: Any) -> tuple:
 def _forward(x, block_size, scale, zero_point, quant_min, quant_max, out, mask, with_mask):
     qmin, qmax = VQ.check_quant_range(quant_min, quant_max)
     x, b, s, inv, z = _qparams(x, block_size, scale, zero_point)
-    if out is not None:
-        V.check_out(out, x.shape, x.dtype, "out")
-    if with_mask and mask is not None:
-        V.check_mask(mask, x.shape, "mask")
-    if _is_gpu(x=x, out=out, mask=mask if with_mask else None):
+    if _outputs_on_gpu(x, out, mask, with_mask):
         return _gpu().affine_forward(x, b, s, inv, z, qmin, qmax, out, mask, with_mask)
 
     def launch(xf, of, mf, t):
@@ -165,6 +171,7 @@ def fake_quantize_affine(
     return _forward(x, block_size, scale, zero_point, quant_min, quant_max, out, None, False)
 
 
+@fill_doc(cachemask_io=MASK_IO_F32)
 def fake_quantize_affine_cachemask(
     x: Any,
     block_size: Any,
@@ -182,13 +189,7 @@ def fake_quantize_affine_cachemask(
     ----------
     x, block_size, scale, zero_point, quant_min, quant_max, out
         As :func:`fake_quantize_affine`.
-    mask : bool array of ``x``'s shape, optional
-        Preallocated mask output.
-
-    Returns
-    -------
-    y : float32 array of ``x``'s shape
-    mask : bool array of ``x``'s shape
+    {cachemask_io}
         True where ``quant_min <= round(x * inv) + zp <= quant_max`` (unclamped; False for NaN):
         the gradient torch autograd gives through torchao's ``_fake_quantize_affine`` (its
         ``_Round`` is an STE, its ``torch.clamp`` passes the gradient on ``[min, max]``). Feed

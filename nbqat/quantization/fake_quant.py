@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from nbqat import _validate as V
+from nbqat._docs import CACHEMASK_IO, fill_doc
 from nbqat._jit import threads_for
 from nbqat.kernels import fake_quant_cpu as _k
 from nbqat.quantization._fake_quant_core import (
@@ -84,6 +85,8 @@ __all__ = [
     "fake_quantize_per_tensor_affine",
     "fake_quantize_per_tensor_affine_cachemask",
 ]
+
+_MASK_IO = CACHEMASK_IO.format(y="array of ``x``'s shape and dtype")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -137,6 +140,7 @@ def fake_quantize_per_tensor_affine(
     return _per_tensor(x, scale, zero_point, quant_min, quant_max, out, None, False)
 
 
+@fill_doc(cachemask_io=_MASK_IO)
 def fake_quantize_per_tensor_affine_cachemask(
     x: Any,
     scale: Any,
@@ -153,13 +157,7 @@ def fake_quantize_per_tensor_affine_cachemask(
     ----------
     x, scale, zero_point, quant_min, quant_max, out
         As :func:`fake_quantize_per_tensor_affine`.
-    mask : bool array of ``x``'s shape, optional
-        Preallocated mask output.
-
-    Returns
-    -------
-    y : array of ``x``'s shape and dtype
-    mask : bool array of ``x``'s shape
+    {cachemask_io}
         True exactly where the rounded, unclamped value ``rint(x * inv) + zp`` lies in
         ``[quant_min, quant_max]`` (False for NaN and +-Inf). Feed it to
         :func:`fake_quantize_backward`.
@@ -234,6 +232,7 @@ def fake_quantize_per_channel_affine(
     return _per_channel(x, scale, zero_point, axis, quant_min, quant_max, out, None, False)
 
 
+@fill_doc(cachemask_io=_MASK_IO)
 def fake_quantize_per_channel_affine_cachemask(
     x: Any,
     scale: Any,
@@ -251,13 +250,7 @@ def fake_quantize_per_channel_affine_cachemask(
     ----------
     x, scale, zero_point, axis, quant_min, quant_max, out
         As :func:`fake_quantize_per_channel_affine`.
-    mask : bool array of ``x``'s shape, optional
-        Preallocated mask output.
-
-    Returns
-    -------
-    y : array of ``x``'s shape and dtype
-    mask : bool array of ``x``'s shape
+    {cachemask_io}
         True exactly where ``rint(x * inv[c]) + zp[c]`` lies in ``[quant_min, quant_max]``.
 
     Raises

@@ -31,13 +31,19 @@ from typing import Any
 
 import numpy as np
 
-from nbqat import _validate as V
+from nbqat._docs import fill_doc
 from nbqat._jit import threads_for
 from nbqat.kernels import lowbit_cpu as _k
 from nbqat.kernels.lowbit_formula import E4M3FN, E5M2
 from nbqat.quantization._blocks import blocks_of, check_block_size, float8_block_of
-from nbqat.quantization._fake_quant_core import _F32, _flat_in, _is_gpu, _run_forward
-from nbqat.quantization.affine import _gpu, _host_param, _reduce_blocks, check_x32
+from nbqat.quantization._fake_quant_core import (
+    _F32,
+    _flat_in,
+    _is_gpu,
+    _outputs_on_gpu,
+    _run_forward,
+)
+from nbqat.quantization.affine import MASK_IO_F32, _gpu, _host_param, _reduce_blocks, check_x32
 
 __all__ = ["choose_scale_float8", "fake_quantize_float8", "fake_quantize_float8_cachemask"]
 
@@ -120,11 +126,7 @@ def _forward(x, scale, dtype, out, mask, with_mask):
     block = float8_block_of(tuple(int(v) for v in s_arr.shape), tuple(x.shape))
     b = blocks_of(tuple(x.shape), check_block_size(block, tuple(x.shape)))
     s = np.ascontiguousarray(s_arr, np.float32).reshape(-1)
-    if out is not None:
-        V.check_out(out, x.shape, x.dtype, "out")
-    if with_mask and mask is not None:
-        V.check_mask(mask, x.shape, "mask")
-    if _is_gpu(x=x, out=out, mask=mask if with_mask else None):
+    if _outputs_on_gpu(x, out, mask, with_mask):
         return _gpu().float8_forward(x, b, s, fmt, out, mask, with_mask)
 
     def launch(xf, of, mf, t):
@@ -167,6 +169,7 @@ def fake_quantize_float8(x: Any, scale: Any, dtype: Any = "float8_e4m3fn", *, ou
     return _forward(x, scale, dtype, out, None, False)
 
 
+@fill_doc(cachemask_io=MASK_IO_F32)
 def fake_quantize_float8_cachemask(
     x: Any, scale: Any, dtype: Any = "float8_e4m3fn", *, out: Any = None, mask: Any = None
 ) -> tuple[Any, Any]:
@@ -176,13 +179,7 @@ def fake_quantize_float8_cachemask(
     ----------
     x, scale, dtype, out
         As :func:`fake_quantize_float8`.
-    mask : bool array of ``x``'s shape, optional
-        Preallocated mask output.
-
-    Returns
-    -------
-    y : float32 array of ``x``'s shape
-    mask : bool array of ``x``'s shape
+    {cachemask_io}
         True where ``-max <= x / scale <= max`` (False for NaN): ``torch.clamp``'s gradient
         mask in torchao's formula (``_RoundToFloat8`` is an STE). Autograd's ``grad_x`` is
         ``where(mask, grad_y * scale, 0) / scale``; :func:`nbqat.fake_quantize_backward`

@@ -249,7 +249,7 @@ class GroupFakeQuantize(_LowBitBase):
         obs = GroupAffineObserver(group_size, quant_min, quant_max, mapping_type, eps)
         self.activation_post_process = obs  # type: ignore[assignment]
         self.group_size = obs.group_size
-        self.quant_min, self.quant_max = int(quant_min), int(quant_max)
+        self.quant_min, self.quant_max = obs.quant_min, obs.quant_max
         bits = int(np.ceil(np.log2(self.quant_max - self.quant_min + 1)))
         self.dtype = f"q{'u' if self.quant_min >= 0 else ''}int{bits}"
         kind = "symmetric" if str(mapping_type).lower() == "symmetric" else "affine"

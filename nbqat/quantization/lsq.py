@@ -56,6 +56,22 @@ def _check_backward(grad_y: Any, x: Any, grad_factor: Any, quant_min: Any, quant
     return g, x, gf, qmin, qmax
 
 
+def _host_backward(g: Any, x: Any, sums: Any, empty: Any) -> tuple[np.ndarray, Any]:
+    """The host side of an LSQ backward: flat compute-dtype views of ``x`` and ``grad_y``, a
+    new ``grad_x`` buffer, ``sums(xf, gf, gx, t)`` (the kernel: it fills ``gx`` and returns the
+    scale / zero-point sums) run on the kernel threads when ``x`` is not empty (``empty``
+    otherwise); returns ``grad_x`` in ``x``'s shape and dtype and the sums."""
+    t = _compute_dtype(x.dtype)
+    n = x.size
+    gx = np.empty(n, t)
+    res = empty
+    if n:
+        xf, gfl = _flat_in(x, t), _flat_in(g, t)
+        with threads_for(n):
+            res = sums(xf, gfl, gx, t)
+    return gx.reshape(x.shape).astype(x.dtype, copy=False), res
+
+
 def fake_quantize_learnable_per_tensor_affine(
     x: Any,
     scale: Any,
@@ -151,19 +167,13 @@ def fake_quantize_learnable_per_tensor_affine_backward(
     s32 = VQ.check_scale(scale)
     zp = float(min(max(np.rint(VQ.check_float_zero_point(zero_point)), qmin), qmax))
     if _is_gpu(x=x, grad_y=g):
-        G = _gpu()
-        return G.lsq_tensor_backward(g, x, s32, zp, qmin, qmax, gf)
-    t = _compute_dtype(x.dtype)
-    n = x.size
-    xf = _flat_in(x, t)
-    gfl = _flat_in(g, t)
-    gx = np.empty(n, t)
-    ds = dz = 0.0
-    if n:
+        return _gpu().lsq_tensor_backward(g, x, s32, zp, qmin, qmax, gf)
+
+    def sums(xf, gfl, gx, t):
         s, inv, z, lo, hi = _tensor_scalars(t, s32, zp, qmin, qmax)
-        with threads_for(n):
-            ds, dz = _k.lsq_tensor_backward_kernel(xf, gfl, gx, s, inv, z, lo, hi, t.type(gf))
-    grad_x = gx.reshape(x.shape).astype(x.dtype, copy=False)
+        return _k.lsq_tensor_backward_kernel(xf, gfl, gx, s, inv, z, lo, hi, t.type(gf))
+
+    grad_x, (ds, dz) = _host_backward(g, x, sums, (0.0, 0.0))
     return grad_x, np.array([ds], np.float32), np.array([dz], np.float32)
 
 
@@ -256,22 +266,15 @@ def fake_quantize_learnable_per_channel_affine_backward(
     s32, zpf = VQ.check_channel_qparams(scale, zero_point, C, qmin, qmax, float_zero_point=True)
     zp = np.clip(np.rint(zpf), qmin, qmax).astype(np.int32)
     if _is_gpu(x=x, grad_y=g):
-        G = _gpu()
-        return G.lsq_channel_backward(g, x, s32, zp, outer, C, inner, qmin, qmax, gf)
-    t = _compute_dtype(x.dtype)
-    n = x.size
-    xf = _flat_in(x, t)
-    gfl = _flat_in(g, t)
-    gx = np.empty(n, t)
-    if n:
+        return _gpu().lsq_channel_backward(g, x, s32, zp, outer, C, inner, qmin, qmax, gf)
+    rows = max(64, -(-outer // 64)) if (inner < 16 and outer >= 256) else 0
+
+    def sums(xf, gfl, gx, t):
         s, inv, z = _channel_arrays(t, s32, zp)
         T = t.type
-        rows = max(64, -(-outer // 64)) if (inner < 16 and outer >= 256) else 0
-        with threads_for(n):
-            res = _k.lsq_channel_backward_kernel(
-                xf, gfl, gx, s, inv, z, outer, C, inner, T(qmin), T(qmax), T(gf), rows
-            )
-    else:
-        res = np.zeros((C, 2))
-    grad_x = gx.reshape(x.shape).astype(x.dtype, copy=False)
+        return _k.lsq_channel_backward_kernel(
+            xf, gfl, gx, s, inv, z, outer, C, inner, T(qmin), T(qmax), T(gf), rows
+        )
+
+    grad_x, res = _host_backward(g, x, sums, np.zeros((C, 2)))
     return grad_x, res[:, 0].astype(np.float32), res[:, 1].astype(np.float32)

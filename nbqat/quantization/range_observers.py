@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from nbqat import _cuda, _jit
+from nbqat._docs import MERGE_RESULT, fill_doc
 from nbqat._validate import split_axis
 from nbqat.kernels import keygrid_cpu as _kg
 from nbqat.quantization import _exact_values as _ev
@@ -146,6 +147,7 @@ class _KeyHistBase(_MinMaxBase):
         h = self.histogram.reshape(-1, self.nbins)
         return h, self._min.reshape(-1).astype(np.float64), self._max.reshape(-1).astype(np.float64)
 
+    @fill_doc(merge_result=MERGE_RESULT)
     def merge(self, other: _KeyHistBase) -> _KeyHistBase:  # type: ignore[override]
         """Add another observer's counts and min/max into this one (exact; returns self).
 
@@ -154,13 +156,7 @@ class _KeyHistBase(_MinMaxBase):
         other : observer of the same class, configuration and ``mantissa_bits``
             Its counts are added (it is left unchanged).
 
-        Returns
-        -------
-        self
-
-        Raises
-        ------
-        TypeError, ValueError
+        {merge_result}
             As :meth:`nbqat.MinMaxObserver.merge` (``mantissa_bits`` is part of the
             configuration).
         """
@@ -394,6 +390,7 @@ class MSEObserver(_KeyHistBase):
             self.grid.widen(exps)
             self.grid.add_batch(data, kind == "rows", self.ch_axis if self._per_channel else None)
 
+    @fill_doc(merge_result=MERGE_RESULT)
     def merge(self, other: MSEObserver) -> MSEObserver:  # type: ignore[override]
         """Add another observer's counts, values (or fine grid) and min/max into this one.
 
@@ -403,13 +400,7 @@ class MSEObserver(_KeyHistBase):
             Left unchanged. Counts, values and extremes merge exactly; past ``max_exact`` the
             grids add, their moments to float64 rounding.
 
-        Returns
-        -------
-        self
-
-        Raises
-        ------
-        TypeError, ValueError
+        {merge_result}
             As :meth:`nbqat.MinMaxObserver.merge`.
         """
         keep = isinstance(other, MSEObserver) and self._exact() and other._exact()
