@@ -106,6 +106,7 @@ def decode_state(node: Any, arrays: dict[str, np.ndarray]) -> Any:
     Returns
     -------
     nested state
+        The object :func:`encode_state` was given (tuples stay tuples, scalars stay scalars).
 
     Raises
     ------
@@ -216,6 +217,7 @@ def decode_members(
     Returns
     -------
     nested state
+        As :func:`load_state` returns it for the file.
 
     Raises
     ------

@@ -148,3 +148,43 @@ def test_no_module_imports_the_package_root():
     itself (whose ``__init__`` imports everything: a circle in waiting)."""
     graph = _import_graph()
     assert sorted(m for m, deps in graph.items() if "nbqat" in deps and m != "nbqat") == []
+
+
+#: The size limits of docs/architecture.md: a module under this many lines, a function (its
+#: ``def`` line to its last, docstring included) under this many.
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+
+def _too_long(source: str, name: str) -> list[str]:
+    """The module ``name`` when ``source`` has MAX_MODULE_LINES lines or more, and each function
+    or method in it (nested ones too) of MAX_FUNCTION_LINES lines or more."""
+    bad = []
+    n = len(source.splitlines())
+    if n >= MAX_MODULE_LINES:
+        bad.append(f"{name}: {n} lines")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            span = (node.end_lineno or node.lineno) - node.lineno + 1
+            if span >= MAX_FUNCTION_LINES:
+                bad.append(f"{name}:{node.lineno} {node.name}: {span} lines")
+    return bad
+
+
+def test_modules_and_functions_are_under_the_size_limits():
+    """Every module of the package is under 500 lines and every function under 80 (split by
+    concern, never a file cut in two only to fit)."""
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        bad += _too_long(path.read_text(), str(path.relative_to(PKG.parent)))
+    assert bad == []
+
+
+def test_the_size_check_can_fail():
+    body = "".join(f"        x{i} = {i}\n" for i in range(77))
+    fits = f"class C:\n    def f(self):\n{body}        return x0\n"  # f: 79 lines
+    assert _too_long(fits, "m.py") == []
+    over = f"class C:\n    async def f(self):\n{body}        y = 1\n        return y\n"  # 80
+    assert _too_long(over, "m.py") == ["m.py:2 f: 80 lines"]
+    assert _too_long("x = 1\n" * 499, "m.py") == []
+    assert _too_long("x = 1\n" * 500, "m.py") == ["m.py: 500 lines"]

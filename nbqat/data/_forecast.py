@@ -213,33 +213,9 @@ def forecast_windows(
     """
     _check_roles(data, sc)
     k, tau = int(history), int(horizon)
-    feats, raws, rows, ents, offs = [], [], [], [], 0
-    for e, name in enumerate(data.entity_names):
-        r = sc.index(name)
-        n_past = int(np.flatnonzero(np.isfinite(data.target[e]))[-1]) + 1
-        o = _origins(data.times[e], n_past, name, k, tau, at, backtest)
-        t, y, obs, known, n0 = _extend(data, e, int(o.max()) + tau)
-        _check_future_known(data, sc, name, t, known, n0, o, tau)
-        hist, fut, ystd = entity_features(sc, r, t, y, obs, known)
-        feats.append((hist, fut, ystd, t))
-        raws.append((np.concatenate([y[:, None], obs, known], axis=1), known, y))
-        rows.append(o + offs)
-        ents.append(np.full(len(o), e, dtype=np.int64))
-        offs += len(t)
+    feats, raws, rows, ents = _entity_windows(data, sc, k, tau, at, backtest)
     idx = [sc.index(n) for n in data.entity_names]
-    w = Windows(
-        history=k, horizon=tau, season=k, quantiles=tuple(float(q) for q in quantiles),
-        static=np.asarray(sc.static, np.float64)[idx].astype(np.float32),
-        hist_features=np.concatenate([f[0] for f in feats]).astype(np.float32),
-        future_features=np.concatenate([f[1] for f in feats]).astype(np.float32),
-        target_std=np.concatenate([f[2] for f in feats]).astype(np.float32),
-        target_raw=np.concatenate([r[2] for r in raws]), time=np.concatenate([f[3] for f in feats]),
-        level=np.asarray(sc.level)[idx], scale=np.asarray(sc.scale)[idx],
-        entity_names=list(data.entity_names), static_names=[], historical_names=[],
-        future_names=sc.future_names, naive_residual_quantiles=np.zeros((len(idx), 0)),
-        cutoffs=(None, None), target_name=sc.target, source=data.source, step=data.step,
-        scaling=sc,
-    )  # fmt: skip
+    w = _windows(data, sc, idx, feats, raws, k, tau, quantiles)
     split = SplitWindows("forecast", np.concatenate(rows), np.concatenate(ents), w)
     hraw, kraw = np.concatenate([r[0] for r in raws]), np.concatenate([r[1] for r in raws])
     g = split.rows[:, None]
@@ -253,3 +229,46 @@ def forecast_windows(
         future_raw=kraw[g + np.arange(tau)],
         actual=split.target_raw(),
     )
+
+
+def _entity_windows(
+    data: SeriesData, sc: Scaling, k: int, tau: int, at: Any, backtest: Any
+) -> tuple[list, list, list, list]:
+    """Each entity's ``(hist, fut, ystd, t)`` features, ``(raw inputs, known, y)`` columns,
+    window origins (rows of the concatenated entities) and entity codes; each entity's data
+    extended over its forecast steps, whose known values are checked."""
+    feats, raws, rows, ents, offs = [], [], [], [], 0
+    for e, name in enumerate(data.entity_names):
+        r = sc.index(name)
+        n_past = int(np.flatnonzero(np.isfinite(data.target[e]))[-1]) + 1
+        o = _origins(data.times[e], n_past, name, k, tau, at, backtest)
+        t, y, obs, known, n0 = _extend(data, e, int(o.max()) + tau)
+        _check_future_known(data, sc, name, t, known, n0, o, tau)
+        hist, fut, ystd = entity_features(sc, r, t, y, obs, known)
+        feats.append((hist, fut, ystd, t))
+        raws.append((np.concatenate([y[:, None], obs, known], axis=1), known, y))
+        rows.append(o + offs)
+        ents.append(np.full(len(o), e, dtype=np.int64))
+        offs += len(t)
+    return feats, raws, rows, ents
+
+
+def _windows(
+    data: SeriesData, sc: Scaling, idx: list, feats: list, raws: list, k: int, tau: int,
+    quantiles: Sequence[float],
+) -> Windows:  # fmt: skip
+    """The :class:`Windows` container over the concatenated entities (``idx``: their rows in
+    the run's transform)."""
+    return Windows(
+        history=k, horizon=tau, season=k, quantiles=tuple(float(q) for q in quantiles),
+        static=np.asarray(sc.static, np.float64)[idx].astype(np.float32),
+        hist_features=np.concatenate([f[0] for f in feats]).astype(np.float32),
+        future_features=np.concatenate([f[1] for f in feats]).astype(np.float32),
+        target_std=np.concatenate([f[2] for f in feats]).astype(np.float32),
+        target_raw=np.concatenate([r[2] for r in raws]), time=np.concatenate([f[3] for f in feats]),
+        level=np.asarray(sc.level)[idx], scale=np.asarray(sc.scale)[idx],
+        entity_names=list(data.entity_names), static_names=[], historical_names=[],
+        future_names=sc.future_names, naive_residual_quantiles=np.zeros((len(idx), 0)),
+        cutoffs=(None, None), target_name=sc.target, source=data.source, step=data.step,
+        scaling=sc,
+    )  # fmt: skip

@@ -14,7 +14,7 @@ import csv
 import gzip
 import io
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,32 +181,68 @@ def load_csv(
         and column and says the fix.
     """
     path = Path(path)
+    parquet, header = _file_header(path)
+    observed, known, static, cols = _columns(
+        str(path), header, time_col, target_col, entity_col, known_cols, static_cols, observed_cols
+    )
+    numeric = _unique([target_col] + observed + known + static)
+    df = _read_checked(path, cols, entity_col, parquet, len(header), numeric, time_col)
+    data = _frame_to_series(
+        df, _file_place(path, parquet), str(path), time_col, target_col, entity_col, observed,
+        known, static, (fill_gaps, future_rows),
+    )  # fmt: skip
+    if not parquet:  # pyarrow parsed the times: the spelling from the file's first row
+        data.time_format = _csv_time_spelling(path, header.index(time_col), data.time_format)
+    return data
+
+
+def _file_header(path: Path) -> tuple[bool, list[str]]:
+    """``(parquet, header)`` of the file at ``path`` (a DataError when there is none)."""
     if not path.is_file():
         what = "a folder, not a file" if path.is_dir() else "no such file"
         raise DataError(f"--csv {str(path)!r}: {what}")
     parquet = path.suffix.lower() in (".parquet", ".pq")
-    header = _parquet_header(path) if parquet else _read_header(path)
-    known, static = _names(known_cols), _names(static_cols)
-    roles = _roles(time_col, target_col, entity_col, known, static, observed_cols)
-    observed = _check_columns(str(path), header, roles, observed_cols)
-    cols = _unique([time_col, target_col] + observed + known + static + _opt(entity_col))
-    numeric = _unique([target_col] + observed + known + static)
-    df = _read_checked(path, cols, entity_col, parquet, len(header), numeric, time_col)
+    return parquet, _parquet_header(path) if parquet else _read_header(path)
+
+
+def _file_place(path: Path, parquet: bool) -> Callable[[int], str]:
+    """Where a row of the file is, for messages: ``"<path>, line <n>"`` (CSV: the line number
+    in the file, header = 1) or ``"<path>, row <i>"`` (Parquet: the 0-based row)."""
 
     def where(i: int) -> str:
         return f"{path}, row {i}" if parquet else f"{path}, line {_line_of_row(path, i)}"
 
-    data = _frame_to_series(
-        df, where, str(path), time_col, target_col, entity_col, observed, known, static,
-        (fill_gaps, future_rows),
-    )  # fmt: skip
-    if not parquet:  # pyarrow parsed the times: the spelling from the file's first row
-        from nbqat.data._timecol import time_spelling
+    return where
 
-        row = next((r for _, r in _csv_rows(path)), None)
-        if row is not None and len(row) > header.index(time_col):
-            data.time_format = time_spelling(_pd_series([row[header.index(time_col)]]))
-    return data
+
+def _columns(
+    src: str,
+    header: list[str],
+    time_col: str,
+    target_col: str,
+    entity_col: str | None,
+    known_cols: Sequence[str] | str | None,
+    static_cols: Sequence[str] | str | None,
+    observed_cols: Sequence[str] | str | None,
+) -> tuple[list[str], list[str], list[str], list[str]]:
+    """``(observed, known, static, cols)`` of a table with ``header``, its column roles checked:
+    the observed, known and static inputs and every column to read (time and target first)."""
+    known, static = _names(known_cols), _names(static_cols)
+    roles = _roles(time_col, target_col, entity_col, known, static, observed_cols)
+    observed = _check_columns(src, header, roles, observed_cols)
+    cols = _unique([time_col, target_col] + observed + known + static + _opt(entity_col))
+    return observed, known, static, cols
+
+
+def _csv_time_spelling(path: Path, j: int, parsed: str) -> str:
+    """The time spelling of a CSV's first data row (column ``j``; pyarrow parsed the times, so
+    the parsed column no longer shows it); ``parsed`` when there is no such cell."""
+    from nbqat.data._timecol import time_spelling
+
+    row = next((r for _, r in _csv_rows(path)), None)
+    if row is not None and len(row) > j:
+        return time_spelling(_pd_series([row[j]]))
+    return parsed
 
 
 def _pd_series(values: list) -> Any:
@@ -299,10 +335,9 @@ def from_dataframe(
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"df must be a pandas DataFrame, got {type(df).__name__}")
     header = [str(c) for c in df.columns]
-    known, static = _names(known_cols), _names(static_cols)
-    roles = _roles(time_col, target_col, entity_col, known, static, observed_cols)
-    observed = _check_columns(source, header, roles, observed_cols)
-    cols = _unique([time_col, target_col] + observed + known + static + _opt(entity_col))
+    observed, known, static, cols = _columns(
+        source, header, time_col, target_col, entity_col, known_cols, static_cols, observed_cols
+    )
     sub = df.reset_index(drop=True)
     sub.columns = header
     return _frame_to_series(

@@ -38,6 +38,21 @@ __all__ = [
     "swap_modules",
 ]
 
+#: The docstring of every integer type's ``from_float`` (the contract of
+#: :data:`QUANTIZED_MODULE_MAPPINGS`), filled in with the layer's parameter line.
+_FROM_FLOAT = """\
+Parameters
+----------
+{arg}
+    A layer of a calibrated prepared network (its {which}quantizers are read).
+name : str
+    Its path, for error messages.
+
+Returns
+-------
+{cls} or None
+    None when the layer has no weight quantizer (it stays float)."""
+
 
 class QuantizedLinear(Module):
     """The integer twin of a fake-quantized :class:`~nbqat.nn.Linear` (a Module, so it
@@ -65,20 +80,11 @@ class QuantizedLinear(Module):
         )  # Int8Linear, or the low-bit twin (issue 30)
 
     @classmethod
+    @fill_doc(from_float=_FROM_FLOAT.format(arg="linear : Linear", which="", cls="QuantizedLinear"))
     def from_float(cls, linear: Any, name: str) -> QuantizedLinear | None:
         """The integer module of a QAT ``Linear`` (torch's ``from_float``).
 
-        Parameters
-        ----------
-        linear : Linear
-            A layer of a calibrated prepared network (its quantizers are read).
-        name : str
-            Its path, for error messages.
-
-        Returns
-        -------
-        QuantizedLinear or None
-            None when the layer has no weight quantizer (it stays float).
+        {from_float}
         """
         return None if linear.weight_fake_quant is None else cls(linear, name)
 
@@ -125,20 +131,11 @@ class QuantizedLSTM(Module):
         self.int8 = int_lstm(lstm, name)  # Int8LSTM, or GroupedLSTM (issue 30)
 
     @classmethod
+    @fill_doc(from_float=_FROM_FLOAT.format(arg="lstm : LSTM", which="four ", cls="QuantizedLSTM"))
     def from_float(cls, lstm: Any, name: str) -> QuantizedLSTM | None:
         """The integer module of a QAT ``LSTM``.
 
-        Parameters
-        ----------
-        lstm : LSTM
-            A layer of a calibrated prepared network (its four quantizers are read).
-        name : str
-            Its path, for error messages.
-
-        Returns
-        -------
-        QuantizedLSTM or None
-            None when the layer has no weight quantizer (it stays float).
+        {from_float}
         """
         return None if lstm.weight_ih_fake_quant is None else cls(lstm, name)
 

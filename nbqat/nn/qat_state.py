@@ -33,6 +33,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     Parameters
     ----------
     path : str or os.PathLike
+        A file written by :meth:`QATCheckpoint.save`.
 
     Returns
     -------

@@ -57,6 +57,7 @@ def load_float_state(path: str | os.PathLike) -> dict[str, Any]:
     Parameters
     ----------
     path : str or os.PathLike
+        A run's ``checkpoint/float.npz`` (either layout).
 
     Returns
     -------

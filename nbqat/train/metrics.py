@@ -165,6 +165,22 @@ def diebold_mariano(loss_a: np.ndarray, loss_b: np.ndarray, overlap: int = 1) ->
         raise ValueError("loss_a and loss_b must be finite")
     d = a - b
     n = d.size
+    var, lags = _long_run_variance(d, overlap)
+    small = n < SMALL_SAMPLE_RATIO * (lags + 1)
+    out = {"mean_diff": float(d.mean()), "lags": lags, "n": n, "small_sample": small}
+    if var <= 0.0:  # a constant differential: no difference (p 1) or a certain one (p 0)
+        same = bool(d.mean() == 0.0)
+        dm, p = (0.0, 1.0) if same else (None, 0.0)
+        return {"dm": dm, "p_value": p, "dm_hln": dm, "p_value_hln": p, **out}
+    dm = float(d.mean()) / math.sqrt(var / n)
+    p = math.erfc(abs(dm) / math.sqrt(2.0))
+    return {"dm": dm, "p_value": p, **_hln(dm, n, lags + 1), **out}
+
+
+def _long_run_variance(d: np.ndarray, overlap: int) -> tuple[float, int]:
+    """``(var, L)``: the long-run variance of ``d`` over ``L`` lags, by the flat-top kernel or,
+    should that not be positive, Bartlett's (:func:`diebold_mariano` has the formulas)."""
+    n = d.size
     flat = max(int(overlap), 1) - 1  # lags correlated by construction: weight 1
     m = math.floor(4.0 * (n / 100.0) ** (2.0 / 9.0))
     lags = min(n - 1, flat + m)
@@ -175,15 +191,7 @@ def diebold_mariano(loss_a: np.ndarray, loss_b: np.ndarray, overlap: int = 1) ->
     )
     if var <= 0.0:  # the flat-top estimate is not always positive: Bartlett's is
         var = g[0] + 2.0 * sum((1.0 - k / (lags + 1.0)) * g[k] for k in range(1, lags + 1))
-    small = n < SMALL_SAMPLE_RATIO * (lags + 1)
-    out = {"mean_diff": float(d.mean()), "lags": lags, "n": n, "small_sample": small}
-    if var <= 0.0:  # a constant differential: no difference (p 1) or a certain one (p 0)
-        same = bool(d.mean() == 0.0)
-        dm, p = (0.0, 1.0) if same else (None, 0.0)
-        return {"dm": dm, "p_value": p, "dm_hln": dm, "p_value_hln": p, **out}
-    dm = float(d.mean()) / math.sqrt(var / n)
-    p = math.erfc(abs(dm) / math.sqrt(2.0))
-    return {"dm": dm, "p_value": p, **_hln(dm, n, lags + 1), **out}
+    return var, lags
 
 
 #: Fewer windows than this many times the estimated lags (+1): ``small_sample`` (the measured

@@ -27,30 +27,11 @@ from collections.abc import Callable, Iterable, Mapping
 from numbers import Integral, Real
 from typing import Any
 
-from nbqat.train.option_table import (
-    COMMANDS,
-    DEFAULT_CALENDAR,
-    DEVICES,
-    ENGINES,
-    GROUPS,
-    MIN_HISTORY,
-    MODELS,
-    OBSERVER_CHOICES,
-    OPTIONS,
-    Option,
-)
+from nbqat.train import option_table
+from nbqat.train.option_table import *  # noqa: F403 (its __all__: read the table here)
+from nbqat.train.option_table import COMMANDS, OPTIONS, Option
 
 __all__ = [
-    "COMMANDS",
-    "DEFAULT_CALENDAR",
-    "DEVICES",
-    "ENGINES",
-    "GROUPS",
-    "MIN_HISTORY",
-    "MODELS",
-    "OBSERVER_CHOICES",
-    "OPTIONS",
-    "Option",
     "check_model_options",
     "check_option",
     "check_options",
@@ -61,6 +42,7 @@ __all__ = [
     "options",
     "problem",
 ]
+__all__ += option_table.__all__  # the table's names, read through this module
 
 
 def options(command: str) -> dict[str, Option]:

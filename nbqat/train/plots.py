@@ -19,6 +19,7 @@ __all__ = [
     "plot_clipping_comparison",
     "plot_forecast_fan",
     "plot_loss_curves",
+    "plot_quantizers",
     "plot_variable_importance",
 ]
 
@@ -378,4 +379,46 @@ def plot_clipping_comparison(
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend()
+    return _save(fig, path)
+
+
+def plot_quantizers(rows: Sequence[Mapping[str, Any]], path: str | Path, top: int) -> Path:
+    """SQNR and saturation of the ``top`` worst quantizers (lowest SQNR first).
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        Rows of :func:`nbqat.train.report.quantizer_report` (``name``, ``kind``, ``values``,
+        ``sqnr_db``, ``saturated_fraction``); rows that saw no values are left out.
+    path : str or Path
+        Output PNG (``quant_report.png``).
+    top : int
+        How many quantizers to draw.
+
+    Returns
+    -------
+    Path
+    """
+    from matplotlib.patches import Patch
+
+    rows = [r for r in rows if r["values"]]
+    sq = np.array([np.nan if r["sqnr_db"] is None else r["sqnr_db"] for r in rows], np.float64)
+    sq[~np.isfinite(sq)] = np.nan
+    order = np.argsort(np.where(np.isnan(sq), np.inf, sq), kind="stable")[:top][::-1]
+    fig = _figure(11, 0.28 * len(order) + 1.8)
+    ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    names = [_esc(rows[i]["name"].replace("_fake_quant", "")) for i in order]
+    colors = ["tab:orange" if rows[i]["kind"] == "weight" else "tab:blue" for i in order]
+    y = np.arange(len(order))
+    ax1.barh(y, np.nan_to_num(sq[order], nan=0.0), color=colors)
+    ax1.set_yticks(y, names, fontsize=7)
+    ax1.set_xlabel("SQNR (dB, higher is better)")
+    ax2.barh(y, [100.0 * (rows[i]["saturated_fraction"] or 0.0) for i in order], color=colors)
+    ax2.set_yticks(y, [""] * len(y))
+    ax2.set_xlabel("saturated values (%)")
+    handles = [Patch(color="tab:orange", label="weight"), Patch(color="tab:blue",
+                                                                label="activation")]  # fmt: skip
+    ax2.legend(handles=handles, loc="lower right", fontsize=8)
+    fig.suptitle(f"The {len(order)} quantizers with the lowest SQNR (of {len(rows)}; all in "
+                 "quant_report.json)")  # fmt: skip
     return _save(fig, path)

@@ -378,6 +378,10 @@ def _strict(obj: Any) -> Any:
     return obj
 
 
+#: Quantizers drawn in quant_report.png (the worst by SQNR; the JSON has them all).
+PLOT_TOP = 25
+
+
 def write_report(report: dict, out: str | Path, figure: bool = True) -> list[Path]:
     """Write ``quant_report.json`` (strict JSON) and ``quant_report.png`` into ``out``.
 
@@ -398,41 +402,10 @@ def write_report(report: dict, out: str | Path, figure: bool = True) -> list[Pat
     path.write_text(json.dumps(_strict(report), indent=2, allow_nan=False) + "\n")
     files = [path]
     if figure and report.get("quantizers"):
-        files.append(_plot(report["quantizers"], out / "quant_report.png"))
+        from nbqat.train.plots import plot_quantizers
+
+        files.append(plot_quantizers(report["quantizers"], out / "quant_report.png", PLOT_TOP))
     return files
-
-
-#: Quantizers drawn in quant_report.png (the worst by SQNR; the JSON has them all).
-PLOT_TOP = 25
-
-
-def _plot(rows: list[dict], path: Path, top: int = PLOT_TOP) -> Path:
-    """SQNR and saturation of the ``top`` worst quantizers (lowest SQNR first)."""
-    from matplotlib.patches import Patch
-
-    from nbqat.train.plots import _esc, _figure, _save
-
-    rows = [r for r in rows if r["values"]]
-    sq = np.array([np.nan if r["sqnr_db"] is None else r["sqnr_db"] for r in rows], np.float64)
-    sq[~np.isfinite(sq)] = np.nan
-    order = np.argsort(np.where(np.isnan(sq), np.inf, sq), kind="stable")[:top][::-1]
-    fig = _figure(11, 0.28 * len(order) + 1.8)
-    ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    names = [_esc(rows[i]["name"].replace("_fake_quant", "")) for i in order]
-    colors = ["tab:orange" if rows[i]["kind"] == "weight" else "tab:blue" for i in order]
-    y = np.arange(len(order))
-    ax1.barh(y, np.nan_to_num(sq[order], nan=0.0), color=colors)
-    ax1.set_yticks(y, names, fontsize=7)
-    ax1.set_xlabel("SQNR (dB, higher is better)")
-    ax2.barh(y, [100.0 * (rows[i]["saturated_fraction"] or 0.0) for i in order], color=colors)
-    ax2.set_yticks(y, [""] * len(y))
-    ax2.set_xlabel("saturated values (%)")
-    handles = [Patch(color="tab:orange", label="weight"), Patch(color="tab:blue",
-                                                                label="activation")]  # fmt: skip
-    ax2.legend(handles=handles, loc="lower right", fontsize=8)
-    fig.suptitle(f"The {len(order)} quantizers with the lowest SQNR (of {len(rows)}; all in "
-                 "quant_report.json)")  # fmt: skip
-    return _save(fig, path)
 
 
 def from_run(r: Any, test: Any) -> dict:

@@ -63,22 +63,8 @@ def _format_line(wf: dict, qr: dict) -> str:
                    f"{', '.join(kept)}" if kept else "")  # fmt: skip
 
 
-def summary_table(metrics: dict, timings: dict) -> str:
-    """The q-risk table, the comparisons, gradient-norm and timing lines of a finished run.
-
-    Parameters
-    ----------
-    metrics : dict
-        metrics.json's content.
-    timings : dict
-        timings.json's content (``phases_s``).
-
-    Returns
-    -------
-    str
-    """
-    qr = metrics["q_risk_test"]
-    fmt = metrics.get("weight_format", {}).get("name", "int8")  # --weight-bits / --weight-dtype
+def _q_risk_lines(qr: dict, fmt: str) -> list[str]:
+    """The q-risk table: a row per model (P10, P50, P90), the baselines first."""
     rows = [
         ("seasonal naive", qr["seasonal_naive"]),
         ("ridge (tuned)", qr["ridge"]),
@@ -97,11 +83,15 @@ def summary_table(metrics: dict, timings: dict) -> str:
     ]
     for name, v in rows:
         lines.append(f"{name:<18}{v['P10']:>9.4f}{v['P50']:>9.4f}{v['P90']:>9.4f}")
+    return lines
+
+
+def _comparison_lines(metrics: dict, fmt: str) -> list[str]:
+    """Float and QAT against the baselines (with the Diebold-Mariano p-values), and QAT / PTQ
+    against the equally fine-tuned float."""
     c = metrics["comparisons"]
-    if "ridge_tuning" in metrics:
-        lines.append(_ridge_tuning(metrics["ridge_tuning"]))
-    lines.append(_float_training(metrics["float"]))
     sig = metrics.get("significance", {})
+    lines = []
     for what, key in (("float", "float"), (f"QAT {fmt}", "int8")):
         naive_key = "float_vs_naive" if key == "float" else f"{key}_vs_naive"
         tests = [sig.get(f"{key}_vs_{b}_P50", {}) for b in ("naive", "ridge")]
@@ -120,8 +110,12 @@ def summary_table(metrics: dict, timings: dict) -> str:
         + f"; {fmt} vs float (early-stopped): "
         + f"{100 * c['int8_vs_float_P50_relative_diff']:+.1f}%"
     )
-    if "qat_int8" in qr:
-        lines.append(_format_line(metrics["weight_format"], qr))
+    return lines
+
+
+def _training_lines(metrics: dict) -> list[str]:
+    """Gradient norms of each phase and the --compare-clipping rows."""
+    lines = []
     g = metrics["grad_norm"]
     for ph in ("float", "qat"):
         if g[ph].get("steps"):
@@ -135,6 +129,12 @@ def summary_table(metrics: dict, timings: dict) -> str:
                 f"QAT {label:<9}: loss mean {v['loss']['mean']:.4f} std {v['loss']['std']:.4f} "
                 f"final {v['loss']['final']:.4f}; largest grad norm {v['largest_grad_norm']:.3f}"
             )
+    return lines
+
+
+def _data_and_report_lines(metrics: dict) -> list[str]:
+    """The data's repairs (--fill-gaps) and the quantization report's most sensitive modules."""
+    lines = []
     filled = metrics["data"].get("filled") or {}
     if filled:
         parts = [
@@ -155,6 +155,34 @@ def summary_table(metrics: dict, timings: dict) -> str:
             "flag / level columns repaired by carrying the last value (not interpolated): "
             + "; ".join(parts)
         )
+    return lines
+
+
+def summary_table(metrics: dict, timings: dict) -> str:
+    """The q-risk table, the comparisons, gradient-norm and timing lines of a finished run.
+
+    Parameters
+    ----------
+    metrics : dict
+        metrics.json's content.
+    timings : dict
+        timings.json's content (``phases_s``).
+
+    Returns
+    -------
+    str
+    """
+    qr = metrics["q_risk_test"]
+    fmt = metrics.get("weight_format", {}).get("name", "int8")  # --weight-bits / --weight-dtype
+    lines = _q_risk_lines(qr, fmt)
+    if "ridge_tuning" in metrics:
+        lines.append(_ridge_tuning(metrics["ridge_tuning"]))
+    lines.append(_float_training(metrics["float"]))
+    lines += _comparison_lines(metrics, fmt)
+    if "qat_int8" in qr:
+        lines.append(_format_line(metrics["weight_format"], qr))
+    lines += _training_lines(metrics)
+    lines += _data_and_report_lines(metrics)
     if "onnx_parity" in metrics:
         from nbqat.export import summary_lines
 
