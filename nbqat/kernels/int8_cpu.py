@@ -162,6 +162,44 @@ def tile_rows(v, n_cols):
     return np.tile(v, max(1, -(-256 // max(1, n_cols))))
 
 
+#: Rows per block of :func:`qlinear_f32_kernel`: the block's codes stay in the L2 cache.
+QLINEAR_BLOCK_ROWS = 256
+
+
+@cpu_kernel(parallel=False)
+def qlinear_f32_kernel(x, xq, wt, multiplier_t, bias_t, out):  # pragma: no cover
+    """The fast integer linear layer in one pass over blocks of :data:`QLINEAR_BLOCK_ROWS` rows.
+
+    Per block: the codes minus the zero point as float32 (:func:`quantize_rows_f32` with
+    ``xq = (inv_scale, zero_point, quant_min, quant_max)``) in a block-sized scratch, the exact
+    integer sums ``codes @ wt`` (float32 BLAS) into ``out``'s rows, requantized in place
+    (:func:`requantize_rows`): the result of the whole-matrix passes bit for bit (the sums are
+    exact in any order, :data:`F32_EXACT`), without a temporary of ``x``'s size.
+
+    Parameters
+    ----------
+    x : (M, K) float32, C-contiguous
+    xq : tuple (float32, int, int, int)
+    wt : (K, N) float32, ``(w_q - zp_w).T``
+    multiplier_t, bias_t : float64 and float32 tiled vectors (:func:`tile_rows`)
+    out : (M, N) float32, C-contiguous, written
+    """
+    inv, zp, qmin, qmax = xq
+    m = x.shape[0]
+    rows = min(m, QLINEAR_BLOCK_ROWS)
+    xf = np.empty((rows, x.shape[1]), np.float32)
+    acc = np.empty((rows, wt.shape[1]), np.float32)
+    for s in range(0, m, rows):
+        e = min(m, s + rows)
+        if e - s < rows:  # the last, shorter block
+            xf = xf[: e - s]
+            acc = acc[: e - s]
+        quantize_rows_f32(x[s:e], inv, zp, qmin, qmax, xf)
+        np.dot(xf, wt, acc)
+        requantize_rows(acc, multiplier_t, bias_t)
+        out[s:e] = acc
+
+
 #: Bound on ``K * max|x_q - zp_x| * max|w_q - zp_w|`` up to which float32 carries the integer
 #: sum exactly: every product and partial sum is then an integer of at most 2**24 in magnitude,
 #: so any summation order (a BLAS sgemm with FMA included) gives the exact integer sum.
