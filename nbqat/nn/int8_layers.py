@@ -12,6 +12,7 @@ import numpy as np
 from nbqat.kernels import nn_cpu
 from nbqat.kernels.int8_cpu import (
     F32_EXACT,
+    frozen_fake_quant_kernel,
     lstm_steps_kernel,
     qlinear_f32_kernel,
     qlinear_kernel,
@@ -260,5 +261,8 @@ class FrozenFakeQuantize:
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """``(clamp(rint(x / scale) + zp) - zp) * scale`` with the frozen qparams, float32."""
-        q = quantize_per_tensor(x, self.scale, self.zero_point, self.quant_min, self.quant_max)
-        return ((q - self.zero_point).astype(np.float32) * self.scale).astype(np.float32)
+        x32 = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty(x32.shape, np.float32)
+        qp = (self.scale, self.zero_point, self.quant_min, self.quant_max)
+        frozen_fake_quant_kernel(x32.reshape(-1), *qp, out.reshape(-1))
+        return out
