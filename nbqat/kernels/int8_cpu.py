@@ -203,16 +203,14 @@ def qlinear_f32_kernel(x, xq, wt, multiplier_t, bias_t, out):  # pragma: no cove
     m = x.shape[0]
     rows = min(m, QLINEAR_BLOCK_ROWS)
     xf = np.empty((rows, x.shape[1]), np.float32)
-    acc = np.empty((rows, wt.shape[1]), np.float32)
     for s in range(0, m, rows):
         e = min(m, s + rows)
         if e - s < rows:  # the last, shorter block
             xf = xf[: e - s]
-            acc = acc[: e - s]
         quantize_rows_f32(x[s:e], inv, zp, qmin, qmax, xf)
+        acc = out[s:e]  # contiguous rows of the C-contiguous out
         np.dot(xf, wt, acc)
         requantize_rows(acc, multiplier_t, bias_t)
-        out[s:e] = acc
 
 
 #: Bound on ``K * max|x_q - zp_x| * max|w_q - zp_w|`` up to which float32 carries the integer
