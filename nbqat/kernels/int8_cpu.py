@@ -201,7 +201,7 @@ def qlinear_f32_kernel(x, xq, wt, multiplier_t, bias_t, out):  # pragma: no cove
     """
     inv, zp, qmin, qmax = xq
     m = x.shape[0]
-    rows = min(m, QLINEAR_BLOCK_ROWS)
+    rows = max(1, min(m, QLINEAR_BLOCK_ROWS))  # 1 for an empty x: no block runs
     xf = np.empty((rows, x.shape[1]), np.float32)
     for s in range(0, m, rows):
         e = min(m, s + rows)
