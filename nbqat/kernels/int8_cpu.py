@@ -17,7 +17,10 @@ step on small arrays, where waking Numba's OpenMP pool costs more than the work 
   point as float32, a float32 matmul (BLAS), requantized in place. float32 carries the integer
   sum exactly while ``K * max|x - zp_x| * max|w - zp_w| <= 2**24`` (:data:`F32_EXACT`: uint8 x
   int8 codes up to K = 513), so the result is :func:`qlinear_kernel`'s bit for bit;
-  :func:`lstm_steps_kernel` runs a whole integer LSTM recurrence this way in one call.
+  :func:`qlinear_f32_kernel` runs the three in one call over blocks of rows (no temporary of
+  the input's size) and :func:`lstm_steps_kernel` a whole integer LSTM recurrence.
+* :func:`frozen_fake_quant_kernel` -- ``(codes - zero_point) * scale`` in one pass (the attention
+  probabilities' frozen fake quantization).
 """
 
 from __future__ import annotations
