@@ -5,8 +5,8 @@ results into caller-provided outputs; the Python layer classes validate and allo
 products are not here: they go through NumPy's BLAS in the layers. Transcendentals: a scalar libm
 call in a Numba loop is ~10x slower than NumPy's SIMD ufuncs, so the LSTM uses ``np.tanh`` between
 compiled passes, while the GLU and the ELU call the vectorisable :func:`vsigmoid` / :func:`vexpm1`
-(:mod:`nbqat.kernels.vmath_cpu`, re-exported here) inside their compiled passes. The LSTM cell kernels
-are in :mod:`nbqat.kernels.lstm_cpu` (re-exported here).
+(:mod:`nbqat.kernels.vmath_cpu`, re-exported here) inside their compiled passes. The LSTM cell
+kernels are in :mod:`nbqat.kernels.lstm_cpu` (re-exported here).
 
 Threading: every kernel here is compiled serial (``prange`` runs as ``range``; the loops keep the
 per-row ownership that makes them safe to parallelise). A training step calls them hundreds of times
