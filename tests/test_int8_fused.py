@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from ref_nn import observed_lstm
 
-from nbqat.kernels.int8_cpu import F32_EXACT
+from nbqat.kernels.int8_cpu import F32_EXACT, QLINEAR_BLOCK_ROWS
 from nbqat.nn import Linear, ParameterBuffer
-from nbqat.nn.int8 import Int8Linear, Int8LSTM
+from nbqat.nn.int8 import FrozenFakeQuantize, Int8Linear, Int8LSTM, quantize_per_tensor
 from nbqat.quantization.qconfig import default_qat_qconfig as qc
 
 
@@ -53,3 +53,25 @@ def test_fused_lstm_equals_step_by_step(rng):
     slow = i8.forward(xs, h0, c0)
     for a, b in zip((fast[0], *fast[1]), (slow[0], *slow[1]), strict=True):
         _same(a, b)
+
+
+@pytest.mark.parametrize(
+    "rows", [QLINEAR_BLOCK_ROWS - 1, QLINEAR_BLOCK_ROWS, 2 * QLINEAR_BLOCK_ROWS + 7]
+)
+def test_fast_linear_row_blocks(rng, rows):
+    i8 = _linear(rng, 16, 32)
+    x = (rng.standard_normal((rows, 16)) * 4).astype(np.float32)
+    fast = i8.forward(x)
+    i8._fused = False
+    _same(fast, i8.forward(x))
+
+
+def test_frozen_fake_quantize_is_the_codes_formula(rng):
+    fq = qc.activation()
+    fq.forward(rng.random((8, 16)).astype(np.float32))
+    ffq = FrozenFakeQuantize(fq, "p")
+    x = (rng.random((3, 4, 5, 7)) * 1.2 - 0.1).astype(np.float32)
+    x.reshape(-1)[:5] = [np.nan, np.inf, -np.inf, -0.0, 1e30]
+    q = quantize_per_tensor(x, ffq.scale, ffq.zero_point, ffq.quant_min, ffq.quant_max)
+    _same(ffq.forward(x), (q - ffq.zero_point).astype(np.float32) * ffq.scale)
+    _same(ffq.forward(x.astype(np.float64)), ffq.forward(x))

@@ -17,7 +17,10 @@ step on small arrays, where waking Numba's OpenMP pool costs more than the work 
   point as float32, a float32 matmul (BLAS), requantized in place. float32 carries the integer
   sum exactly while ``K * max|x - zp_x| * max|w - zp_w| <= 2**24`` (:data:`F32_EXACT`: uint8 x
   int8 codes up to K = 513), so the result is :func:`qlinear_kernel`'s bit for bit;
-  :func:`lstm_steps_kernel` runs a whole integer LSTM recurrence this way in one call.
+  :func:`qlinear_f32_kernel` runs the three in one call over blocks of rows (no temporary of
+  the input's size) and :func:`lstm_steps_kernel` a whole integer LSTM recurrence.
+* :func:`frozen_fake_quant_kernel` -- ``(codes - zero_point) * scale`` in one pass (the attention
+  probabilities' frozen fake quantization).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numpy as np
 from numba import prange
 
 from nbqat._jit import cpu_kernel
-from nbqat.kernels.fake_quant_formula import quantize_code
+from nbqat.kernels.fake_quant_formula import fake_quant_elem, quantize_code
 from nbqat.kernels.lstm_cpu import lstm_cell_forward
 
 
@@ -101,6 +104,21 @@ def qlinear_kernel(xq, zp_x, wq, multiplier, bias, wide, out):  # pragma: no cov
 
 
 @cpu_kernel(parallel=False)
+def frozen_fake_quant_kernel(x, scale, zero_point, quant_min, quant_max, out):  # pragma: no cover
+    """``out = (q - zero_point) * scale`` in float32 for the float32 vector ``x``, ``q`` the
+    codes of :func:`quantize_per_tensor_kernel` (``inv_scale = 1 / scale`` in float32): the
+    integer difference is exact in float32, so the one rounding is the product's, as in
+    ``((q - zp).astype(float32) * scale)``; one pass, no temporary."""
+    s = np.float32(scale)
+    inv = np.float32(1.0) / s
+    zp = np.float32(zero_point)
+    lo = np.float32(quant_min)
+    hi = np.float32(quant_max)
+    for i in range(np.uint64(x.size)):
+        out[i] = fake_quant_elem(x[i], s, inv, zp, lo, hi)[0]
+
+
+@cpu_kernel(parallel=False)
 def quantize_per_row_kernel(
     x, inv_scale, zero_point, quant_min, quant_max, out
 ):  # pragma: no cover
@@ -160,6 +178,42 @@ def requantize_rows(acc, multiplier_t, bias_t):  # pragma: no cover
 def tile_rows(v, n_cols):
     """``v`` (N,) tiled to cover at least 256 elements (whole rows): :func:`requantize_rows`."""
     return np.tile(v, max(1, -(-256 // max(1, n_cols))))
+
+
+#: Rows per block of :func:`qlinear_f32_kernel`: the block's codes stay in the L2 cache.
+QLINEAR_BLOCK_ROWS = 256
+
+
+@cpu_kernel(parallel=False)
+def qlinear_f32_kernel(x, xq, wt, multiplier_t, bias_t, out):  # pragma: no cover
+    """The fast integer linear layer in one pass over blocks of :data:`QLINEAR_BLOCK_ROWS` rows.
+
+    Per block: the codes minus the zero point as float32 (:func:`quantize_rows_f32` with
+    ``xq = (inv_scale, zero_point, quant_min, quant_max)``) in a block-sized scratch, the exact
+    integer sums ``codes @ wt`` (float32 BLAS) into ``out``'s rows, requantized in place
+    (:func:`requantize_rows`): the result of the whole-matrix passes bit for bit (the sums are
+    exact in any order, :data:`F32_EXACT`), without a temporary of ``x``'s size.
+
+    Parameters
+    ----------
+    x : (M, K) float32, C-contiguous
+    xq : tuple (float32, int, int, int)
+    wt : (K, N) float32, ``(w_q - zp_w).T``
+    multiplier_t, bias_t : float64 and float32 tiled vectors (:func:`tile_rows`)
+    out : (M, N) float32, C-contiguous, written
+    """
+    inv, zp, qmin, qmax = xq
+    m = x.shape[0]
+    rows = max(1, min(m, QLINEAR_BLOCK_ROWS))  # 1 for an empty x: no block runs
+    xf = np.empty((rows, x.shape[1]), np.float32)
+    for s in range(0, m, rows):
+        e = min(m, s + rows)
+        if e - s < rows:  # the last, shorter block
+            xf = xf[: e - s]
+        quantize_rows_f32(x[s:e], inv, zp, qmin, qmax, xf)
+        acc = out[s:e]  # contiguous rows of the C-contiguous out
+        np.dot(xf, wt, acc)
+        requantize_rows(acc, multiplier_t, bias_t)
 
 
 #: Bound on ``K * max|x_q - zp_x| * max|w_q - zp_w|`` up to which float32 carries the integer

@@ -20,6 +20,8 @@ def lstm_cell_forward(xg, hh, c_prev, gates, c, tc, h):
 
     ``a = xg + hh`` (B, 4d), ``i, f, o = sigmoid``, ``g = tanh``, ``c = f * c_prev + i * g``,
     ``h = o * tanh(c)``; writes ``gates`` (activated i, f, g, o), ``c``, ``tc`` = tanh(c), ``h``.
+    Per row, one loop per operation (the sums and products vectorise, each libm loop holds one
+    call), every element by the same float32 operations as a single fused loop.
     The float layer :class:`nbqat.nn.LSTM` uses :func:`nbqat.nn.layers.lstm.lstm_step` instead
     (NumPy's SIMD tanh for all four gates, equal to this to a few ulp).
     """
@@ -27,20 +29,30 @@ def lstm_cell_forward(xg, hh, c_prev, gates, c, tc, h):
     one = T(1.0)
     nb, d = c.shape
     for b in range(nb):
+        xr = xg[b]
+        hr = hh[b]
+        gr = gates[b]
+        for j in range(4 * d):
+            gr[j] = xr[j] + hr[j]
+        gi, gf, gg, go = _gate_blocks(gr, d)
         for j in range(d):
-            gi = one / (one + np.exp(-(xg[b, j] + hh[b, j])))
-            gf = one / (one + np.exp(-(xg[b, d + j] + hh[b, d + j])))
-            gg = np.tanh(xg[b, 2 * d + j] + hh[b, 2 * d + j])
-            go = one / (one + np.exp(-(xg[b, 3 * d + j] + hh[b, 3 * d + j])))
-            cc = gf * c_prev[b, j] + gi * gg
-            t = np.tanh(cc)
-            gates[b, j] = gi
-            gates[b, d + j] = gf
-            gates[b, 2 * d + j] = gg
-            gates[b, 3 * d + j] = go
-            c[b, j] = cc
-            tc[b, j] = t
-            h[b, j] = go * t
+            gi[j] = one / (one + np.exp(-gi[j]))
+        for j in range(d):
+            gf[j] = one / (one + np.exp(-gf[j]))
+        for j in range(d):
+            go[j] = one / (one + np.exp(-go[j]))
+        for j in range(d):
+            gg[j] = np.tanh(gg[j])
+        cp = c_prev[b]
+        cr = c[b]
+        tr = tc[b]
+        hrow = h[b]
+        for j in range(d):
+            cr[j] = gf[j] * cp[j] + gi[j] * gg[j]
+        for j in range(d):
+            tr[j] = np.tanh(cr[j])
+        for j in range(d):
+            hrow[j] = go[j] * tr[j]
 
 
 @cpu_kernel(parallel=False, inline="always")

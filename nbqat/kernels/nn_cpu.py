@@ -5,8 +5,8 @@ results into caller-provided outputs; the Python layer classes validate and allo
 products are not here: they go through NumPy's BLAS in the layers. Transcendentals: a scalar libm
 call in a Numba loop is ~10x slower than NumPy's SIMD ufuncs, so the LSTM uses ``np.tanh`` between
 compiled passes, while the GLU and the ELU call the vectorisable :func:`vsigmoid` / :func:`vexpm1`
-(:mod:`nbqat.kernels.vmath_cpu`, re-exported here) inside their one pass. The LSTM cell kernels
-are in :mod:`nbqat.kernels.lstm_cpu` (re-exported here).
+(:mod:`nbqat.kernels.vmath_cpu`, re-exported here) inside their compiled passes. The LSTM cell
+kernels are in :mod:`nbqat.kernels.lstm_cpu` (re-exported here).
 
 Threading: every kernel here is compiled serial (``prange`` runs as ``range``; the loops keep the
 per-row ownership that makes them safe to parallelise). A training step calls them hundreds of times
@@ -86,25 +86,27 @@ def bias_add(y, b):  # (N, C) in place, (C,)
 # ---------------------------------------------------------------------------------------------
 @cpu_kernel(parallel=False)
 def elu_forward(x, bias, has_bias, ctx, has_ctx, steps, y):  # (N, C) in place -> y (N, C)
-    """ELU's forward in one pass, with the preceding additions fused in:
-    ``x[r] += bias`` (if ``has_bias``) ``+ ctx[r // steps]`` (if ``has_ctx``; a (B, C) static
-    context broadcast over ``steps`` rows per batch element), then ``y = x if x > 0 else
-    expm1(x)`` (:func:`vexpm1`, vectorised). ``x`` keeps the pre-activation
-    for backward."""
+    """ELU's forward with the preceding additions fused in: ``x[r] += bias`` (if ``has_bias``)
+    ``+ ctx[r // steps]`` (if ``has_ctx``; a (B, C) static context broadcast over ``steps`` rows
+    per batch element), then ``y = x if x > 0 else expm1(x)`` (:func:`vexpm1`) in one flat loop,
+    which vectorises for any C (a row of 16 would leave it to the scalar remainder; the
+    element results do not depend on the path). ``x`` keeps the pre-activation for backward."""
     n, c = x.shape
-    for r in range(n):
-        xr = x[r]
-        if has_bias:
-            for j in range(c):
-                xr[j] += bias[j]
-        if has_ctx:
-            cr = ctx[r // steps]
-            for j in range(c):
-                xr[j] += cr[j]
-        yr = y[r]
-        for j in range(c):
-            v = xr[j]
-            yr[j] = v if v > 0 else vexpm1(v)
+    if has_bias or has_ctx:
+        for r in range(n):
+            xr = x[r]
+            if has_bias:
+                for j in range(c):
+                    xr[j] += bias[j]
+            if has_ctx:
+                cr = ctx[r // steps]
+                for j in range(c):
+                    xr[j] += cr[j]
+    xf = x.reshape(-1)
+    yf = y.reshape(-1)
+    for i in range(np.uint64(xf.size)):
+        v = xf[i]
+        yf[i] = v if v > 0 else vexpm1(v)
 
 
 @cpu_kernel(parallel=False)

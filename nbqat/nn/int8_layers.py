@@ -12,10 +12,10 @@ import numpy as np
 from nbqat.kernels import nn_cpu
 from nbqat.kernels.int8_cpu import (
     F32_EXACT,
+    frozen_fake_quant_kernel,
     lstm_steps_kernel,
+    qlinear_f32_kernel,
     qlinear_kernel,
-    quantize_rows_f32,
-    requantize_rows,
     tile_rows,
 )
 from nbqat.nn.int8_arith import (
@@ -157,13 +157,12 @@ class Int8Linear:
         (..., N) float32. ``add_bias=False`` leaves the bias out (the float
         :class:`~nbqat.nn.Linear`'s option, used by the GRN, which adds it in its ELU pass)."""
         lead = x.shape[:-1]
-        if self._fused:  # codes - zp in float32, exact integer sums (BLAS), requantize in place
+        if self._fused:  # codes - zp in float32, exact integer sums (BLAS), by row blocks
             x2 = np.ascontiguousarray(np.reshape(x, (-1, self.in_features)), dtype=np.float32)
-            xf = np.empty_like(x2)
-            quantize_rows_f32(x2, *self._xq, xf)
-            acc = np.matmul(xf, self._wt)  # numpy's BLAS: faster than Numba's np.dot at large M
-            requantize_rows(acc, self._tiled[0], self._tiled[1 if add_bias else 2])
-            return acc.reshape(*lead, self.out_features)
+            out = np.empty((x2.shape[0], self.out_features), np.float32)
+            b = self._tiled[1 if add_bias else 2]
+            qlinear_f32_kernel(x2, self._xq, self._wt, self._tiled[0], b, out)
+            return out.reshape(*lead, self.out_features)
         b = self.bias if add_bias else self._zero_b
         xq = self.quantize_input(np.reshape(x, (-1, self.in_features)))
         return self.matmul_codes(xq, b).reshape(*lead, self.out_features)
@@ -262,5 +261,8 @@ class FrozenFakeQuantize:
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """``(clamp(rint(x / scale) + zp) - zp) * scale`` with the frozen qparams, float32."""
-        q = quantize_per_tensor(x, self.scale, self.zero_point, self.quant_min, self.quant_max)
-        return ((q - self.zero_point).astype(np.float32) * self.scale).astype(np.float32)
+        x32 = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty(x32.shape, np.float32)
+        qp = (self.scale, self.zero_point, self.quant_min, self.quant_max)
+        frozen_fake_quant_kernel(x32.reshape(-1), *qp, out.reshape(-1))
+        return out
