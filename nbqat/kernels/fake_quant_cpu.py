@@ -150,6 +150,19 @@ def ste_backward_inplace_kernel(grad, mask):  # pragma: no cover
         grad[i] = ste_elem(grad[i], mask[i], one, zero)
 
 
+@cpu_kernel(parallel=False, inline="always")
+def lsq_span(x, grad_y, grad_x, lo, hi, s, iv, z, qmin, qmax, gf, a, b):  # pragma: no cover
+    """:func:`~nbqat.kernels.fake_quant_formula.lsq_terms` of the elements ``[lo, hi)``: writes
+    their ``grad_x`` and returns ``(a, b)`` with their dS and dZ terms added one by one (float64,
+    in index order)."""
+    for i in range(lo, hi):
+        dx, ds, dz = lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf)
+        grad_x[i] = dx
+        a += ds
+        b += dz
+    return a, b
+
+
 @cpu_kernel(parallel=True)
 def lsq_tensor_backward_kernel(
     x, grad_y, grad_x, scale, inv, zp, qmin, qmax, gf
@@ -172,13 +185,8 @@ def lsq_tensor_backward_kernel(
     nch = (n + LSQ_CHUNK - 1) // LSQ_CHUNK
     part = np.zeros((nch, 2), np.float64)
     for j in prange(nch):
-        a = 0.0
-        b = 0.0
-        for i in range(j * LSQ_CHUNK, min(n, (j + 1) * LSQ_CHUNK)):
-            dx, ds, dz = lsq_terms(x, grad_y, i, scale, inv, zp, qmin, qmax, gf)
-            grad_x[i] = dx
-            a += ds
-            b += dz
+        lo, hi = j * LSQ_CHUNK, min(n, (j + 1) * LSQ_CHUNK)
+        a, b = lsq_span(x, grad_y, grad_x, lo, hi, scale, inv, zp, qmin, qmax, gf, 0.0, 0.0)
         part[j, 0] = a
         part[j, 1] = b
     ts = 0.0
@@ -220,13 +228,8 @@ def lsq_channel_backward_kernel(
             a = 0.0
             b = 0.0
             for o in range(outer):
-                base = (o * channels + c) * inner
-                for k in range(inner):
-                    i = base + k
-                    dx, ds, dz = lsq_terms(x, grad_y, i, s, iv, z, qmin, qmax, gf)
-                    grad_x[i] = dx
-                    a += ds
-                    b += dz
+                lo = (o * channels + c) * inner
+                a, b = lsq_span(x, grad_y, grad_x, lo, lo + inner, s, iv, z, qmin, qmax, gf, a, b)
             res[c, 0] = a
             res[c, 1] = b
     else:
@@ -236,7 +239,7 @@ def lsq_channel_backward_kernel(
             for o in range(j * rows_per_chunk, min(outer, (j + 1) * rows_per_chunk)):
                 for c in range(channels):
                     base = (o * channels + c) * inner
-                    for k in range(inner):
+                    for k in range(inner):  # short rows: the sums stay in the partials
                         i = base + k
                         dx, ds, dz = lsq_terms(
                             x, grad_y, i, scale[c], inv[c], zp[c], qmin, qmax, gf

@@ -28,6 +28,7 @@ from nbqat.kernels.lowbit_formula import (
     float8_scale,
     max_nan,
     min_nan,
+    unit_span,
     zp_to_int32,
 )
 
@@ -35,13 +36,29 @@ _inline = cpu_kernel(parallel=False, inline="always")
 
 
 @_inline
-def unit_span(u, P, G, Cp):  # pragma: no cover
-    """``(j, a, b)``: unit ``u`` of a row is segment ``j``'s span ``[a, b)`` of the row."""
-    if P == 1:
-        return u, u * G, u * G + G
-    j = u // P
-    a = j * G + (u - j * P) * Cp
-    return j, a, min(a + Cp, j * G + G)
+def item_units(it, geo):  # pragma: no cover
+    """``(r, u0, u1)``: item ``it`` of a kernel's ``prange(rows * ni)`` is the units ``u0`` to
+    ``u1 - 1`` of row ``r`` (``m`` units an item)."""
+    L, G, nseg, P, Cp, m, ni, rows = geo
+    r = it // ni
+    u0 = (it - r * ni) * m
+    return r, u0, min(nseg * P, u0 + m)
+
+
+@_inline
+def unit_of(r, u, geo):  # pragma: no cover
+    """``(j, a, b)``: unit ``u`` of row ``r`` is segment ``j``'s elements ``[a, b)`` of the
+    flat ``x`` (:func:`~nbqat.kernels.lowbit_formula.unit_span` offset by the row)."""
+    L, G, nseg, P, Cp, m, ni, rows = geo
+    j, a, b = unit_span(u, P, G, Cp)
+    return j, r * L + a, r * L + b
+
+
+@_inline
+def unit_block(r, u, geo, rows_map):  # pragma: no cover
+    """``(k, a, b)``: :func:`unit_of` with the segment's block ``k = rows_map[r] * nseg + j``."""
+    j, a, b = unit_of(r, u, geo)
+    return rows_map[r] * geo[2] + j, a, b
 
 
 @_inline
@@ -124,18 +141,15 @@ def unit_minmax_kernel(x, geo, absmax):  # pragma: no cover
     -------
     (rows * nseg * P, 2) float32
     """
-    L, G, nseg, P, Cp, m, ni, rows = geo
-    nunits = nseg * P
+    nunits, ni, rows = geo[2] * geo[3], geo[6], geo[7]
     part = np.empty((rows * nunits, 2), np.float32)
     for it in prange(rows * ni):
-        r = it // ni
-        u0 = (it - r * ni) * m
-        base = r * L
-        for u in range(u0, min(nunits, u0 + m)):
-            j, a, b = unit_span(u, P, G, Cp)
+        r, u0, u1 = item_units(it, geo)
+        for u in range(u0, u1):
+            _, a, b = unit_of(r, u, geo)
             mn = np.float32(np.inf)
             mx = np.float32(-np.inf)
-            for i in range(base + a, base + b):
+            for i in range(a, b):
                 v = abs(x[i]) if absmax else x[i]
                 mn = min_nan(mn, v)
                 mx = max_nan(mx, v)
@@ -145,20 +159,35 @@ def unit_minmax_kernel(x, geo, absmax):  # pragma: no cover
 
 
 @cpu_kernel(parallel=False)
-def merge_minmax(part, rows_map, geo, nblocks):  # pragma: no cover
-    """Merge per-unit ``(min, max)`` partials into (nblocks, 2) float32, in unit order."""
+def merge_units(part, rows_map, geo, nblocks, sums):  # pragma: no cover
+    """Merge the per-unit partials ``part`` (rows * nseg * P, c) into (nblocks, c) of
+    ``part``'s dtype, serially in unit order: sums when ``sums``, else NaN-propagating
+    ``(min, max)`` (c = 2)."""
     L, G, nseg, P, Cp, m, ni, rows = geo
     nunits = nseg * P
-    res = np.empty((nblocks, 2), np.float32)
-    res[:, 0] = np.inf
-    res[:, 1] = -np.inf
+    c = part.shape[1]
+    res = np.zeros((nblocks, c), part.dtype)
+    if not sums:
+        res[:, 0] = np.inf
+        res[:, 1] = -np.inf
     for r in range(rows):
         fb = rows_map[r] * nseg
         for u in range(nunits):
             k = fb + (u if P == 1 else u // P)
-            res[k, 0] = min_nan(res[k, 0], part[r * nunits + u, 0])
-            res[k, 1] = max_nan(res[k, 1], part[r * nunits + u, 1])
+            t = r * nunits + u
+            if sums:
+                for i in range(c):
+                    res[k, i] += part[t, i]
+            else:
+                res[k, 0] = min_nan(res[k, 0], part[t, 0])
+                res[k, 1] = max_nan(res[k, 1], part[t, 1])
     return res
+
+
+def merge_minmax(part, rows_map, geo, nblocks):
+    """Merge per-unit ``(min, max)`` partials into (nblocks, 2) float32, in unit order
+    (:func:`merge_units`)."""
+    return merge_units(part, rows_map, geo, nblocks, False)
 
 
 @cpu_kernel(parallel=True)
@@ -190,22 +219,17 @@ def affine_backward_kernel(
         Per block ``(dscale, dzero_point)``: float64 sums per unit merged in unit order, then
         :func:`nbqat.kernels.lowbit_formula.affine_grad_block`.
     """
-    L, G, nseg, P, Cp, m, ni, rows = geo
-    nunits = nseg * P
+    nunits, ni, rows = geo[2] * geo[3], geo[6], geo[7]
     part = np.empty((rows * nunits, 3), np.float64)
     for it in prange(rows * ni):
-        r = it // ni
-        u0 = (it - r * ni) * m
-        base = r * L
-        fb = rows_map[r] * nseg
-        for u in range(u0, min(nunits, u0 + m)):
-            j, a, b = unit_span(u, P, G, Cp)
-            k = fb + j
+        r, u0, u1 = item_units(it, geo)
+        for u in range(u0, u1):
+            k, a, b = unit_block(r, u, geo, rows_map)
             sk, ik, zk = s[k], inv[k], z[k]
             sa = 0.0
             sb = 0.0
             sc = 0.0
-            for i in range(base + a, base + b):
+            for i in range(a, b):
                 dx, ta, tb, tc = affine_grad_elem(x[i], grad_y[i], sk, ik, zk, qmin, qmax)
                 grad_x[i] = dx
                 sa += np.float64(ta)
@@ -214,15 +238,8 @@ def affine_backward_kernel(
             part[r * nunits + u, 0] = sa
             part[r * nunits + u, 1] = sb
             part[r * nunits + u, 2] = sc
-    nb = s.size
-    acc = np.zeros((nb, 3), np.float64)
-    for r in range(rows):
-        fb = rows_map[r] * nseg
-        for u in range(nunits):
-            k = fb + (u if P == 1 else u // P)
-            for c in range(3):
-                acc[k, c] += part[r * nunits + u, c]
-    res = np.empty((nb, 2), np.float32)
-    for k in range(nb):
+    acc = merge_units(part, rows_map, geo, s.size, True)
+    res = np.empty((s.size, 2), np.float32)
+    for k in range(s.size):
         res[k, 0], res[k, 1] = affine_grad_block(acc[k, 0], acc[k, 1], acc[k, 2], inv[k])
     return res

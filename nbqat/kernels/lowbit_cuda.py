@@ -29,7 +29,7 @@ from nbqat.kernels import observer_formula as _of
 _SUMS = "per-unit LSQ sums accumulated in float64, merged in a fixed order (deterministic)"
 FLOAT64_USE = {
     "backward_units_kernel": (96, _SUMS),  # 84 with NVVM 12.9: the sum loop unrolled
-    "merge_grad_kernel": (8, _SUMS),
+    "merge_units_kernel": (8, _SUMS),
     "grad_block_kernel": (8, "the float64 block sums rounded once to float32"),
 }
 
@@ -47,14 +47,7 @@ _zp_int = _df(_fm.zp_to_int32)
 _round8 = _df(_fm.round_float8, f32_bits=_h["f32_bits"], bits_f32=_h["bits_f32"])
 _float8 = _df(_fm.float8_elem, round_float8=_round8, clamp_nan=_clamp)
 _f8scale = _df(_fm.float8_scale, clamp_nan=_clamp)
-
-
-@cuda.jit(device=True, inline="always")
-def _unit_span(u, P, G, Cp):  # pragma: no cover
-    """``(j, a, b)`` of unit ``u`` of a row (:func:`nbqat.kernels.lowbit_cpu.unit_span`)."""
-    j = u // P
-    a = j * G + (u - j * P) * Cp
-    return j, a, min(a + Cp, j * G + G)
+_unit_span = _df(_fm.unit_span)
 
 
 @cuda.jit
@@ -103,8 +96,10 @@ def unit_minmax_kernel(x, L, G, nseg, P, Cp, absmax, part):  # pragma: no cover
 
 
 @cuda.jit
-def merge_minmax_kernel(part, rows_map, nseg, P, res):  # pragma: no cover
-    """One thread per segment column: merge its units into res (nblocks, 2), row order."""
+def merge_units_kernel(part, rows_map, nseg, P, res, sums):  # pragma: no cover
+    """One thread per segment column: merge its units' partials ``part`` (units, c) into
+    ``res`` (nblocks, c) in row order (the CPU merge order): sums when ``sums``, else
+    NaN-propagating (min, max) (c = 2)."""
     nunits = nseg * P
     rows = part.shape[0] // nunits
     for j in range(cuda.grid(1), nseg, cuda.gridsize(1)):
@@ -112,8 +107,12 @@ def merge_minmax_kernel(part, rows_map, nseg, P, res):  # pragma: no cover
             k = rows_map[r] * nseg + j
             for p in range(P):
                 t = r * nunits + j * P + p
-                res[k, 0] = _min(res[k, 0], part[t, 0])
-                res[k, 1] = _max(res[k, 1], part[t, 1])
+                if sums:
+                    for c in range(part.shape[1]):
+                        res[k, c] += part[t, c]
+                else:
+                    res[k, 0] = _min(res[k, 0], part[t, 0])
+                    res[k, 1] = _max(res[k, 1], part[t, 1])
 
 
 @cuda.jit
@@ -154,20 +153,6 @@ def backward_units_kernel(
         part[t, 0] = sa
         part[t, 1] = sb
         part[t, 2] = sc
-
-
-@cuda.jit
-def merge_grad_kernel(part, rows_map, nseg, P, acc):  # pragma: no cover
-    """One thread per segment column: sum its units' (a, b, c) into acc (nblocks, 3)."""
-    nunits = nseg * P
-    rows = part.shape[0] // nunits
-    for j in range(cuda.grid(1), nseg, cuda.gridsize(1)):
-        for r in range(rows):
-            k = rows_map[r] * nseg + j
-            for p in range(P):
-                t = r * nunits + j * P + p
-                for c in range(3):
-                    acc[k, c] += part[t, c]
 
 
 @cuda.jit
@@ -247,7 +232,7 @@ def _block_minmax(x, b, absmax):
     init = np.empty((b.nblocks, 2), np.float32)
     init[:, 0], init[:, 1] = np.inf, -np.inf
     res = cuda.to_device(init)
-    _launch(merge_minmax_kernel, nseg, part, cuda.to_device(b.rows_map), nseg, P, res)
+    _launch(merge_units_kernel, nseg, part, cuda.to_device(b.rows_map), nseg, P, res, False)
     return res
 
 
@@ -290,6 +275,6 @@ def affine_backward(g, x, b, s, inv, z, qmin, qmax):
         rm, sd, ivd, zd, L, G, nseg, P, Cp, T(qmin), T(qmax), part,
     )  # fmt: skip
     acc = cuda.to_device(np.zeros((b.nblocks, 3), np.float64))
-    _launch(merge_grad_kernel, nseg, part, rm, nseg, P, acc)
+    _launch(merge_units_kernel, nseg, part, rm, nseg, P, acc, True)
     _launch(grad_block_kernel, b.nblocks, acc, ivd, ds, dz)
     return gx, ds, dz

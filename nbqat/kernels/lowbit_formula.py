@@ -90,6 +90,17 @@ def clamp_nan(v, lo, hi):  # pragma: no cover
     return hi if w > hi else w
 
 
+@_inline
+def unit_span(u, P, G, Cp):  # pragma: no cover
+    """``(j, a, b)``: unit ``u`` of a row is segment ``j``'s span ``[a, b)`` of the row (the
+    unit geometry of :mod:`nbqat.quantization._blocks`, for the CPU kernels and the CUDA twins)."""
+    if P == 1:
+        return u, u * G, u * G + G
+    j = u // P
+    a = j * G + (u - j * P) * Cp
+    return j, a, min(a + Cp, j * G + G)
+
+
 # ------------------------------------------------------------------------------------- affine
 @_inline
 def affine_elem(xi, s, inv, z, qmin, qmax):  # pragma: no cover

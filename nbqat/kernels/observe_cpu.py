@@ -65,7 +65,8 @@ def order_key(w):  # pragma: no cover
 
 
 def widen(w):  # pragma: no cover - compiled through the overload below
-    """int32 bits of a float32 as they are, int16 bits of a float16 shifted up 16 bits."""
+    """int32 bits of a float32 as they are, int16 bits of a float16 shifted up 16 bits (the
+    same for the unsigned integers of those widths: only the low 16 bits are shifted in)."""
     return np.int32(w)
 
 
@@ -95,18 +96,6 @@ def _unsigned_impl(w):  # pragma: no cover
     if isinstance(w, nbtypes.Integer) and w.bitwidth == 16:
         return lambda w: np.uint16(w)
     return lambda w: np.uint32(w)
-
-
-def signed(w):  # pragma: no cover - compiled through the overload below
-    """The inverse of :func:`unsigned`."""
-    return np.int32(w)
-
-
-@overload(signed, inline="always")
-def _signed_impl(w):  # pragma: no cover
-    if isinstance(w, nbtypes.Integer) and w.bitwidth == 16:
-        return lambda w: np.int16(w)
-    return lambda w: np.int32(w)
 
 
 @cpu_kernel(parallel=False)
@@ -144,7 +133,7 @@ def row_keys(b, start, stop, kmin, kmax):  # pragma: no cover
         smin = min(smin, w)
         smax = max(smax, w)
         umax = max(umax, unsigned(w))
-    lo, hi, neg = widen(smin), widen(smax), widen(signed(umax))
+    lo, hi, neg = widen(smin), widen(smax), widen(umax)
     top = order_key(hi if hi >= _Z else lo)
     bottom = order_key(neg if neg < _Z else lo)
     return np.int32(min(np.int32(kmin), bottom)), np.int32(max(np.int32(kmax), top))
