@@ -99,19 +99,12 @@ def affine_forward_kernel(
     qmin, qmax : float32
     with_mask : bool
     """
-    L, G, nseg, P, Cp, m, ni, rows = geo
-    nunits = nseg * P
-    for it in prange(rows * ni):
-        r = it // ni
-        u0 = (it - r * ni) * m
-        base = r * L
-        fb = rows_map[r] * nseg
-        for u in range(u0, min(nunits, u0 + m)):
-            j, a, b = unit_span(u, P, G, Cp)
-            k = fb + j
-            sl = slice(base + a, base + b)
-            mk = mask[sl] if with_mask else mask
-            affine_span(x[sl], out[sl], mk, s[k], inv[k], z[k], qmin, qmax, with_mask)
+    for it in prange(geo[7] * geo[6]):
+        r, u0, u1 = item_units(it, geo)
+        for u in range(u0, u1):
+            k, a, b = unit_block(r, u, geo, rows_map)
+            mk = mask[a:b] if with_mask else mask
+            affine_span(x[a:b], out[a:b], mk, s[k], inv[k], z[k], qmin, qmax, with_mask)
 
 
 @cpu_kernel(parallel=True)
@@ -119,18 +112,12 @@ def float8_forward_kernel(x, out, mask, rows_map, s, geo, fmt, with_mask):  # pr
     """Block-wise float8 fake quantization; ``s`` (nblocks,) float32, ``fmt`` the format id
     (:data:`nbqat.kernels.lowbit_formula.E4M3FN` / ``E5M2``); the rest as
     :func:`affine_forward_kernel`."""
-    L, G, nseg, P, Cp, m, ni, rows = geo
-    nunits = nseg * P
-    for it in prange(rows * ni):
-        r = it // ni
-        u0 = (it - r * ni) * m
-        base = r * L
-        fb = rows_map[r] * nseg
-        for u in range(u0, min(nunits, u0 + m)):
-            j, a, b = unit_span(u, P, G, Cp)
-            sl = slice(base + a, base + b)
-            mk = mask[sl] if with_mask else mask
-            float8_span(x[sl], out[sl], mk, s[fb + j], fmt, with_mask)
+    for it in prange(geo[7] * geo[6]):
+        r, u0, u1 = item_units(it, geo)
+        for u in range(u0, u1):
+            k, a, b = unit_block(r, u, geo, rows_map)
+            mk = mask[a:b] if with_mask else mask
+            float8_span(x[a:b], out[a:b], mk, s[k], fmt, with_mask)
 
 
 @cpu_kernel(parallel=True)
