@@ -218,11 +218,13 @@ class GroupFakeQuantize(_LowBitBase):
     group_size : int
         Input features sharing one scale (``G``; per channel where ``K % G != 0`` or
         ``K < G``).
-    quant_min, quant_max : int, default -8, 7
-        The code range (int4 signed).
-    mapping_type : {"symmetric", "asymmetric"}, default "symmetric"
-    eps : float, optional
-        Smallest scale (torchao's default for weights, ``2**-126``).
+    observer : type, default GroupAffineObserver
+        The observer class, built as ``observer(group_size, **observer_kwargs)`` (torch's
+        ``FakeQuantize(observer, **observer_kwargs)`` pattern).
+    **observer_kwargs
+        The observer's keywords: ``quant_min``, ``quant_max`` (default -8, 7: int4 signed),
+        ``mapping_type`` (default "symmetric"), ``eps`` (default torchao's for weights,
+        ``2**-126``); see :class:`GroupAffineObserver`.
 
     Attributes
     ----------
@@ -239,20 +241,15 @@ class GroupFakeQuantize(_LowBitBase):
     """
 
     def __init__(
-        self,
-        group_size: int,
-        quant_min: int = -8,
-        quant_max: int = 7,
-        mapping_type: str = "symmetric",
-        eps: float | None = None,
+        self, group_size: int, observer: Any = GroupAffineObserver, **observer_kwargs: Any
     ) -> None:
-        obs = GroupAffineObserver(group_size, quant_min, quant_max, mapping_type, eps)
+        obs = observer(group_size, **observer_kwargs)
         self.activation_post_process = obs  # type: ignore[assignment]
         self.group_size = obs.group_size
         self.quant_min, self.quant_max = obs.quant_min, obs.quant_max
         bits = int(np.ceil(np.log2(self.quant_max - self.quant_min + 1)))
         self.dtype = f"q{'u' if self.quant_min >= 0 else ''}int{bits}"
-        kind = "symmetric" if str(mapping_type).lower() == "symmetric" else "affine"
+        kind = "symmetric" if str(obs.mapping_type).lower() == "symmetric" else "affine"
         self.qscheme = f"per_group_{kind}"
         self.block_size: tuple[int, ...] | None = None
         self._init_flags()
