@@ -94,6 +94,12 @@ def make_model(name: str, w, futr, hist, seed: int, patience: int, max_steps: in
     return cls(**kw, **trainer)
 
 
+def rows_before(df, w, stop: np.ndarray):
+    """The rows of ``df`` before the global row ``stop[e]`` of each entity ``e``."""
+    lim = (stop - w.split_bounds["train"][:, 0])[df["unique_id"].astype(int).to_numpy()]
+    return df[df["ds"].to_numpy() < lim]
+
+
 def _columns(alias: str) -> list[str]:
     return [f"{alias}-lo-80", f"{alias}-median", f"{alias}-hi-80"]
 
@@ -114,9 +120,8 @@ def forecast(nf, df, w, alias: str) -> np.ndarray:
     """float64 (n_test, tau, 3), standardised: the fitted model at nbqat's test origins."""
     _, test_size = _test_sizes(w)
     first = w.split_bounds["train"][:, 0]
-    end = w.split_bounds["test"][:, 0] + test_size
-    keep = df["ds"].to_numpy() < (end - first)[df["unique_id"].astype(int).to_numpy()]
-    cv = nf.cross_validation(df=df[keep], use_fitted=True, n_windows=None,
+    cv = nf.cross_validation(df=rows_before(df, w, w.split_bounds["test"][:, 0] + test_size),
+                             use_fitted=True, n_windows=None,
                              test_size=test_size, step_size=w.eval_stride)  # fmt: skip
     cv = cv.sort_values(["unique_id", "cutoff", "ds"])
     ent = cv["unique_id"].astype(int).to_numpy()
@@ -153,10 +158,11 @@ def _last_step(model) -> int:
     return int(model.train_trajectories[-1][0]) + 1 if model.train_trajectories else 0
 
 
-def best_val(model) -> float | None:
-    """The best validation loss logged (neuralforecast keeps the last weights, not the best)."""
+def val_losses(model) -> tuple[float | None, float | None]:
+    """The best and the last validation loss logged (neuralforecast keeps the last weights,
+    not the best)."""
     v = [float(x) for _, x in model.valid_trajectories]
-    return min(v) if v else None
+    return (min(v), v[-1]) if v else (None, None)
 
 
 def _windows(a):
@@ -200,12 +206,10 @@ def main() -> int:
     w = _windows(a)
     df, futr, hist = frame(w)
     val_size, _ = _test_sizes(w)
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, load0 = time.perf_counter(), time.process_time(), os.getloadavg()[0]
     model = make_model(a.model, w, futr, hist, a.seed, a.patience, a.max_steps)
     nf = NeuralForecast(models=[model], freq=1)
-    train = df[df["ds"].to_numpy() < (w.split_bounds["test"][:, 0] - w.split_bounds["train"][:, 0])[
-        df["unique_id"].astype(int).to_numpy()]]  # fmt: skip
-    nf.fit(df=train, val_size=val_size)
+    nf.fit(df=rows_before(df, w, w.split_bounds["test"][:, 0]), val_size=val_size)
     fit_wall, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
     model = nf.models[0]
     pred_std = forecast(nf, df, w, a.model)
@@ -220,12 +224,12 @@ def main() -> int:
         "hist_exog": len(model.hist_exog_list), "steps_run": _last_step(model),
         "max_steps": model.hparams.get("max_steps"),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "val_loss_best": best_val(model),
-        "val_loss_last": float(model.valid_trajectories[-1][1]) if model.valid_trajectories else None,
+        "val_loss_best_last": val_losses(model),
         "q_risk_test": qr,
         "q_risk_test_seasonal_naive": q_risk(seasonal_naive_forecast(w.test)[0], y, QUANTILES),
-        "fit_wall_s": round(fit_wall, 1), "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-        "torch_threads": torch.get_num_threads(), "load_avg": os.getloadavg()[0],
+        "fit_wall_s": round(fit_wall, 1), "fit_cpu_s": round(fit_cpu, 1),
+        "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "torch_threads": torch.get_num_threads(),
+        "load_avg_start_end": (load0, os.getloadavg()[0]),
     }  # fmt: skip
     if a.check:
         out["check_cut_max_abs_diff"] = check_cut(nf, df, w, a.model, pred_std)
