@@ -19,8 +19,6 @@ step on small arrays, where waking Numba's OpenMP pool costs more than the work 
   int8 codes up to K = 513), so the result is :func:`qlinear_kernel`'s bit for bit;
   :func:`qlinear_f32_kernel` runs the three in one call over blocks of rows (no temporary of
   the input's size) and :func:`lstm_steps_kernel` a whole integer LSTM recurrence.
-* :func:`frozen_fake_quant_kernel` -- ``(codes - zero_point) * scale`` in one pass (the attention
-  probabilities' frozen fake quantization).
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ import numpy as np
 from numba import prange
 
 from nbqat._jit import cpu_kernel
-from nbqat.kernels.fake_quant_formula import fake_quant_elem, quantize_code
+from nbqat.kernels.fake_quant_formula import quantize_code
 from nbqat.kernels.lstm_cpu import lstm_cell_forward
 
 
@@ -101,21 +99,6 @@ def qlinear_kernel(xq, zp_x, wq, multiplier, bias, wide, out):  # pragma: no cov
                 for k in range(K):
                     acc = np.int32(acc + np.int32((xq[m, k] - zp_x) * wq[n, k]))
                 out[m, n] = requantize(acc, multiplier[n], bias[n])
-
-
-@cpu_kernel(parallel=False)
-def frozen_fake_quant_kernel(x, scale, zero_point, quant_min, quant_max, out):  # pragma: no cover
-    """``out = (q - zero_point) * scale`` in float32 for the float32 vector ``x``, ``q`` the
-    codes of :func:`quantize_per_tensor_kernel` (``inv_scale = 1 / scale`` in float32): the
-    integer difference is exact in float32, so the one rounding is the product's, as in
-    ``((q - zp).astype(float32) * scale)``; one pass, no temporary."""
-    s = np.float32(scale)
-    inv = np.float32(1.0) / s
-    zp = np.float32(zero_point)
-    lo = np.float32(quant_min)
-    hi = np.float32(quant_max)
-    for i in range(np.uint64(x.size)):
-        out[i] = fake_quant_elem(x[i], s, inv, zp, lo, hi)[0]
 
 
 @cpu_kernel(parallel=False)

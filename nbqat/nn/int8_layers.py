@@ -9,10 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from nbqat._jit import threads_for
 from nbqat.kernels import nn_cpu
+from nbqat.kernels.fake_quant_cpu import fq_tensor_kernel
 from nbqat.kernels.int8_cpu import (
     F32_EXACT,
-    frozen_fake_quant_kernel,
     lstm_steps_kernel,
     qlinear_f32_kernel,
     qlinear_kernel,
@@ -243,6 +244,9 @@ class Int8LSTM:
         return out, (hs[nl - 1].copy(), cs[nl - 1].copy())
 
 
+_NO_MASK = np.zeros(1, np.bool_)  # fq_tensor_kernel's dummy mask
+
+
 class FrozenFakeQuantize:
     """Per-tensor fake quantization with fixed qparams (the attention probabilities).
 
@@ -263,6 +267,10 @@ class FrozenFakeQuantize:
         """``(clamp(rint(x / scale) + zp) - zp) * scale`` with the frozen qparams, float32."""
         x32 = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty(x32.shape, np.float32)
-        qp = (self.scale, self.zero_point, self.quant_min, self.quant_max)
-        frozen_fake_quant_kernel(x32.reshape(-1), *qp, out.reshape(-1))
+        T = np.float32
+        s, z, lo, hi = T(self.scale), T(self.zero_point), T(self.quant_min), T(self.quant_max)
+        with threads_for(x32.size):  # the public per-tensor kernel (one thread on small inputs)
+            fq_tensor_kernel(
+                x32.reshape(-1), out.reshape(-1), _NO_MASK, s, T(1) / s, z, lo, hi, False
+            )
         return out
