@@ -115,9 +115,25 @@ def test_two_processes_equal_one_process(one, two):
             np.testing.assert_allclose(b[k], a[k], rtol=1e-4, err_msg=k)
         else:
             assert np.all(np.abs(b[k].astype(np.int64) - a[k].astype(np.int64)) <= 1), k
-    # Adam magnifies a rounding difference in a near-zero gradient (docs/distributed.md)
+    _close_adam_params(m1, _state(one), a, b)
+
+
+def _close_adam_params(metrics: dict, state: dict, a: dict, b: dict) -> None:
+    """Parameters after the Adam steps of a 1-process (``a``) and a 2-process (``b``) run.
+
+    Adam magnifies a rounding difference in a near-zero gradient (docs/distributed.md): such a
+    component can move by up to one step size (the learning rate) per step in one run and not in
+    the other. So nearly all parameters agree to 1e-4 relative, and every one within the sum of
+    the step sizes; a gradient-sync bug moves most of them (measured: 0 to 3 of 9834 outside
+    1e-4, at most 5.3e-5 apart, on different machines and BLAS builds).
+    """
     k = "/state/__dict__/model/__dict__/params"
-    np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5)
+    close = np.isclose(b[k], a[k], rtol=1e-4, atol=1e-5)
+    assert close.mean() >= 0.99, f"{np.count_nonzero(~close)} of {close.size} parameters differ"
+    cfg, steps = metrics["config"], {ph: len(v) for ph, v in state["step_losses"].items()}
+    assert steps["float"] > 0 and steps["qat"] > 0, steps
+    bound = cfg["lr"] * steps["float"] + cfg["qat_lr"] * steps["qat"]
+    np.testing.assert_array_less(np.abs(b[k] - a[k]), bound)
 
 
 def test_two_process_runs_repeat_bit_for_bit(two, tmp_path):
