@@ -107,12 +107,18 @@ def fq_channel_kernel(
                 for c in range(channels):
                     yr[c] = fake_quant_elem(xr[c], scale[c], inv[c], zp[c], qmin, qmax)[0]
     else:
-        for row in prange(outer * channels):
-            c = row % channels
-            base = row * inner
-            sl = slice(base, base + inner)
-            mr = mask[sl] if with_mask else mask
-            fq_span(x[sl], out[sl], mr, scale[c], inv[c], zp[c], qmin, qmax, with_mask)
+        # the mask test outside the span, with a constant flag: a mask view chosen per row
+        # keeps short rows from vectorising (nbqat.kernels.lowbit_cpu.affine_forward_kernel)
+        if with_mask:
+            for row in prange(outer * channels):
+                c = row % channels
+                sl = slice(row * inner, row * inner + inner)
+                fq_span(x[sl], out[sl], mask[sl], scale[c], inv[c], zp[c], qmin, qmax, True)
+        else:
+            for row in prange(outer * channels):
+                c = row % channels
+                sl = slice(row * inner, row * inner + inner)
+                fq_span(x[sl], out[sl], mask, scale[c], inv[c], zp[c], qmin, qmax, False)
 
 
 @cpu_kernel(parallel=True)

@@ -99,12 +99,19 @@ def affine_forward_kernel(
     qmin, qmax : float32
     with_mask : bool
     """
+    # The mask test sits outside the unit loop, with a constant flag for the span: a mask view
+    # chosen per unit (``mask[a:b] if with_mask else mask``) kept the 16- and 32-element loops
+    # from vectorising (measured: 2.7x / 1.9x the time at G = 16 / 32, one thread).
     for it in prange(geo[7] * geo[6]):
         r, u0, u1 = item_units(it, geo)
-        for u in range(u0, u1):
-            k, a, b = unit_block(r, u, geo, rows_map)
-            mk = mask[a:b] if with_mask else mask
-            affine_span(x[a:b], out[a:b], mk, s[k], inv[k], z[k], qmin, qmax, with_mask)
+        if with_mask:
+            for u in range(u0, u1):
+                k, a, b = unit_block(r, u, geo, rows_map)
+                affine_span(x[a:b], out[a:b], mask[a:b], s[k], inv[k], z[k], qmin, qmax, True)
+        else:
+            for u in range(u0, u1):
+                k, a, b = unit_block(r, u, geo, rows_map)
+                affine_span(x[a:b], out[a:b], mask, s[k], inv[k], z[k], qmin, qmax, False)
 
 
 @cpu_kernel(parallel=True)
@@ -112,12 +119,16 @@ def float8_forward_kernel(x, out, mask, rows_map, s, geo, fmt, with_mask):  # pr
     """Block-wise float8 fake quantization; ``s`` (nblocks,) float32, ``fmt`` the format id
     (:data:`nbqat.kernels.lowbit_formula.E4M3FN` / ``E5M2``); the rest as
     :func:`affine_forward_kernel`."""
-    for it in prange(geo[7] * geo[6]):
+    for it in prange(geo[7] * geo[6]):  # the mask test outside the unit loop, as above
         r, u0, u1 = item_units(it, geo)
-        for u in range(u0, u1):
-            k, a, b = unit_block(r, u, geo, rows_map)
-            mk = mask[a:b] if with_mask else mask
-            float8_span(x[a:b], out[a:b], mk, s[k], fmt, with_mask)
+        if with_mask:
+            for u in range(u0, u1):
+                k, a, b = unit_block(r, u, geo, rows_map)
+                float8_span(x[a:b], out[a:b], mask[a:b], s[k], fmt, True)
+        else:
+            for u in range(u0, u1):
+                k, a, b = unit_block(r, u, geo, rows_map)
+                float8_span(x[a:b], out[a:b], mask, s[k], fmt, False)
 
 
 @cpu_kernel(parallel=True)
