@@ -93,20 +93,31 @@ def paired_ratio(
     return med, q1, q3, float(np.median(ta)), float(np.median(tb))
 
 
-def copy_roof(nbytes: int, repeat: int = 7) -> float:
-    """Median seconds of the fastest parallel copy that moves ``nbytes`` in total
-    (``nbytes / 2`` read and ``nbytes / 2`` written).
+def copy_fn(nbytes: int, repeat: int = 7) -> Callable[[], Any]:
+    """The faster of two parallel copies that move ``nbytes`` in total (``nbytes / 2`` read and
+    ``nbytes / 2`` written), as a callable to time against a kernel (:func:`paired_ratio`).
 
-    Two copies are timed and the faster one is the roof: an element loop over ``prange`` and a
-    chunked slice copy (which LLVM turns into ``memcpy``, with non-temporal stores on large
-    sizes, so it skips the read-for-ownership a kernel's ordinary stores pay).
+    The two: an element loop over ``prange`` and a chunked slice copy (which LLVM turns into
+    ``memcpy``, with non-temporal stores on large sizes, so it skips the read-for-ownership a
+    kernel's ordinary stores pay). The source is written (``np.ones``): a ``np.zeros`` buffer's
+    untouched pages all map to one zero page, whose reads hit the cache.
     """
     n = max(1, nbytes // 16)
     src = np.ones(n, np.uint64)
     dst = np.empty_like(src)
-    loop = median_time(lambda: _parallel_copy(dst, src), repeat)
-    chunks = median_time(lambda: _parallel_copy_chunks(dst, src), repeat)
-    return min(loop, chunks)
+
+    def loop() -> None:
+        _parallel_copy(dst, src)
+
+    def chunks() -> None:
+        _parallel_copy_chunks(dst, src)
+
+    return min((loop, chunks), key=lambda fn: median_time(fn, repeat))
+
+
+def copy_roof(nbytes: int, repeat: int = 7) -> float:
+    """Median seconds of :func:`copy_fn`'s copy of ``nbytes``."""
+    return median_time(copy_fn(nbytes, repeat), repeat)
 
 
 def read_roof(nbytes: int, repeat: int = 7) -> float:
