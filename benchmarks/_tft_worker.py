@@ -1,8 +1,9 @@
 """Measure one TFT training step (forward + quantile loss + backward) in a fresh process.
 
-Run as ``python benchmarks/_tft_worker.py {nbqat|torch} SIZE`` with the thread count fixed by the
-caller through NUMBA_NUM_THREADS / OPENBLAS_NUM_THREADS / OMP_NUM_THREADS (torch gets
-``torch.set_num_threads`` with the same number). Prints one JSON line:
+Run as ``python benchmarks/_tft_worker.py {nbqat|torch|compile} SIZE`` (``compile``: the torch
+network under ``torch.compile``, inductor, compiled during the warm-up steps) with the thread
+count fixed by the caller through NUMBA_NUM_THREADS / OPENBLAS_NUM_THREADS / OMP_NUM_THREADS
+(torch gets ``torch.set_num_threads`` with the same number). Prints one JSON line:
 
 * ``median_s``: median wall time of ``STEPS`` steps after ``WARMUP`` warm-up steps;
 * ``rss_peak_delta_mb``: the peak resident set size during the timed steps minus the resident
@@ -32,8 +33,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 WARMUP = 5  # the first steps of a process run slower (allocator and caches still warming)
 STEPS = 15
 SIZES = {
-    "full": dict(b=64, k=48, tau=12, d=32, heads=4),
+    "full": dict(b=64, k=48, tau=12, d=32, heads=4),  # issue 5's size
     "small": dict(b=8, k=8, tau=4, d=8, heads=2),
+    # issue 32's: the main job's default (history 24, horizon 24, hidden 16, 4 heads), its old
+    # history of 168, and issue 5's size at hidden 128
+    "job": dict(b=64, k=24, tau=24, d=16, heads=4),
+    "job_k168": dict(b=64, k=168, tau=24, d=16, heads=4),
+    "d128": dict(b=64, k=48, tau=12, d=128, heads=4),
 }
 
 
@@ -90,6 +96,8 @@ def main() -> None:
         if nthreads:
             torch.set_num_threads(nthreads)
         ref = make_torch_tft(torch, cfg, model.state_dict(), torch.float32)
+        if impl == "compile":
+            ref = torch.compile(ref)
         ts, th, tf, ty = (torch.from_numpy(a) for a in (s, h, f, y))
         q = torch.tensor(cfg.quantiles)
 
