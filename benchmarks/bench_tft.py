@@ -53,12 +53,17 @@ def _worker(impl: str, threads: int, size: str = SIZE) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def test_tft_train_step(benchmark):
+def _nbqat_step(size: str):
+    """nbqat's training step (forward, quantile loss, backward) at ``_tft_worker.SIZES[size]``,
+    the worker's inputs."""
     sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    from _tft_worker import SIZES
+
     from nbqat.nn import TemporalFusionTransformer, TFTConfig, quantile_loss, quantile_loss_grad
 
-    b, k, tau, d, heads = (8, 8, 4, 8, 2) if SMALL else (64, 48, 12, 32, 4)
-    cfg = TFTConfig(2, 4, 3, d, k, tau, num_heads=heads)
+    sz = SIZES[size]
+    b, k, tau = sz["b"], sz["k"], sz["tau"]
+    cfg = TFTConfig(2, 4, 3, sz["d"], k, tau, num_heads=sz["heads"])
     rng = np.random.default_rng(0)
     s = rng.normal(size=(b, 2)).astype(np.float32)
     h = rng.normal(size=(b, k, 3)).astype(np.float32)
@@ -72,6 +77,11 @@ def test_tft_train_step(benchmark):
         model.backward(quantile_loss_grad(o, y, cfg.quantiles))
         return quantile_loss(o, y, cfg.quantiles)
 
+    return step
+
+
+def test_tft_train_step(benchmark):
+    step = _nbqat_step(SIZE)
     step()  # compile / load the cached kernels
     benchmark(step)
 
@@ -102,25 +112,7 @@ COMPILE_ROUNDS = 1 if SMALL else 3
 
 @pytest.mark.parametrize("size", COMPILE_SIZES)
 def test_tft_train_step_vs_torch_compile(benchmark, size):
-    from _tft_worker import SIZES
-
-    from nbqat.nn import TemporalFusionTransformer, TFTConfig, quantile_loss, quantile_loss_grad
-
-    sz = SIZES[size]
-    cfg = TFTConfig(2, 4, 3, sz["d"], sz["k"], sz["tau"], num_heads=sz["heads"])
-    rng = np.random.default_rng(0)
-    s = rng.normal(size=(sz["b"], 2)).astype(np.float32)
-    h = rng.normal(size=(sz["b"], sz["k"], 3)).astype(np.float32)
-    f = rng.normal(size=(sz["b"], sz["tau"], 4)).astype(np.float32)
-    y = rng.normal(size=(sz["b"], sz["tau"])).astype(np.float32)
-    model = TemporalFusionTransformer(cfg, seed=0)
-
-    def step():
-        model.zero_grad()
-        o = model.forward(s, h, f)
-        model.backward(quantile_loss_grad(o, y, cfg.quantiles))
-        return quantile_loss(o, y, cfg.quantiles)
-
+    step = _nbqat_step(size)
     step()
     benchmark(step)  # this process's threads; the ratios below are one thread on every side
     runs: dict[str, list[dict]] = {"nbqat": [], "torch": [], "compile": []}
