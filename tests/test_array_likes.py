@@ -123,6 +123,31 @@ def test_device_functions_are_the_cpu_formulas(cuda_sim):
         assert dev.py_func.__globals__["quantize_code"] is G._quantize_code
 
 
+def test_source_closure_follows_an_edit(tmp_path, monkeypatch):
+    """The parsed imports are memoised per file version: after an edit of a module, its closure
+    is the edited file's (a stale parse would keep a stale kernel key)."""
+    import importlib
+    import sys
+
+    pkg = tmp_path / "closurepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "b.py").write_text("B = 1\n")
+    (pkg / "c.py").write_text("C = 2\n")
+    (pkg / "a.py").write_text("from closurepkg import b\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        a = importlib.import_module("closurepkg.a")
+        importlib.import_module("closurepkg.c")
+        names = lambda: {os.path.basename(f) for f in _jit.source_closure(a.__file__)}  # noqa: E731
+        assert names() == {"a.py", "b.py", "__init__.py"}
+        (pkg / "a.py").write_text("from closurepkg import b\nfrom closurepkg import c\n")
+        assert names() == {"a.py", "b.py", "c.py", "__init__.py"}
+    finally:
+        for m in [m for m in sys.modules if m.split(".")[0] == "closurepkg"]:
+            del sys.modules[m]
+
+
 def test_kernel_cache_keys_cover_the_formula_module():
     from nbqat.kernels import (
         fake_quant_cpu,
