@@ -24,8 +24,9 @@ Parameters
 ----------
 static : ndarray (B, num_static_features)
     Static inputs, float32 or float64 ({cast}).
-historical : ndarray (B, sequence_length, num_unknown_features)
-    Observed past inputs of the encoder steps.
+historical : ndarray (B, input_length, num_unknown_features)
+    Observed past inputs (``config.input_length`` steps: ``sequence_length``, or the TFT's
+    longer ``skip_sequence_length``).
 future : ndarray (B, prediction_horizon, num_known_features)
     Known future inputs of the decoder steps.
 
@@ -47,7 +48,7 @@ Returns
 -------
 dstatic : ndarray (B, num_static_features)
     Gradient w.r.t. ``static``.
-dhistorical : ndarray (B, sequence_length, num_unknown_features)
+dhistorical : ndarray (B, input_length, num_unknown_features)
     Gradient w.r.t. ``historical``.
 dfuture : ndarray (B, prediction_horizon, num_known_features)
     Gradient w.r.t. ``future``. All three in the model's dtype."""

@@ -107,11 +107,11 @@ class NumpyFakeQuant:
 
 def forecast_batch(rng, cfg, nb: int, dtype=np.float32, target: bool = True, target_scale=None):
     """A random forecaster batch for ``cfg`` (TFTConfig / LSTMForecasterConfig): standard
-    normal static (nb, m_s), historical (nb, k, m_z), future (nb, tau, m_x) and, with
+    normal static (nb, m_s), historical (nb, input_length, m_z), future (nb, tau, m_x) and, with
     ``target``, target (nb, tau) (times ``target_scale`` before the cast), drawn in that order."""
     shapes = [
         (nb, cfg.num_static_features),
-        (nb, cfg.sequence_length, cfg.num_unknown_features),
+        (nb, cfg.input_length, cfg.num_unknown_features),
         (nb, cfg.prediction_horizon, cfg.num_known_features),
     ]
     out = [rng.standard_normal(s).astype(dtype) for s in shapes]

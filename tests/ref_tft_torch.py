@@ -111,6 +111,7 @@ def make_torch_tft(torch, cfg, state_dict=None, dtype=None):
             super().__init__()
             d = cfg.hidden_dim
             self.k = cfg.sequence_length
+            self.cfg = cfg
             self.static_vsn = VSN(cfg.num_static_features, d)
             self.static_context_variable_selection = GRN(d, d, d)
             self.static_context_enrichment = GRN(d, d, d)
@@ -139,6 +140,10 @@ def make_torch_tft(torch, cfg, state_dict=None, dtype=None):
             c_e = self.static_context_enrichment(xi_s)
             c_h = self.static_context_initial_hidden(xi_s)
             c_c = self.static_context_initial_cell(xi_s)
+            skip_hist = hist  # the skip reads the last k_s steps, the body the last k
+            if getattr(self.cfg, "skip_sequence_length", None) is not None:
+                skip_hist = hist[:, hist.shape[1] - self.cfg.skip_sequence_length :]
+            hist = hist[:, hist.shape[1] - k :]
             e_enc, _ = self.encoder_vsn(hist, c_s)
             e_dec, _ = self.decoder_vsn(fut, c_s)
             h_enc, (hk, ck) = self.lstm_encoder(e_enc, (c_h.unsqueeze(0), c_c.unsqueeze(0)))
@@ -151,7 +156,7 @@ def make_torch_tft(torch, cfg, state_dict=None, dtype=None):
             out = self.output_layer(self.pre_output_gate(psi, phi[:, k:]))
             if self.linear_skip is not None:
                 b = static.shape[0]
-                x = torch.cat([hist.reshape(b, -1), fut.reshape(b, -1), static], dim=1)
+                x = torch.cat([skip_hist.reshape(b, -1), fut.reshape(b, -1), static], dim=1)
                 out = out + self.linear_skip(x).reshape(b, self.tau, self.nq)
             return out
 

@@ -42,10 +42,10 @@ def _cfg(**kw):
     return TFTConfig(**base)
 
 
-def _batch(rng, n, scale=1.0):
+def _batch(rng, n, scale=1.0, steps=K):
     return (
         (scale * rng.standard_normal((n, MS))).astype(np.float32),
-        (scale * rng.standard_normal((n, K, MZ))).astype(np.float32),
+        (scale * rng.standard_normal((n, steps, MZ))).astype(np.float32),
         (scale * rng.standard_normal((n, TAU, MX))).astype(np.float32),
     )
 
@@ -403,21 +403,30 @@ def test_check_parity_bad_inputs(qat_float_head, tmp_path, rng):
         check_parity(qat_float_head, 3, s, h, f)
 
 
-@pytest.mark.skipif(
-    "linear_skip" not in {f.name for f in __import__("dataclasses").fields(TFTConfig)},
-    reason="TFTConfig.linear_skip (issue 19's optional linear skip) is not on this branch yet",
-)
-def test_linear_skip_parity(tmp_path, rng):  # pragma: no cover - runs once the skip exists
-    m = TemporalFusionTransformer(_cfg(linear_skip=True), seed=8)
+@pytest.mark.parametrize("skip_steps", [None, K + 4, K - 2], ids=["k", "longer", "shorter"])
+def test_linear_skip_parity(tmp_path, rng, skip_steps):
+    """The skip reading its own history (``skip_sequence_length``): the graph's historical
+    input has ``max(k, k_s)`` steps and its two Slices must match the model's forward."""
+    m = TemporalFusionTransformer(_cfg(linear_skip=True, skip_sequence_length=skip_steps), seed=8)
+    n_in = m.config.input_length
     q = QATTemporalFusionTransformer.from_float(m, config=QATConfig(calibration_batches=2))
-    q.calibrate([_batch(rng, 16) for _ in range(2)])
+    q.calibrate([_batch(rng, 16, steps=n_in) for _ in range(2)])
     q.freeze_observers()
     path = to_onnx(q, tmp_path / "m.onnx")
-    s, h, f = _batch(rng, 16)
+    s, h, f = _batch(rng, 16, steps=n_in)
     rep = check_parity(q, path, s, h, f, reference_rows=2)
     for key in ("int8_vs_ort_disable_all", "int8_vs_ort_default", "int8_vs_reference"):
         assert rep["pairs"][key]["max_diff_output_steps"] <= 1.0, key
-    assert any("linear_skip" in n.name for n in onnx.load(str(path)).graph.node)
+    g = onnx.load(str(path)).graph
+    assert any("linear_skip" in n.name for n in g.node)
+    dims = [d.dim_value for d in g.input[1].type.tensor_type.shape.dim[1:]]
+    assert (g.input[1].name, dims) == ("historical", [max(K, skip_steps or K), MZ])
+    # the steps before the body's k reach only the skip: changing them moves the output by the
+    # skip's weights on them, and not at all without a longer skip
+    h2 = h.copy()
+    h2[:, : n_in - K] += 1.0
+    moved = not np.array_equal(q.predict(s, h2, f), q.predict(s, h, f))
+    assert moved == (n_in > K)
 
 
 def test_linear_skip_emitter_against_numpy(tmp_path, rng):

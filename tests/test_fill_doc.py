@@ -56,7 +56,7 @@ def test_forecaster_docstrings_are_complete_at_run_time() -> None:
     ):
         doc = meth.__doc__ or ""
         assert "{forecast_io}" not in doc and "{cast}" not in doc, meth
-        assert "historical : ndarray (B, sequence_length, num_unknown_features)" in doc
+        assert "historical : ndarray (B, input_length, num_unknown_features)" in doc
     for meth in (QATTemporalFusionTransformer.backward, TemporalFusionTransformer.backward):
         doc = meth.__doc__ or ""
         assert "{backward_io}" not in doc and "dfuture : ndarray" in doc

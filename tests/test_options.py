@@ -185,7 +185,7 @@ def test_checkpoint_repeats_no_range_rule():
 @pytest.mark.parametrize(
     "kw",
     [{"heads": 2}, {"dropout": 0.2}, {"linear_skip": False}, {"skip_lr_scale": 0.5},
-     {"qat_skip_lr_scale": 0.5}],
+     {"qat_skip_lr_scale": 0.5}, {"skip_history": 48}],
 )  # fmt: skip
 def test_an_option_the_lstm_does_not_read_is_refused_everywhere(kw, capsys):
     ((name, value),) = kw.items()
@@ -220,12 +220,14 @@ def test_every_option_has_help_and_a_known_group():
 
 
 def test_a_skip_learning_rate_without_the_skip_is_refused(capsys):
-    with pytest.raises(ValueError, match="--skip-lr-scale sets the linear skip"):
+    with pytest.raises(ValueError, match="--skip-lr-scale is an option of the linear skip"):
         TrainConfig(linear_skip=False, skip_lr_scale=0.5)
-    with pytest.raises(ValueError, match="--qat-skip-lr-scale sets the linear skip"):
+    with pytest.raises(ValueError, match="--qat-skip-lr-scale is an option of the linear skip"):
         Forecaster(linear_skip=False, qat_skip_lr_scale=0.5)
+    with pytest.raises(ValueError, match="--skip-history is an option of the linear skip"):
+        TrainConfig(linear_skip=False, skip_history="auto")
     assert main(["train", "--no-linear-skip", "--skip-lr-scale", "0.5", "--check"]) == 2
-    assert "--skip-lr-scale sets the linear skip" in capsys.readouterr().err
+    assert "--skip-lr-scale is an option of the linear skip" in capsys.readouterr().err
     TrainConfig(linear_skip=False).resolved()  # the defaults: no error
 
 
@@ -236,7 +238,8 @@ def test_a_finished_lstm_run_loads_without_the_tft_options(tmp_path, monkeypatch
 
     cfg = {**TrainConfig(model="lstm", quick=True).resolved().to_json(), "out": str(tmp_path)}
     tft_only = {k for k, o in config_options().items() if "lstm" not in o.models}
-    assert tft_only == {"heads", "dropout", "linear_skip", "skip_lr_scale", "qat_skip_lr_scale"}
+    assert tft_only == {"heads", "dropout", "linear_skip", "skip_lr_scale", "qat_skip_lr_scale",
+                        "skip_history"}  # fmt: skip
     monkeypatch.setattr(predict, "load_run", lambda run_dir: (tmp_path, cfg))
     fc = Forecaster.load(tmp_path)
     assert fc.options["model"] == "lstm" and not tft_only & set(fc.options)

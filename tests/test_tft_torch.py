@@ -26,6 +26,8 @@ CONFIGS = [
     _SMALL,
     TFTConfig(1, 2, 4, 12, 7, 4, num_heads=3, quantiles=(0.1, 0.25, 0.5, 0.75, 0.9)),
     dataclasses.replace(_SMALL, linear_skip=True),
+    dataclasses.replace(_SMALL, linear_skip=True, skip_sequence_length=9),  # longer than k = 5
+    dataclasses.replace(_SMALL, linear_skip=True, skip_sequence_length=3),  # shorter
 ]
 
 

@@ -77,13 +77,21 @@ def emit_tft(g: GraphBuilder, name: str, tft: Any, static: str, hist: str, fut: 
     before the network output quantizer."""
     cfg = tft.config
     k, tau, nq = cfg.sequence_length, cfg.prediction_horizon, cfg.num_quantiles
+    n_in = cfg.input_length
+
+    def last_steps(n: int, name: str) -> str:  # historical[:, n_in - n:]
+        if n == n_in:
+            return hist
+        lo, hi = g.const([n_in - n], np.int64), g.const([n_in], np.int64)
+        return g.node("Slice", [hist, lo, hi, g.const([1], np.int64)], name)
+
     xi_s, _ = emit(g, "static_vsn", tft.static_vsn, static)
     ctx = {
         n: emit(g, f"static_context_{n}", getattr(tft, f"static_context_{n}"), xi_s)
         for n in ("variable_selection", "enrichment", "initial_hidden", "initial_cell")
     }
     c_s = ctx["variable_selection"]
-    e_enc, _ = emit(g, "encoder_vsn", tft.encoder_vsn, hist, c_s, rank=3)
+    e_enc, _ = emit(g, "encoder_vsn", tft.encoder_vsn, last_steps(k, "hist_enc"), c_s, rank=3)
     e_dec, _ = emit(g, "decoder_vsn", tft.decoder_vsn, fut, c_s, rank=3)
     h_enc, h_k, c_k = emit(
         g, "lstm_encoder", tft.lstm_encoder, e_enc, ctx["initial_hidden"], ctx["initial_cell"], k
@@ -104,7 +112,11 @@ def emit_tft(g: GraphBuilder, name: str, tft: Any, static: str, hist: str, fut: 
     if getattr(cfg, "linear_skip", False):
         flat = g.node(
             "Concat",
-            [g.reshape(hist, [0, -1], "skip"), g.reshape(fut, [0, -1], "skip"), static],
+            [
+                g.reshape(last_steps(cfg.skip_steps, "hist_skip"), [0, -1], "skip"),
+                g.reshape(fut, [0, -1], "skip"),
+                static,
+            ],
             "skip",
             axis=1,
         )
@@ -164,7 +176,7 @@ def build_model(model: Any, *, opset: int | None = None, metadata: Mapping[str, 
     g = GraphBuilder(opset, int8.layers)
     dims = {
         "static": ["batch", cfg.num_static_features],
-        "historical": ["batch", cfg.sequence_length, cfg.num_unknown_features],
+        "historical": ["batch", cfg.input_length, cfg.num_unknown_features],
         "future": ["batch", cfg.prediction_horizon, cfg.num_known_features],
     }
     for n in INPUTS:

@@ -52,7 +52,9 @@ def build_forecaster(name: str, cfg: Any, windows: Any, seed: int | None = None)
     name : {"tft", "lstm"}
     cfg : object
         The run's options: ``hidden_dim``; for ``"tft"`` also ``heads``, ``linear_skip`` and
-        ``dropout`` (e.g. the main job's ``TrainConfig``).
+        ``dropout`` (e.g. the main job's ``TrainConfig``), and optionally ``skip_history``
+        (int or None: the skip's history, ``windows.history``; the body then reads the last
+        ``cfg.history`` steps).
     windows : nbqat.data.Windows
         Its feature counts (``static``, ``future_features``, ``hist_features``), ``history``,
         ``horizon`` and ``quantiles`` size the model.
@@ -79,11 +81,20 @@ def build_forecaster(name: str, cfg: Any, windows: Any, seed: int | None = None)
         return LSTMForecaster(lcfg, seed=seed, dtype=np.float32)
     from nbqat.nn.tft import TemporalFusionTransformer, TFTConfig
 
+    k_s = getattr(cfg, "skip_history", None)
+    if k_s is not None:  # the windows hold the skip's history; the body reads cfg.history
+        sizes["sequence_length"] = int(cfg.history)
+        if int(k_s) != int(windows.history):
+            raise ValueError(
+                f"the windows have history {windows.history}, but cfg.skip_history is {k_s}: "
+                "cut the windows with the skip's history (nbqat.train.load_data does)"
+            )
     tcfg = TFTConfig(
         hidden_dim=cfg.hidden_dim,
         num_heads=cfg.heads,
         linear_skip=bool(cfg.linear_skip),
         dropout=cfg.dropout,
+        skip_sequence_length=None if k_s is None else int(k_s),
         **sizes,
     )
     return TemporalFusionTransformer(tcfg, seed=seed, dtype=np.float32)

@@ -53,6 +53,11 @@ class ForecasterSizes:
         """Q, the number of quantiles."""
         return len(self.quantiles)
 
+    @property
+    def input_length(self) -> int:
+        """The steps of the ``historical`` input (here ``sequence_length``)."""
+        return self.sequence_length
+
 
 @dataclass
 class TFTConfig(ForecasterSizes):
@@ -82,9 +87,15 @@ class TFTConfig(ForecasterSizes):
     linear_skip : bool, default False
         Add a linear skip from the whole flattened window to the output (TiDE / DLinear-style
         hybrid): :attr:`TemporalFusionTransformer.linear_skip`, a :class:`~nbqat.nn.Linear`
-        ``(k m_z + tau m_x + m_s) -> tau Q`` on ``concat([historical.reshape(B, -1),
-        future.reshape(B, -1), static], axis=1)``, reshaped (B, tau, Q) and added to the
+        ``(k_s m_z + tau m_x + m_s) -> tau Q`` on ``concat([historical[:, -k_s:].reshape(B,
+        -1), future.reshape(B, -1), static], axis=1)``, reshaped (B, tau, Q) and added to the
         output layer's output.
+    skip_sequence_length : int or None, default None
+        k_s >= 1, the encoder steps the linear skip reads (needs ``linear_skip``); None: k.
+        The ``historical`` input then has ``max(k, k_s)`` steps
+        (:attr:`input_length`): the network body reads its last k, the skip its last k_s, so
+        a linear model of a longer history (a week of half-hours) can sit beside a body of a
+        shorter one.
 
     Attributes
     ----------
@@ -92,17 +103,22 @@ class TFTConfig(ForecasterSizes):
         ``len(quantiles)`` (Q).
     input_dim : int
         ``m_s + m_x + m_z``.
+    skip_steps : int
+        k_s (``skip_sequence_length``, or k when None).
+    input_length : int
+        ``max(k, k_s)``, the steps of ``historical``.
 
     Raises
     ------
     ValueError
-        On a non-positive size, ``hidden_dim % num_heads != 0``, bad quantiles or a dropout
-        outside [0, 1).
+        On a non-positive size, ``hidden_dim % num_heads != 0``, bad quantiles, a dropout
+        outside [0, 1), or a ``skip_sequence_length`` without ``linear_skip``.
     """
 
     num_heads: int = 4
     dropout: float = 0.0
     linear_skip: bool = False
+    skip_sequence_length: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -118,6 +134,23 @@ class TFTConfig(ForecasterSizes):
         if not isinstance(self.linear_skip, (bool, np.bool_)):
             raise TypeError(f"TFTConfig.linear_skip must be a bool, got {self.linear_skip!r}")
         self.linear_skip = bool(self.linear_skip)
+        if self.skip_sequence_length is not None:
+            check_positive_int_fields(self, ("skip_sequence_length",))
+            if not self.linear_skip:
+                raise ValueError(
+                    "TFTConfig.skip_sequence_length sets the linear skip's history, but "
+                    "linear_skip is False: set linear_skip=True or skip_sequence_length=None"
+                )
+
+    @property
+    def skip_steps(self) -> int:
+        return (
+            self.sequence_length if self.skip_sequence_length is None else self.skip_sequence_length
+        )
+
+    @property
+    def input_length(self) -> int:
+        return max(self.sequence_length, self.skip_steps)
 
     @property
     def input_dim(self) -> int:
@@ -125,9 +158,9 @@ class TFTConfig(ForecasterSizes):
 
     @property
     def window_features(self) -> int:
-        """``k m_z + tau m_x + m_s``: the flattened window (the linear skip's input size)."""
+        """``k_s m_z + tau m_x + m_s``: the flattened window (the linear skip's input size)."""
         return (
-            self.sequence_length * self.num_unknown_features
+            self.skip_steps * self.num_unknown_features
             + self.prediction_horizon * self.num_known_features
             + self.num_static_features
         )
@@ -203,9 +236,10 @@ class TemporalFusionTransformer(BufferedModel):
     9. ``delta = post_attn_gate(attn, theta_dec)``, ``psi = pos_wise_ff(delta)``,
        ``psi~ = pre_output_gate(psi, phi_dec)``.
     10. ``output_layer`` Linear(d -> Q) on the tau decoder steps.
-    11. With ``config.linear_skip``: ``out += linear_skip(concat([historical.reshape(B, -1),
-        future.reshape(B, -1), static], axis=1)).reshape(B, tau, Q)`` (a Linear
-        ``k m_z + tau m_x + m_s -> tau Q``; QAT quantizes it like every Linear).
+    11. With ``config.linear_skip``: ``out += linear_skip(concat([historical[:, -k_s:]
+        .reshape(B, -1), future.reshape(B, -1), static], axis=1)).reshape(B, tau, Q)`` (a
+        Linear ``k_s m_z + tau m_x + m_s -> tau Q``; QAT quantizes it like every Linear).
+        ``historical`` has ``max(k, k_s)`` steps; steps 1-10 read its last k.
 
     Choices where references differ: dropout only at the GLU inputs (``config.dropout``, in
     training mode, see :func:`~nbqat.nn.set_dropout`; none in the attention); GRN skip is a Linear
@@ -303,8 +337,10 @@ class TemporalFusionTransformer(BufferedModel):
         ----------
         static : ndarray (B, num_static_features)
             Static (time-invariant) inputs, float32 or float64 (cast to the model's dtype).
-        historical : ndarray (B, sequence_length, num_unknown_features)
-            Observed past inputs of the k encoder steps (float32 or float64).
+        historical : ndarray (B, input_length, num_unknown_features)
+            Observed past inputs (float32 or float64): the last k steps feed the encoder,
+            the last k_s the linear skip (``input_length = max(k, k_s)``, k without
+            ``skip_sequence_length``).
         future : ndarray (B, prediction_horizon, num_known_features)
             Known future inputs of the tau decoder steps (float32 or float64).
 
@@ -323,8 +359,9 @@ class TemporalFusionTransformer(BufferedModel):
         cfg = self.config
         k, tau = cfg.sequence_length, cfg.prediction_horizon
         static = _check_input(static, "static", (-1, cfg.num_static_features), self.dtype)
+        n_in = cfg.input_length
         historical = _check_input(
-            historical, "historical", (-1, k, cfg.num_unknown_features), self.dtype
+            historical, "historical", (-1, n_in, cfg.num_unknown_features), self.dtype
         )
         future = _check_input(future, "future", (-1, tau, cfg.num_known_features), self.dtype)
         nb = static.shape[0]
@@ -338,7 +375,8 @@ class TemporalFusionTransformer(BufferedModel):
         c_e = self.static_context_enrichment.forward(xi_s)  # (B, d)
         c_h = self.static_context_initial_hidden.forward(xi_s)  # (B, d)
         c_c = self.static_context_initial_cell.forward(xi_s)  # (B, d)
-        e_enc, self.encoder_weights = self.encoder_vsn.forward(historical, c_s)  # (B, k, d)
+        hist_enc = historical if n_in == k else np.ascontiguousarray(historical[:, n_in - k :])
+        e_enc, self.encoder_weights = self.encoder_vsn.forward(hist_enc, c_s)  # (B, k, d)
         e_dec, self.decoder_weights = self.decoder_vsn.forward(future, c_s)  # (B, tau, d)
         h_enc, (h_k, c_k) = self.lstm_encoder.forward(e_enc, c_h, c_c)  # (B, k, d)
         h_dec, _ = self.lstm_decoder.forward(e_dec, h_k, c_k)  # (B, tau, d)
@@ -354,9 +392,10 @@ class TemporalFusionTransformer(BufferedModel):
         psi_t = self.pre_output_gate.forward(psi, phi_dec)  # (B, tau, d)
         out = self.output_layer.forward(psi_t)  # (B, tau, Q)
         if self.linear_skip is not None:
+            hist_skip = historical[:, n_in - cfg.skip_steps :]  # (B, k_s, m_z)
             x = np.concatenate(
-                [historical.reshape(nb, -1), future.reshape(nb, -1), static], axis=1
-            )  # (B, k m_z + tau m_x + m_s)
+                [hist_skip.reshape(nb, -1), future.reshape(nb, -1), static], axis=1
+            )  # (B, k_s m_z + tau m_x + m_s)
             out = out + self.linear_skip.forward(x).reshape(out.shape)
         self.attention_weights = self.multihead_attn.attention_weights  # (B, tau, T)
         self._cache = out.shape
@@ -403,7 +442,13 @@ class TemporalFusionTransformer(BufferedModel):
         de_enc += demb[:, :k]
         de_dec += demb[:, k:]
         dfuture, dc_s1 = self.decoder_vsn.backward(de_dec)
-        dhist, dc_s2 = self.encoder_vsn.backward(de_enc)
+        dhist, dc_s2 = self.encoder_vsn.backward(de_enc)  # (B, k, m_z)
+        cfg = self.config
+        n_in = cfg.input_length
+        if n_in != k:  # the encoder read the last k of the n_in historical steps
+            full = np.zeros((dhist.shape[0], n_in, dhist.shape[2]), dhist.dtype)
+            full[:, n_in - k :] = dhist
+            dhist = full
         assert dc_s1 is not None and dc_s2 is not None and dc_e is not None
         dc_s = dc_s1 + dc_s2  # c_s is read by both temporal VSNs
         # xi_s fans out into the four static-context GRNs: add their gradients
@@ -415,10 +460,10 @@ class TemporalFusionTransformer(BufferedModel):
         if self.linear_skip is not None:
             nb = g.shape[0]
             dx = self.linear_skip.backward(g.reshape(nb, -1))  # (B, F)
-            cfg = self.config
-            n_h = cfg.sequence_length * cfg.num_unknown_features
+            k_s = cfg.skip_steps
+            n_h = k_s * cfg.num_unknown_features
             n_f = cfg.prediction_horizon * cfg.num_known_features
-            dhist += dx[:, :n_h].reshape(dhist.shape)
+            dhist[:, n_in - k_s :] += dx[:, :n_h].reshape(nb, k_s, -1)
             dfuture += dx[:, n_h : n_h + n_f].reshape(dfuture.shape)
             dstatic += dx[:, n_h + n_f :]
         return dstatic, dhist, dfuture

@@ -10,8 +10,9 @@ quantile) from the empirical quantiles of its training residuals per forecast st
 The main job's ``ridge`` row is the strongest such model a practitioner would fit:
 :func:`tune_ridge` chooses its history length (whole seasons, up to the longest the data
 allows) and its penalty on the validation split (:class:`TunedRidge`). The fixed configuration
-(the model's history, penalty 1) is the ``ridge_fixed`` row, and the start of the TFT's linear
-skip (:func:`nbqat.train.recipe.init_linear_skip_from_ridge`).
+(the windows' history: the model's, or its ``--skip-history``; penalty 1) is the ``ridge_fixed``
+row, and the start of the TFT's linear skip
+(:func:`nbqat.train.recipe.init_linear_skip_from_ridge`).
 """
 
 from __future__ import annotations

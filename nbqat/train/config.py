@@ -105,6 +105,7 @@ class TrainConfig:
     threads: int | None = _field("threads")
     stop_after_steps: int | None = _field("stop_after_steps")
     linear_skip: bool = _field("linear_skip")
+    skip_history: int | str | None = _field("skip_history")  # a positive int, or "auto"
     weight_decay: float | None = _field("weight_decay")
     warmup_steps: int | None = _field("warmup_steps")
     skip_lr_scale: float | None = _field("skip_lr_scale")
@@ -142,10 +143,10 @@ class TrainConfig:
             and getattr(self, f.name) not in (f.default, full.get(f.name, f.default))
         ]
         check_model_options(self.model, changed)
-        scales = [k for k in ("skip_lr_scale", "qat_skip_lr_scale") if k in changed]
-        if scales and not self.linear_skip:  # no skip: its learning rate would be ignored
-            opt = "--" + scales[0].replace("_", "-")
-            raise ValueError(f"{opt} sets the linear skip's learning rate, but --no-linear-skip "
+        skip = [k for k in ("skip_lr_scale", "qat_skip_lr_scale", "skip_history") if k in changed]
+        if skip and not self.linear_skip:  # no skip: its options would be ignored
+            opt = "--" + skip[0].replace("_", "-")
+            raise ValueError(f"{opt} is an option of the linear skip, but --no-linear-skip "
                              f"removes the skip: drop {opt} or --no-linear-skip")  # fmt: skip
 
     @classmethod

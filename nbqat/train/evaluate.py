@@ -58,7 +58,8 @@ RIDGE_NOTE = (
 )
 RIDGE_FIXED_NOTE = (
     "ridge_fixed: the former ridge row, kept for continuity: the same regression with the "
-    "model's history and lambda 1 (also the start of the TFT's linear skip)"
+    "windows' history (--skip-history, else --history) and lambda 1 (also the start of the "
+    "TFT's linear skip)"
 )
 
 
@@ -123,9 +124,10 @@ def _predictions(r: Run) -> dict:
 
 
 def _history_choice(w: Any) -> dict:
-    """``{"history_choice": record}`` for a ``--history auto`` run, else ``{}``."""
-    rec = getattr(w, "history_choice", None)
-    return {} if rec is None else {"history_choice": rec}
+    """``{"history_choice": record}`` for a ``--history auto`` run and
+    ``{"skip_history_choice": record}`` for a ``--skip-history auto`` one (both may be)."""
+    names = ("history_choice", "skip_history_choice")
+    return {n: getattr(w, n) for n in names if getattr(w, n, None) is not None}
 
 
 def _comparisons(p50: dict, pred_int8: np.ndarray, pred_qat: np.ndarray) -> dict:

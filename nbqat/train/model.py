@@ -189,7 +189,9 @@ def load_data(cfg: Any) -> Windows:
         ``cfg.history`` None is set here: ``max(MIN_HISTORY, the seasonal-naive period)``;
         ``"auto"`` is set to the history chosen on the validation split
         (:func:`nbqat.train.history_auto.choose_history`, from the default one), and the
-        windows' ``history_choice`` holds its record.
+        windows' ``history_choice`` holds its record. ``cfg.skip_history`` ``"auto"`` is set
+        to the linear skip's history (``skip_history_choice``); with a skip history the
+        windows are cut with it (it is never shorter than ``cfg.history``).
 
     Returns
     -------
@@ -218,15 +220,60 @@ def load_data(cfg: Any) -> Windows:
         quantiles=QUANTILES,
         calendar=[c.strip() for c in cfg.calendar.split(",") if c.strip()],
     )
+    record = None
     if auto:
         from nbqat.train.history_auto import choose_history
 
         cfg.history, record = choose_history(w)
         if cfg.history != w.history:
             w = w.with_history(cfg.history)  # the same split bounds, cut again
+    skip_record = _resolve_skip_history(cfg, w)
+    if cfg.skip_history is not None and cfg.skip_history != w.history:
+        w = w.with_history(cfg.skip_history)  # the skip's longer windows; the body reads the
+        # last cfg.history steps of each
+    if record is not None:
         w.history_choice = record  # type: ignore[attr-defined]
+    if skip_record is not None:
+        w.skip_history_choice = skip_record  # type: ignore[attr-defined]
     preflight.check_windows(cfg, w)
     return w
+
+
+def _resolve_skip_history(cfg: Any, w: Windows) -> dict | None:
+    """Resolve ``cfg.skip_history`` against the windows ``w`` cut with ``cfg.history``.
+
+    ``"auto"`` becomes ``max(cfg.history, the tuned ridge's history)``
+    (:func:`nbqat.train.baselines.tune_ridge` on ``w``: validation only) and returns its
+    record (``option``, ``skip_history``, ``history``, ``ridge_history``, ``ridge_lambda``,
+    ``criterion``); an integer is checked against ``cfg.history``; None stays None.
+
+    Raises
+    ------
+    ValueError
+        An integer below ``--history``.
+    """
+    k_s = cfg.skip_history
+    if k_s is None:
+        return None
+    if k_s == "auto":
+        from nbqat.train.baselines import tune_ridge
+
+        tuned = tune_ridge(w)
+        cfg.skip_history = max(int(cfg.history), int(tuned.history))
+        return {
+            "option": "auto",
+            "skip_history": cfg.skip_history,
+            "history": int(cfg.history),
+            "ridge_history": int(tuned.history),
+            "ridge_lambda": float(tuned.lam),
+            "criterion": tuned.criterion,
+        }
+    if k_s < cfg.history:
+        raise ValueError(
+            f"--skip-history {k_s} is shorter than --history {cfg.history}: the skip reads at "
+            f"least the body's history; use --skip-history {cfg.history} or more (or 'auto')"
+        )
+    return None
 
 
 __all__ = [

@@ -195,6 +195,11 @@ OPTIONS: tuple[Option, ...] = (
          full=4096, quick=1024, **_NONNEG),
     _opt("linear_skip", bool, True, "linear skip from the flattened window to the output, "
          "started at the ridge baseline (TFTConfig.linear_skip)", cli="bool", **_TFT),
+    _opt("skip_history", int, None, "steps of history the linear skip reads, at least "
+         "--history (the network body reads the last --history of them), or 'auto': the tuned "
+         "ridge's validation choice, --history if shorter (TFTConfig.skip_sequence_length; "
+         "metrics.json skip_history_choice)", full=None, words=("auto",), nullable=True,
+         default_doc="--history", **_POS, **_TFT),
     _opt("weight_decay", float, None, "AdamW decoupled weight decay of the network body",
          full=0.3, **_NONNEG),
     _opt("warmup_steps", int, None, "linear learning-rate warm-up steps before the cosine decay",

@@ -76,7 +76,9 @@ def plots(r: Run, y: np.ndarray, naive_point: Any, pred_float: np.ndarray,
         groups, attn = interpretation(r, test)
         files.append(pl.plot_variable_importance(groups, out / "variable_importance.png"))
         unit = pl.step_unit(w.step)
-        files.append(pl.plot_attention(attn, out / "attention.png", history=w.history, unit=unit))
+        files.append(
+            pl.plot_attention(attn, out / "attention.png", history=int(r.cfg.history), unit=unit)
+        )
     if "qat_noclip" in st.grad_norms:
         runs = {
             f"clipped (max_norm={r.cfg.max_norm})": {

@@ -44,7 +44,7 @@ def _ridge_tuning(t: dict) -> str:
     return (
         f"ridge (tuned): history {t['history']} ({seasons:g} season{'s' if seasons != 1 else ''})"
         f", lambda {t['lambda']:g}, chosen on the validation split ({t['criterion']} "
-        f"{best[t['criterion']]:.4f}; ridge (fixed): the model's history, lambda 1)"
+        f"{best[t['criterion']]:.4f}; ridge (fixed): the windows' history, lambda 1)"
     )
 
 
