@@ -51,10 +51,24 @@ MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _field(name: str) -> Any:
-    """The dataclass field of option ``name``: the registry's default, the Option as metadata."""
-    o = config_options()[name]
-    return field(default=o.default, metadata={"option": o})
+#: The class-body default of every :class:`TrainConfig` field: :func:`_registry_fields` puts the
+#: registry's in its place (a default at all keeps ``TrainConfig(epochs=3)`` well-typed).
+_FROM_REGISTRY: Any = object()
+
+
+def _registry_fields(cls: type) -> type:
+    """Give each option declared ``name: type = _FROM_REGISTRY`` on ``cls`` its dataclass field:
+    the registry's default, the Option as metadata (apply before ``@dataclass``). The class body
+    names each option once (its order is the fields' order, metrics.json's) and must name every
+    option of the registry."""
+    opts = config_options()
+    names = [n for n in cls.__annotations__ if getattr(cls, n, None) is _FROM_REGISTRY]
+    if sorted(names) != sorted(opts):
+        diff = sorted(set(opts) ^ set(names))
+        raise TypeError(f"{cls.__name__}'s options and the registry's differ in {diff}")
+    for n in names:
+        setattr(cls, n, field(default=opts[n].default, metadata={"option": opts[n]}))
+    return cls
 
 
 class TrainingInterrupted(Exception):
@@ -65,62 +79,63 @@ class TrainingInterrupted(Exception):
 
 
 @dataclass
+@_registry_fields
 class TrainConfig:
     """All options of a training run (``nbqat train --help`` documents each).
 
     ``None`` means "the default of the mode": :meth:`resolved` fills in the full-run defaults or,
-    with ``quick=True``, the quick ones.
+    with ``quick=True``, the quick ones. Each field's default comes from the registry.
     """
 
-    epochs: int | None = _field("epochs")
-    qat_epochs: int | None = _field("qat_epochs")
-    batch_size: int | None = _field("batch_size")
-    hidden_dim: int | None = _field("hidden_dim")
-    heads: int | None = _field("heads")
-    lr: float | None = _field("lr")
-    qat_lr: float | None = _field("qat_lr")
-    max_norm: float | None = _field("max_norm")
-    patience: int | None = _field("patience")
-    calibration_batches: int | None = _field("calibration_batches")
-    windows_per_epoch: int | None = _field("windows_per_epoch")
-    seed: int = _field("seed")
-    device: str = _field("device")
-    compare_clipping: bool = _field("compare_clipping")
-    quick: bool = _field("quick")
-    progress: bool = _field("progress")
-    plots: bool = _field("plots")
-    out: str = _field("out")
-    csv: str | None = _field("csv")
-    time_col: str | None = _field("time_col")
-    target_col: str | None = _field("target_col")
-    entity_col: str | None = _field("entity_col")
-    known_cols: str | None = _field("known_cols")
-    static_cols: str | None = _field("static_cols")
-    observed_cols: str | None = _field("observed_cols")
-    fill_gaps: bool = _field("fill_gaps")
-    history: int | str | None = _field("history")  # a positive int, or "auto"
-    horizon: int | None = _field("horizon")
-    eval_stride: int | None = _field("eval_stride")
-    calendar: str = _field("calendar")
-    threads: int | None = _field("threads")
-    stop_after_steps: int | None = _field("stop_after_steps")
-    linear_skip: bool = _field("linear_skip")
-    skip_history: int | str | None = _field("skip_history")  # a positive int, or "auto"
-    weight_decay: float | None = _field("weight_decay")
-    warmup_steps: int | None = _field("warmup_steps")
-    skip_lr_scale: float | None = _field("skip_lr_scale")
-    qat_skip_lr_scale: float | None = _field("qat_skip_lr_scale")
-    dropout: float | None = _field("dropout")
-    ema_decay: float | None = _field("ema_decay")
-    plateau_factor: float | None = _field("plateau_factor")
-    overwrite: bool = _field("overwrite")
-    observer: str = _field("observer")
-    sensitivity: bool = _field("sensitivity")
-    float_fallback: int = _field("float_fallback")
-    model: str = _field("model")
-    weight_bits: int = _field("weight_bits")
-    group_size: int | None = _field("group_size")
-    weight_dtype: str = _field("weight_dtype")
+    epochs: int | None = _FROM_REGISTRY
+    qat_epochs: int | None = _FROM_REGISTRY
+    batch_size: int | None = _FROM_REGISTRY
+    hidden_dim: int | None = _FROM_REGISTRY
+    heads: int | None = _FROM_REGISTRY
+    lr: float | None = _FROM_REGISTRY
+    qat_lr: float | None = _FROM_REGISTRY
+    max_norm: float | None = _FROM_REGISTRY
+    patience: int | None = _FROM_REGISTRY
+    calibration_batches: int | None = _FROM_REGISTRY
+    windows_per_epoch: int | None = _FROM_REGISTRY
+    seed: int = _FROM_REGISTRY
+    device: str = _FROM_REGISTRY
+    compare_clipping: bool = _FROM_REGISTRY
+    quick: bool = _FROM_REGISTRY
+    progress: bool = _FROM_REGISTRY
+    plots: bool = _FROM_REGISTRY
+    out: str = _FROM_REGISTRY
+    csv: str | None = _FROM_REGISTRY
+    time_col: str | None = _FROM_REGISTRY
+    target_col: str | None = _FROM_REGISTRY
+    entity_col: str | None = _FROM_REGISTRY
+    known_cols: str | None = _FROM_REGISTRY
+    static_cols: str | None = _FROM_REGISTRY
+    observed_cols: str | None = _FROM_REGISTRY
+    fill_gaps: bool = _FROM_REGISTRY
+    history: int | str | None = _FROM_REGISTRY  # a positive int, or "auto"
+    horizon: int | None = _FROM_REGISTRY
+    eval_stride: int | None = _FROM_REGISTRY
+    calendar: str = _FROM_REGISTRY
+    threads: int | None = _FROM_REGISTRY
+    stop_after_steps: int | None = _FROM_REGISTRY
+    linear_skip: bool = _FROM_REGISTRY
+    skip_history: int | str | None = _FROM_REGISTRY  # a positive int, or "auto"
+    weight_decay: float | None = _FROM_REGISTRY
+    warmup_steps: int | None = _FROM_REGISTRY
+    skip_lr_scale: float | None = _FROM_REGISTRY
+    qat_skip_lr_scale: float | None = _FROM_REGISTRY
+    dropout: float | None = _FROM_REGISTRY
+    ema_decay: float | None = _FROM_REGISTRY
+    plateau_factor: float | None = _FROM_REGISTRY
+    overwrite: bool = _FROM_REGISTRY
+    observer: str = _FROM_REGISTRY
+    sensitivity: bool = _FROM_REGISTRY
+    float_fallback: int = _FROM_REGISTRY
+    model: str = _FROM_REGISTRY
+    weight_bits: int = _FROM_REGISTRY
+    group_size: int | None = _FROM_REGISTRY
+    weight_dtype: str = _FROM_REGISTRY
 
     #: ``{option: default}`` that :meth:`resolved` fills in for ``None`` (the full run's, and
     #: ``--quick``'s), from the registry.
