@@ -7,9 +7,25 @@ from typing import Any
 
 import numpy as np
 
+from nbqat.kernels.dropout_cpu import dropout_forward
 from nbqat.nn.params import Module
 
 __all__ = ["Dropout", "set_dropout"]
+
+
+def _seed_words(seed: Sequence[int]) -> np.ndarray:
+    """The uint32 words NumPy's ``SeedSequence(seed)`` mixes: each non-negative int as its words,
+    lowest first, 0 as one word (``numpy.random.bit_generator._coerce_to_uint32_array``)."""
+    words = []
+    for v in seed:
+        v = int(v)
+        if v < 0:
+            raise ValueError(f"dropout seed {tuple(seed)}: expected non-negative integers")
+        words.append(v & 0xFFFFFFFF)
+        while v > 0xFFFFFFFF:
+            v >>= 32
+            words.append(v & 0xFFFFFFFF)
+    return np.array(words, np.uint32)
 
 
 class Dropout(Module):
@@ -25,7 +41,9 @@ class Dropout(Module):
     stream]).random(x.shape, dtype) >= p``, where ``seed`` is set by :func:`set_dropout` (the
     main job passes ``(run seed, phase, step)``) and ``stream`` numbers the dropout layers of a
     model. A resumed run therefore draws the same masks without any saved RNG state, and
-    repeating a forward with the same seed repeats the mask (finite differences work).
+    repeating a forward with the same seed repeats the mask (finite differences work). One
+    compiled pass (:func:`nbqat.kernels.dropout_cpu.dropout_forward`) seeds, draws NumPy's stream
+    and applies the mask, bit for bit NumPy's mask at a fifth of its cost or less.
 
     Parameters
     ----------
@@ -88,18 +106,23 @@ class Dropout(Module):
         if not self.active():
             self._cache = None
             return x
-        rng = np.random.default_rng([*self.seed, self.stream])
-        shape, sl = x.shape, slice(None)
+        skip = 0  # uniforms of the rows before this rank's
         if self.rows is not None and x.ndim and self.rows[2] > self.rows[1]:
             g, a, b = self.rows
             m, rem = divmod(x.shape[0], b - a)
             if rem == 0:  # the global batch's mask, this rank's rows
-                shape, sl = (g * m, *x.shape[1:]), slice(a * m, b * m)
-        keep = rng.random(shape, dtype=x.dtype)[sl] >= x.dtype.type(self.p)
-        scale = x.dtype.type(1.0) / (x.dtype.type(1.0) - x.dtype.type(self.p))
-        self.mask = keep.astype(x.dtype) * scale
+                skip = a * m * (x.size // max(1, x.shape[0]))
+        if x.dtype not in (np.float32, np.float64):
+            raise TypeError(f"Dropout: x must be float32 or float64, got {x.dtype}")
+        T = x.dtype.type
+        p = T(self.p)
+        entropy = _seed_words((*self.seed, self.stream))
+        xf = np.ascontiguousarray(x).reshape(-1)
+        y, self.mask = np.empty(x.shape, x.dtype), np.empty(x.shape, x.dtype)
+        dropout_forward(xf, y.reshape(-1), self.mask.reshape(-1), p, T(1.0) / (T(1.0) - p),
+                        entropy, skip)  # fmt: skip
         self._cache = self.mask
-        return x * self.mask
+        return y
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
         """``dy * mask`` (the mask of the last forward), ``dy`` in evaluation mode.

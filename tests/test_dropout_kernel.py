@@ -1,0 +1,91 @@
+"""The compiled dropout pass against NumPy's own generator (the oracle): SeedSequence + PCG64
+seeding, the float32 / float64 uniform streams, skipped draws (data-parallel rows) and the mask
+applied to NaN, Inf and signed zeros."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nbqat.kernels.dropout_cpu import dropout_forward, seed_sequence_pcg64
+from nbqat.nn import Dropout
+
+WORD = (1 << 64) - 1
+
+
+def _words(seed):
+    """NumPy's own assembly of a seed's uint32 words (private, but the oracle itself)."""
+    from numpy.random.bit_generator import _coerce_to_uint32_array
+
+    return _coerce_to_uint32_array(list(seed))
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [[0], [0, 0, 0, 0], [7, 1, 0, 3], [2**32, 5], [2**100 + 17, 1, 2], list(range(9))],
+)
+def test_seed_sequence_pcg64_matches_numpy(seed):
+    st = np.random.PCG64(np.random.SeedSequence(seed)).state["state"]
+    want = (st["state"] >> 64, st["state"] & WORD, st["inc"] >> 64, st["inc"] & WORD)
+    assert tuple(int(w) for w in seed_sequence_pcg64(_words(seed))) == want
+
+
+def test_seed_sequence_pcg64_random_seeds():
+    rng = np.random.default_rng(11)
+    for _ in range(100):
+        seed = [int(v) for v in rng.integers(0, 2**31, size=int(rng.integers(1, 7)))]
+        st = np.random.PCG64(np.random.SeedSequence(seed)).state["state"]
+        got = seed_sequence_pcg64(_words(seed))
+        assert (int(got[0]) << 64 | int(got[1])) == st["state"], seed
+        assert (int(got[2]) << 64 | int(got[3])) == st["inc"], seed
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n, skip", [(0, 0), (0, 3), (1, 0), (2, 1), (7, 0), (8, 3), (1001, 4)])
+def test_dropout_forward_matches_numpy_stream(dtype, n, skip):
+    seed = [3, 1, 7, 2]
+    p = dtype(0.3)
+    scale = dtype(1.0) / (dtype(1.0) - p)
+    x = np.random.default_rng(1).normal(size=n).astype(dtype)
+    x[: min(n, 4)] = np.array([np.nan, np.inf, -0.0, -np.inf], dtype)[: min(n, 4)]
+    u = np.random.default_rng(seed).random(n + skip, dtype=dtype)[skip:]
+    mask_ref = (u >= p).astype(dtype) * scale
+    y, mask = np.full(n, 5, dtype), np.full(n, 5, dtype)
+    dropout_forward(x, y, mask, p, scale, _words(seed), skip)
+    np.testing.assert_array_equal(mask, mask_ref)
+    with np.errstate(invalid="ignore"):  # Inf * 0
+        y_ref = x * mask_ref
+    np.testing.assert_array_equal(y, y_ref)  # NaN where NumPy's product is NaN
+    assert np.array_equal(np.signbit(y), np.signbit(y_ref))
+
+
+def test_dropout_rows_of_a_rank_are_the_global_rows():
+    """A data-parallel rank's mask: rows start:stop of the global batch's (NumPy's draw)."""
+    x = np.random.default_rng(2).normal(size=(12, 5, 3)).astype(np.float32)
+    full = Dropout(0.4)
+    full.training, full.seed, full.stream = True, (9, 1, 4), 2
+    y_full = full.forward(x)
+    keep = np.random.default_rng([9, 1, 4, 2]).random(x.shape, dtype=np.float32) >= np.float32(0.4)
+    np.testing.assert_array_equal(full.mask, keep * (np.float32(1) / np.float32(0.6)))
+    for a, b in ((0, 1), (1, 3), (3, 4)):  # 4 batch rows, 3 rows of x per batch row
+        d = Dropout(0.4)
+        d.training, d.seed, d.stream, d.rows = True, (9, 1, 4), 2, (4, a, b)
+        np.testing.assert_array_equal(d.forward(x[3 * a : 3 * b]), y_full[3 * a : 3 * b])
+
+
+def test_seed_words_are_numpys():
+    from nbqat.nn.layers.dropout import _seed_words
+
+    for seed in ([0], [0, 0], [1, 2**32, 2**64 + 5, 0], [2**31 - 1, 7]):
+        np.testing.assert_array_equal(_seed_words(seed), _words(seed))
+
+
+def test_dropout_bad_input():
+    d = Dropout(0.2)
+    d.training = True
+    with pytest.raises(TypeError, match="float32 or float64"):
+        d.forward(np.ones(4, np.float16))
+    d.seed = (-1, 0)
+    with pytest.raises(ValueError, match="non-negative"):
+        d.forward(np.ones(4, np.float32))
+    assert d.mask is None  # nothing written
