@@ -124,6 +124,9 @@ def test_tft_dropout_finite_differences_with_a_fixed_mask(rng):
     model = TemporalFusionTransformer(cfg, seed=5, dtype=np.float64)
     n = set_dropout(model, True, seed=(7, 1, 0))  # the same seed: the same mask every forward
     assert n == sum(isinstance(m, Dropout) for _, m in model.named_modules()) > 10
+    walked = list(model.modules())  # named_modules' order without the names (dropout streams)
+    assert len(walked) == len(list(model.named_modules()))
+    assert all(a is b for a, (_, b) in zip(walked, model.named_modules()))
     _fd_check_model(model, rng)
     s, h, f = _inputs(cfg, rng)
     y1 = model.forward(s, h, f)

@@ -109,7 +109,7 @@ class Module:
         Module
             self.
         """
-        for _, mod in self.named_modules():
+        for mod in self.modules():
             object.__setattr__(mod, "training", bool(mode))
         return self
 
@@ -170,6 +170,16 @@ class Module:
         for name, child in self._modules.items():
             yield from child.named_modules(prefix + "." + name if prefix else name)
 
+    def modules(self) -> Iterator[Module]:
+        """This module and every descendant, as :meth:`named_modules` without the names
+        (``torch.nn.Module.modules``); cheaper where names are not needed (a training step's
+        :func:`~nbqat.nn.set_dropout`)."""
+        stack = [self]
+        while stack:
+            mod = stack.pop()
+            yield mod
+            stack.extend(reversed(mod._modules.values()))
+
     def set_folding(self, enabled: bool) -> int:
         """Switch every algebraic fold of this module and its descendants on or off.
 
@@ -188,7 +198,7 @@ class Module:
             How many switches were set (the ``FOLDS`` of all modules).
         """
         n = 0
-        for _, mod in self.named_modules():
+        for mod in self.modules():
             for name in mod.FOLDS:
                 setattr(mod, name, bool(enabled))
                 n += 1

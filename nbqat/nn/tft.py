@@ -285,7 +285,7 @@ class TemporalFusionTransformer(BufferedModel):
                 cfg.window_features, cfg.prediction_horizon * cfg.num_quantiles
             )
         if cfg.dropout > 0:  # one Dropout at every GLU's input, numbered in module order
-            glus = [m for _, m in self.named_modules() if isinstance(m, layers.GatedLinearUnit)]
+            glus = [m for m in self.modules() if isinstance(m, layers.GatedLinearUnit)]
             for i, glu in enumerate(glus):
                 glu.dropout = layers.Dropout(cfg.dropout)
                 glu.dropout.stream = i

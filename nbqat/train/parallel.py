@@ -44,7 +44,7 @@ def set_dropout_rows(model: Any, rows: tuple[int, int, int] | None) -> None:
     """
     from nbqat.nn.layers.dropout import Dropout
 
-    for _, mod in model.named_modules():
+    for mod in model.modules():
         if isinstance(mod, Dropout):
             mod.rows = rows
 

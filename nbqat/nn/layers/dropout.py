@@ -165,10 +165,12 @@ def set_dropout(model: Any, training: bool, seed: Sequence[int] | None = None) -
         The number of dropout layers.
     """
     n = 0
-    for _, mod in model.named_modules():
+    on = bool(training)
+    seed_t = None if seed is None else tuple(int(s) for s in seed)
+    for mod in model.modules():
         if isinstance(mod, Dropout):
-            mod.training = bool(training)
-            if seed is not None:
-                mod.seed = tuple(int(s) for s in seed)
+            mod.training = on
+            if seed_t is not None:
+                mod.seed = seed_t
             n += 1
     return n
