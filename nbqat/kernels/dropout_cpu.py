@@ -88,7 +88,7 @@ def seed_sequence_pcg64(entropy):  # pragma: no cover
 
     Parameters
     ----------
-    entropy : (n,) uint32
+    entropy : (w,) uint32
         The seed's words, as NumPy assembles them (each non-negative int as its uint32 words,
         lowest first; 0 as one word).
     """
@@ -147,7 +147,7 @@ def dropout_forward(x, y, mask, p, scale, entropy, skip):  # pragma: no cover
     y, mask : (n,) of ``x``'s dtype (outputs)
     p, scale : scalars of ``x``'s dtype
         The drop probability and ``1 / (1 - p)``.
-    entropy : (n,) uint32
+    entropy : (w,) uint32
         The seed's words (:func:`seed_sequence_pcg64`).
     skip : int
         Uniforms drawn and dropped first (other ranks' rows).
