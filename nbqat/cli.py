@@ -146,7 +146,8 @@ def _predict(args: argparse.Namespace) -> int:
             )
         if not backtest and (args.start is not None or args.stride is not None):
             raise ValueError("--start and --stride need --backtest (or nbqat backtest)")
-        out = Path(args.out) if args.out is not None else Path(args.run_dir) / "forecasts.csv"
+        default = "backtest.csv" if backtest else "forecasts.csv"  # predict, then backtest
+        out = Path(args.out) if args.out is not None else Path(args.run_dir) / default
         if Path(args.run_dir).is_dir():
             check_out(out, args.overwrite)  # before anything is computed
         if args.csv is not None and not Path(args.csv).is_file():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 from pathlib import Path
 
@@ -143,6 +144,12 @@ def test_bad_inputs(demand, tmp_path, capsys):
     raw.loc[raw.site == "east", "site"] = "west"
     raw.to_csv(tmp_path / "west.csv", index=False)
     _fails([*base, "--overwrite", "--csv", str(tmp_path / "west.csv")], capsys, "'west'")
+    # a column the run was trained with is missing: the error names the run's columns
+    pd.read_csv(fut).rename(columns={"ts": "when"}).to_csv(tmp_path / "when.csv", index=False)
+    err = _fails([*base, "--overwrite", "--csv", str(tmp_path / "when.csv")], capsys, "['ts']")
+    assert "the run's columns" in err and "time_col='ts'" in err and "target_col='demand'" in err
+    # no rows after the last target value for the known columns: the error also offers --at
+    err = _fails([*base, "--overwrite", "--csv", str(train)], capsys, "--at TIME")
     # a value error prints one line, not the usage block
     with pytest.raises(SystemExit) as ex:
         main(["train", "--epochs", "0", "--out", str(tmp_path / "r")])
@@ -179,6 +186,13 @@ def test_at_gives_actuals_and_backtest_q_risk(demand, tmp_path, capsys):
             "--fill-gaps", "--out", str(bt2)]  # fmt: skip
     assert main(argv) == 0
     assert bt2.read_bytes() == bt.read_bytes()
+    # the default outputs: RUN/forecasts.csv and RUN/backtest.csv, so predict, then backtest works
+    run2 = tmp_path / "run2"
+    shutil.copytree(run, run2)
+    assert main(["predict", str(run2), "--csv", str(fut)]) == 0
+    assert main(["backtest", str(run2), "--csv", str(fut), "--stride", "12"]) == 0
+    assert (run2 / "backtest.csv").read_bytes() == bt.read_bytes()
+    assert "origin" not in pd.read_csv(run2 / "forecasts.csv").columns
 
 
 def _example_code() -> str:

@@ -162,7 +162,8 @@ def _check_future_known(data, sc, name, t, known, n0, origins, tau) -> None:
                 f"not give for the forecast steps of entity {name!r}: add the rows from "
                 f"{_spell(data, t[max(n0, int(o))])} to {_spell(data, t[int(o) + tau - 1])} with "
                 "those columns filled and "
-                f"the target ({sc.target!r}) empty"
+                f"the target ({sc.target!r}) empty, or forecast from an origin inside the data "
+                "(--at TIME; Forecaster.predict(at=...))"
             )
         raise DataError(
             f"entity {name!r}: known column {sc.known[j]!r} has no value at {_spell(data, t[i])}, "

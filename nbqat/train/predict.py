@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from nbqat._io import atomic_open
-from nbqat.data import Scaling, SeriesData
+from nbqat.data import DataError, Scaling, SeriesData
 from nbqat.train.option_table import ENGINES as OPTION_ENGINES
 
 __all__ = ["ENGINES", "check_out", "forecast", "load_run", "q_risk_table", "run_info", "write_csv"]
@@ -99,12 +99,26 @@ def read_data(cfg: dict, data: Any, fill_gaps: bool | None = None, run: Path | N
     DataError
         As :func:`nbqat.data.load_csv` (the columns named by the run missing, bad values ...).
     """
-    from nbqat.data import from_dataframe, load_csv, tmy3_path
     from nbqat.train.model import column_roles
 
     if isinstance(data, SeriesData):
         return data
     cols = column_roles(cfg)
+    try:
+        return _read(cfg, data, fill_gaps, run, cols)
+    except DataError as e:
+        if not any(f"--{k.replace('_', '-')}" in str(e) for k in cols):
+            raise
+        named = ", ".join(f"{k}={v!r}" for k, v in cols.items() if v)
+        raise DataError(f"{e} (the options name the run's columns, which the data needs: "
+                        f"{named})") from None  # fmt: skip
+
+
+def _read(cfg: dict, data: Any, fill_gaps: bool | None, run: Path | None, cols: dict
+          ) -> SeriesData:  # fmt: skip
+    """:func:`read_data` less the context of its column errors."""
+    from nbqat.data import from_dataframe, load_csv, tmy3_path
+
     fill = bool(cfg.get("fill_gaps")) if fill_gaps is None else bool(fill_gaps)
     if data is not None and not isinstance(data, (str, os.PathLike)):
         return from_dataframe(data, fill_gaps=fill, future_rows=True, **cols)
