@@ -41,16 +41,22 @@ from nbqat.kernels.vmath_cpu import vexp, vexpm1, vsigmoid
 __all__ = [
     "ROW_CHUNK",
     "bias_add",
+    "bias_add_grouped",
     "elu_backward",
     "elu_forward",
+    "elu_forward_grouped",
     "embed_backward",
     "embed_forward",
     "embed_var_backward",
+    "embed_vars_backward",
     "embed_var_forward",
     "glu_backward",
     "glu_forward",
+    "glu_forward_grouped",
     "layernorm_backward",
+    "layernorm_backward_grouped",
     "layernorm_forward",
+    "layernorm_forward_grouped",
     "lstm_cell_backward",
     "lstm_cell_forward",
     "lstm_gates_forward",
@@ -368,6 +374,58 @@ def embed_var_backward(x, j, w, a, dz, dskip, gz, gz0, gs, gs0, dx):
             gs0[e] += g
             acc += g * w[e]
         dx[r, j] += acc
+
+
+@cpu_kernel(parallel=False)
+def embed_vars_backward(x, w, a, dz, dskip, gz, gz0, gs, gs0, dx):
+    """:func:`embed_var_backward` for every variable ``j`` in order, one call (the shapes
+    gain a leading variable axis: w (m, d), a (m, h), dz (m, N, h), dskip (m, N, d), gz and
+    gz0 (m, h), gs and gs0 (m, d); x, dx (N, m)). The same bits as m calls."""
+    for j in range(x.shape[1]):
+        embed_var_backward(x, j, w[j], a[j], dz[j], dskip[j], gz[j], gz0[j], gs[j], gs0[j], dx)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grouped forms: G layers of one shape, each with its own parameters, over a leading axis G
+# (:class:`nbqat.nn.layers.GRNStack`). Each runs the per-layer kernel above on group g's 2-D
+# views, so a group's results are those kernel's bits; one call replaces G dispatches.
+# ---------------------------------------------------------------------------------------------
+@cpu_kernel(parallel=False)
+def bias_add_grouped(y, b):  # (G, N, C) in place, (G, C)
+    """:func:`bias_add` per group: ``y[g, r] += b[g]``."""
+    for g in range(y.shape[0]):
+        bias_add(y[g], b[g])
+
+
+@cpu_kernel(parallel=False)
+def elu_forward_grouped(x, bias, y):  # (G, N, C) in place, (G, C) -> y (G, N, C)
+    """:func:`elu_forward` per group with the group's bias (no context): ``x[g] += bias[g]``,
+    ``y[g] = ELU(x[g])``."""
+    for g in range(x.shape[0]):
+        xg = x[g]
+        elu_forward(xg, bias[g], True, xg[:1], False, 1, y[g])
+
+
+@cpu_kernel(parallel=False, error_model="numpy")
+def glu_forward_grouped(z, bias, skip, out, sig):  # (G, N, 2C), (G, 2C), (G, N, C) x3
+    """:func:`glu_forward` per group with the group's bias and a residual ``skip[g]``."""
+    for g in range(z.shape[0]):
+        glu_forward(z[g], bias[g], skip[g], True, out[g], sig[g])
+
+
+@cpu_kernel(parallel=False, fastmath=True, error_model="numpy")
+def layernorm_forward_grouped(x, w, b, eps, out, mean, rstd):  # (G, N, C), (G, C) x2, (G, N) x2
+    """:func:`layernorm_forward` per group with the group's weight and bias."""
+    for g in range(x.shape[0]):
+        layernorm_forward(x[g], w[g], b[g], eps, out[g], mean[g], rstd[g])
+
+
+@cpu_kernel(parallel=False, fastmath=True)
+def layernorm_backward_grouped(dy, x, w, mean, rstd, dx, dw_part, db_part):
+    """:func:`layernorm_backward` per group: dy, x, dx (G, N, C); w (G, C); mean, rstd (G, N);
+    dw_part, db_part (G, nchunks, C)."""
+    for g in range(x.shape[0]):
+        layernorm_backward(dy[g], x[g], w[g], mean[g], rstd[g], dx[g], dw_part[g], db_part[g])
 
 
 @cpu_kernel(parallel=False, fastmath=True)

@@ -15,7 +15,7 @@ and then cast, so a float32 and a float64 model built with the same seed hold th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -62,6 +62,44 @@ def constant_init(value: float) -> Init:
         return np.full(shape, value, dtype=np.float64)
 
     return init
+
+
+def stacked_view(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
+    """The arrays as one ``(len(arrays), *shape)`` view without a copy, when they lie evenly
+    spaced in one buffer (the same parameter of the m equal modules of a :class:`ModuleList`
+    in a :class:`ParameterBuffer`); None otherwise.
+
+    Parameters
+    ----------
+    arrays : sequence of ndarray
+        At least one; each C-contiguous, of one shape and dtype.
+
+    Returns
+    -------
+    ndarray or None
+        A view into the arrays' common buffer (writable where they are: ``view[j] += g``
+        writes ``arrays[j]``), or None when they are not evenly spaced in one buffer.
+    """
+    a0 = arrays[0]
+    base = a0.base if a0.base is not None else a0
+    if not a0.flags.c_contiguous:
+        return None
+    ptrs = [a.__array_interface__["data"][0] for a in arrays]
+    step = ptrs[1] - ptrs[0] if len(arrays) > 1 else a0.nbytes
+    for j, a in enumerate(arrays):
+        if (
+            a.shape != a0.shape
+            or a.dtype != a0.dtype
+            or not a.flags.c_contiguous
+            or (a.base if a.base is not None else a) is not base
+            or ptrs[j] != ptrs[0] + j * step
+        ):
+            return None
+    if step < a0.nbytes:  # overlapping (or reversed) views
+        return None
+    return np.lib.stride_tricks.as_strided(
+        a0, (len(arrays), *a0.shape), (step, *a0.strides), writeable=a0.flags.writeable
+    )
 
 
 class Module:

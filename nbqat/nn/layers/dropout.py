@@ -89,18 +89,21 @@ class Dropout(Module):
         """True when a forward applies a mask (training mode and ``p > 0``)."""
         return self.training and self.p > 0.0
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
+    def forward(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """``x * mask`` in training mode (a new array), ``x`` itself otherwise.
 
         Parameters
         ----------
         x : ndarray float32 or float64
             Any shape.
+        out : ndarray, optional
+            A C-contiguous array of ``x``'s shape and dtype for the result (training mode);
+            in evaluation mode ``x`` is copied into it.
 
         Returns
         -------
         ndarray
-            Shape and dtype of ``x``.
+            Shape and dtype of ``x`` (``out`` when given).
 
         Raises
         ------
@@ -112,7 +115,10 @@ class Dropout(Module):
         self._seen = True
         if not self.active():
             self._cache = None
-            return x
+            if out is None:
+                return x
+            out[...] = x
+            return out
         skip = 0  # uniforms of the rows before this rank's
         if self.rows is not None and x.ndim and self.rows[2] > self.rows[1]:
             g, a, b = self.rows
@@ -125,24 +131,27 @@ class Dropout(Module):
         p = T(self.p)
         entropy = _seed_words((*self.seed, self.stream))
         xf = np.ascontiguousarray(x).reshape(-1)
-        y, self.mask = np.empty(x.shape, x.dtype), np.empty(x.shape, x.dtype)
+        y = np.empty(x.shape, x.dtype) if out is None else out
+        self.mask = np.empty(x.shape, x.dtype)
         dropout_forward(xf, y.reshape(-1), self.mask.reshape(-1), p, T(1.0) / (T(1.0) - p),
                         entropy, skip)  # fmt: skip
         self._cache = self.mask
         return y
 
-    def backward(self, dy: np.ndarray) -> np.ndarray:
+    def backward(self, dy: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """``dy * mask`` (the mask of the last forward), ``dy`` in evaluation mode.
 
         Parameters
         ----------
         dy : ndarray
             Gradient w.r.t. the last forward's output (its shape).
+        out : ndarray, optional
+            An array of ``dy``'s shape for the result (``out=dy`` works in place).
 
         Returns
         -------
         ndarray
-            Gradient w.r.t. the input.
+            Gradient w.r.t. the input (``out`` when given).
 
         Raises
         ------
@@ -152,7 +161,12 @@ class Dropout(Module):
         if not self._seen:
             raise RuntimeError("Dropout.backward called before forward")
         m = self._cache
-        return dy if m is None else dy * m
+        if out is None:
+            return dy if m is None else dy * m
+        if m is None:
+            out[...] = dy
+            return out
+        return np.multiply(dy, m, out=out)
 
 
 def set_dropout(model: Any, training: bool, seed: Sequence[int] | None = None) -> int:

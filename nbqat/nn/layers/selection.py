@@ -6,6 +6,7 @@ import numpy as np
 
 from nbqat.kernels import nn_cpu
 from nbqat.nn.layers.gating import GatedResidualNetwork
+from nbqat.nn.layers.grn_stack import GRNStack
 from nbqat.nn.layers.linear import Linear, _ones
 from nbqat.nn.params import Module, ModuleList, uniform_init
 
@@ -130,8 +131,10 @@ class VariableSelectionNetwork(Module):
     longer affine in ``x_j``) or a replaced ``forward`` (the int8 model's integer matmul);
     otherwise, or with ``fold_embedding=False``, the embeddings are materialised and every
     Linear runs as usual. The folded path calls neither ``embedding.forward`` nor
-    ``var_grns[j].forward`` (it runs :meth:`GatedResidualNetwork.forward_projected`): code that
-    replaces those needs ``fold_embedding=False``.
+    ``var_grns[j].forward``: it runs the m per-variable GRNs as one
+    :class:`~nbqat.nn.layers.grn_stack.GRNStack` (bit for bit m calls of
+    :meth:`GatedResidualNetwork.forward_projected`), so code that replaces those needs
+    ``fold_embedding=False``.
     """
 
     FOLDS = ("fold_embedding",)
@@ -152,6 +155,7 @@ class VariableSelectionNetwork(Module):
         self.flat_grn = GatedResidualNetwork(m * d, d, m, context_size)
         self.var_grns = ModuleList([GatedResidualNetwork(d, d, d) for _ in range(m)])
         self.weights: np.ndarray | None = None
+        self._stack: GRNStack | None = None
 
     def forward(self, x: np.ndarray, c: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Embed, weight and combine the m variables.
@@ -212,7 +216,14 @@ class VariableSelectionNetwork(Module):
     def _foldable(self) -> bool:
         fc = [self.flat_grn.fc1, getattr(self.flat_grn, "skip", None)]
         fc += [g.fc1 for g in self.var_grns]
-        return self.fold_embedding and all(isinstance(f, Linear) and f.is_plain() for f in fc)
+        if not (self.fold_embedding and all(isinstance(f, Linear) and f.is_plain() for f in fc)):
+            return False
+        if self._stack is None:  # built once the parameters are bound (first forward)
+            grns = [g for g in self.var_grns if isinstance(g, GatedResidualNetwork)]
+            if len(grns) != self.num_vars or not GRNStack.supports(grns):
+                return False
+            self._stack = GRNStack(grns)
+        return self._stack.ready()
 
     def _folded_forward(self, x: np.ndarray, c: np.ndarray | None) -> tuple:
         """Forward with the embedding folded into the first projections (class Notes)."""
@@ -231,13 +242,15 @@ class VariableSelectionNetwork(Module):
         skip += fg.skip.bias + np.einsum("ojk,jk->o", ws, b)
         bias = fg.fc1.bias + np.einsum("hjk,jk->h", w1, b)
         logits = fg.forward_projected(z, skip.reshape(*lead, m), c, bias=bias)  # (..., m)
-        a_var = np.stack([g.fc1.weight @ w[j] for j, g in enumerate(self.var_grns)])  # (m, h)
+        stack = self._stack
+        assert stack is not None  # _foldable built it
+        p = stack.views()  # the var GRNs' parameters, stacked (m, ...)
+        a_var = np.matmul(p["fc1_w"], w[..., None])[..., 0]  # (m, h): fc1_j.weight @ w[j]
         pervar = np.empty((m, n, d), dtype=x2.dtype)  # (m, N, d)
         zs = np.empty((m, n, d), dtype=x2.dtype)  # (m, N, h)
         nn_cpu.embed_var_forward(x2, w, b, a_var, pervar, zs)
         xs = np.empty_like(pervar)  # (m, N, d)
-        for j, g in enumerate(self.var_grns):
-            g.forward_projected(zs[j], pervar[j], out=xs[j], bias=g.fc1.bias + g.fc1.weight @ b[j])
+        stack.forward(zs, pervar, p["fc1_b"] + np.matmul(p["fc1_w"], b[..., None])[..., 0], xs)
         return logits, xs, (x2, x.shape, x.dtype, a_flat, s_flat, a_var)
 
     def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -306,15 +319,18 @@ class VariableSelectionNetwork(Module):
         db = np.einsum("hjk,h->jk", w1, gz0) + np.einsum("ojk,o->jk", ws, gs0)
         dx = dz2 @ a_flat.T  # (N, m)
         dx += ds2 @ s_flat.T
-        gzj, gz0j = np.empty(d, x2.dtype), np.empty(d, x2.dtype)
-        gsj, gs0j = np.empty(d, x2.dtype), np.empty(d, x2.dtype)
-        for j, g in enumerate(self.var_grns):
-            dzj, dsj, _ = g.backward_projected(dxs[j])  # (N, h), (N, d)
-            nn_cpu.embed_var_backward(x2, j, w[j], a_var[j], dzj, dsj, gzj, gz0j, gsj, gs0j, dx)
-            g.fc1.weight_grad += np.outer(gzj, w[j]) + np.outer(gz0j, b[j])
-            g.fc1.bias_grad += gz0j
-            dw[j] += g.fc1.weight.T @ gzj + gsj
-            db[j] += g.fc1.weight.T @ gz0j + gs0j
+        stack = self._stack
+        assert stack is not None
+        p = stack.views()
+        dzs, dss = stack.backward(dxs)  # (m, N, h), (m, N, d)
+        gz, gz0 = np.empty((m, d), x2.dtype), np.empty((m, d), x2.dtype)
+        gs, gs0 = np.empty((m, d), x2.dtype), np.empty((m, d), x2.dtype)
+        nn_cpu.embed_vars_backward(x2, w, a_var, dzs, dss, gz, gz0, gs, gs0, dx)
+        p["fc1_w_grad"] += gz[:, :, None] * w[:, None, :] + gz0[:, :, None] * b[:, None, :]
+        p["fc1_b_grad"] += gz0
+        fc1_wt = p["fc1_w"].transpose(0, 2, 1)  # (m, d, h)
+        dw += np.matmul(fc1_wt, gz[..., None])[..., 0] + gs
+        db += np.matmul(fc1_wt, gz0[..., None])[..., 0] + gs0
         self.embedding.weight_grad += dw
         self.embedding.bias_grad += db
         return dx.reshape(shape).astype(x_dtype, copy=False), dc

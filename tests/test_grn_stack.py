@@ -1,0 +1,129 @@
+"""GRNStack (the VSN's per-variable GRNs as one batched pass) against m per-GRN calls, bit for
+bit, and the zero-copy stacked parameter views it reads through."""
+
+import numpy as np
+import pytest
+
+from nbqat import nn
+from nbqat.nn.layers.gating import FOLD_MIN_ROWS_PER_OUTPUT
+from nbqat.nn.layers.grn_stack import GRNStack
+from nbqat.nn.params import ModuleList, ParameterBuffer, stacked_view
+
+
+class _IdentityHook:
+    """A quantization hook that changes nothing (Linear's hook protocol)."""
+
+    ctx = None
+
+    def forward(self, x):
+        return x
+
+    def backward(self, grad, ctx):
+        return grad
+
+
+def _grns(m, d, dtype, dropout):
+    grns = ModuleList([nn.GatedResidualNetwork(d, d, d) for _ in range(m)])
+    if dropout:
+        for j, g in enumerate(grns):
+            g.gate.glu.dropout = nn.Dropout(dropout)
+            g.gate.glu.dropout.stream = 7 + j
+    buf = ParameterBuffer(grns, dtype, seed=3)
+    nn.set_dropout(grns, True, (5, 1, 2))
+    return grns, buf
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fold_rows", [False, True], ids=["fc2_separate", "fc2_folded"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3], ids=["no_dropout", "dropout"])
+def test_stack_is_per_grn_bit_for_bit(rng, dtype, fold_rows, dropout):
+    m, d = 3, 4
+    n = FOLD_MIN_ROWS_PER_OUTPUT * d + (5 if fold_rows else -1)  # fold needs 4 C rows
+    grns, buf = _grns(m, d, dtype, dropout)
+    z = rng.normal(size=(m, n, d)).astype(dtype)
+    skip = rng.normal(size=(m, n, d)).astype(dtype)
+    bias = rng.normal(size=(m, d)).astype(dtype)
+    dy = rng.normal(size=(m, n, d)).astype(dtype)
+    # the oracle: each GRN's own forward_projected / backward_projected
+    z_ref = z.copy()
+    out_ref = np.stack(
+        [g.forward_projected(z_ref[j], skip[j], bias=bias[j]) for j, g in enumerate(grns)]
+    )
+    back = [g.backward_projected(dy[j]) for j, g in enumerate(grns)]
+    folded = grns[0]._cache[3] is not None
+    assert folded == (fold_rows and not dropout)
+    grads_ref = buf.grads.copy()
+    stack = GRNStack(list(grns))
+    for _ in range(2):  # a second step reuses the work buffers
+        buf.zero_grad()
+        zs = z.copy()
+        out = np.empty_like(skip)
+        assert stack.forward(zs, skip, bias, out) is out
+        dz, dskip = stack.backward(dy)
+        np.testing.assert_array_equal(out, out_ref)
+        np.testing.assert_array_equal(zs, z_ref)  # the pre-activation, as forward_projected
+        np.testing.assert_array_equal(dz, np.stack([b[0] for b in back]))
+        np.testing.assert_array_equal(dskip, np.stack([b[1] for b in back]))
+        np.testing.assert_array_equal(buf.grads, grads_ref)
+    for name, g in grns.named_grads():
+        if ".fc1." in "." + name:
+            assert not g.any(), name  # fc1 is the caller's (the VSN folds it)
+
+
+def test_stack_backward_before_forward():
+    grns, _ = _grns(2, 3, np.float64, 0.0)
+    with pytest.raises(RuntimeError, match="before forward"):
+        GRNStack(list(grns)).backward(np.zeros((2, 4, 3)))
+
+
+def test_stack_supports_only_plain_context_free_grns():
+    grns, _ = _grns(2, 3, np.float64, 0.0)
+    assert GRNStack.supports(list(grns))
+    assert not GRNStack.supports([])
+    ctx = ModuleList([nn.GatedResidualNetwork(3, 3, 3, context_size=2) for _ in range(2)])
+    ParameterBuffer(ctx)
+    assert not GRNStack.supports(list(ctx))
+    wide = ModuleList([nn.GatedResidualNetwork(2, 3, 3) for _ in range(2)])
+    ParameterBuffer(wide)
+    assert not GRNStack.supports(list(wide))  # a Linear skip
+    apart = [nn.GatedResidualNetwork(3, 3, 3) for _ in range(2)]
+    for g in apart:
+        ParameterBuffer(g)  # two buffers: no stacked view
+    assert not GRNStack.supports(apart)
+    with pytest.raises(ValueError, match="plain"):
+        GRNStack(apart)
+    stack = GRNStack(list(grns))
+    assert stack.ready()
+    grns[1].fc2.weight_fake_quant = _IdentityHook()  # the GRN is no longer plain
+    assert not stack.ready()
+
+
+def test_vsn_runs_its_var_grns_as_a_stack_until_a_hook_is_attached(rng):
+    vsn = nn.VariableSelectionNetwork(3, 4)
+    ParameterBuffer(vsn, np.float64)
+    x = rng.normal(size=(5, 3))
+    folded, _ = vsn.forward(x)
+    assert vsn._stack is not None and vsn._stack.ready()
+    ref = nn.VariableSelectionNetwork(3, 4, fold_embedding=False)
+    ParameterBuffer(ref, np.float64)
+    np.testing.assert_allclose(folded, ref.forward(x)[0], rtol=1e-12, atol=1e-14)
+    vsn.var_grns[2].fc2.weight_fake_quant = _IdentityHook()
+    np.testing.assert_allclose(vsn.forward(x)[0], folded, rtol=1e-12, atol=1e-14)
+    assert not vsn._stack.ready()  # the materialised path ran
+
+
+def test_stacked_view_writes_through_and_refuses_uneven_arrays():
+    buf = np.arange(20.0)
+    parts = [buf[2 + 6 * j : 6 + 6 * j].reshape(2, 2) for j in range(3)]  # every 6, size 4
+    v = stacked_view(parts)
+    assert v is not None and v.shape == (3, 2, 2)
+    np.testing.assert_array_equal(v, np.stack(parts))
+    v[1] += 100.0
+    assert parts[1][0, 0] == 108.0 and buf[8] == 108.0
+    assert stacked_view(parts[:1]).shape == (1, 2, 2)
+    assert stacked_view([parts[0], parts[2]]) is not None  # evenly spaced, every 12
+    assert stacked_view([parts[0], parts[1], parts[1]]) is None  # uneven
+    assert stacked_view([parts[1], parts[0]]) is None  # reversed
+    assert stacked_view([parts[0], parts[1].copy()]) is None  # another buffer
+    assert stacked_view([buf[0:4], buf[2:6]]) is None  # overlapping
+    assert stacked_view([buf[0:4].reshape(2, 2), buf[4:8]]) is None  # another shape
