@@ -64,6 +64,18 @@ def test_parser_defaults_and_values():
         (["train", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
         (["train", "--time-col", "t"], "--time-col need --csv"),
         (["train", "--csv", "x.csv"], "--csv needs --time-col and --target-col"),
+        # a misspelt option: the closest option of the command named
+        (
+            ["train", "--hiden", "8"],
+            "unrecognized arguments: --hiden 8; did you mean --hidden-dim?",
+        ),
+        (["train", "--qat-epohcs=2"], "did you mean --qat-epochs?"),
+        (["backtest", "runs/x", "--strdie", "2"], "did you mean --stride?"),
+        (
+            ["train", "--hiden", "8", "--lrr", "1"],
+            "did you mean --hidden-dim for --hiden, --lr for",
+        ),
+        (["train", "--zzzz"], "unrecognized arguments: --zzzz (see"),  # nothing close
     ],
 )
 def test_parser_errors(argv, needle, capsys):

@@ -374,8 +374,13 @@ def test_empty_missing_and_short(tmp_path):
     with pytest.raises(DataError, match="no data rows"):
         load(p)
     d = load(write_csv(tmp_path / "short.csv", HEADER, hourly_rows(100)))
-    with pytest.raises(DataError, match=r"split has no window.*history \+ horizon = 192"):
+    # the training split holds a whole window (192 / 0.7 -> 275 steps), the others 24 steps
+    with pytest.raises(DataError, match=r"split has no window.*= 192.*about 275 steps or more"):
         make_windows(d, history=168, horizon=24)
+    two = load(write_csv(tmp_path / "two.csv", HEADER, hourly_rows(2)))
+    # 1 training row; validation (0.15 of the span) must hold 24 forecast steps: 160 steps
+    with pytest.raises(DataError, match=r"1 row\(s\) in the training split.*about 160 steps"):
+        make_windows(two, history=24, horizon=24)
 
 
 def test_bad_window_options(tmy3):

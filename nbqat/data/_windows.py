@@ -7,6 +7,7 @@ windows is ever made.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -139,16 +140,30 @@ def _entity_part(data: SeriesData, e: int, sc: Scaling, i_val: int, i_test: int,
     )
 
 
-def _split_rows(data: SeriesData, cuts: tuple) -> list[tuple[int, int]]:
+def _min_length(history: int, horizon: int, split: tuple[float, float]) -> int:
+    """About the shortest series with a window in every split: the training split holds a
+    whole window, validation and test their forecast steps."""
+    val, test = split[1] - split[0], 1.0 - split[1]
+    return max(math.ceil((history + horizon) / split[0]), math.ceil(horizon / val),
+               math.ceil(horizon / test))  # fmt: skip
+
+
+def _split_rows(
+    data: SeriesData, cuts: tuple, history: int, horizon: int, split: tuple[float, float]
+) -> list[tuple[int, int]]:
     """Per entity, the first row of its validation and of its test split; an entity without
-    two training rows is a DataError."""
+    two training rows is a DataError (saying how long a series the splits need)."""
     rows = []
     for e, t in enumerate(data.times):
         i_val = int(np.searchsorted(t, cuts[1], side="left"))
         if i_val < 2:
             raise DataError(
                 f"entity {data.entity_names[e]!r} has {i_val} row(s) in the training split "
-                f"(before {cuts[1]}); each entity needs training rows to fit its standardisation"
+                f"(before {cuts[1]}); each entity needs training rows to fit its "
+                f"standardisation, and a window of history + horizon = {history + horizon} "
+                f"steps: at split fractions {split} that takes a series of about "
+                f"{_min_length(history, horizon, split)} steps or more (use a longer series, a "
+                "shorter --history / --horizon, or other split fractions)"
             )
         rows.append((i_val, int(np.searchsorted(t, cuts[2], side="left"))))
     return rows
@@ -171,8 +186,9 @@ def _attach_splits(w: Windows, data: SeriesData, parts: list[_EntityPart], split
                 f"the {name} split has no window: a window needs history + horizon = "
                 f"{w.history + w.horizon} consecutive steps, all {w.horizon} forecast steps "
                 "inside the split "
-                f"(split fractions {split}, series lengths {lens}); use a longer series, a "
-                "shorter --history / --horizon, or other split fractions"
+                f"(split fractions {split}, series lengths {lens}: about "
+                f"{_min_length(w.history, w.horizon, split)} steps or more); use a longer "
+                "series, a shorter --history / --horizon, or other split fractions"
             )
         setattr(w, name, sw)
 
@@ -292,7 +308,7 @@ def make_windows(
     )
     quantiles = tuple(float(q) for q in quantiles)
     cuts = _cut_points(data, split)
-    rows = _split_rows(data, cuts)
+    rows = _split_rows(data, cuts, history, horizon, split)
     sc = fit_scaling(data, [r[0] for r in rows], cuts, tuple(calendar))
     if not sc.future_names:
         raise DataError(

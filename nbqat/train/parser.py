@@ -7,6 +7,8 @@ Every option, its type, default, range and help come from the registry
 from __future__ import annotations
 
 import argparse
+import difflib
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,10 +19,39 @@ __all__ = ["add_options", "build_parser"]
 
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (``nbqat train: error: ...``), not the
-    usage block."""
+    usage block; a misspelt option gets the closest option of its command as a suggestion."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> Any:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        hint = _suggestion(self, message)
+        self.exit(2, f"{self.prog}: error: {message}{hint} (see {self.prog} --help)\n")
+
+
+def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """``"; did you mean --hidden?"`` for ``unrecognized arguments: --hiden``: the closest
+    option strings of the command named on the command line (difflib's ratio >= 0.6)."""
+    if not message.startswith("unrecognized arguments:"):
+        return ""
+    known = [o for a in parser._actions for o in a.option_strings]
+    argv = getattr(parser, "_argv", [])
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            command = next((a for a in argv if a in action.choices), None)
+            if command is not None:
+                known += [o for a in action.choices[command]._actions for o in a.option_strings]
+    pairs = []  # (misspelt, closest)
+    for token in message.split(":", 1)[1].split():
+        name = token.split("=", 1)[0]
+        close = difflib.get_close_matches(name, known, n=1) if name.startswith("--") else []
+        if close:
+            pairs.append((name, close[0]))
+    if len(pairs) == 1:
+        return f"; did you mean {pairs[0][1]}?"
+    tips = ", ".join(f"{good} for {bad}" for bad, good in pairs)
+    return f"; did you mean {tips}?" if pairs else ""
 
 
 def build_parser() -> argparse.ArgumentParser:

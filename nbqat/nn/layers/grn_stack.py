@@ -80,15 +80,18 @@ class GRNStack:
 
     @staticmethod
     def supports(grns: Sequence[GatedResidualNetwork]) -> bool:
-        """True when ``grns`` can run as one stack (the class's conditions).
+        """Whether ``grns`` can run as one stack.
 
         Parameters
         ----------
         grns : sequence of GatedResidualNetwork
+            The candidates, in order.
 
         Returns
         -------
         bool
+            True when they meet the class's conditions (one plain, context-free shape; the
+            parameters evenly spaced in one buffer); False for an empty sequence.
         """
         if not grns:
             return False
