@@ -70,6 +70,53 @@ def test_stack_is_per_grn_bit_for_bit(rng, dtype, fold_rows, dropout):
             assert not g.any(), name  # fc1 is the caller's (the VSN folds it)
 
 
+@pytest.mark.parametrize("fold_rows", [False, True], ids=["fc2_separate", "fc2_folded"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3], ids=["no_dropout", "dropout"])
+def test_stack_on_a_shared_input_is_per_grn_bit_for_bit(rng, fold_rows, dropout):
+    """forward_shared / backward_shared (the TFT's static contexts) against grns[j].forward(a)
+    and .backward(dy[j]), fc1 included, float32."""
+    m, d = 4, 4
+    n = FOLD_MIN_ROWS_PER_OUTPUT * d + (3 if fold_rows else -2)
+    grns, buf = _grns(m, d, np.float32, dropout)
+    a = rng.normal(size=(n, d)).astype(np.float32)
+    dy = rng.normal(size=(m, n, d)).astype(np.float32)
+    out_ref = np.stack([g.forward(a) for g in grns])
+    da_ref = np.stack([g.backward(dy[j])[0] for j, g in enumerate(grns)])
+    grads_ref = buf.grads.copy()
+    stack = GRNStack(list(grns))
+    for _ in range(2):
+        buf.zero_grad()
+        np.testing.assert_array_equal(stack.forward_shared(a), out_ref)
+        np.testing.assert_array_equal(stack.backward_shared(dy), da_ref)
+        np.testing.assert_array_equal(buf.grads, grads_ref)
+    stack.forward(np.ones((m, n, d), np.float32), a[None].repeat(m, 0), np.zeros((m, d)),
+                  np.empty((m, n, d), np.float32))  # fmt: skip
+    with pytest.raises(RuntimeError, match="before forward_shared"):
+        stack.backward_shared(dy)  # the last forward had no shared input
+
+
+def test_tft_runs_its_static_contexts_as_a_stack_while_plain(rng):
+    """The TFT's four static-context GRNs run stacked in the float model and one by one once
+    a hook is attached; with the folds off both give the same bits."""
+    cfg = nn.TFTConfig(2, 3, 2, 4, 5, 3, num_heads=2)
+    stacked, single = (nn.TemporalFusionTransformer(cfg, seed=1) for _ in range(2))
+    for model in (stacked, single):
+        model.set_folding(False)
+    single.static_context_enrichment.fc2.weight_fake_quant = _IdentityHook()
+    x = (rng.normal(size=(3, 2)), rng.normal(size=(3, 5, 2)), rng.normal(size=(3, 3, 3)))
+    x = tuple(v.astype(np.float32) for v in x)
+    outs = []
+    for model in (stacked, single):
+        model.zero_grad()
+        y = model.forward(*x)
+        dx = model.backward(np.ones_like(y))
+        outs.append((y, dx, model.grads.copy()))
+    assert stacked._contexts_stacked and not single._contexts_stacked
+    for u, v in zip(outs[0], outs[1]):
+        for a, b in zip(u if isinstance(u, tuple) else (u,), v if isinstance(v, tuple) else (v,)):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_stack_backward_before_forward():
     grns, _ = _grns(2, 3, np.float64, 0.0)
     with pytest.raises(RuntimeError, match="before forward"):

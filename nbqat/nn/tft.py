@@ -12,6 +12,7 @@ import numpy as np
 from nbqat._docs import BACKWARD_IO, fill_doc
 from nbqat._validate import check_positive_int_fields, check_quantiles
 from nbqat.nn import layers
+from nbqat.nn.layers.grn_stack import GRNStack
 from nbqat.nn.params import BufferedModel, ParameterBuffer
 
 #: The size fields every forecaster config checks as positive ints (TFTConfig adds num_heads).
@@ -291,10 +292,30 @@ class TemporalFusionTransformer(BufferedModel):
                 glu.dropout.stream = i
         self.buffer = ParameterBuffer(self, dt, seed)
         self.dtype = dt
+        self._contexts: GRNStack | None = None  # the static-context GRNs as one stack
+        self._contexts_stacked = False  # whether the last forward ran them stacked
         self.attention_weights: np.ndarray | None = None
         self.static_weights: np.ndarray | None = None
         self.encoder_weights: np.ndarray | None = None
         self.decoder_weights: np.ndarray | None = None
+
+    def _context_stack(self) -> GRNStack | None:
+        """The four static-context GRNs as one :class:`~nbqat.nn.layers.grn_stack.GRNStack`
+        while they are plain (no quantization hook, not converted), else None."""
+        grns = [
+            self.static_context_variable_selection,
+            self.static_context_enrichment,
+            self.static_context_initial_hidden,
+            self.static_context_initial_cell,
+        ]
+        if not all(isinstance(g, layers.GatedResidualNetwork) for g in grns):
+            return None
+        st = self._contexts
+        if st is None or st.grns != grns:
+            if not GRNStack.supports(grns):
+                return None
+            st = self._contexts = GRNStack(grns)
+        return st if st.ready() else None
 
     def state_dict(self) -> OrderedDict[str, np.ndarray]:
         """Copies of every parameter, by dotted name (torch's names and layouts)."""
@@ -371,10 +392,15 @@ class TemporalFusionTransformer(BufferedModel):
                 f"{static.shape[0]}, {historical.shape[0]}, {future.shape[0]}"
             )
         xi_s, self.static_weights = self.static_vsn.forward(static)  # (B, d), (B, m_s)
-        c_s = self.static_context_variable_selection.forward(xi_s)  # (B, d)
-        c_e = self.static_context_enrichment.forward(xi_s)  # (B, d)
-        c_h = self.static_context_initial_hidden.forward(xi_s)  # (B, d)
-        c_c = self.static_context_initial_cell.forward(xi_s)  # (B, d)
+        contexts = self._context_stack()
+        if contexts is not None:  # the four GRNs in one batched pass (the same bits)
+            c_s, c_e, c_h, c_c = contexts.forward_shared(xi_s)  # (B, d) each
+        else:
+            c_s = self.static_context_variable_selection.forward(xi_s)  # (B, d)
+            c_e = self.static_context_enrichment.forward(xi_s)  # (B, d)
+            c_h = self.static_context_initial_hidden.forward(xi_s)  # (B, d)
+            c_c = self.static_context_initial_cell.forward(xi_s)  # (B, d)
+        self._contexts_stacked = contexts is not None
         hist_enc = historical if n_in == k else np.ascontiguousarray(historical[:, n_in - k :])
         e_enc, self.encoder_weights = self.encoder_vsn.forward(hist_enc, c_s)  # (B, k, d)
         e_dec, self.decoder_weights = self.decoder_vsn.forward(future, c_s)  # (B, tau, d)
@@ -452,10 +478,18 @@ class TemporalFusionTransformer(BufferedModel):
         assert dc_s1 is not None and dc_s2 is not None and dc_e is not None
         dc_s = dc_s1 + dc_s2  # c_s is read by both temporal VSNs
         # xi_s fans out into the four static-context GRNs: add their gradients
-        dxi_s = self.static_context_variable_selection.backward(dc_s)[0]
-        dxi_s += self.static_context_enrichment.backward(dc_e)[0]
-        dxi_s += self.static_context_initial_hidden.backward(dc_h)[0]
-        dxi_s += self.static_context_initial_cell.backward(dc_c)[0]
+        if self._contexts_stacked:
+            assert self._contexts is not None
+            da = self._contexts.backward_shared(np.stack([dc_s, dc_e, dc_h, dc_c]))
+            dxi_s = da[0].copy()
+            dxi_s += da[1]
+            dxi_s += da[2]
+            dxi_s += da[3]
+        else:
+            dxi_s = self.static_context_variable_selection.backward(dc_s)[0]
+            dxi_s += self.static_context_enrichment.backward(dc_e)[0]
+            dxi_s += self.static_context_initial_hidden.backward(dc_h)[0]
+            dxi_s += self.static_context_initial_cell.backward(dc_c)[0]
         dstatic, _ = self.static_vsn.backward(dxi_s)
         if self.linear_skip is not None:
             nb = g.shape[0]

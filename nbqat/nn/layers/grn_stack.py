@@ -1,5 +1,5 @@
-"""m gated residual networks of one shape run as one batched computation (the VSN's per-variable
-GRNs)."""
+"""m gated residual networks of one shape run as one batched computation (a VSN's per-variable
+GRNs; the TFT's four static-context GRNs)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ class GRNStack:
         self._views: dict[str, np.ndarray] = self._stacked(grns) or {}
         self._cache: tuple | None = None
         self._work: dict[str, np.ndarray] = {}
+        self._shared: np.ndarray | None = None  # forward_shared's input
 
     def _buffer(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """A work array kept across calls (no allocation, and no page faults on megabytes of
@@ -170,6 +171,7 @@ class GRNStack:
             ``out``.
         """
         p = self._views
+        self._shared = None
         m, n, h = z.shape
         c = out.shape[2]
         t = z.dtype
@@ -281,3 +283,57 @@ class GRNStack:
         dz = self._buffer("dz", z.shape, z.dtype)
         nn_cpu.elu_backward(deta2.reshape(-1), z.reshape(-1), eta2.reshape(-1), dz.reshape(-1))
         return dz, ds
+
+    def forward_shared(self, a: np.ndarray) -> np.ndarray:
+        """``out[j] = grns[j].forward(a)``: the m GRNs on one input, ``fc1`` included (the
+        TFT's four static-context GRNs on the static VSN's output).
+
+        Parameters
+        ----------
+        a : ndarray (N, input_size)
+            The shared input, in the parameters' dtype.
+
+        Returns
+        -------
+        ndarray (m, N, output_size)
+            A work array of the stack: valid until its next forward.
+        """
+        p = self._views
+        m, (n, d) = len(self.grns), a.shape
+        a2 = np.ascontiguousarray(a)
+        t = a2.dtype
+        z = np.matmul(a2, p["fc1_w"].transpose(0, 2, 1), out=self._buffer("z_in", (m, n, d), t))
+        skip = self._buffer("skip_in", (m, n, d), t)
+        skip[...] = a2  # the identity skip of each GRN
+        out = self.forward(z, skip, p["fc1_b"], self._buffer("out", (m, n, d), t))
+        self._shared = a2
+        return out
+
+    def backward_shared(self, dy: np.ndarray) -> np.ndarray:
+        """Backward of :meth:`forward_shared`: accumulates every GRN's gradients, ``fc1``'s
+        included, and returns each GRN's input gradient (the caller sums them in its order).
+
+        Parameters
+        ----------
+        dy : ndarray (m, N, output_size), C-contiguous
+            Gradient w.r.t. each GRN's output.
+
+        Returns
+        -------
+        ndarray (m, N, input_size)
+            ``grns[j].backward(dy[j])[0]`` for every j.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`forward_shared`.
+        """
+        if self._cache is None or self._shared is None:
+            raise RuntimeError("GRNStack.backward_shared called before forward_shared")
+        p = self._views
+        dz, dskip = self.backward(dy)
+        p["fc1_w_grad"] += np.matmul(dz.transpose(0, 2, 1), self._shared)
+        p["fc1_b_grad"] += np.matmul(_ones(dz.shape[1], dz.dtype), dz)
+        da = np.matmul(dz, p["fc1_w"], out=self._buffer("da", dskip.shape, dskip.dtype))
+        da += dskip
+        return da
