@@ -31,36 +31,26 @@ def _attn_dims(qh, kt):  # pragma: no cover
 
 
 @cpu_kernel(parallel=False, inline="always")
-def _row_max(row, lim):  # pragma: no cover
+def _row_max(row, lim, lanes):  # pragma: no cover
     """``max(row[:lim])`` as the scan ``m = s if s > m else m`` from ``-inf`` (NaN never
-    taken), kept in eight independent running maxima: one running maximum is a loop-carried
-    compare that LLVM cannot vectorise without fastmath ``nnan``, eight are SIMD lanes (the
-    scores' kernel 1.4-1.7 -> 0.9-1.1 ms at 192 keys). A maximum does not depend on the scan order
-    except for the sign of a zero maximum, which ``row - max`` passes to ``exp`` only as
-    ``exp(+-0) = 1``: the probabilities are the same bits."""
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row.dtype.type(-np.inf)
+    taken), kept in the eight running maxima ``lanes`` (8,): one running maximum is a
+    loop-carried compare that LLVM cannot vectorise without fastmath ``nnan``, eight are SIMD
+    lanes (the scores' kernel 1.5-1.7 -> 1.1-1.3 ms at 192 keys). A maximum does not depend on
+    the scan order except for the sign of a zero maximum, which ``row - max`` passes to ``exp``
+    only as ``exp(+-0) = 1``: the probabilities are the same bits."""
+    lanes[:] = -np.inf
     n8 = lim - lim % 8
     for j in range(0, n8, 8):
-        s0, s1, s2, s3 = row[j], row[j + 1], row[j + 2], row[j + 3]
-        s4, s5, s6, s7 = row[j + 4], row[j + 5], row[j + 6], row[j + 7]
-        m0 = s0 if s0 > m0 else m0
-        m1 = s1 if s1 > m1 else m1
-        m2 = s2 if s2 > m2 else m2
-        m3 = s3 if s3 > m3 else m3
-        m4 = s4 if s4 > m4 else m4
-        m5 = s5 if s5 > m5 else m5
-        m6 = s6 if s6 > m6 else m6
-        m7 = s7 if s7 > m7 else m7
+        for u in range(8):
+            s = row[j + u]
+            lanes[u] = s if s > lanes[u] else lanes[u]
     for j in range(n8, lim):
-        s0 = row[j]
-        m0 = s0 if s0 > m0 else m0
-    m0 = m1 if m1 > m0 else m0
-    m2 = m3 if m3 > m2 else m2
-    m4 = m5 if m5 > m4 else m4
-    m6 = m7 if m7 > m6 else m6
-    m0 = m2 if m2 > m0 else m0
-    m4 = m6 if m6 > m4 else m4
-    return m4 if m4 > m0 else m0
+        s = row[j]
+        lanes[0] = s if s > lanes[0] else lanes[0]
+    mx = lanes[0]
+    for u in range(1, 8):
+        mx = lanes[u] if lanes[u] > mx else mx
+    return mx
 
 
 @cpu_kernel(parallel=False, error_model="numpy")
@@ -69,6 +59,7 @@ def attn_scores(qh, kt, offset, p):  # (B, H, tq, dh), (B, H, dh, T) -> (B, H, t
     sqrt(dh)`` for ``j <= offset + i`` and ``-inf`` for the masked keys (``exp`` gives 0)."""
     T = qh.dtype.type
     nb, nh, tq, dh, tk, sq = _attn_dims(qh, kt)
+    lanes = np.empty(8, p.dtype)
     for b in range(nb):
         for h in range(nh):
             kbh = kt[b, h]
@@ -85,7 +76,7 @@ def attn_scores(qh, kt, offset, p):  # (B, H, tq, dh), (B, H, dh, T) -> (B, H, t
                         row[j] += qv * kr[j]
                 for j in range(lim):
                     row[j] = row[j] / sq
-                mx = _row_max(row, lim)
+                mx = _row_max(row, lim, lanes)
                 for j in range(lim):
                     row[j] -= mx
                 for j in range(lim, tk):
