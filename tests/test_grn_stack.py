@@ -89,7 +89,7 @@ def test_stack_on_a_shared_input_is_per_grn_bit_for_bit(rng, fold_rows, dropout)
         np.testing.assert_array_equal(stack.forward_shared(a), out_ref)
         np.testing.assert_array_equal(stack.backward_shared(dy), da_ref)
         np.testing.assert_array_equal(buf.grads, grads_ref)
-    stack.forward(np.ones((m, n, d), np.float32), a[None].repeat(m, 0), np.zeros((m, d)),
+    stack.forward(np.ones((m, n, d), np.float32), a[None].repeat(m, 0), np.zeros((m, d), np.float32),
                   np.empty((m, n, d), np.float32))  # fmt: skip
     with pytest.raises(RuntimeError, match="before forward_shared"):
         stack.backward_shared(dy)  # the last forward had no shared input
@@ -115,6 +115,29 @@ def test_tft_runs_its_static_contexts_as_a_stack_while_plain(rng):
     for u, v in zip(outs[0], outs[1]):
         for a, b in zip(u if isinstance(u, tuple) else (u,), v if isinstance(v, tuple) else (v,)):
             np.testing.assert_array_equal(a, b)
+
+
+def test_stack_bad_input_is_a_clear_error_before_anything_is_written(rng):
+    grns, buf = _grns(2, 3, np.float32, 0.0)
+    stack = GRNStack(list(grns))
+    z, skip, bias = (np.ones((2, 5, 3), np.float32) for _ in range(3))
+    out = np.zeros((2, 5, 3), np.float32)
+    bad = [
+        ("z", (np.ones((2, 5, 4), np.float32), skip, bias[:, 0], out)),
+        ("skip", (z, np.ones((2, 5, 3)), bias[:, 0], out)),  # float64
+        ("out", (z, skip, bias[:, 0], np.zeros((2, 5, 3), np.float32)[:, ::-1])),
+        ("bias", (z, skip, np.ones((3, 3), np.float32), out)),
+    ]
+    for name, args in bad:
+        with pytest.raises(ValueError, match=f"forward: {name} must be"):
+            stack.forward(*args)
+        assert not out.any() and (z == 1).all()  # nothing written
+    with pytest.raises(ValueError, match="a must be"):
+        stack.forward_shared(np.ones((5, 4), np.float32))
+    stack.forward(z, skip, bias[:, 0], out)
+    with pytest.raises(ValueError, match="dy must be"):
+        stack.backward(np.ones((2, 4, 3), np.float32))
+    assert not buf.grads.any()
 
 
 def test_stack_backward_before_forward():

@@ -169,10 +169,26 @@ class GRNStack:
         -------
         ndarray
             ``out``.
+
+        Raises
+        ------
+        ValueError
+            When an array does not have its shape, is not C-contiguous or not in the
+            parameters' dtype (checked before anything is written).
         """
+        g0 = self.grns[0]
+        m, h, c = len(self.grns), g0.hidden_size, g0.output_size
+        n = z.shape[1] if z.ndim == 3 else -1
+        t = g0.fc2.weight.dtype
+        for name, a, shape in (("z", z, (m, n, h)), ("skip", skip, (m, n, c)),
+                               ("out", out, (m, n, c)), ("bias", bias, (m, h))):  # fmt: skip
+            if a.shape != shape or a.dtype != t or (name != "bias" and not a.flags.c_contiguous):
+                raise ValueError(
+                    f"GRNStack.forward: {name} must be a C-contiguous {t} array of shape {shape}"
+                    f" (m GRNs, N rows), got {a.dtype} {a.shape}"
+                )
         p = self._views
         self._shared = None
-        m, n, h = z.shape
         c = out.shape[2]
         t = z.dtype
         eta2 = self._buffer("eta2", z.shape, t)
@@ -243,10 +259,17 @@ class GRNStack:
         ------
         RuntimeError
             Before :meth:`forward`.
+        ValueError
+            When ``dy`` is not a C-contiguous array of the last output's shape and dtype.
         """
         if self._cache is None:
             raise RuntimeError("GRNStack.backward called before forward")
         z, eta2, x_glu, zg, sig, g, mean, rstd, ln_w, fold, wf, drops = self._cache
+        if dy.shape != g.shape or dy.dtype != g.dtype or not dy.flags.c_contiguous:
+            raise ValueError(
+                f"GRNStack.backward: dy must be a C-contiguous {g.dtype} array of the last "
+                f"output's shape {g.shape}, got {dy.dtype} {dy.shape}"
+            )
         p = self._views
         m, n, c = dy.shape
         ones = _ones(n, dy.dtype)
@@ -297,11 +320,21 @@ class GRNStack:
         -------
         ndarray (m, N, output_size)
             A work array of the stack: valid until its next forward.
+
+        Raises
+        ------
+        ValueError
+            When ``a`` is not a 2-D array (N, input_size) in the parameters' dtype.
         """
         p = self._views
-        m, (n, d) = len(self.grns), a.shape
+        m, d, t = len(self.grns), self.grns[0].input_size, self.grns[0].fc1.weight.dtype
+        if not isinstance(a, np.ndarray) or a.ndim != 2 or a.shape[1] != d or a.dtype != t:
+            raise ValueError(
+                f"GRNStack.forward_shared: a must be a {t} array (N, {d}), got "
+                f"{getattr(a, 'dtype', type(a))} {getattr(a, 'shape', '')}"
+            )
+        n = a.shape[0]
         a2 = np.ascontiguousarray(a)
-        t = a2.dtype
         z = np.matmul(a2, p["fc1_w"].transpose(0, 2, 1), out=self._buffer("z_in", (m, n, d), t))
         skip = self._buffer("skip_in", (m, n, d), t)
         skip[...] = a2  # the identity skip of each GRN
