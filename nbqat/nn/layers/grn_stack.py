@@ -46,7 +46,10 @@ class GRNStack:
     GRN folds it. The parameters and gradients are read and accumulated through zero-copy
     views (:func:`~nbqat.nn.params.stacked_view`), so the GRNs keep their own parameters,
     names and checkpoint entries. ``tests/test_grn_stack.py`` checks the stack against the
-    per-GRN path bit for bit.
+    per-GRN path bit for bit. :meth:`forward_shared` runs the m GRNs, ``fc1`` included, on one
+    shared input (the TFT's static contexts). The GRNs are assumed to share a dropout mode
+    (:func:`~nbqat.nn.set_dropout` switches all): were some dropping and others not, none would
+    fold ``fc2`` (the same function, rounded in another order than single GRNs would).
 
     Parameters
     ----------
