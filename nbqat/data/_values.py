@@ -36,7 +36,8 @@ def numeric_column(
             raise DataError(
                 f"{where(i)}: column {col!r} has a non-numeric value {s.iloc[i]!r}; every input "
                 "column must hold numbers (choose the input columns with --observed-cols / "
-                "--known-cols / --static-cols)"
+                "--known-cols / --static-cols; a column that names the series is the "
+                "--entity-col)"
             )
     nan = np.isnan(x)
     if not allow_missing and nan.any():

@@ -162,8 +162,8 @@ def _split_rows(
                 f"(before {cuts[1]}); each entity needs training rows to fit its "
                 f"standardisation, and a window of history + horizon = {history + horizon} "
                 f"steps: at split fractions {split} that takes a series of about "
-                f"{_min_length(history, horizon, split)} steps or more (use a longer series, a "
-                "shorter --history / --horizon, or other split fractions)"
+                f"{_min_length(history, horizon, split)} steps or more (use a longer series or a "
+                "shorter --history / --horizon)"
             )
         rows.append((i_val, int(np.searchsorted(t, cuts[2], side="left"))))
     return rows
@@ -188,7 +188,7 @@ def _attach_splits(w: Windows, data: SeriesData, parts: list[_EntityPart], split
                 "inside the split "
                 f"(split fractions {split}, series lengths {lens}: about "
                 f"{_min_length(w.history, w.horizon, split)} steps or more); use a longer "
-                "series, a shorter --history / --horizon, or other split fractions"
+                "series or a shorter --history / --horizon"
             )
         setattr(w, name, sw)
 
