@@ -38,6 +38,28 @@ def _names(cols: Any) -> str | None:
     return ",".join(str(c) for c in cols)
 
 
+def _check_columns(df: Any, **named: Any) -> None:
+    """Every column that ``fit``'s arguments name is in the DataFrame: a DataError naming the
+    argument, the missing column, a close match and the DataFrame's columns (before anything is
+    written or trained)."""
+    import difflib
+
+    from nbqat.data import DataError
+
+    have = [str(c) for c in df.columns]
+    for arg, cols in named.items():
+        if isinstance(cols, str):  # one name; a list argument may spell its names "a,b"
+            cols = [c.strip() for c in cols.split(",")] if arg.endswith("_cols") else [cols]
+        for col in list(cols or ()):
+            if str(col) not in have:
+                close = difflib.get_close_matches(str(col), have, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise DataError(
+                    f"fit: {arg}={col!r} is not a column of the DataFrame{hint}; its columns: "
+                    f"{have}"
+                )
+
+
 def _option_names() -> list[str]:
     from nbqat.train.options import config_options
 
@@ -157,6 +179,9 @@ class Forecaster:
                 )
             from nbqat.train import preflight
 
+            _check_columns(data, time_col=time_col, target_col=target_col,
+                           entity_col=entity_col, observed_cols=observed_cols,
+                           known_cols=known_cols, static_cols=static_cols)  # fmt: skip
             preflight.check_out(out, bool(self.options.get("overwrite")))
             out.mkdir(parents=True, exist_ok=True)
             path = out / "data.parquet"

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from nbqat.cli import main
+from nbqat.data import DataError
 
 TAU, K = 6, 24
 TINY = [
@@ -278,6 +279,21 @@ def test_forecaster_fit_predict_load_round_trip(demand, tmp_path):
     assert onnx_path.read_bytes() == (saved / "model.onnx").read_bytes()
     with pytest.raises(TypeError, match="unknown option"):
         nbqat.Forecaster(epoch=3)
+    # a column the DataFrame lacks: the argument, a close match and the columns, nothing run
+    out = tmp_path / "never"
+    for kw, needle in (
+        (dict(known_cols=["holiday", "prices"]), "known_cols='prices' is not a column"),
+        (dict(known_cols="holiday,prices"), "did you mean 'price'?"),
+        (dict(entity_col="sites"), "entity_col='sites'"),
+        (dict(target_col="Demand"), "did you mean 'demand'?"),
+    ):
+        args = dict(time_col="ts", target_col="demand", entity_col="site", **opts)
+        fit_kw = {k: args.pop(k) for k in ("time_col", "target_col", "entity_col")}
+        fit_kw.update(kw)
+        with pytest.raises(DataError, match=needle) as ei:
+            nbqat.Forecaster(out=str(out), **args).fit(df, **fit_kw)
+        assert "'ts', 'site'" in str(ei.value) or "'site', 'ts'" in str(ei.value)
+        assert not out.exists()
 
 
 def _cli_predict(run: Path, fut: Path, tmp_path: Path) -> Path:

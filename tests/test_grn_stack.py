@@ -89,8 +89,8 @@ def test_stack_on_a_shared_input_is_per_grn_bit_for_bit(rng, fold_rows, dropout)
         np.testing.assert_array_equal(stack.forward_shared(a), out_ref)
         np.testing.assert_array_equal(stack.backward_shared(dy), da_ref)
         np.testing.assert_array_equal(buf.grads, grads_ref)
-    stack.forward(np.ones((m, n, d), np.float32), a[None].repeat(m, 0), np.zeros((m, d), np.float32),
-                  np.empty((m, n, d), np.float32))  # fmt: skip
+    ones, zeros = np.ones((m, n, d), np.float32), np.zeros((m, d), np.float32)
+    stack.forward(ones, a[None].repeat(m, 0), zeros, np.empty((m, n, d), np.float32))
     with pytest.raises(RuntimeError, match="before forward_shared"):
         stack.backward_shared(dy)  # the last forward had no shared input
 
