@@ -182,6 +182,20 @@ def test_vsn_runs_its_var_grns_as_a_stack_until_a_hook_is_attached(rng):
     assert not vsn._stack.ready()  # the materialised path ran
 
 
+def test_vsn_follows_a_replaced_var_grn(rng):
+    vsn = nn.VariableSelectionNetwork(3, 4)
+    ParameterBuffer(vsn, np.float64)
+    x = rng.normal(size=(5, 3))
+    vsn.forward(x)
+    new = nn.GatedResidualNetwork(4, 4, 4)
+    ParameterBuffer(new, np.float64, seed=9)  # its own buffer: no stacked view
+    setattr(vsn.var_grns, "1", new)
+    out = vsn.forward(x)[0]
+    assert vsn._stack is None  # the per-GRN (materialised) path ran, with the new GRN
+    vsn.fold_embedding = False
+    np.testing.assert_allclose(out, vsn.forward(x)[0], rtol=1e-12, atol=1e-14)
+
+
 def test_stacked_view_writes_through_and_refuses_uneven_arrays():
     buf = np.arange(20.0)
     parts = [buf[2 + 6 * j : 6 + 6 * j].reshape(2, 2) for j in range(3)]  # every 6, size 4

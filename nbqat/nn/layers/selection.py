@@ -218,9 +218,12 @@ class VariableSelectionNetwork(Module):
         fc += [g.fc1 for g in self.var_grns]
         if not (self.fold_embedding and all(isinstance(f, Linear) and f.is_plain() for f in fc)):
             return False
-        if self._stack is None:  # built once the parameters are bound (first forward)
-            grns = [g for g in self.var_grns if isinstance(g, GatedResidualNetwork)]
-            if len(grns) != self.num_vars or not GRNStack.supports(grns):
+        grns = list(self.var_grns)
+        if self._stack is None or self._stack.grns != grns:  # (re)built once bound
+            self._stack = None
+            if not all(isinstance(g, GatedResidualNetwork) for g in grns):
+                return False
+            if not GRNStack.supports(grns):
                 return False
             self._stack = GRNStack(grns)
         return self._stack.ready()
