@@ -179,7 +179,7 @@ def test_vsn_runs_its_var_grns_as_a_stack_until_a_hook_is_attached(rng):
     np.testing.assert_allclose(folded, ref.forward(x)[0], rtol=1e-12, atol=1e-14)
     vsn.var_grns[2].fc2.weight_fake_quant = _IdentityHook()
     np.testing.assert_allclose(vsn.forward(x)[0], folded, rtol=1e-12, atol=1e-14)
-    assert not vsn._stack.ready()  # the materialised path ran
+    assert vsn._stack is None  # the materialised path ran
 
 
 def test_vsn_follows_a_replaced_var_grn(rng):

@@ -299,24 +299,6 @@ class TemporalFusionTransformer(BufferedModel):
         self.encoder_weights: np.ndarray | None = None
         self.decoder_weights: np.ndarray | None = None
 
-    def _context_stack(self) -> GRNStack | None:
-        """The four static-context GRNs as one :class:`~nbqat.nn.layers.grn_stack.GRNStack`
-        while they are plain (no quantization hook, not converted), else None."""
-        grns = [
-            self.static_context_variable_selection,
-            self.static_context_enrichment,
-            self.static_context_initial_hidden,
-            self.static_context_initial_cell,
-        ]
-        if not all(isinstance(g, layers.GatedResidualNetwork) for g in grns):
-            return None
-        st = self._contexts
-        if st is None or st.grns != grns:
-            if not GRNStack.supports(grns):
-                return None
-            st = self._contexts = GRNStack(grns)
-        return st if st.ready() else None
-
     def state_dict(self) -> OrderedDict[str, np.ndarray]:
         """Copies of every parameter, by dotted name (torch's names and layouts)."""
         return OrderedDict((k, v.copy()) for k, v in self.named_parameters())
@@ -392,7 +374,11 @@ class TemporalFusionTransformer(BufferedModel):
                 f"{static.shape[0]}, {historical.shape[0]}, {future.shape[0]}"
             )
         xi_s, self.static_weights = self.static_vsn.forward(static)  # (B, d), (B, m_s)
-        contexts = self._context_stack()
+        contexts = self._contexts = GRNStack.of(
+            [self.static_context_variable_selection, self.static_context_enrichment,
+             self.static_context_initial_hidden, self.static_context_initial_cell],
+            self._contexts,
+        )  # fmt: skip
         if contexts is not None:  # the four GRNs in one batched pass (the same bits)
             c_s, c_e, c_h, c_c = contexts.forward_shared(xi_s)  # (B, d) each
         else:

@@ -124,6 +124,32 @@ class GRNStack:
                 views[key + sfx] = view
         return views
 
+    @staticmethod
+    def of(grns: Sequence[object], cached: GRNStack | None = None) -> GRNStack | None:
+        """The stack of ``grns`` if it can run now: ``cached`` when it holds these GRNs, else
+        a new one when they qualify (:meth:`supports`); None when they do not, or no longer
+        (:meth:`ready`: a hook attached since, parameters rebound apart).
+
+        Parameters
+        ----------
+        grns : sequence of modules
+            The candidates (a caller's GRNs, in order; any other module gives None).
+        cached : GRNStack, optional
+            The stack the caller built before (kept when it holds the same GRNs).
+
+        Returns
+        -------
+        GRNStack or None
+        """
+        grn_list = [g for g in grns if isinstance(g, GatedResidualNetwork)]
+        if len(grn_list) != len(grns):
+            return None
+        if cached is None or cached.grns != grn_list:
+            if not GRNStack.supports(grn_list):
+                return None
+            cached = GRNStack(grn_list)
+        return cached if cached.ready() else None
+
     def ready(self) -> bool:
         """True when the stack can run now: every Linear still plain (no quantization hook
         attached since) and the parameters still evenly spaced in one buffer (the stacked
@@ -179,6 +205,30 @@ class GRNStack:
             When an array does not have its shape, is not C-contiguous or not in the
             parameters' dtype (checked before anything is written).
         """
+        self._check(z, skip, bias, out)
+        self._shared = None
+        p, t = self._views, z.dtype
+        m, n, _ = z.shape
+        c = out.shape[2]
+        eta2 = self._buffer("eta2", z.shape, t)
+        nn_cpu.elu_forward_grouped(z, np.ascontiguousarray(bias, t), eta2)
+        drops = [d for d in (g.gate.glu.dropout for g in self.grns) if d is not None]
+        # the GRNs share a dropout mode (set_dropout sets all); were it mixed, none folds
+        masks = drops if len(drops) == m and any(d.active() for d in drops) else []
+        zg, x_glu, gbias, wf = self._projection(eta2, c, masks)
+        g = self._buffer("g", (m, n, c), t)  # skip + GLU, the LayerNorm's input
+        sig = self._buffer("sig", (m, n, c), t)
+        nn_cpu.glu_forward_grouped(zg, np.ascontiguousarray(gbias, t), skip, g, sig)
+        mean, rstd = self._buffer("mean", (m, n), t), self._buffer("rstd", (m, n), t)
+        ln_w, ln_b = np.ascontiguousarray(p["ln_w"]), np.ascontiguousarray(p["ln_b"])
+        eps = self.grns[0].gate.norm.eps
+        nn_cpu.layernorm_forward_grouped(g, ln_w, ln_b, eps, out, mean, rstd)
+        self._cache = (z, eta2, x_glu, zg, sig, g, mean, rstd, ln_w, wf, masks)
+        return out
+
+    def _check(self, z: np.ndarray, skip: np.ndarray, bias: np.ndarray, out: np.ndarray) -> None:
+        """:meth:`forward`'s arrays have their shapes, the parameters' dtype and (but ``bias``)
+        C-contiguity: else a ValueError naming the array."""
         g0 = self.grns[0]
         m, h, c = len(self.grns), g0.hidden_size, g0.output_size
         n = z.shape[1] if z.ndim == 3 else -1
@@ -190,57 +240,30 @@ class GRNStack:
                     f"GRNStack.forward: {name} must be a C-contiguous {t} array of shape {shape}"
                     f" (m GRNs, N rows), got {a.dtype} {a.shape}"
                 )
-        p = self._views
-        self._shared = None
-        c = out.shape[2]
-        t = z.dtype
-        eta2 = self._buffer("eta2", z.shape, t)
-        nn_cpu.elu_forward_grouped(z, np.ascontiguousarray(bias, t), eta2)
-        drops = [d for d in (g.gate.glu.dropout for g in self.grns) if d is not None]
-        # the GRNs share a dropout mode (set_dropout sets all); were it mixed, none folds
-        dropping = len(drops) == m and any(d.active() for d in drops)
-        fold = self.grns[0].fold_fc2 and n >= FOLD_MIN_ROWS_PER_OUTPUT * c and not dropping
-        if fold:
+
+    def _projection(self, eta2: np.ndarray, c: int, masks: list) -> tuple:
+        """The GLU's projection ``zg`` (m, N, 2C) of the ELU's output ``eta2``, its bias not
+        added: ``fc2`` folded into the GLU's Linear exactly when a single GRN folds it (``wf``
+        the folded weight), else ``fc2``, its bias and each GRN's dropout (``masks``: the
+        layers, when dropping) first (``wf`` None). Returns ``(zg, x_glu, bias, wf)``,
+        ``x_glu`` the GLU Linear's input."""
+        p, t = self._views, eta2.dtype
+        m, n, _ = eta2.shape
+        zg = self._buffer("zg", (m, n, 2 * c), t)
+        if self.grns[0].fold_fc2 and n >= FOLD_MIN_ROWS_PER_OUTPUT * c and not masks:
             wf = np.matmul(p["glu_w"], p["fc2_w"])  # (m, 2C, h): fc2 folded into the GLU
-            gbias = np.matmul(p["glu_w"], p["fc2_b"][..., None])[..., 0] + p["glu_b"]
-            zg = np.matmul(eta2, wf.transpose(0, 2, 1), out=self._buffer("zg", (m, n, 2 * c), t))
-            x_glu = eta2
-        else:
-            eta1 = np.matmul(
-                eta2, p["fc2_w"].transpose(0, 2, 1), out=self._buffer("eta1", z.shape, t)
-            )
-            nn_cpu.bias_add_grouped(eta1, np.ascontiguousarray(p["fc2_b"]))
-            x_glu = eta1
-            if dropping:  # each GRN's own mask (an inactive layer copies)
-                x_glu = self._buffer("x_glu", z.shape, t)
-                for j, d in enumerate(drops):
-                    d.forward(eta1[j], out=x_glu[j])
-            zg = np.matmul(
-                x_glu, p["glu_w"].transpose(0, 2, 1), out=self._buffer("zg", (m, n, 2 * c), t)
-            )
-            wf = gbias = np.ascontiguousarray(p["glu_b"])
-        g = self._buffer("g", (m, n, c), t)  # skip + GLU, the LayerNorm's input
-        sig = self._buffer("sig", (m, n, c), t)
-        nn_cpu.glu_forward_grouped(zg, np.ascontiguousarray(gbias, t), skip, g, sig)
-        mean, rstd = self._buffer("mean", (m, n), t), self._buffer("rstd", (m, n), t)
-        ln_w, ln_b = np.ascontiguousarray(p["ln_w"]), np.ascontiguousarray(p["ln_b"])
-        eps = self.grns[0].gate.norm.eps
-        nn_cpu.layernorm_forward_grouped(g, ln_w, ln_b, eps, out, mean, rstd)
-        self._cache = (
-            z,
-            eta2,
-            x_glu,
-            zg,
-            sig,
-            g,
-            mean,
-            rstd,
-            ln_w,
-            fold,
-            wf,
-            drops if dropping else [],
+            bias = np.matmul(p["glu_w"], p["fc2_b"][..., None])[..., 0] + p["glu_b"]
+            return np.matmul(eta2, wf.transpose(0, 2, 1), out=zg), eta2, bias, wf
+        eta1 = np.matmul(
+            eta2, p["fc2_w"].transpose(0, 2, 1), out=self._buffer("eta1", eta2.shape, t)
         )
-        return out
+        nn_cpu.bias_add_grouped(eta1, np.ascontiguousarray(p["fc2_b"]))
+        x_glu = eta1
+        if masks:  # each GRN's own mask (an inactive layer copies)
+            x_glu = self._buffer("x_glu", eta2.shape, t)
+            for j, d in enumerate(masks):
+                d.forward(eta1[j], out=x_glu[j])
+        return np.matmul(x_glu, p["glu_w"].transpose(0, 2, 1), out=zg), x_glu, p["glu_b"], None
 
     def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``grns[j].backward_projected(dy[j])`` for every j: accumulates the gradients of
@@ -267,7 +290,7 @@ class GRNStack:
         """
         if self._cache is None:
             raise RuntimeError("GRNStack.backward called before forward")
-        z, eta2, x_glu, zg, sig, g, mean, rstd, ln_w, fold, wf, drops = self._cache
+        z, eta2, x_glu, zg, sig, g, mean, rstd, ln_w, wf, drops = self._cache
         if dy.shape != g.shape or dy.dtype != g.dtype or not dy.flags.c_contiguous:
             raise ValueError(
                 f"GRNStack.backward: dy must be a C-contiguous {g.dtype} array of the last "
@@ -285,7 +308,7 @@ class GRNStack:
         dzg = self._buffer("dzg", zg.shape, zg.dtype)
         nn_cpu.glu_backward(ds.reshape(-1, c), zg.reshape(-1, 2 * c), sig.reshape(-1, c),
                             dzg.reshape(-1, 2 * c))  # fmt: skip
-        if fold:
+        if wf is not None:  # fc2 was folded into the GLU
             pz = np.matmul(dzg.transpose(0, 2, 1), eta2)  # (m, 2C, h)
             sg = np.matmul(ones, dzg)  # (m, 2C)
             p["glu_w_grad"] += (

@@ -218,15 +218,8 @@ class VariableSelectionNetwork(Module):
         fc += [g.fc1 for g in self.var_grns]
         if not (self.fold_embedding and all(isinstance(f, Linear) and f.is_plain() for f in fc)):
             return False
-        grns = list(self.var_grns)
-        if self._stack is None or self._stack.grns != grns:  # (re)built once bound
-            self._stack = None
-            if not all(isinstance(g, GatedResidualNetwork) for g in grns):
-                return False
-            if not GRNStack.supports(grns):
-                return False
-            self._stack = GRNStack(grns)
-        return self._stack.ready()
+        self._stack = GRNStack.of(list(self.var_grns), self._stack)  # None: the per-GRN path
+        return self._stack is not None
 
     def _folded_forward(self, x: np.ndarray, c: np.ndarray | None) -> tuple:
         """Forward with the embedding folded into the first projections (class Notes)."""
