@@ -66,10 +66,11 @@ class GRNStack:
     """
 
     def __init__(self, grns: Sequence[GatedResidualNetwork]) -> None:
-        if not self.supports(grns):
+        views = self._stacked(grns) if self._one_shape(grns) else None
+        if views is None:
             raise ValueError("GRNStack: the GRNs are not of one plain, context-free shape")
         self.grns = list(grns)
-        self._views: dict[str, np.ndarray] = self._stacked(grns) or {}
+        self._views: dict[str, np.ndarray] = views
         self._cache: tuple | None = None
         self._work: dict[str, np.ndarray] = {}
         self._shared: np.ndarray | None = None  # forward_shared's input
@@ -97,6 +98,11 @@ class GRNStack:
             True when they meet the class's conditions (one plain, context-free shape; the
             parameters evenly spaced in one buffer); False for an empty sequence.
         """
+        return GRNStack._one_shape(grns) and GRNStack._stacked(grns) is not None
+
+    @staticmethod
+    def _one_shape(grns: Sequence[GatedResidualNetwork]) -> bool:
+        """The class's shape conditions, without the buffer's (:meth:`supports`)."""
         if not grns:
             return False
         g0 = grns[0]
@@ -111,7 +117,7 @@ class GRNStack:
                 or g.fc2.weight is None
             ):
                 return False
-        return GRNStack._stacked(grns) is not None
+        return True
 
     @staticmethod
     def _stacked(grns: Sequence[GatedResidualNetwork]) -> dict[str, np.ndarray] | None:
@@ -145,9 +151,10 @@ class GRNStack:
         if len(grn_list) != len(grns):
             return None
         if cached is None or cached.grns != grn_list:
-            if not GRNStack.supports(grn_list):
+            try:
+                cached = GRNStack(grn_list)  # checks and stacks the views once
+            except ValueError:  # not one plain, context-free shape in one buffer
                 return None
-            cached = GRNStack(grn_list)
         return cached if cached.ready() else None
 
     def ready(self) -> bool:
