@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nbqat.kernels.dropout_cpu import dropout_forward, seed_sequence_pcg64
+from nbqat.kernels.dropout_cpu import dropout_forward, pcg64_jump, seed_sequence_pcg64
 from nbqat.nn import Dropout
 
 WORD = (1 << 64) - 1
@@ -41,7 +41,12 @@ def test_seed_sequence_pcg64_random_seeds():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n, skip", [(0, 0), (0, 3), (1, 0), (2, 1), (7, 0), (8, 3), (1001, 4)])
+# chunks of 256 draws: n around 512 / 1024 uniforms (float32) puts the edges on chunk ends
+@pytest.mark.parametrize(
+    "n, skip",
+    [(0, 0), (0, 3), (1, 0), (1, 1), (2, 1), (7, 0), (8, 3), (1001, 4), (511, 1), (512, 1),
+     (513, 0), (1024, 3), (1025, 2), (3, 300_001)],
+)  # fmt: skip
 def test_dropout_forward_matches_numpy_stream(dtype, n, skip):
     seed = [3, 1, 7, 2]
     p = dtype(0.3)
@@ -57,6 +62,31 @@ def test_dropout_forward_matches_numpy_stream(dtype, n, skip):
         y_ref = x * mask_ref
     np.testing.assert_array_equal(y, y_ref)  # NaN where NumPy's product is NaN
     assert np.array_equal(np.signbit(y), np.signbit(y_ref))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dropout_threshold_at_a_drawn_uniform(dtype):
+    """``u >= p`` decided exactly where p is a drawn uniform or its neighbours (the kernel
+    compares integer bits with ``ceil(p * 2**b)``)."""
+    seed = [4, 4]
+    u = np.random.default_rng(seed).random(9, dtype=dtype)
+    for k in range(9):
+        for p in (u[k], np.nextafter(u[k], dtype(1)), np.nextafter(u[k], dtype(0))):
+            scale = dtype(1.0) / (dtype(1.0) - p)
+            mask = np.empty(9, dtype)
+            dropout_forward(np.ones(9, dtype), np.empty(9, dtype), mask, p, scale, _words(seed), 0)
+            np.testing.assert_array_equal(mask, (u >= p).astype(dtype) * scale)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 255, 2**40 + 3, 2**64 - 1])
+def test_pcg64_jump_is_numpys_advance(n):
+    """Jumping n steps from a seeded state lands where NumPy's ``PCG64.advance(n)`` does."""
+    bg = np.random.PCG64(np.random.SeedSequence([5, 2]))
+    hi, lo, inc_hi, inc_lo = (int(w) for w in seed_sequence_pcg64(_words([5, 2])))
+    a_hi, a_lo, c_hi, c_lo = (int(w) for w in pcg64_jump(np.uint64(n), np.uint64(inc_hi),
+                                                             np.uint64(inc_lo)))  # fmt: skip
+    got = ((hi << 64 | lo) * (a_hi << 64 | a_lo) + (c_hi << 64 | c_lo)) % 2**128
+    assert got == bg.advance(n).state["state"]["state"]
 
 
 def test_dropout_rows_of_a_rank_are_the_global_rows():

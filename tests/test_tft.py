@@ -138,6 +138,13 @@ def test_tft_dropout_finite_differences_with_a_fixed_mask(rng):
     plain = TemporalFusionTransformer(TFTConfig(**CFG, linear_skip=True), seed=5, dtype=np.float64)
     plain.params[...] = model.params
     assert np.array_equal(model.forward(s, h, f), plain.forward(s, h, f))
+    # the kept list of dropout layers follows a change of the tree (a layer replaced)
+    glu = model.static_enrichment.gate.glu
+    old, glu.dropout = glu.dropout, Dropout(0.5)
+    assert set_dropout(model, True) == n and glu.dropout.training and not old.training
+    assert model.modules_of_type(Dropout) == tuple(
+        m for _, m in model.named_modules() if isinstance(m, Dropout)
+    )
 
 
 def test_dropout_layer(rng):

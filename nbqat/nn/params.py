@@ -102,6 +102,10 @@ def stacked_view(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
     )
 
 
+#: How many times any module tree gained or lost a child (:meth:`Module.modules_of_type`'s key).
+_TREE_EDITS = [0]
+
+
 class Module:
     """Base class of nbqat's layers: declared parameters, child modules, forward/backward.
 
@@ -165,8 +169,10 @@ class Module:
             return
         if isinstance(value, Module):
             self._modules[name] = value
+            _TREE_EDITS[0] += 1
         elif name in self.__dict__.get("_modules", {}):
             del self._modules[name]
+            _TREE_EDITS[0] += 1
         object.__setattr__(self, name, value)
 
     def declare(self, name: str, shape: tuple[int, ...], init: Init) -> None:
@@ -217,6 +223,27 @@ class Module:
             mod = stack.pop()
             yield mod
             stack.extend(reversed(mod._modules.values()))
+
+    def modules_of_type(self, cls: type) -> tuple[Any, ...]:
+        """The modules of :meth:`modules` that are instances of ``cls``, in that order.
+
+        Kept until any module tree changes (a child module set or removed anywhere), so a
+        training step's :func:`~nbqat.nn.set_dropout` does not walk the whole tree again.
+
+        Parameters
+        ----------
+        cls : type
+
+        Returns
+        -------
+        tuple of Module
+        """
+        key = (cls, _TREE_EDITS[0])
+        kept = self.__dict__.get("_of_type")
+        if kept is None or kept[0] != key:
+            kept = (key, tuple(m for m in self.modules() if isinstance(m, cls)))
+            object.__setattr__(self, "_of_type", kept)
+        return kept[1]
 
     def set_folding(self, enabled: bool) -> int:
         """Switch every algebraic fold of this module and its descendants on or off.

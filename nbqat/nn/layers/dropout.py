@@ -185,13 +185,11 @@ def set_dropout(model: Any, training: bool, seed: Sequence[int] | None = None) -
     int
         The number of dropout layers.
     """
-    n = 0
     on = bool(training)
     seed_t = None if seed is None else tuple(int(s) for s in seed)
-    for mod in model.modules():
-        if isinstance(mod, Dropout):
-            mod.training = on
-            if seed_t is not None:
-                mod.seed = seed_t
-            n += 1
-    return n
+    layers = model.modules_of_type(Dropout)
+    for mod in layers:
+        mod.training = on
+        if seed_t is not None:
+            mod.seed = seed_t
+    return len(layers)
