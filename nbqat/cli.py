@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from nbqat.train.model import CSV_COLUMN_OPTIONS
 from nbqat.train.parser import build_parser
@@ -32,8 +33,6 @@ def _given(argv: Sequence[str]) -> set[str]:
 
 def _resume_conflicts(args: argparse.Namespace, argv: Sequence[str]) -> None:
     """Raise ValueError for options given with --resume that differ from the checkpoint's."""
-    from pathlib import Path
-
     from nbqat.train.checkpointing import read_run_state
 
     explicit = _given(argv) - set(_RESUME_FREE)
@@ -113,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"nbqat train --check: OK: {len(d['entities'])} series, windows "
                     f"{d['windows']}, filled {d['filled'] or 0}; nothing written"
                 )
+            elif fc.run_dir is not None and _root():
+                _print_run(fc.run_dir)
         except TrainingInterrupted as e:
             if _root():  # under MPI every rank stopped at the same step: one message
                 print(f"\n{e}", file=sys.stderr)
@@ -129,10 +130,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
+def _print_run(out: Path) -> None:
+    """The finished run's summary (its ``summary.txt``) and the files it wrote."""
+    print((out / "summary.txt").read_text().rstrip("\n"))
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir()
+                   if not p.name.startswith("."))  # fmt: skip
+    print(f"outputs in {out.resolve()}: {', '.join(names)}")
+
+
 def _predict(args: argparse.Namespace) -> int:
     """``nbqat predict`` / ``nbqat backtest``: :class:`nbqat.Forecaster` and one CSV."""
-    from pathlib import Path
-
     from nbqat.data import DataError
     from nbqat.forecaster import Forecaster
     from nbqat.train.predict import check_out, write_csv

@@ -251,7 +251,7 @@ def test_onnx_graph_matches_nbqat_features_and_qdq_part(demand):
     assert meta["future_columns"] == ["holiday", "price"] and meta["step_seconds"] == 3600.0
 
 
-def test_forecaster_fit_predict_load_round_trip(demand, tmp_path):
+def test_forecaster_fit_predict_load_round_trip(demand, tmp_path, capsys):
     import nbqat
 
     d, full, train, fut, run = demand
@@ -259,10 +259,13 @@ def test_forecaster_fit_predict_load_round_trip(demand, tmp_path):
                 horizon=TAU, windows_per_epoch=32, calibration_batches=2, eval_stride=48,
                 progress=False, plots=False)  # fmt: skip
     df = pd.read_csv(train)
+    capsys.readouterr()
     fc = nbqat.Forecaster(**opts).fit(
         df, time_col="ts", target_col="demand", entity_col="site", observed_cols=["temp"],
         known_cols=["holiday", "price"],
     )  # fmt: skip
+    assert capsys.readouterr().out == ""  # a library call: the CLI prints the summary
+    assert "q-risk" in (fc.run_dir / "summary.txt").read_text()
     # the CLI run on the same data and options: the same numbers
     cli = nbqat.Forecaster.load(run)
     assert fc.metrics["q_risk_test"] == cli.metrics["q_risk_test"]

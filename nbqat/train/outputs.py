@@ -127,7 +127,8 @@ def interpretation(r: Run, test: SplitWindows) -> tuple[dict, np.ndarray]:
 
 
 def write_outputs(r: Run, metrics: dict, timings: dict) -> None:
-    """Write ``timings.json``, ``metrics.json`` and ``summary.txt`` and print the summary.
+    """Write ``timings.json``, ``metrics.json`` and ``summary.txt`` (the CLI prints the summary;
+    :meth:`nbqat.Forecaster.fit` prints nothing).
 
     Parameters
     ----------
@@ -145,7 +146,3 @@ def write_outputs(r: Run, metrics: dict, timings: dict) -> None:
     table = summary_table(metrics, timings)
     with atomic_open(out / "summary.txt", "w") as fh:
         fh.write(table + "\n")
-    print(table)
-    names = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir()
-                   if not p.name.startswith("."))  # fmt: skip
-    print(f"outputs in {out.resolve()}: {', '.join(names)}")
