@@ -180,13 +180,6 @@ def _xsl_rr(hi, lo):  # pragma: no cover
 
 
 @cpu_kernel(parallel=False, inline="always")
-def pcg64_next(hi, lo, inc_hi, inc_lo):  # pragma: no cover
-    """One PCG64 draw: the stepped state and its 64-bit output, as ``(hi, lo, r)``."""
-    hi, lo = pcg64_step(hi, lo, inc_hi, inc_lo)
-    return hi, lo, _xsl_rr(hi, lo)
-
-
-@cpu_kernel(parallel=False, inline="always")
 def _pcg64_fill(hi, lo, inc_hi, inc_lo, jump, out, c):  # pragma: no cover
     """``out[:c]`` = the next ``c`` outputs of the stream at state ``(hi, lo)``, made by
     :data:`_LANES` lanes (lane u holds the states u + 1, u + 1 + L, ...; ``jump`` is
