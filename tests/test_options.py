@@ -244,3 +244,26 @@ def test_a_finished_lstm_run_loads_without_the_tft_options(tmp_path, monkeypatch
     fc = Forecaster.load(tmp_path)
     assert fc.options["model"] == "lstm" and not tft_only & set(fc.options)
     assert fc.options["epochs"] == cfg["epochs"]
+
+
+def test_a_checkpoint_without_a_later_option_reads_as_before_it(tmp_path):
+    """A state.json written before --window-norm existed (no such key) loads with the
+    behaviour of that release ('none'); any other missing option is still refused."""
+    from nbqat.train.checkpointing import read_run_state
+
+    cfg = TrainConfig(quick=True).resolved().to_json()
+    cfg.update(history=24, csv=None)
+    del cfg["window_norm"]
+    state = {"phase": "float", "epoch": 0, "batch_pos": 0, "epoch_loss_sum": 0.0,
+             "best_val": None, "best_epoch": -1, "bad_epochs": 0, "stopped_early": False,
+             "lr_factor": 1.0, "plateau_epoch": -1, "curves": {}, "step_losses": {},
+             "grad_norms": {}, "timings": {}}  # fmt: skip
+    data = {"path": "/x", "bytes": 1, "sha256": "0"}
+    (tmp_path / "state.json").write_text(ckpt.state_json(cfg, state, data))
+    meta = read_run_state(tmp_path)
+    assert meta["config"]["window_norm"] == "none"
+    assert TrainConfig(**meta["config"]).window_norm == "none"
+    del cfg["eval_stride"]
+    (tmp_path / "state.json").write_text(ckpt.state_json(cfg, state, data))
+    with pytest.raises(ckpt.CheckpointError, match="config.eval_stride'?: missing"):
+        read_run_state(tmp_path)

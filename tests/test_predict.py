@@ -216,14 +216,17 @@ def test_onnx_metadata_of_the_run(run):
 
 
 @pytest.mark.parametrize(
-    "options", [["--observer", "histogram"], ["--weight-bits", "4", "--group-size", "16"]]
-)
+    "options",
+    [["--observer", "histogram"], ["--weight-bits", "4", "--group-size", "16"],
+     ["--window-norm", "last"]],
+)  # fmt: skip
 def test_predict_a_run_trained_with_another_qconfig(tmp_path, options):
     """predict rebuilt the model with min/max observers and int8 weights, which refused the
     checkpoint's histogram state ("unexpected key(s) ['histogram_count', ...]") for every
     --observer run, and the grouped weights' state ("unexpected key(s) ['block_size']") of a
-    --weight-bits 4 run. Oracle: the int8 engine (the checkpoint, reloaded) agrees with
-    model.onnx (exported by the run itself) within one output step."""
+    --weight-bits 4 run; --window-norm last puts the shift into model.onnx's graph. Oracle:
+    the int8 engine (the checkpoint, reloaded) agrees with model.onnx (exported by the run
+    itself) within one output step."""
     run = tmp_path / "run"
     assert main(["train", *TINY, *options, "--out", str(run)]) == 0
     outs = {}

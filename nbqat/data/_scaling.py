@@ -67,6 +67,13 @@ class Scaling:
         ``time_index = 2 (t - t0) / t_span - 1`` (seconds for date times).
     step : float
         The time step (seconds for date times).
+    window_norm : {"none", "last"}, default "none"
+        ``"last"``: each window's standardised target is taken relative to its value at the
+        window's last history step (NLinear's normalisation, Zeng et al., "Are Transformers
+        Effective for Time Series Forecasting?", AAAI 2023): the model reads the history and
+        predicts the forecast steps minus that value, which is added back to its forecasts
+        (:meth:`SplitWindows.batch`, :meth:`SplitWindows.unscale`; the ONNX graph does the
+        same). Set by the main job's ``--window-norm``.
     """
 
     entities: list[str]
@@ -87,6 +94,7 @@ class Scaling:
     t0: float
     t_span: float
     step: float
+    window_norm: str = "none"
 
     def to_json(self) -> dict:
         """A JSON-able dict (floats round-trip exactly); :meth:`from_json` reads it back."""
@@ -99,9 +107,10 @@ class Scaling:
         Parameters
         ----------
         d : dict
-            :meth:`to_json`'s output (extra keys are ignored).
+            :meth:`to_json`'s output (extra keys are ignored; a field with a default may be
+            missing: a run written before it existed).
         """
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
     def index(self, name: str) -> int:
         """The index of entity ``name``.

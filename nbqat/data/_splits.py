@@ -60,18 +60,36 @@ class SplitWindows:
             Known inputs over the tau forecast steps.
         target : ndarray float32 (B, tau)
             The standardised target (per-entity level/scale of the training split).
+
+        With ``Scaling.window_norm = "last"`` the history's target column and ``target`` are
+        taken relative to each window's :meth:`offset` (:meth:`unscale` adds it back).
         """
         p = self.parent
         rows = self.rows if idx is None else self.rows[idx]
         ent = self.entity if idx is None else self.entity[idx]
         hist_idx = rows[:, None] + np.arange(-p.history, 0)
         fut_idx = rows[:, None] + np.arange(p.horizon)
-        return (
-            p.static[ent],
-            p.hist_features[hist_idx],
-            p.future_features[fut_idx],
-            p.target_std[fut_idx],
-        )
+        hist, target = p.hist_features[hist_idx], p.target_std[fut_idx]
+        off = self.offset(idx)
+        if off is not None:  # relative to the last history step (Scaling.window_norm)
+            hist[..., 0] -= off[:, None]
+            target -= off[:, None]
+        return p.static[ent], hist, p.future_features[fut_idx], target
+
+    def offset(self, idx: Index = None) -> np.ndarray | None:
+        """float32 (B,): what ``Scaling.window_norm = "last"`` subtracts from each window's
+        standardised target (its value at the last history step); None without it.
+
+        Parameters
+        ----------
+        idx : ndarray of int, slice or None
+            As in :meth:`batch`.
+        """
+        sc = self.parent.scaling
+        if sc is None or sc.window_norm == "none":
+            return None
+        rows = self.rows if idx is None else self.rows[idx]
+        return self.parent.hist_features[rows - 1, 0]
 
     def _at(self, column: np.ndarray, steps: np.ndarray, idx: Index) -> np.ndarray:
         """``column`` (one entry per global row) at ``steps`` from each window's first forecast
@@ -80,14 +98,17 @@ class SplitWindows:
         return column[rows[:, None] + steps]
 
     def target(self, idx: Index = None) -> np.ndarray:
-        """float32 (B, tau): the standardised target only (no input arrays gathered).
+        """float32 (B, tau): the standardised target only (no input arrays gathered), as
+        :meth:`batch` returns it (relative to :meth:`offset` where that is set).
 
         Parameters
         ----------
         idx : ndarray of int, slice or None
             Which windows of the split (default: all), as in :meth:`batch`.
         """
-        return self._at(self.parent.target_std, np.arange(self.parent.horizon), idx)
+        target = self._at(self.parent.target_std, np.arange(self.parent.horizon), idx)
+        off = self.offset(idx)
+        return target if off is None else target - off[:, None]
 
     def target_raw(self, idx: Index = None) -> np.ndarray:
         """float64 (B, tau): the unscaled target over the forecast steps.
@@ -115,13 +136,18 @@ class SplitWindows:
         Parameters
         ----------
         pred : ndarray (B, tau) or (B, tau, Q)
-            Standardised values (model outputs).
+            Standardised values (model outputs); with ``Scaling.window_norm = "last"``
+            relative to each window's :meth:`offset`, which is added back first (in ``pred``'s
+            dtype).
         idx : ndarray of int, slice or None
             The windows ``pred`` belongs to (default: all of the split, in order).
         """
         ent = self.entity if idx is None else self.entity[idx]
         lvl = self.parent.level[ent].reshape((-1,) + (1,) * (pred.ndim - 1))
         scl = self.parent.scale[ent].reshape((-1,) + (1,) * (pred.ndim - 1))
+        off = self.offset(idx)
+        if off is not None:  # the window's last standardised target, added back (float32
+            pred = np.asarray(pred) + off.reshape((-1,) + (1,) * (pred.ndim - 1))  # for float32)
         return pred.astype(np.float64) * scl + lvl
 
     def seasonal_naive(self, idx: Index = None) -> np.ndarray:

@@ -11,6 +11,10 @@
   known CSV columns ``future_columns``);
 * output ``quantiles`` float32 (B, tau, Q) in the target's units.
 
+With ``Scaling.window_norm = "last"`` the graph also takes the standardised target relative
+to its value at the last history step (float32, as :meth:`nbqat.data.SplitWindows.batch`) and
+adds that value back to the network's output before the unscaling.
+
 The transform is computed in float64, with the formulas of
 :meth:`Scaling.observed_features` / :meth:`Scaling.known_features` /
 :func:`nbqat.data._calendar.calendar_features` in the same operation order, then cast to
@@ -128,6 +132,34 @@ def _known(g: _G, sc: Any, entity: str, secs: str, raw: str) -> str:
     return parts[0] if len(parts) == 1 else g.op("Concat", parts, axis=2)
 
 
+def _model_inputs(g: _G, sc: Any, k: int, tau: int, n_h: int) -> str | None:
+    """The QDQ graph's inputs ``static``, ``historical`` and ``future_features`` from the raw
+    ``entity``, ``time``, ``history`` and ``future``; returns the (B, 1, 1) float32 value that
+    ``Scaling.window_norm = "last"`` subtracted from the target's history (None without)."""
+    n_obs = 1 + len(sc.observed)
+    hist = g.op("Cast", ["history"], to=11)
+    fut = g.op("Cast", ["future"], to=11)
+    obs = g.slice(hist, 0, n_obs, 2)
+    mu = g.per_entity(np.asarray(sc.obs_mu), "entity", 3)
+    sd = g.per_entity(np.asarray(sc.obs_sd), "entity", 3)
+    obs_std = g.op("Div", [g.op("Sub", [obs, mu]), sd])
+    t_hist, t_fut = g.slice("time", 0, k, 1), g.slice("time", k, k + tau, 1)
+    kh = _known(g, sc, "entity", t_hist, g.slice(hist, n_obs, n_h, 2))
+    kf = _known(g, sc, "entity", t_fut, fut)
+    last = sc.window_norm == "last"
+    hist32 = g.op("Cast", [g.op("Concat", [obs_std, kh], axis=2)], to=1,
+                  out=None if last else "historical")  # fmt: skip
+    off = None
+    if last:  # the target relative to its last history step, in float32
+        off = g.slice(g.slice(hist32, k - 1, k, 1), 0, 1, 2)  # (B, 1, 1)
+        tgt = g.op("Sub", [g.slice(hist32, 0, 1, 2), off])
+        g.op("Concat", [tgt, g.slice(hist32, 1, 2**62, 2)], out="historical", axis=2)
+    g.op("Cast", [kf], out="future_features", to=1)
+    static = np.asarray(sc.static, np.float64).astype(np.float32)
+    g.op("Gather", [g.c(static, np.float32), "entity"], out="static", axis=0)
+    return off
+
+
 def self_contained(inner: Any, info: dict) -> Any:
     """The QDQ model ``inner`` (inputs static / historical / future) wrapped with the run's
     transform: raw rows in, target units out (see the module docstring).
@@ -151,21 +183,9 @@ def self_contained(inner: Any, info: dict) -> Any:
 
     sc = Scaling.from_json(info["scaling"])
     k, tau = int(info["history"]), int(info["horizon"])
-    n_obs, n_h, n_f = 1 + len(sc.observed), len(info["history_columns"]), len(sc.known)
+    n_h, n_f = len(info["history_columns"]), len(sc.known)
     g = _G()
-    hist = g.op("Cast", ["history"], to=11)
-    fut = g.op("Cast", ["future"], to=11)
-    obs = g.slice(hist, 0, n_obs, 2)
-    mu = g.per_entity(np.asarray(sc.obs_mu), "entity", 3)
-    sd = g.per_entity(np.asarray(sc.obs_sd), "entity", 3)
-    obs_std = g.op("Div", [g.op("Sub", [obs, mu]), sd])
-    t_hist, t_fut = g.slice("time", 0, k, 1), g.slice("time", k, k + tau, 1)
-    kh = _known(g, sc, "entity", t_hist, g.slice(hist, n_obs, n_h, 2))
-    kf = _known(g, sc, "entity", t_fut, fut)
-    g.op("Cast", [g.op("Concat", [obs_std, kh], axis=2)], out="historical", to=1)
-    g.op("Cast", [kf], out="future_features", to=1)
-    static = np.asarray(sc.static, np.float64).astype(np.float32)
-    g.op("Gather", [g.c(static, np.float32), "entity"], out="static", axis=0)
+    off = _model_inputs(g, sc, k, tau, n_h)
     body = onnx.ModelProto()
     body.CopyFrom(inner)
     for node in body.graph.node:  # the QDQ graph's future input is the known features
@@ -173,7 +193,8 @@ def self_contained(inner: Any, info: dict) -> Any:
         node.output[:] = ["pre.quantiles_std" if o == "quantiles" else o for o in node.output]
     post = _G()
     post.n = g.n
-    y = post.op("Cast", ["pre.quantiles_std"], to=11)
+    y32 = "pre.quantiles_std" if off is None else post.op("Add", ["pre.quantiles_std", off])
+    y = post.op("Cast", [y32], to=11)
     scl = post.per_entity(np.asarray(sc.scale), "entity", 2)
     lvl = post.per_entity(np.asarray(sc.level), "entity", 2)
     post.op("Cast", [post.op("Add", [post.op("Mul", [y, scl]), lvl])], out="quantiles", to=1)

@@ -153,18 +153,22 @@ def _check_type(file: Path, field: str, v: Any, typ: type, allow_none: bool = Fa
         raise _err(file, field, "is NaN")
 
 
-def _check_config(file: Path, cfg: Any, checks: Mapping[str, Callable[[Any], str | None]]) -> None:
-    """Every option of ``cfg`` present, known and accepted by its check (the job's schema: the
-    range rules live in the job's options registry, not here)."""
+def _check_config(
+    file: Path, cfg: Any, checks: Mapping[str, Callable[[Any], str | None]], optional: set
+) -> None:
+    """Every option of ``cfg`` present (but the ``optional`` ones), known and accepted by its
+    check (the job's schema: the range rules live in the job's options registry, not here)."""
     if not isinstance(cfg, dict):
         raise _err(file, "config", f"expected an object, got {type(cfg).__name__}")
     extra = sorted(set(cfg) - set(checks))
-    missing = sorted(set(checks) - set(cfg))
+    missing = sorted(set(checks) - set(cfg) - optional)
     if extra:
         raise _err(file, f"config.{extra[0]}", "unknown option (an edited or foreign file?)")
     if missing:
         raise _err(file, f"config.{missing[0]}", "missing")
     for k, check in checks.items():
+        if k not in cfg:
+            continue
         why = check(cfg[k])
         if why is not None:
             raise _err(file, f"config.{k}", why)
@@ -252,7 +256,11 @@ def _check_state(file: Path, st: Any, cfg: dict) -> None:
         raise _err(file, "state.timings", "expected non-negative seconds per phase")
 
 
-def read_state(ck: str | Path, config_fields: Mapping[str, Callable[[Any], str | None]]) -> dict:
+def read_state(
+    ck: str | Path,
+    config_fields: Mapping[str, Callable[[Any], str | None]],
+    legacy: Mapping[str, Any] | None = None,
+) -> dict:
     """Read and validate ``ck/state.json``; nothing is written.
 
     Parameters
@@ -263,6 +271,8 @@ def read_state(ck: str | Path, config_fields: Mapping[str, Callable[[Any], str |
         The schema of ``config``: ``{option: check}``, ``check(value)`` returning what is wrong
         with ``value`` ("expected ..., got ...") or None (the job's
         :func:`nbqat.train.checkpointing.config_schema`, built from its options registry).
+    legacy : mapping, optional
+        ``{option: value}`` of options added after the file's release: filled in if missing.
 
     Returns
     -------
@@ -304,7 +314,7 @@ def read_state(ck: str | Path, config_fields: Mapping[str, Callable[[Any], str |
     extra = sorted(set(meta) - {"version", "config", "state", "data", "checksum"})
     if extra:
         raise _err(file, extra[0], "unknown field")
-    _check_config(file, meta.get("config"), config_fields)
+    _check_config(file, meta.get("config"), config_fields, set(legacy or ()))
     _check_state(file, meta.get("state"), meta["config"])
     data = meta.get("data")
     if not isinstance(data, dict) or set(data) != {"path", "bytes", "sha256"}:
@@ -320,7 +330,7 @@ def read_state(ck: str | Path, config_fields: Mapping[str, Callable[[Any], str |
         )
     if meta["state"]["best_val"] is None:
         meta["state"]["best_val"] = math.inf
-    meta["config"]["out"] = str(folder.parent)
+    meta["config"] = {**(legacy or {}), **meta["config"], "out": str(folder.parent)}
     meta["folder"] = str(folder)
     return meta
 

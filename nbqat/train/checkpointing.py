@@ -17,7 +17,7 @@ from nbqat.train import checkpoint_schema as ckpt
 from nbqat.train.config import SIDE_FILES, TrainConfig
 from nbqat.train.loop import FLOAT, Run, RunState
 from nbqat.train.model import to_host
-from nbqat.train.options import config_checks
+from nbqat.train.options import config_checks, legacy_values
 
 __all__ = [
     "config_schema",
@@ -175,7 +175,7 @@ def read_run_state(ck: str | Path) -> dict:
     FileNotFoundError, CheckpointError
         As :func:`nbqat.train.checkpoint_schema.read_state`.
     """
-    return ckpt.read_state(ck, config_schema())
+    return ckpt.read_state(ck, config_schema(), legacy_values())
 
 
 def read_run_config(ck: str | Path) -> TrainConfig:

@@ -41,7 +41,7 @@ SIDE_FILES = ("qat_start.npz", "qat_clipped.npz")
 #: same seed in different folders give the same file.
 NOT_IN_METRICS = ("out", "progress", "stop_after_steps", "overwrite")
 #: Options left out of metrics.json at their default (a default run's file stays as it was).
-NOT_IN_METRICS_AT_DEFAULT = {"model": "tft"}
+NOT_IN_METRICS_AT_DEFAULT = {"model": "tft", "window_norm": "auto"}
 #: Options that only some forecasters read: option -> the ``--model`` values that read it
 #: (from the registry; any other model refuses the option).
 MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -136,6 +136,7 @@ class TrainConfig:
     weight_bits: int = _FROM_REGISTRY
     group_size: int | None = _FROM_REGISTRY
     weight_dtype: str = _FROM_REGISTRY
+    window_norm: str = _FROM_REGISTRY
 
     #: ``{option: default}`` that :meth:`resolved` fills in for ``None`` (the full run's, and
     #: ``--quick``'s), from the registry.

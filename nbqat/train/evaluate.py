@@ -124,9 +124,10 @@ def _predictions(r: Run) -> dict:
 
 
 def _history_choice(w: Any) -> dict:
-    """``{"history_choice": record}`` for a ``--history auto`` run and
-    ``{"skip_history_choice": record}`` for a ``--skip-history auto`` one (both may be)."""
-    names = ("history_choice", "skip_history_choice")
+    """``{"history_choice": record}`` for a ``--history auto`` run,
+    ``{"skip_history_choice": record}`` for a ``--skip-history auto`` one (both may be) and
+    ``{"window_norm": record}`` (:func:`nbqat.train.window_norm.choose_window_norm`)."""
+    names = ("history_choice", "skip_history_choice", "window_norm")
     return {n: getattr(w, n) for n in names if getattr(w, n, None) is not None}
 
 

@@ -12,6 +12,7 @@ from nbqat.data import TMY3_COLUMNS, Windows, load_csv, load_tmy3, make_windows
 from nbqat.optim_groups import inner_attribute
 from nbqat.train import preflight
 from nbqat.train.config import MIN_HISTORY, QUANTILES
+from nbqat.train.window_norm import choose_window_norm
 
 
 def build_model(cfg: Any, w: Windows) -> Any:
@@ -191,7 +192,9 @@ def load_data(cfg: Any) -> Windows:
         (:func:`nbqat.train.history_auto.choose_history`, from the default one), and the
         windows' ``history_choice`` holds its record. ``cfg.skip_history`` ``"auto"`` is set
         to the linear skip's history (``skip_history_choice``); with a skip history the
-        windows are cut with it (it is never shorter than ``cfg.history``).
+        windows are cut with it (it is never shorter than ``cfg.history``). ``cfg.window_norm``
+        sets the windows' ``scaling.window_norm`` (:func:`choose_window_norm`; ``window_norm``
+        holds its record).
 
     Returns
     -------
@@ -235,6 +238,7 @@ def load_data(cfg: Any) -> Windows:
         w.history_choice = record  # type: ignore[attr-defined]
     if skip_record is not None:
         w.skip_history_choice = skip_record  # type: ignore[attr-defined]
+    w.window_norm = choose_window_norm(cfg.window_norm, w)  # type: ignore[attr-defined]
     preflight.check_windows(cfg, w)
     return w
 

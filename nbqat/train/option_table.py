@@ -26,6 +26,7 @@ __all__ = [
     "OBSERVER_CHOICES",
     "OPTIONS",
     "Option",
+    "WINDOW_NORMS",
 ]
 
 #: ``--model``'s values (the forecasters of :func:`nbqat.nn.build_forecaster`).
@@ -34,6 +35,8 @@ MODELS: tuple[str, ...] = FORECASTERS
 OBSERVER_CHOICES: tuple[str, ...] = (*OBSERVERS, "all")
 #: ``--device``'s values.
 DEVICES = ("cpu", "cuda")
+#: ``--window-norm``'s values (:mod:`nbqat.train.window_norm`).
+WINDOW_NORMS = ("auto", "none", "last")
 #: ``nbqat predict --engine``'s values (``nbqat.train.predict.ENGINES`` is this tuple).
 ENGINES = ("onnx", "int8", "float")
 #: The commands whose options the table holds.
@@ -101,6 +104,9 @@ class Option:
         The default as ``--help`` writes it, where it is not a value (``"--lr / 10"``).
     path : bool
         A path (an ``os.PathLike`` is accepted too).
+    legacy : object
+        For an option added after a release: the value that a checkpoint written without it
+        means (the behaviour before the option); :attr:`UNSET`: the option is required.
     """
 
     UNSET: ClassVar[Any] = type("Unset", (), {"__repr__": lambda self: "UNSET"})()
@@ -128,6 +134,7 @@ class Option:
     metavar: str | None = None
     default_doc: str | None = None
     path: bool = False
+    legacy: Any = UNSET
 
     @property
     def flag(self) -> str:
@@ -282,6 +289,11 @@ OPTIONS: tuple[Option, ...] = (
          group="data"),
     _opt("eval_stride", int, None, "steps between validation/test windows", group="data",
          full=6, quick=24, **_POS),
+    _opt("window_norm", str, "auto", "each window's target relative to its last history "
+         "value, added back to the forecasts (NLinear's normalisation): 'last', 'none', or "
+         "'auto': 'last' where the validation targets leave the training targets' range (a "
+         "drifting level), else 'none' (metrics.json window_norm)", group="data",
+         choices=WINDOW_NORMS, legacy="none"),
     # ------------------------------------------------------------------------ predict/backtest
     _opt("run_dir", str, None, "the --out folder of nbqat train", group="predict",
          commands=_PREDICT, field=False, cli="positional", metavar="RUN_DIR", path=True),

@@ -38,6 +38,7 @@ __all__ = [
     "config_checks",
     "config_options",
     "expected",
+    "legacy_values",
     "mode_defaults",
     "options",
     "problem",
@@ -223,3 +224,10 @@ def config_checks() -> dict[str, Callable[[Any], str | None]]:
         return lambda v: problem(o, v, resolved=True, null="null")
 
     return {name: checker(o) for name, o in config_options().items()}
+
+
+def legacy_values() -> dict[str, Any]:
+    """``{field: value}`` of the options a checkpoint written before they existed may lack,
+    with what their absence means (:attr:`Option.legacy`); handed to
+    :func:`nbqat.train.checkpoint_schema.read_state`."""
+    return {n: o.legacy for n, o in config_options().items() if o.legacy is not Option.UNSET}
