@@ -73,3 +73,12 @@ def test_bad_option_and_twice():
     d = w.scaling.to_json()
     del d["window_norm"]  # a run written before the option: plain windows
     assert Scaling.from_json(d).window_norm == "none"
+
+
+def test_the_summary_says_where_the_windows_are_normalised():
+    from nbqat.train.summary import _data_and_report_lines
+
+    rec = {"option": "auto", "choice": "last", "train": [0, 1], "val": [0, 2]}
+    (line,) = _data_and_report_lines({"data": {}, "window_norm": rec})
+    assert "relative to its last history value" in line and "left the training range" in line
+    assert _data_and_report_lines({"data": {}, "window_norm": {**rec, "choice": "none"}}) == []

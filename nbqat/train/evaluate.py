@@ -54,7 +54,8 @@ RIDGE_NOTE = (
     "static] to the tau standardised targets, fitted on every training window of its history; "
     "its history (whole seasons up to the longest the data allows, and the model's) and lambda "
     "chosen by the P50 q-risk on the validation split (ridge_tuning); forecast on the model's "
-    "test windows; P_q = yhat_h + the q-quantile of its training residuals at step h"
+    "test windows; P_q = yhat_h + the q-quantile of its training residuals at step h; with "
+    "window_norm 'last' it reads the model's windows, relative to their last history value"
 )
 RIDGE_FIXED_NOTE = (
     "ridge_fixed: the former ridge row, kept for continuity: the same regression with the "

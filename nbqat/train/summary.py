@@ -133,7 +133,8 @@ def _training_lines(metrics: dict) -> list[str]:
 
 
 def _data_and_report_lines(metrics: dict) -> list[str]:
-    """The data's repairs (--fill-gaps) and the quantization report's most sensitive modules."""
+    """The data's repairs (--fill-gaps), the window normalisation where it is on, and the
+    quantization report's most sensitive modules."""
     lines = []
     filled = metrics["data"].get("filled") or {}
     if filled:
@@ -147,6 +148,13 @@ def _data_and_report_lines(metrics: dict) -> list[str]:
             "most sensitive modules (test P50 with only it quantized, float "
             f"{top[0]['float_P50']:.4f}): "
             + ", ".join(f"{t['module']} {t['only_P50']:.4f}" for t in top)
+        )
+    wn = metrics.get("window_norm") or {}
+    if wn.get("choice") == "last":
+        why = " (the validation targets left the training range)" if wn["option"] == "auto" else ""
+        lines.append(
+            f"--window-norm {wn['option']}: each window's target relative to its last history "
+            f"value{why}; the baselines read the same windows"
         )
     carried = metrics["data"].get("carried_not_interpolated") or {}
     if carried:
