@@ -75,17 +75,22 @@ def test_trainconfig_and_forecaster_refuse_the_value_naming_the_option(name, val
         assert words in str(ei.value), (build, str(ei.value))
 
 
-@pytest.mark.parametrize("name, value, text, words", [b for b in BAD if b[2] != "inf"])
-def test_the_checkpoint_refuses_the_value_naming_the_field(name, value, text, words, tmp_path):
-    cfg = TrainConfig(quick=True).resolved().to_json()
-    cfg.update(history=24, csv=None)  # as load_data leaves it
-    cfg[name] = value
+def _write_state(folder, cfg):
+    """A float-phase state.json of ``cfg`` (with its checksum) in ``folder``."""
     state = {"phase": "float", "epoch": 0, "batch_pos": 0, "epoch_loss_sum": 0.0,
              "best_val": None, "best_epoch": -1, "bad_epochs": 0, "stopped_early": False,
              "lr_factor": 1.0, "plateau_epoch": -1, "curves": {}, "step_losses": {},
              "grad_norms": {}, "timings": {}}  # fmt: skip
     data = {"path": "/x", "bytes": 1, "sha256": "0"}
-    (tmp_path / "state.json").write_text(ckpt.state_json(cfg, state, data))
+    (folder / "state.json").write_text(ckpt.state_json(cfg, state, data))
+
+
+@pytest.mark.parametrize("name, value, text, words", [b for b in BAD if b[2] != "inf"])
+def test_the_checkpoint_refuses_the_value_naming_the_field(name, value, text, words, tmp_path):
+    cfg = TrainConfig(quick=True).resolved().to_json()
+    cfg.update(history=24, csv=None)  # as load_data leaves it
+    cfg[name] = value
+    _write_state(tmp_path, cfg)
     with pytest.raises(ckpt.CheckpointError, match=f"field 'config.{name}': expected") as ei:
         ckpt.read_state(tmp_path, config_schema())
     assert words in str(ei.value)
@@ -254,16 +259,11 @@ def test_a_checkpoint_without_a_later_option_reads_as_before_it(tmp_path):
     cfg = TrainConfig(quick=True).resolved().to_json()
     cfg.update(history=24, csv=None)
     del cfg["window_norm"]
-    state = {"phase": "float", "epoch": 0, "batch_pos": 0, "epoch_loss_sum": 0.0,
-             "best_val": None, "best_epoch": -1, "bad_epochs": 0, "stopped_early": False,
-             "lr_factor": 1.0, "plateau_epoch": -1, "curves": {}, "step_losses": {},
-             "grad_norms": {}, "timings": {}}  # fmt: skip
-    data = {"path": "/x", "bytes": 1, "sha256": "0"}
-    (tmp_path / "state.json").write_text(ckpt.state_json(cfg, state, data))
+    _write_state(tmp_path, cfg)
     meta = read_run_state(tmp_path)
     assert meta["config"]["window_norm"] == "none"
     assert TrainConfig(**meta["config"]).window_norm == "none"
     del cfg["eval_stride"]
-    (tmp_path / "state.json").write_text(ckpt.state_json(cfg, state, data))
+    _write_state(tmp_path, cfg)
     with pytest.raises(ckpt.CheckpointError, match="config.eval_stride'?: missing"):
         read_run_state(tmp_path)
