@@ -146,8 +146,8 @@ class SplitWindows:
         lvl = self.parent.level[ent].reshape((-1,) + (1,) * (pred.ndim - 1))
         scl = self.parent.scale[ent].reshape((-1,) + (1,) * (pred.ndim - 1))
         off = self.offset(idx)
-        if off is not None:  # the window's last standardised target, added back (float32
-            pred = np.asarray(pred) + off.reshape((-1,) + (1,) * (pred.ndim - 1))  # for float32)
+        if off is not None:  # added back in pred's dtype (float32 for model outputs)
+            pred = np.asarray(pred) + off.reshape((-1,) + (1,) * (pred.ndim - 1))
         return pred.astype(np.float64) * scl + lvl
 
     def seasonal_naive(self, idx: Index = None) -> np.ndarray:

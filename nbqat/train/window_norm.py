@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nbqat.train.options import WINDOW_NORMS
 from nbqat.train.skip_range import drift_bounds
 
 __all__ = ["choose_window_norm"]
@@ -45,8 +46,8 @@ def choose_window_norm(option: str, w: Any) -> dict:
     ValueError
         For another ``option``, or windows without a :class:`~nbqat.data.Scaling`.
     """
-    if option not in ("auto", "none", "last"):
-        raise ValueError(f"--window-norm must be 'auto', 'none' or 'last', got {option!r}")
+    if option not in WINDOW_NORMS:
+        raise ValueError(f"--window-norm must be one of {WINDOW_NORMS}, got {option!r}")
     if w.scaling is None or w.scaling.window_norm != "none":
         raise ValueError("choose_window_norm: the windows must carry a Scaling, not normalised")
     rec: dict = {"option": option}
