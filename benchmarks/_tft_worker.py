@@ -5,7 +5,8 @@ network under ``torch.compile``, inductor, compiled during the warm-up steps) wi
 count fixed by the caller through NUMBA_NUM_THREADS / OPENBLAS_NUM_THREADS / OMP_NUM_THREADS
 (torch gets ``torch.set_num_threads`` with the same number). Prints one JSON line:
 
-* ``median_s``: median wall time of ``STEPS`` steps after ``WARMUP`` warm-up steps;
+* ``median_s``: median wall time of ``STEPS`` steps (5 at the ``small`` smoke size) after
+  ``WARMUP`` warm-up steps;
 * ``rss_peak_delta_mb``: the peak resident set size during the timed steps minus the resident
   set size just before them (both implementations, same measure). The kernel's peak counter
   VmHWM is reset first (``/proc/self/clear_refs`` = 5); if that is not permitted, ``ru_maxrss``
@@ -115,7 +116,7 @@ def main() -> None:
     rss0 = _rss_mb()
     out["rss_peak_reset"] = _reset_peak()
     times = []
-    for _ in range(STEPS if size == "full" else 5):
+    for _ in range(5 if size == "small" else STEPS):
         t0 = time.perf_counter()
         out.setdefault("loss", float(step()))
         times.append(time.perf_counter() - t0)
