@@ -196,7 +196,7 @@ def _counts(x, b, lo, hi, bins, wide, keys):  # pragma: no cover
     return kmins.min(), kmaxs.max(), out
 
 
-@cpu_kernel(parallel=True)
+@cpu_kernel(parallel=False)  # the threads are _counts' own prange
 def histc_counts(x, lo, hi, bins, wide):  # pragma: no cover
     """Counts of float32 ``x`` in ``bins`` equal bins over ``[lo, hi]`` (torch.histc's bins).
 
@@ -214,7 +214,7 @@ def histc_counts(x, lo, hi, bins, wide):  # pragma: no cover
     return _counts(x, x.view(np.int32), lo, hi, bins, wide, False)[2]
 
 
-@cpu_kernel(parallel=True)
+@cpu_kernel(parallel=False)  # the threads are _counts' own prange
 def minmax_histc(x, b, lo, hi, bins):  # pragma: no cover
     """One pass: order keys of the min and max of ``x`` and its float32 :func:`histc_counts`
     over the *current* range ``[lo, hi]`` (values outside skipped). When the batch lies inside
