@@ -350,6 +350,17 @@ def test_per_tensor_bad_input(kwargs, exc, word):
         (dict(scale=np.int32([1, 1, 1])), TypeError, "scale"),
         (dict(zero_point=np.int32([0, 300, 0])), ValueError, "zero_point"),
         (dict(zero_point=np.float32([0, 0.5, 0])), TypeError, "zero_point"),
+        # checked in their own dtype: no wrap of 2**64 - 1 to -1, no cast of 2.0**64 to INT64_MIN
+        (
+            dict(zero_point=np.uint64([0, 2**64 - 1, 0])),
+            ValueError,
+            r"zero_point\[1\] = 18446744073709551615",
+        ),
+        (
+            dict(zero_point=np.float64([0, 2.0**64, 0])),
+            ValueError,
+            r"zero_point\[1\] = 1.8446744073709552e\+19",
+        ),
         (dict(quant_min=127, quant_max=-128), ValueError, "quant_min"),
         (dict(x=np.zeros((2, 3), np.int8)), TypeError, "astype"),
         (dict(out=np.zeros((3, 2), np.float32)), ValueError, "out"),

@@ -249,8 +249,12 @@ def test_state_dict_round_trip_and_torch_state(torch, rng):
     again = nbqat.HistogramObserver(dtype="qint8")
     again.load_state_dict(ours.state_dict())
     np.testing.assert_array_equal(again.histogram, ours.histogram)
-    with pytest.raises(ValueError, match="histogram must be"):
+    with pytest.raises(ValueError, match=r"histogram must have shape \(2048,\), got \(3,\)"):
         again.load_state_dict({**ours.state_dict(), "histogram": np.ones(3, np.float32)})
+    negative = np.ones(2048, np.float32)
+    negative[5] = -1
+    with pytest.raises(ValueError, match=r"non-negative counts, got histogram\[5\] = -1"):
+        again.load_state_dict({**ours.state_dict(), "histogram": negative})
     np.testing.assert_array_equal(again.histogram, ours.histogram)
 
 

@@ -544,6 +544,26 @@ def test_load_state_dict_errors_leave_state(rng):
         pt.load_state_dict({"min_val": np.zeros(2), "max_val": np.zeros(2)})
 
 
+@pytest.mark.parametrize("policy", ["raise", "ignore"])
+@pytest.mark.parametrize("bad", [(np.nan, 1.0), (-1.0, np.nan), (-np.inf, 1.0), (0.0, np.inf)])
+def test_load_state_dict_keeps_the_nonfinite_policy(policy, bad):
+    """An observer that never stores NaN / Inf does not load them either (its qparams would be
+    NaN); the unset pair ``(+inf, -inf)`` of a fresh observer loads, and ``"propagate"`` (torch's
+    behaviour) loads anything, with calculate_qparams' NaN warning."""
+    obs = nbqat.MinMaxObserver(nonfinite=policy)
+    obs(np.array([-1.0, 2.0], np.float32))
+    with pytest.raises(ValueError, match=f"nonfinite='{policy}'"):
+        obs.load_state_dict({"min_val": np.float32(bad[0]), "max_val": np.float32(bad[1])})
+    assert (float(obs.min_val), float(obs.max_val)) == (-1.0, 2.0)  # unchanged
+    obs.load_state_dict(nbqat.MinMaxObserver().state_dict())  # the unset pair
+    assert (float(obs.min_val), float(obs.max_val)) == (np.inf, -np.inf)
+    torch_like = nbqat.MinMaxObserver(nonfinite="propagate")
+    torch_like.load_state_dict({"min_val": np.float32(bad[0]), "max_val": np.float32(bad[1])})
+    if np.isnan(bad).any():
+        with pytest.warns(RuntimeWarning, match="holds NaN"):
+            assert np.isnan(torch_like.calculate_qparams()[0]).all()
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input
 # ---------------------------------------------------------------------------------------------

@@ -185,9 +185,12 @@ def check_min_max_shapes(
 
 
 def parse_min_max_state(
-    state: Any, strict: bool, per_channel: bool, eps: np.float32
+    state: Any, strict: bool, per_channel: bool, eps: np.float32, nonfinite: str
 ) -> tuple[np.ndarray, np.ndarray, np.float32]:
     """``(min_val, max_val, eps)`` of a min/max observer's ``state_dict`` (checked, float32).
+
+    ``nonfinite`` is the observer's policy: except under ``"propagate"`` (torch's), a state
+    holds finite values or the unset pair ``(+inf, -inf)``, as the observer's own updates keep it.
 
     Raises
     ------
@@ -196,7 +199,8 @@ def parse_min_max_state(
     KeyError
         ``min_val`` or ``max_val`` is missing.
     ValueError
-        Unexpected keys (``strict``), wrong shapes, ``min_val > max_val``, a bad ``eps``.
+        Unexpected keys (``strict``), wrong shapes, ``min_val > max_val``, NaN or Inf that the
+        policy does not keep, a bad ``eps``.
     """
     if not hasattr(state, "keys"):
         raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")
@@ -213,6 +217,12 @@ def parse_min_max_state(
         raise ValueError("load_state_dict: min_val/max_val must be float arrays") from None
     mn, mx = check_min_max_shapes(mn, mx, per_channel, "load_state_dict")
     unset = (mn == np.inf) & (mx == -np.inf)
+    if nonfinite != "propagate" and not np.all(unset | (np.isfinite(mn) & np.isfinite(mx))):
+        raise ValueError(
+            f"load_state_dict: min_val/max_val hold NaN or Inf, which an observer with "
+            f"nonfinite={nonfinite!r} never stores; construct it with nonfinite='propagate' "
+            "(torch's behaviour) to load such a state"
+        )
     if np.any((mn > mx) & ~unset):
         raise ValueError("load_state_dict: min_val > max_val for some entries")
     if "eps" in state:

@@ -227,25 +227,23 @@ def _channel_zero_points(z: np.ndarray, quant_min: int, quant_max: int, float_zp
         if not np.isfinite(z32).all():
             raise ValueError("`zero_point` must be finite in every channel")
         return z32
-    if np.issubdtype(z.dtype, np.integer):
-        zi = z.astype(np.int64)
-    elif np.issubdtype(z.dtype, np.floating):
+    if np.issubdtype(z.dtype, np.floating):
         if not (np.isfinite(z).all() and (z == np.round(z)).all()):
             raise TypeError(
                 "`zero_point` must hold integers, got non-integral floats; use "
                 "`np.rint(zero_point).astype(np.int32)`"
             )
-        zi = z.astype(np.int64)
-    else:
+    elif not np.issubdtype(z.dtype, np.integer):
         raise TypeError(
             f"`zero_point` must be an int32 array, got dtype {z.dtype}; "
             "use `zero_point.astype(np.int32)`"
         )
-    out = (zi < quant_min) | (zi > quant_max)
+    # the range check in z's own dtype (a uint64 2**64 - 1 must not wrap to -1 in a cast)
+    out = (z < quant_min) | (z > quant_max)
     if out.any():
         i = int(np.flatnonzero(out)[0])
         raise ValueError(
             f"`zero_point` must lie in [quant_min, quant_max] = [{quant_min}, {quant_max}], "
-            f"got zero_point[{i}] = {int(zi[i])}"
+            f"got zero_point[{i}] = {z[i].item()!r}"
         )
-    return np.ascontiguousarray(zi, dtype=np.int32)
+    return np.ascontiguousarray(z, dtype=np.int32)

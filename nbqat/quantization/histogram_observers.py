@@ -385,10 +385,15 @@ class HistogramObserver(_MinMaxBase):
         if "histogram" not in state:
             raise KeyError("load_state_dict: missing key 'histogram'")
         h = np.array(state["histogram"], dtype=_F32)
-        if h.shape != (self.bins,) or not (np.isfinite(h).all() and (h >= 0).all()):
+        if h.shape != (self.bins,):
             raise ValueError(
-                f"load_state_dict: histogram must be ({self.bins},) finite non-negative counts, "
-                f"got shape {h.shape}"
+                f"load_state_dict: histogram must have shape ({self.bins},), got {h.shape}"
+            )
+        if not (np.isfinite(h).all() and (h >= 0).all()):
+            i = int(np.flatnonzero(~(np.isfinite(h) & (h >= 0)))[0])
+            raise ValueError(
+                "load_state_dict: histogram must hold finite non-negative counts, got "
+                f"histogram[{i}] = {h[i]}"
             )
         rest = {k: v for k, v in state.items() if k != "histogram"}
         super().load_state_dict(rest, strict=strict)

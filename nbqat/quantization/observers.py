@@ -374,9 +374,12 @@ class _MinMaxBase:
             A required key is missing.
         ValueError
             Unexpected keys (strict), wrong shapes, min/max length mismatch, ``min_val > max_val``,
+            NaN or Inf (other than the unset ``(+inf, -inf)``) unless ``nonfinite="propagate"``,
             or a non-positive eps. Nothing is changed on error.
         """
-        mn, mx, eps = _mm.parse_min_max_state(state, strict, self._per_channel, self.eps)
+        mn, mx, eps = _mm.parse_min_max_state(
+            state, strict, self._per_channel, self.eps, self.nonfinite
+        )
         self._min, self._max, self.eps = mn, mx, eps
 
     def _extra_repr(self) -> str:
