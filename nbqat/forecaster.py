@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +40,31 @@ def _names(cols: Any) -> str | None:
 
 
 def _check_columns(df: Any, **named: Any) -> None:
-    """Every column that ``fit``'s arguments name is in the DataFrame: a DataError naming the
-    argument, the missing column, a close match and the DataFrame's columns (before anything is
-    written or trained)."""
+    """Every column that ``fit``'s arguments name is a string (a TypeError saying how to name
+    the columns) and is in the DataFrame: a DataError naming the argument, the missing column, a
+    close match and the DataFrame's columns (before anything is written or trained)."""
     import difflib
 
     from nbqat.data import DataError
 
     have = [str(c) for c in df.columns]
     for arg, cols in named.items():
+        if cols is None:
+            continue
         if isinstance(cols, str):  # one name; a list argument may spell its names "a,b"
             cols = [c.strip() for c in cols.split(",")] if arg.endswith("_cols") else [cols]
-        for col in list(cols or ()):
+        elif not arg.endswith("_cols") or not isinstance(cols, Iterable):
+            cols = [cols]
+        cols = list(cols)
+        bad = next((c for c in cols if not isinstance(c, str)), None)
+        if bad is not None:
+            raise TypeError(
+                f"fit: {arg} names the column {bad!r} ({type(bad).__name__}); column names must "
+                f"be strings: give the DataFrame string column names (df.columns = "
+                f"df.columns.map(str), e.g. after pd.read_csv(header=None)) and pass them as "
+                f"strings ({arg}={str(bad)!r})"
+            )
+        for col in cols:
             if str(col) not in have:
                 close = difflib.get_close_matches(str(col), have, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -141,7 +155,13 @@ class Forecaster:
         Raises
         ------
         DataError, ValueError
-            Bad data or options, before anything is trained (the message names the fix).
+            Bad data or options, before anything is written or trained (the message names the
+            fix). A DataFrame's errors name ``DataFrame, row N``, N its 0-based position in
+            ``data`` (``data.iloc[N]``), as :meth:`predict`'s do; a file's name the file and
+            its line (CSV, header = 1) or 0-based row (Parquet).
+        TypeError
+            ``data`` of another type, or a column argument that is not a string (column names
+            must be strings: ``df.columns = df.columns.map(str)``).
         """
 
         created = self.options.get("out") is None or not Path(self.options["out"]).exists()
@@ -149,8 +169,8 @@ class Forecaster:
             return self._fit(data, time_col, target_col, entity_col, observed_cols, known_cols,
                              static_cols)  # fmt: skip
         except BaseException:
-            out = Path(self.options["out"])
-            if created and out.is_dir() and not (out / "checkpoint").exists():
+            out = Path(self.options["out"]) if self.options.get("out") is not None else None
+            if created and out is not None and out.is_dir() and not (out / "checkpoint").exists():
                 shutil.rmtree(out, ignore_errors=True)  # a failed fit leaves no folder behind
             raise
 
@@ -167,8 +187,7 @@ class Forecaster:
             raise ValueError(
                 "fit needs time_col= and target_col= (the --time-col and --target-col)"
             )
-        out = self._out()
-        path: Any = data
+        frame = None
         if not isinstance(data, (str, os.PathLike)):
             import pandas as pd
 
@@ -177,20 +196,19 @@ class Forecaster:
                     f"data must be a pandas DataFrame, a path or a SeriesData, got "
                     f"{type(data).__name__}"
                 )
-            from nbqat.train import preflight
-
             _check_columns(data, time_col=time_col, target_col=target_col,
                            entity_col=entity_col, observed_cols=observed_cols,
                            known_cols=known_cols, static_cols=static_cols)  # fmt: skip
-            preflight.check_out(out, bool(self.options.get("overwrite")))
-            out.mkdir(parents=True, exist_ok=True)
-            path = out / "data.parquet"
-            data.to_parquet(path, index=False)
+            frame = data
+        out = self._out()
+        path = out / "data.parquet" if frame is not None else data
         cfg = self._config(
             csv=str(path), time_col=time_col, target_col=target_col, entity_col=entity_col,
             observed_cols=_names(observed_cols), known_cols=_names(known_cols) or None,
             static_cols=_names(static_cols) or None,
         )  # fmt: skip
+        if frame is not None:
+            _store_frame(frame, cfg, out, bool(self.options.get("overwrite")))
         return self.train(cfg)
 
     def _out(self) -> Path:
@@ -299,6 +317,13 @@ class Forecaster:
         -------
         pandas.DataFrame
             ``entity, time, step, p10, p50, p90 [, actual]`` (:func:`nbqat.train.predict.forecast`).
+
+        Raises
+        ------
+        DataError
+            Data without the run's columns, at another time step than the run was trained on
+            (naming both steps), or with bad values: a DataFrame's errors name ``DataFrame, row
+            N``, N its 0-based position in ``data``, as :meth:`fit`'s do.
         """
         from nbqat.train.predict import forecast
 
@@ -314,7 +339,7 @@ class Forecaster:
         start : str, numpy.datetime64 or float, optional
             The first origin; default the run's test split start.
         stride : int, optional
-            Steps between origins; default the horizon.
+            Steps between origins (a positive integer); default the horizon.
         engine, fill_gaps
             As in :meth:`predict`.
 
@@ -330,9 +355,7 @@ class Forecaster:
         info = run_info(run, cfg)
         if start is None:
             start = info.get("test_start")
-        stride = int(stride) if stride is not None else int(info["horizon"])
-        if stride < 1:
-            raise ValueError(f"--stride must be a positive integer, got {stride}")
+        stride = stride if stride is not None else int(info["horizon"])  # checked by forecast
         df = forecast(run, data, backtest=(start, stride), engine=engine, fill_gaps=fill_gaps)
         df.attrs["q_risk"] = q_risk_table(df, info["quantiles"])
         return df
@@ -381,6 +404,29 @@ class Forecaster:
         with atomic_open(path, "wb", prefix=".nbqat-onnx-") as f:
             f.write(data)
         return Path(path)
+
+
+def _store_frame(df: Any, cfg: Any, out: Path, overwrite: bool) -> None:
+    """Check ``df`` with the reader's checks on the DataFrame itself (so a data error names
+    ``"DataFrame, row N"``, N the 0-based position in ``df``, as ``predict`` does, not the copy
+    written below), then write it to ``cfg.csv`` (``OUT/data.parquet``), the file the run
+    reads."""
+    from nbqat.data import DataError, from_dataframe
+    from nbqat.train import preflight
+    from nbqat.train.model import column_roles
+
+    preflight.check_out(out, overwrite)
+    from_dataframe(df, fill_gaps=bool(cfg.fill_gaps), **column_roles(vars(cfg)))
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        df.to_parquet(cfg.csv, index=False)
+    except (ValueError, TypeError) as e:  # pyarrow's ArrowInvalid / ArrowTypeError
+        msg = " ".join(str(a) for a in e.args) if e.args else type(e).__name__
+        raise DataError(
+            f"DataFrame: cannot store it in the run folder as Parquet ({msg[:300]}); give each "
+            "column one type (e.g. df[col] = pd.to_numeric(df[col]) for a column mixing numbers "
+            "and numeric strings), or drop the columns the run does not use"
+        ) from None
 
 
 def _series_frame(data: Any) -> Any:

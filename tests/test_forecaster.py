@@ -299,6 +299,132 @@ def test_forecaster_fit_predict_load_round_trip(demand, tmp_path, capsys):
         assert not out.exists()
 
 
+def _respaced(frame: pd.DataFrame, freq: str) -> pd.DataFrame:
+    """``frame`` with each site's times re-spaced to ``freq`` (the same rows and values)."""
+    out = frame.copy()
+    for _, g in out.groupby("site", sort=False):
+        t = pd.date_range("2024-03-01", periods=len(g), freq=freq)
+        out.loc[g.index, "ts"] = t.strftime("%Y-%m-%d %H:%M")
+    return out
+
+
+def test_predict_refuses_data_at_another_time_step(demand, tmp_path, capsys):
+    import nbqat
+
+    d, full, _, fut, run = demand
+    fc = nbqat.Forecaster.load(run)
+    raw = pd.read_csv(fut)
+    for freq, words in (("min", "1 minute"), ("2h", "2 hours")):
+        with pytest.raises(DataError, match=rf"time step is {words} but the model was trained "
+                           r"on a time step of 1 hour: .*resample it to 1 hour"):  # fmt: skip
+            fc.predict(_respaced(raw, freq))
+    with pytest.raises(DataError, match="time step is 15 minutes but the model was trained"):
+        fc.backtest(_respaced(raw, "15min"), stride=12)
+    # nbqat predict --csv reads the data on the same path
+    _respaced(raw, "min").to_csv(tmp_path / "minutes.csv", index=False)
+    out = tmp_path / "f.csv"
+    _fails(["predict", str(run), "--csv", str(tmp_path / "minutes.csv"), "--out", str(out)],
+           capsys, "time step is 1 minute but the model was trained on a time step of 1 hour",
+           out)  # fmt: skip
+    assert len(fc.predict(raw)) == 3 * TAU  # the training run's step: forecasts
+
+
+def _hourly(n: int = 120) -> pd.DataFrame:
+    t = pd.date_range("2024-01-01", periods=n, freq="h")
+    return pd.DataFrame({"ts": t, "demand": np.sin(np.arange(n) / 4.0), "temp": np.cos(t.hour)})
+
+
+def _with(col: str, i: int, value) -> pd.DataFrame:
+    df = _hourly()
+    if isinstance(value, str):
+        df[col] = df[col].astype(object)  # numbers and one string
+    df.loc[i, col] = value
+    return df
+
+
+@pytest.mark.parametrize(
+    ("df", "needle"),
+    [
+        (_with("demand", 5, np.nan), "DataFrame, row 5: column 'demand' has a missing value"),
+        (_with("temp", 7, np.inf), "DataFrame, row 7: column 'temp' has a non-finite value inf"),
+        (_with("ts", 3, pd.NaT), "DataFrame, row 3: column 'ts' (--time-col) has a missing"),
+        (_with("ts", 6, pd.Timestamp("2024-01-01 05:00")), "DataFrame, row 6: duplicate"),
+        # positions, not index labels: position 4 holds label 3, position 8 label 10
+        (_hourly().iloc[[0, 1, 2, 4, 3, *range(5, 120)]], "DataFrame, row 4: unsorted"),
+        (_hourly().drop(index=[8, 9]), "DataFrame, row 8: gap in entity 'series'"),
+        (_hourly().assign(temp="warm"), "DataFrame, row 0: column 'temp' has a non-numeric"),
+        (_with("temp", 5, "x"), "DataFrame, row 5: column 'temp' has a non-numeric value 'x'"),
+        (_hourly().iloc[:0], "DataFrame: no data rows"),
+    ],
+    ids=["nan", "inf", "nat", "duplicate", "unsorted", "gap", "string", "mixed", "empty"],
+)
+def test_fit_dataframe_errors_name_its_rows_not_a_file(df, needle, tmp_path):
+    """A DataFrame's data errors name ``DataFrame, row N`` (its 0-based position, as predict's
+    messages), not the Parquet copy in the run folder, and nothing is written."""
+    import nbqat
+
+    out = tmp_path / "run"
+    with pytest.raises(DataError) as ei:
+        nbqat.Forecaster(quick=True, out=str(out), plots=False, progress=False).fit(
+            df, time_col="ts", target_col="demand"
+        )
+    msg = str(ei.value)
+    assert msg.startswith(needle), msg
+    assert "parquet" not in msg and "file" not in msg and str(tmp_path) not in msg, msg
+    assert not out.exists()
+
+
+def test_fit_column_names_must_be_strings(tmp_path):
+    import nbqat
+
+    df = _hourly()
+    df.columns = [0, 1, 2]  # as pd.read_csv(header=None) names them
+    fc = nbqat.Forecaster(quick=True, out=str(tmp_path / "run"), plots=False, progress=False)
+    with pytest.raises(TypeError, match=r"fit: time_col names the column 0 \(int\); column "
+                       r"names must be strings.*df\.columns = df\.columns\.map\(str\).*"
+                       r"time_col='0'"):  # fmt: skip
+        fc.fit(df, time_col=0, target_col=1)
+    with pytest.raises(TypeError, match=r"known_cols names the column 2 \(int\)"):
+        fc.fit(df, time_col="0", target_col="1", known_cols=[2])
+    # the names as strings: read (here up to its data check, which names the row and column)
+    df.loc[3, 1] = np.nan
+    with pytest.raises(DataError, match=r"^DataFrame, row 3: column '1' has a missing value"):
+        fc.fit(df, time_col="0", target_col="1")
+    assert not (tmp_path / "run").exists()
+
+
+def test_fit_dataframe_that_parquet_cannot_store(tmp_path):
+    """A column of numbers and numeric strings passes the data checks but cannot be stored:
+    a DataError naming the column, not pyarrow's ArrowInvalid."""
+    import nbqat
+
+    df = _hourly().assign(temp=[1.0] * 119 + ["2.5"])
+    out = tmp_path / "run"
+    with pytest.raises(DataError, match=r"DataFrame: cannot store it .*column temp.*one type"):
+        nbqat.Forecaster(quick=True, out=str(out), plots=False, progress=False).fit(
+            df, time_col="ts", target_col="demand"
+        )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("stride", [1.5, 0.5, 2.0, True, 0, -3])
+def test_backtest_stride_is_a_positive_integer(demand, stride):
+    import nbqat
+
+    fc = nbqat.Forecaster.load(demand[4])
+    with pytest.raises(ValueError, match=rf"--stride must be a positive integer.*, got "
+                       rf"{re.escape(repr(stride))}$"):  # fmt: skip
+        fc.backtest(stride=stride)
+
+
+def test_backtest_stride_counter_check(demand):
+    import nbqat
+
+    df = nbqat.Forecaster.load(demand[4]).backtest(pd.read_csv(demand[3]), stride=np.int64(12))
+    origins = pd.to_datetime(df[df.entity == "north"].origin.drop_duplicates())
+    assert (origins.diff().dropna() == pd.Timedelta(hours=12)).all() and len(origins) > 1
+
+
 def _cli_predict(run: Path, fut: Path, tmp_path: Path) -> Path:
     out = tmp_path / "cli.csv"
     assert main(["predict", str(run), "--csv", str(fut), "--out", str(out)]) == 0

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from nbqat.data._scaling import Scaling, entity_features
+from nbqat.data._scaling import Scaling, entity_features, step_seconds
 from nbqat.data._series import DataError, SeriesData
 from nbqat.data._splits import SplitWindows, Windows
 
@@ -71,6 +71,26 @@ def _check_roles(data: SeriesData, sc: Scaling) -> None:
             + " but the model was trained on "
             + ("date times" if sc.is_datetime else "numbers")
         )
+    got_s, want_s = step_seconds(data), float(sc.step)
+    if abs(got_s - want_s) > 1e-9 * max(abs(got_s), abs(want_s)):
+        step, trained = _step_words(got_s, sc.is_datetime), _step_words(want_s, sc.is_datetime)
+        raise DataError(
+            f"the data's time step is {step} but the model was trained on a time step of "
+            f"{trained}: give data at the training run's step (resample it to {trained}), or "
+            f"train a model on the {step} data"
+        )
+
+
+def _step_words(s: float, is_datetime: bool) -> str:
+    """A time step for messages: ``"1 hour"``, ``"15 minutes"`` (date times; ``s`` in
+    seconds), or the number (a numeric time axis)."""
+    if not is_datetime:
+        return f"{s:g}"
+    for n, unit in ((86400, "day"), (3600, "hour"), (60, "minute"), (1, "second")):
+        k = s / n
+        if k >= 1 and k == int(k):
+            return f"{int(k)} {unit}{'s' if k != 1 else ''}"
+    return f"{s:g} seconds"
 
 
 def _spell(data: SeriesData, t: Any) -> str:
@@ -208,7 +228,8 @@ def forecast_windows(
     Raises
     ------
     DataError
-        Columns other than the run's; an entity the run does not know; too few history rows;
+        Columns other than the run's; a time axis of another kind (date times, numbers) or
+        another time step than the run's; an entity the run does not know; too few history rows;
         an ``at`` outside the data or off its time grid; known values missing in the
         forecast steps (naming the column, the time and the rows to add).
     """

@@ -379,8 +379,8 @@ def _frame_to_series(
     from nbqat.data._timecol import parse_time_column, time_spelling
 
     fill_gaps, future_rows = modes
-    if len(df) == 0:
-        raise DataError(f"{src}: the file has a header but no data rows")
+    if len(df) == 0:  # a file's is refused in _read_checked: a DataFrame's
+        raise DataError(f"{src}: no data rows (the table is empty)")
     t_col = df[time_col]
     t = parse_time_column(t_col, time_col, where)
     spelling = time_spelling(t_col)

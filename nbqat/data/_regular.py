@@ -162,7 +162,7 @@ def _check_order(t, per, names, changes, static, where) -> list[np.ndarray]:
             raise DataError(
                 f"{where(_row(rows, i + 1))}: {what} timestamp {ta[i + 1]} for entity "
                 f"{names[e]!r} ({where(_row(rows, i)).rsplit(', ', 1)[-1]} has {ta[i]}); each "
-                "entity's rows must be in strictly increasing time order: sort the file by "
+                "entity's rows must be in strictly increasing time order: sort the rows by "
                 "entity and time and drop duplicate rows"
             )
         diffs.append(d)
@@ -196,8 +196,8 @@ def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray |
         raise DataError(
             f"{where(_row(rows, i + 1))}: gap in entity {name!r}: {int(nsteps[i]) - 1} "
             f"missing step(s) of {step} between {ta[i]} and {ta[i + 1]} "
-            f"({len(gaps)} gap(s) in this entity); fill them in the file, or pass "
-            "--fill-gaps (fill_gaps=True) to insert the missing steps by linear interpolation"
+            f"({len(gaps)} gap(s) in this entity); add the rows of the missing steps, or pass "
+            "--fill-gaps (fill_gaps=True) to insert them by linear interpolation"
         )
     return np.concatenate([[0], np.cumsum(nsteps)])
 

@@ -43,8 +43,8 @@ def numeric_column(
     if not allow_missing and nan.any():
         i = int(np.argmax(nan))
         raise DataError(
-            f"{where(i)}: column {col!r} has a missing value (empty or NA); fill it in the file, "
-            "or pass --fill-gaps (fill_gaps=True) to interpolate missing values linearly"
+            f"{where(i)}: column {col!r} has a missing value (empty, NA or NaN); fill it in, or "
+            "pass --fill-gaps (fill_gaps=True) to interpolate missing values linearly"
         )
     big = ~nan & ~(np.abs(x) <= MAX_ABS_VALUE)
     if big.any():

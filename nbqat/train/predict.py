@@ -260,7 +260,9 @@ def forecast(
     Raises
     ------
     ValueError
-        An unknown engine, a folder without a finished model, an ``at`` that does not parse.
+        An unknown engine, a backtest stride that is not a positive integer (``int``; a float
+        or bool is refused, not truncated), a folder without a finished model, an ``at`` that
+        does not parse.
     DataError
         (a ValueError) see :func:`read_data` and :func:`~nbqat.data._forecast.forecast_windows`.
     FileNotFoundError
@@ -270,6 +272,10 @@ def forecast(
 
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")
+    if backtest is not None:
+        from nbqat.train.options import check_option
+
+        check_option("stride", backtest[1], "backtest")  # 1.5, 0.5, True: refused as given
     run, cfg = load_run(run_dir)
     info = run_info(run, cfg)
     sc = Scaling.from_json(info["scaling"])
