@@ -103,12 +103,14 @@ def test_int8_linear_and_lstm_match_their_fake_quant_layers(rng):
     np.testing.assert_allclose(c, c_fq, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("head,skip", [(False, False), (True, False), (False, True)])
-def test_int8_model_matches_the_fake_quant_model_within_one_output_step(rng, head, skip):
+@pytest.mark.parametrize(
+    "head,skip,qskip", [(False, False, False), (True, False, False), (False, True, False),
+                        (False, True, True)]
+)  # fmt: skip
+def test_int8_model_matches_the_fake_quant_model_within_one_output_step(rng, head, skip, qskip):
     model = TemporalFusionTransformer(dataclasses.replace(CFG, linear_skip=skip), seed=11)
-    qat = QATTemporalFusionTransformer.from_float(
-        model, config=QATConfig(calibration_batches=3, quantize_output_head=head)
-    )
+    config = QATConfig(calibration_batches=3, quantize_output_head=head, quantize_linear_skip=qskip)
+    qat = QATTemporalFusionTransformer.from_float(model, config=config)
     with pytest.raises(RuntimeError, match="calibrate"):
         qat.to_int8()
     qat.calibrate(make_batch(rng) for _ in range(3))
@@ -120,9 +122,10 @@ def test_int8_model_matches_the_fake_quant_model_within_one_output_step(rng, hea
     n_weighted = sum(1 for n, fq in qat.fake_quants.items() if n.endswith("weight_fake_quant"))
     n_lstm = 2
     assert len(i8.layers) == n_weighted + n_lstm
-    # the linear skip is a Linear: QAT quantizes its weight and input, int8 converts it
-    assert ("linear_skip" in i8.layers) == skip
-    assert ("linear_skip.input_fake_quant" in qat.fake_quants) == skip
+    # the linear skip is float by default; with quantize_linear_skip a Linear like any other
+    # (QAT quantizes its weight and input, int8 converts it)
+    assert ("linear_skip" in i8.layers) == qskip
+    assert ("linear_skip.input_fake_quant" in qat.fake_quants) == qskip
     for lay in i8.layers.values():
         for sub in (lay.ih, lay.hh) if isinstance(lay, Int8LSTM) else (lay,):
             assert sub.weight_q.dtype == np.int8

@@ -115,10 +115,11 @@ def test_tft_export_with_fallback_layers():
 
 def test_weight_bits_4_run_has_the_int8_rows(tmp_path):
     """A --weight-bits 4 run's int8 rows are the default run's, bit for bit (the same seed,
-    batches and schedule replayed), next to its int4 rows; the linear skip (294 inputs) is
-    kept at 8 bits."""
+    batches and schedule replayed), next to its int4 rows; layers whose width is not a multiple
+    of the group (the LSTMs' 4 inputs against G = 8) are kept at 8 bits, and the linear skip,
+    part of the float output head, is not quantized at all."""
     runs = {}
-    for bits, extra in (("8", []), ("4", ["--weight-bits", "4", "--group-size", "4"])):
+    for bits, extra in (("8", []), ("4", ["--weight-bits", "4", "--group-size", "8"])):
         out = tmp_path / bits
         assert main(["train", *TINY, *extra, "--out", str(out)]) == 0
         runs[bits] = json.loads((out / "metrics.json").read_text())
@@ -126,15 +127,17 @@ def test_weight_bits_4_run_has_the_int8_rows(tmp_path):
     assert q4["ptq_int8"] == q8["ptq_int8"] and q4["qat_int8"] == q8["int8"]
     assert q4["float_finetuned"] == q8["float_finetuned"]
     wf = runs["4"]["weight_format"]
-    assert list(wf["rows"]) == ["float_finetuned", "ptq_int8", "qat_int8", "ptq_int4_g4",
-                                "qat_int4_g4"]  # fmt: skip
-    assert wf["rows"]["qat_int4_g4"] == q4["int8"] != q8["int8"]  # (the ridge-started head
+    assert list(wf["rows"]) == ["float_finetuned", "ptq_int8", "qat_int8", "ptq_int4_g8",
+                                "qat_int4_g8"]  # fmt: skip
+    assert wf["rows"]["qat_int4_g8"] == q4["int8"] != q8["int8"]  # (the ridge-started head
     # is zero at the start: PTQ int4 and int8 agree on this tiny run, QAT moves it)
-    assert "linear_skip" in wf["per_channel_fallback"]
+    assert "lstm_encoder" in wf["per_channel_fallback"]
+    assert "linear_skip" not in wf["per_channel_fallback"]
     table = runs["4"]["quality_table"]["minmax"]
-    assert table["qat_int8"] == q8["int8"] and table["qat_int4_g4"] == q4["int8"]
+    assert table["qat_int8"] == q8["int8"] and table["qat_int4_g8"] == q4["int8"]
     report = json.loads((tmp_path / "4" / "quant_report.json").read_text())
-    assert report["fallback_bits"]["linear_skip"] == 8
+    assert report["fallback_bits"]["lstm_encoder"] == 8
+    assert not [q for q in report["quantizers"] if q["name"].startswith("linear_skip.")]
     summary = (tmp_path / "4" / "summary.txt").read_text()
-    assert "QAT int8" in summary and "PTQ int4_g4" in summary and "linear_skip" in summary
-    assert "qat_int8" not in q8 and "ptq_int4_g4" not in q8  # the default run as before
+    assert "QAT int8" in summary and "PTQ int4_g8" in summary and "lstm_encoder" in summary
+    assert "qat_int8" not in q8 and "ptq_int4_g8" not in q8  # the default run as before

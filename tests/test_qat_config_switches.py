@@ -1,4 +1,5 @@
-"""QATConfig.quantize_output_head / quantize_attention are read by prepare_qat (issue 28).
+"""QATConfig.quantize_output_head / quantize_linear_skip / quantize_attention are read by
+prepare_qat (issues 28, 31).
 
 Oracle: the same model prepared with the equivalent explicit ``qconfig_mapping`` float
 fallback (``{name: None}``), a path that ignores the switches, and the float layer itself: a
@@ -19,6 +20,7 @@ from nbqat.nn import (
     TFTConfig,
     prepare_qat,
 )
+from nbqat.nn.qat import QATTemporalFusionTransformer
 
 
 def _batch(rng, m_s, m_z, m_x, k, tau, b=6):
@@ -67,6 +69,34 @@ def test_the_head_stays_float_by_default_and_is_quantized_on_request(make, rng):
     np.testing.assert_array_equal(_run(default, batch), want)
     quantized = prepare_qat(model, config=on)
     assert f"{head}.weight_fake_quant" in quantized.fake_quants
+    assert not np.array_equal(_run(quantized, batch), want)  # the switch changes the model
+
+
+def test_the_linear_skip_stays_float_by_default_and_is_quantized_on_request(rng):
+    """``quantize_linear_skip=False`` is the explicit float mapping of ``linear_skip`` (the oracle
+    path), for the generic prepare_qat and the TFT's QAT class alike."""
+    cfg = TFTConfig(2, 3, 4, hidden_dim=8, num_heads=2, sequence_length=5, prediction_horizon=3,
+                    linear_skip=True)  # fmt: skip
+    model = TemporalFusionTransformer(cfg, seed=0)
+    batch = _batch(rng, 2, 4, 3, 5, 3)
+    default = prepare_qat(model, config=nbqat.QATConfig(calibration_batches=1))
+    assert not [k for k in default.fake_quants if k.startswith("linear_skip.")]
+    assert "linear_skip" in default.float_fallback
+    on = nbqat.QATConfig(calibration_batches=1, quantize_linear_skip=True)
+    explicit = prepare_qat(model, config=on, qconfig_mapping={"linear_skip": None})
+    assert sorted(explicit.fake_quants) == sorted(default.fake_quants)
+    want = _run(explicit, batch)
+    np.testing.assert_array_equal(_run(default, batch), want)
+    tft_class = QATTemporalFusionTransformer.from_float(
+        model, config=nbqat.QATConfig(calibration_batches=1)
+    )
+    assert sorted(k for k in tft_class.fake_quants if k != "output_fake_quant") == sorted(
+        k for k in default.fake_quants if k != "output_fake_quant"
+    )
+    quantized = prepare_qat(model, config=on)
+    assert {"linear_skip.weight_fake_quant", "linear_skip.input_fake_quant"} <= set(
+        quantized.fake_quants
+    )
     assert not np.array_equal(_run(quantized, batch), want)  # the switch changes the model
 
 

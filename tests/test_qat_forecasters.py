@@ -6,6 +6,7 @@ Oracles: prepare_qat's own module walk (the TFT's quantizer set), the saved mode
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -164,6 +165,36 @@ def test_generic_checkpoint_errors(tmp_path, rng):
     assert isinstance(load_qat_forecaster(tmp_path / "tft.npz"), QATTemporalFusionTransformer)
     with pytest.raises(FileNotFoundError):
         load_qat_forecaster(tmp_path / "missing.npz")
+
+
+def test_a_checkpoint_from_before_quantize_linear_skip_loads_with_its_skip_quantized(tmp_path, rng):
+    """Checkpoints written before ``QATConfig.quantize_linear_skip`` existed quantized the skip:
+    their saved config lacks the field and loads with it True (the saved quantizers, the same
+    forecasts); a current checkpoint loads as written."""
+    tft = TemporalFusionTransformer(dataclasses.replace(TCFG, linear_skip=True), seed=2)
+    cfg = nbqat.QATConfig(calibration_batches=2, quantize_linear_skip=True)
+    qat = QATTemporalFusionTransformer.from_float(tft, config=cfg)
+    b = _batch(rng)
+    qat.calibrate([b, b])
+    want = qat.predict(*b[:3])
+    path = tmp_path / "old.npz"
+    qat.save(path)
+    st = load_state(path, format="nbqat.qat")
+    del st["qat"]["config"]["quantize_linear_skip"]  # as the previous release wrote it
+    save_state(path, st, format="nbqat.qat")
+    old = load_qat_forecaster(path)
+    assert old.config.quantize_linear_skip is True
+    assert "linear_skip.input_fake_quant" in old.fake_quants
+    np.testing.assert_array_equal(old.predict(*b[:3]), want)
+    now = QATTemporalFusionTransformer.from_float(
+        tft, config=nbqat.QATConfig(calibration_batches=2)
+    )
+    now.calibrate([b, b])
+    now.save(tmp_path / "now.npz")
+    loaded = load_qat_forecaster(tmp_path / "now.npz")
+    assert loaded.config.quantize_linear_skip is False
+    assert not [k for k in loaded.fake_quants if k.startswith("linear_skip.")]
+    np.testing.assert_array_equal(loaded.predict(*b[:3]), now.predict(*b[:3]))
 
 
 # ------------------------------------------------------------------------------- the codec

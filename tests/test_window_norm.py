@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nbqat.data import Scaling, from_dataframe, make_windows
-from nbqat.train.window_norm import choose_window_norm
+from nbqat.train.window_norm import choose_window_norm, drift_bounds
 
 
 def _windows(trend: float, n: int = 400):
@@ -19,6 +19,22 @@ def _windows(trend: float, n: int = 400):
     y = 10.0 + trend * t + np.sin(2 * np.pi * t / 4) + 0.1 * rng.normal(size=n)
     data = from_dataframe(pd.DataFrame({"t": t, "y": y}), time_col="t", target_col="y")
     return make_windows(data, history=8, horizon=4, calendar=("time_index",), eval_stride=2)
+
+
+def test_drift_bounds_against_the_batches():
+    for trend, side in ((0.05, "hi"), (-0.05, "lo")):
+        w = _windows(trend)
+        yt, yv = w.train.batch()[3], w.val.batch()[3]
+        rec = drift_bounds(w)
+        assert rec["train"] == pytest.approx([yt.min(), yt.max()])
+        assert rec["val"] == pytest.approx([yv.min(), yv.max()])
+        lo, hi = rec["bounds"]
+        if side == "hi":
+            assert lo is None and hi == pytest.approx(2 * yv.max() - yt.max())
+        else:
+            assert hi is None and lo == pytest.approx(2 * yv.min() - yt.min())
+    flat = _windows(0.0)
+    assert drift_bounds(flat)["bounds"] == [None, None]  # a stationary series: no change
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

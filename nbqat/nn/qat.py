@@ -24,6 +24,8 @@ LSTM hidden state uses ONE quantizer for all steps) |
 | attention probabilities (B, H, tau, T) | per tensor affine quint8 when \
 ``QATConfig.quantize_attention`` (default on; Brevitas does this: they feed the P @ V matmul) |
 | quantile head (Linear d -> Q) | float by default (``QATConfig.quantize_output_head=False``) |
+| linear skip (``TFTConfig.linear_skip``) | float by default \
+(``QATConfig.quantize_linear_skip=False``) |
 | network output (B, tau, Q) | observed always (its scale defines the "output quantization \
 step" of :meth:`to_int8`); fake-quantized only with the head |
 

@@ -95,8 +95,10 @@ def config_qconfig_mapping(model: Module, config: Any) -> dict[str, None]:
     config : QATConfig
         ``quantize_output_head=False`` (the default) keeps the module named by the model's
         ``output_head`` attribute in float (the forecasters' quantile heads; a model without
-        the attribute has no head to keep); ``quantize_attention=False`` keeps every
-        InterpretableMultiHeadAttention (its projections included) in float.
+        the attribute has no head to keep); ``quantize_linear_skip=False`` keeps the model's
+        ``linear_skip`` module (the TFT's, when it has one) in float;
+        ``quantize_attention=False`` keeps every InterpretableMultiHeadAttention (its
+        projections included) in float.
 
     Returns
     -------
@@ -108,6 +110,8 @@ def config_qconfig_mapping(model: Module, config: Any) -> dict[str, None]:
     head = getattr(model, "output_head", None)
     if isinstance(head, str) and not config.quantize_output_head:
         mapping[head] = None
+    if getattr(model, "linear_skip", None) is not None and not config.quantize_linear_skip:
+        mapping["linear_skip"] = None  # the TFT's: it writes the output beside the head
     if not config.quantize_attention:
         for name, mod in model.named_modules():
             if isinstance(mod, InterpretableMultiHeadAttention):

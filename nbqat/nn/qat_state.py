@@ -82,7 +82,9 @@ def saved_network(path: str | os.PathLike, config_cls: type, qat_config: Any) ->
         if "quantiles" in mcfg:
             mcfg["quantiles"] = tuple(mcfg["quantiles"])
         dtype = np.dtype(st["model"]["dtype"])
-        qcfg = QATConfig(**dict(st["qat"]["config"])) if qat_config is None else qat_config
+        fields = dict(st["qat"]["config"])
+        fields.setdefault("quantize_linear_skip", True)  # written before the field: quantized
+        qcfg = QATConfig(**fields) if qat_config is None else qat_config
         return config_cls(**mcfg), dtype, qcfg
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{os.fspath(path)!r}: corrupt checkpoint ({e})") from e

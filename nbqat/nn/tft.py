@@ -218,7 +218,8 @@ class TemporalFusionTransformer(BufferedModel):
         After forward: variable-selection weights (B, m_s), (B, k, m_z), (B, tau, m_x).
     output_head : str
         ``"output_layer"``: the quantile head, kept in float by :func:`~nbqat.nn.prepare_qat`
-        unless ``QATConfig.quantize_output_head``.
+        unless ``QATConfig.quantize_output_head`` (the linear skip, which also writes the
+        output, is float unless ``QATConfig.quantize_linear_skip``).
 
     Notes
     -----

@@ -104,9 +104,6 @@ def _predictions(r: Run) -> dict:
     p["ridge_fixed"] = r.ridge.predict_split(test)
     r.tick("baselines", t1)
     t0 += time.perf_counter() - t1  # not counted twice
-    from nbqat.train.skip_range import widen_skip_input
-
-    p["skip_input_range"] = widen_skip_input(r.qat, r.w)  # trending data (issue 31)
     # The QAT model may share or have changed the float model's buffer: evaluate a fresh float
     # model holding the best float weights.
     r.model = build_model(r.cfg, r.w)
@@ -412,7 +409,6 @@ def evaluate(r: Run) -> dict:
         "ridge_fixed": RIDGE_FIXED_NOTE,
         "ridge_tuning": p["ridge_tuning"],
         **_history_choice(r.w),
-        **({} if p["skip_input_range"] is None else {"skip_input_range": p["skip_input_range"]}),
         **_training(r),
         "timings_file": "timings.json",
         "quant_report": p["quant_report"],

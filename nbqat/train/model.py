@@ -38,7 +38,7 @@ def make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
     """AdamW in two groups (body, linear skip), see :class:`nbqat.train.recipe.GroupedAdamW`.
 
     ``qat=True``: the QAT phase's (and the equally fine-tuned float model's) optimizer, whose
-    skip group moves faster (``qat_skip_lr_scale``) so that the skip's int8 weights can adapt.
+    skip group moves at ``qat_skip_lr_scale`` times the QAT rate.
 
     Parameters
     ----------

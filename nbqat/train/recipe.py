@@ -333,9 +333,6 @@ def ptq_row(run: Any, build_model: Any) -> dict:
     for s, h, f, _ in run.calibration_batches():
         ptq.forward(s, h, f)
     ptq.disable_calibration()
-    from nbqat.train.skip_range import widen_skip_input
-
-    widen_skip_input(ptq, w)  # the QAT model's rule (issue 31)
     int8 = ptq.to_int8()
     return q_risk(test.unscale(run.predict(int8.forward, test)), test.target_raw(), w.quantiles)
 

@@ -10,8 +10,7 @@ arithmetic is :class:`nbqat.data.SplitWindows`' (``batch`` / ``target`` / ``unsc
 same windows, so the tuned ridge is fitted on the normalised windows too.
 
 ``"auto"`` (the default) takes ``"last"`` exactly where the validation split's standardised
-targets leave the training split's range (:func:`nbqat.train.skip_range.drift_bounds`, the
-rule that also widens the linear skip's int8 input range): a drifting level. Decided from the
+targets leave the training split's range (:func:`drift_bounds`): a drifting level. Decided from the
 training and validation splits only, before any training; a resumed run decides again with the
 same result.
 """
@@ -21,9 +20,32 @@ from __future__ import annotations
 from typing import Any
 
 from nbqat.train.options import WINDOW_NORMS
-from nbqat.train.skip_range import drift_bounds
 
-__all__ = ["choose_window_norm"]
+__all__ = ["choose_window_norm", "drift_bounds"]
+
+
+def drift_bounds(w: Any) -> dict:
+    """The drift test: where the validation split's targets leave the training split's range,
+    and the range one more split of that drift would reach.
+
+    Parameters
+    ----------
+    w : nbqat.data.Windows
+        The run's windows (``w.train`` and ``w.val`` are read, never ``w.test``).
+
+    Returns
+    -------
+    dict
+        ``train`` and ``val``: ``[min, max]`` of the split's standardised forecast targets
+        (float); ``bounds``: ``[lo, hi]`` to cover, ``lo = v_min - (t_min - v_min)`` where
+        ``v_min < t_min`` else None, ``hi = v_max + (v_max - t_max)`` where ``v_max > t_max``
+        else None.
+    """
+    t, v = w.train.target(), w.val.target()
+    tl, th, vl, vh = (float(x) for x in (t.min(), t.max(), v.min(), v.max()))
+    lo = vl - (tl - vl) if vl < tl else None
+    hi = vh + (vh - th) if vh > th else None
+    return {"train": [tl, th], "val": [vl, vh], "bounds": [lo, hi]}
 
 
 def choose_window_norm(option: str, w: Any) -> dict:
