@@ -15,6 +15,7 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
 from nbqat import _cuda
 from nbqat._jit import threads_for
@@ -119,14 +120,34 @@ def _split(grads: list, what: str) -> bool:
 class _Plan:
     """Per-dtype segment tables for one list of NumPy arrays (cached by identity)."""
 
-    __slots__ = ("refs", "groups", "rdtype", "n", "size")
+    __slots__ = ("refs", "groups", "rdtype", "n", "size", "overlap")
 
-    def __init__(self, refs, groups, rdtype, n, size):
+    def __init__(self, refs, groups, rdtype, n, size, overlap):
         self.refs = refs  # weak references to the arrays, to check identity on a cache hit
         self.groups = groups  # [(dtype, proto, table, positions)]
         self.rdtype = rdtype  # torch's result dtype of the stacked norms
         self.n = n  # number of arrays
         self.size = size  # number of elements
+        self.overlap = overlap  # (i, j): the first two arrays sharing memory, or None
+
+
+def _overlap(grads: list) -> tuple[int, int] | None:
+    """The first pair ``(i, j)`` of arrays that share an element, or None: a sweep over their
+    byte ranges, ``np.shares_memory`` only where two ranges intersect (views of one flat buffer
+    are adjacent ranges, interleaved views intersect without sharing)."""
+    spans = sorted((*byte_bounds(g), i) for i, g in enumerate(grads) if g.size)
+    active: list[tuple[int, int]] = []  # (end, index) of the ranges still open
+    for lo, hi, i in spans:
+        active = [(e, j) for e, j in active if e > lo]
+        for _, j in active:
+            try:
+                shared = np.shares_memory(grads[i], grads[j], max_work=10**6)
+            except np.exceptions.TooHardError:
+                shared = True
+            if shared:
+                return (min(i, j), max(i, j))
+        active.append((hi, i))
+    return None
 
 
 def _segments(g: np.ndarray, owner: int) -> list[list[int]]:
@@ -183,7 +204,8 @@ def _build_plan(grads: list, write: bool) -> _Plan:
         groups.append((dt, _PROTO[dt], table, np.array(positions, np.int64)))
     rdtype = np.result_type(*by_dtype) if by_dtype else np.dtype(np.float32)
     refs = [weakref.ref(g) for g in grads]
-    return _Plan(refs, groups, rdtype, len(grads), sum(int(g.size) for g in grads))
+    size = sum(int(g.size) for g in grads)
+    return _Plan(refs, groups, rdtype, len(grads), size, _overlap(grads))
 
 
 _PLANS: OrderedDict[tuple[int, ...], _Plan] = OrderedDict()
@@ -206,6 +228,13 @@ def _plan(grads: list, write: bool) -> _Plan:
         for i, g in enumerate(grads):
             if not g.flags.writeable:
                 raise ValueError(f"grads[{i}] is read-only; clipping writes in place")
+        if plan.overlap is not None:  # torch counts and scales the shared elements twice
+            i, j = plan.overlap
+            raise ValueError(
+                f"grads[{i}] and grads[{j}] share memory (the same array twice, or overlapping "
+                "views): clipping would count and scale those elements twice; pass each "
+                "gradient once"
+            )
     return plan
 
 
@@ -386,8 +415,9 @@ def clip_grad_norm_(
     Raises
     ------
     TypeError, ValueError, RuntimeError
-        As :func:`get_total_norm`; ValueError also for a negative ``max_norm`` or a read-only
-        array. Nothing is written before the checks pass.
+        As :func:`get_total_norm`; ValueError also for a negative ``max_norm``, a read-only
+        array, or two NumPy arrays sharing memory (torch would count and scale the shared
+        elements twice). Nothing is written before the checks pass.
 
     References
     ----------

@@ -409,17 +409,31 @@ class Forecaster:
 def _store_frame(df: Any, cfg: Any, out: Path, overwrite: bool) -> None:
     """Check ``df`` with the reader's checks on the DataFrame itself (so a data error names
     ``"DataFrame, row N"``, N the 0-based position in ``df``, as ``predict`` does, not the copy
-    written below), then write it to ``cfg.csv`` (``OUT/data.parquet``), the file the run
-    reads."""
-    from nbqat.data import DataError, from_dataframe
-    from nbqat.train import preflight
+    written below), and the options against it (``nbqat train --check`` on a staged copy), then
+    write it to ``cfg.csv`` (``OUT/data.parquet``), the file the run reads: a refused fit leaves
+    the folder, a previous run's data included, as it was."""
+    import dataclasses
+
+    from nbqat.data import from_dataframe
+    from nbqat.train import preflight, run
     from nbqat.train.model import column_roles
 
     preflight.check_out(out, overwrite)
     from_dataframe(df, fill_gaps=bool(cfg.fill_gaps), **column_roles(vars(cfg)))
-    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="nbqat-fit-") as tmp:
+        staged = Path(tmp) / "data.parquet"
+        _to_parquet(df, staged)
+        run(dataclasses.replace(cfg, csv=str(staged)), check_only=True)
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(staged), cfg.csv)
+
+
+def _to_parquet(df: Any, path: Path) -> None:
+    """``df.to_parquet(path)``; a frame pyarrow cannot store is a DataError."""
+    from nbqat.data import DataError
+
     try:
-        df.to_parquet(cfg.csv, index=False)
+        df.to_parquet(path, index=False)
     except (ValueError, TypeError) as e:  # pyarrow's ArrowInvalid / ArrowTypeError
         msg = " ".join(str(a) for a in e.args) if e.args else type(e).__name__
         raise DataError(

@@ -59,12 +59,22 @@ def _check_params(params: Any) -> bool:
     return is_cuda
 
 
-def _hparam(value: Any, name: str, lo: float = 0.0, hi: float | None = None) -> float:
+def _real(value: Any, name: str) -> float:
+    """``float(value)`` of a real number (not a string or bool: torch's comparisons refuse a
+    string, and ``True`` as a rate is a mistake)."""
+    if isinstance(value, (str, bytes, bool, np.bool_)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__} {value!r}")
     try:
-        v = float(value)
+        return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}") from None
-    if not (v >= lo and (hi is None or v < hi)):
+
+
+def _hparam(value: Any, name: str, lo: float = 0.0, hi: float | None = None) -> float:
+    """A finite hyper-parameter in ``[lo, hi)`` (torch accepts an infinite one, whose first
+    step writes Inf / NaN into the parameters: refused here)."""
+    v = _real(value, name)
+    if not (math.isfinite(v) and v >= lo and (hi is None or v < hi)):
         rng = f"in [{lo}, {hi})" if hi is not None else f">= {lo}"
         raise ValueError(f"Invalid {name}: {value!r} (must be {rng})")
     return v
@@ -114,12 +124,11 @@ class _Optimizer(ParamGroups):
         contiguous = grads.is_c_contiguous() if self._cuda else grads.flags.c_contiguous
         if not contiguous:
             raise ValueError("grads must be contiguous (np.ascontiguousarray)")
-        try:
-            gs = float(grad_scale)
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"grad_scale must be a float, got {type(grad_scale).__name__}"
-            ) from None
+        gs = _real(grad_scale, "grad_scale")
+        if gs < 0 or gs == math.inf:  # NaN passes: clip_coef of a non-finite norm, as in torch
+            raise ValueError(
+                f"grad_scale must be a finite factor >= 0 (e.g. nbqat.clip.clip_coef), got {gs}"
+            )
         return gs
 
     def _t(self, x: float) -> Any:
@@ -220,12 +229,15 @@ class _Optimizer(ParamGroups):
             The flat gradient buffer: same shape, dtype and device as ``params``; read only.
         grad_scale : float, default 1.0
             Every gradient is multiplied by it (rounded to the dtype) inside the update: pass
-            :func:`nbqat.clip.clip_coef` to fold gradient clipping in.
+            :func:`nbqat.clip.clip_coef` to fold gradient clipping in. Finite and >= 0; NaN
+            (the coefficient of a non-finite gradient norm) is taken and propagates, as in
+            torch.
 
         Raises
         ------
         TypeError, ValueError
-            ``grads`` on another device, of another shape/dtype, or not contiguous.
+            ``grads`` on another device, of another shape/dtype, or not contiguous; a
+            ``grad_scale`` that is not a number, negative or infinite. Nothing changes then.
         """
         gs = self._check_grads(grads, grad_scale)
         groups = self._step_groups(gs)

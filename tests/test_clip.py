@@ -405,6 +405,25 @@ def test_read_only_rejected_before_anything_written(rng):
     assert nbqat.get_total_norm([a, b]) > 0  # reading is fine
 
 
+def test_shared_memory_rejected_before_anything_written(rng):
+    """The same array twice or overlapping views: torch counts and scales the shared elements
+    twice; refused here, nothing written. Adjacent views of one buffer (a model's gradients) and
+    interleaved views share no element and clip as the norm oracle says."""
+    a = rng.standard_normal(8).astype(np.float32) * 100
+    buf = rng.standard_normal(12).astype(np.float32) * 100
+    for grads, pair in (([a, a], "grads\\[0\\] and grads\\[1\\]"),
+                        ([buf[:6], a, buf[4:]], "grads\\[0\\] and grads\\[2\\]")):  # fmt: skip
+        before = [g.copy() for g in grads]
+        with pytest.raises(ValueError, match=pair + " share memory"):
+            nbqat.clip_grad_norm_(grads, 1.0)
+        assert all(np.array_equal(g, g0) for g, g0 in zip(grads, before))
+    for views in (lambda b: [b[:5], b[5:]], lambda b: [b[::2], b[1::2]]):
+        buf = rng.standard_normal(12).astype(np.float32) * 100
+        want = np.sqrt(np.sum(buf.astype(np.float64) ** 2))
+        assert nbqat.clip_grad_norm_(views(buf), 1.0) == pytest.approx(want, rel=1e-6)
+        assert np.sqrt(np.sum(buf.astype(np.float64) ** 2)) == pytest.approx(1.0, rel=1e-4)
+
+
 def test_mixing_numpy_and_cuda_raises(cuda_sim, rng):
     g = rng.standard_normal(5).astype(np.float32)
     d = cuda_sim.to_device(g)

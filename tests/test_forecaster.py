@@ -194,6 +194,16 @@ def test_at_gives_actuals_and_backtest_q_risk(demand, tmp_path, capsys):
     assert main(["backtest", str(run2), "--csv", str(fut), "--stride", "12"]) == 0
     assert (run2 / "backtest.csv").read_bytes() == bt.read_bytes()
     assert "origin" not in pd.read_csv(run2 / "forecasts.csv").columns
+    # a --start inside the first --history steps: its grid kept (05:00 every 12 h), the origins
+    # without K history rows before them skipped, not moved to the first 00:00
+    bt3 = tmp_path / "bt3.csv"
+    argv = ["backtest", str(run), "--csv", str(fut), "--start", "2024-03-01 05:00",
+            "--stride", "12", "--out", str(bt3)]  # fmt: skip
+    assert main(argv) == 0
+    origins = pd.read_csv(bt3).groupby("entity").origin.unique()
+    for o in origins:
+        assert o[0] == "2024-03-02 05:00"  # K = 24 rows from 2024-03-01 00:00
+        assert all(pd.Timestamp(x).hour in (5, 17) for x in o)
 
 
 def _example_code() -> str:
@@ -280,6 +290,14 @@ def test_forecaster_fit_predict_load_round_trip(demand, tmp_path, capsys):
     assert at.time.iloc[0] == "2024-03-20 00:00" and at.actual.notna().all()
     onnx_path = back.to_onnx(tmp_path / "m.onnx")
     assert onnx_path.read_bytes() == (saved / "model.onnx").read_bytes()
+    # a refused fit into that run (options its new data cannot serve) leaves it as it was
+    before = {p.name: p.read_bytes() for p in saved.iterdir() if p.is_file()}
+    with pytest.raises(ValueError, match="window"):
+        nbqat.Forecaster(out=str(saved), overwrite=True, **{**opts, "horizon": 6000}).fit(
+            df.assign(demand=df.demand + 100), time_col="ts", target_col="demand",
+            entity_col="site", observed_cols=["temp"], known_cols=["holiday", "price"],
+        )  # fmt: skip
+    assert {p.name: p.read_bytes() for p in saved.iterdir() if p.is_file()} == before
     with pytest.raises(TypeError, match="unknown option"):
         nbqat.Forecaster(epoch=3)
     # a column the DataFrame lacks: the argument, a close match and the columns, nothing run

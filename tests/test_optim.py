@@ -201,6 +201,22 @@ def test_validation(rng):
         opt.step(np.zeros(8, np.float64))
     with pytest.raises(TypeError, match="same device"):
         opt.step([0.0] * 8)
+    # hyper-parameters and the gradient factor: numbers, finite (torch takes an infinite rate,
+    # whose first step writes Inf / NaN), not strings or bools; nothing changes on refusal
+    for ctor, exc, match in (
+        (lambda: nbqat.SGD(p, lr="0.1"), TypeError, "learning rate must be a float, got str"),
+        (lambda: nbqat.Adam(p, lr=True), TypeError, "learning rate must be a float, got bool"),
+        (lambda: nbqat.Adam(p, lr=float("inf")), ValueError, "learning rate"),
+        (lambda: nbqat.AdamW(p, weight_decay=float("inf")), ValueError, "weight_decay"),
+        (lambda: nbqat.SGD(p, lr=0.1, dampening=-float("inf")), ValueError, "dampening"),
+    ):
+        with pytest.raises(exc, match=match):
+            ctor()
+    g = np.full(8, 0.5, np.float32)
+    for gs, exc in (("2", TypeError), (True, TypeError), (-1.0, ValueError), (np.inf, ValueError)):
+        with pytest.raises(exc, match="grad_scale"):
+            opt.step(g, grad_scale=gs)
+    np.testing.assert_array_equal(p, 0.0)
     assert opt.step_count == 0 and not opt.state_dict().keys() - {
         "type",
         "step",

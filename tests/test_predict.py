@@ -144,6 +144,34 @@ def test_error_missing_onnx_file(run, tmp_path, capsys):
     assert main(argv) == 0
 
 
+@pytest.mark.parametrize("size", [0, 2000])  # empty, truncated
+def test_error_damaged_onnx_file(run, tmp_path, capsys, size):
+    """A damaged model.onnx: the ONNX engine names it (no protobuf traceback); the int8 engine,
+    which does not read it, forecasts as from the intact run."""
+    part = tmp_path / "damaged"
+    shutil.copytree(run, part)
+    data = (part / "model.onnx").read_bytes()
+    (part / "model.onnx").write_bytes(data[:size])
+    _fails(["predict", str(part), *AT], tmp_path / "f.csv", capsys, "is not a readable ONNX model")
+    for r, name in ((part, "g.csv"), (run, "h.csv")):
+        argv = ["predict", str(r), *AT, "--engine", "int8", "--out", str(tmp_path / name)]
+        assert main(argv) == 0
+    assert _read(tmp_path / "g.csv") == _read(tmp_path / "h.csv")
+
+
+def test_error_out_is_one_of_the_runs_own_files(run, tmp_path, capsys):
+    """Even with --overwrite a forecast never replaces the model it came from."""
+    part = tmp_path / "own"
+    shutil.copytree(run, part)
+    for own in ("model.onnx", "checkpoint/state.json", "metrics.json"):
+        before = (part / own).read_bytes()
+        argv = ["predict", str(part), *AT, "--out", str(part / own), "--overwrite"]
+        assert main(argv) == 2
+        assert f"is the run's own {own.split('/')[0]}" in capsys.readouterr().err
+        assert (part / own).read_bytes() == before
+    assert main(["predict", str(part), *AT, "--out", str(part / "f.csv")]) == 0
+
+
 def test_error_out_folder_missing(run, tmp_path, capsys):
     out = tmp_path / "nope" / "f.csv"
     assert main(["predict", str(run), "--out", str(out)]) == 2

@@ -165,6 +165,16 @@ def test_generic_checkpoint_errors(tmp_path, rng):
     assert isinstance(load_qat_forecaster(tmp_path / "tft.npz"), QATTemporalFusionTransformer)
     with pytest.raises(FileNotFoundError):
         load_qat_forecaster(tmp_path / "missing.npz")
+    # NaN weights (a diverged model, a damaged file) are refused like float.npz's, nothing loaded
+    st = load_state(path, format="nbqat.qat")
+    st["model"]["params"][3] = np.nan
+    save_state(tmp_path / "nan.npz", st, format="nbqat.qat")
+    before = qat.params.copy()
+    with pytest.raises(CheckpointError, match=r"'params' holds non-finite values \(params\[3\]"):
+        qat.load(tmp_path / "nan.npz")
+    np.testing.assert_array_equal(qat.params, before)
+    with pytest.raises(CheckpointError, match="non-finite"):
+        load_qat_forecaster(tmp_path / "nan.npz")
 
 
 def test_a_checkpoint_from_before_quantize_linear_skip_loads_with_its_skip_quantized(tmp_path, rng):

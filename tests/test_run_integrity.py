@@ -69,6 +69,7 @@ def test_out_holding_a_run_is_refused_unless_overwrite(tmp_path, capsys):
     out.mkdir()
     (out / "metrics.json").write_text("{}")
     (out / "attention.png").write_bytes(b"old")
+    (out / "forecasts.csv").write_text("the old model's")
     (out / "notes.txt").write_text("mine")
     assert main(["train", *TINY, "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -77,6 +78,7 @@ def test_out_holding_a_run_is_refused_unless_overwrite(tmp_path, capsys):
     m = strict_json(out / "metrics.json")
     assert "overwrite" not in m["config"] and math.isfinite(m["q_risk_test"]["int8"]["P50"])
     assert not (out / "attention.png").exists()  # --no-plots: the stale plot is gone
+    assert not (out / "forecasts.csv").exists()  # the replaced model's forecasts go with it
     assert (out / "notes.txt").read_text() == "mine"
     assert f"outputs in {out.resolve()}" in capsys.readouterr().out
     empty = tmp_path / "empty"

@@ -87,6 +87,8 @@ def test_a_skip_history_shorter_than_the_history_is_refused(lag_csv):
     with pytest.raises(ValueError, match="--skip-history 5 is shorter than --history 7"):
         load_data(_cfg(lag_csv, skip_history=5))
     assert load_data(_cfg(lag_csv, skip_history=7)).history == 7  # equal: the plain windows
+    with pytest.raises(ValueError, match=r"^--skip-history 100000: history must be an integer"):
+        load_data(_cfg(lag_csv, skip_history=100000))  # longer than the data: named
 
 
 def test_a_run_starts_at_the_skip_history_ridge_and_exports_it(lag_csv, tmp_path):

@@ -102,7 +102,9 @@ def _spell(data: SeriesData, t: Any) -> str:
 
 def _origins(t: np.ndarray, n_past: int, name: str, k: int, tau: int, at: Any, bt: Any) -> Any:
     """The origin rows of one entity: after its last target value, at ``at``, or the rolling
-    origins ``bt = (start, stride)`` whose forecast steps all have a target value."""
+    origins ``bt = (start, stride)`` whose forecast steps all have a target value (on the grid
+    of ``start``: origins of that grid with fewer than ``k`` history rows are skipped, the grid
+    is not moved)."""
     lo, hi = k, n_past  # an origin needs k history rows with a target value before it
     if n_past < k:
         raise DataError(
@@ -115,7 +117,9 @@ def _origins(t: np.ndarray, n_past: int, name: str, k: int, tau: int, at: Any, b
     if bt is not None:
         start, stride = bt
         first = lo if start is None else _row_of(t, start, step, name, "--start")
-        rows = np.arange(max(first, lo), hi - tau + 1, stride, dtype=np.int64)
+        if first < lo:  # the first origin of --start's grid with --history rows before it
+            first += -(-(lo - first) // stride) * stride
+        rows = np.arange(first, hi - tau + 1, stride, dtype=np.int64)
         if not len(rows):
             raise DataError(
                 f"entity {name!r}: no backtest origin from {start if start is not None else t[lo]}"

@@ -230,6 +230,13 @@ class QATCheckpoint:
                 f"{getattr(params, 'shape', '?')} do not fit this model's "
                 f"{self.params.dtype}{self.params.shape}"
             )
+        if not np.isfinite(params).all():  # as the main job's float.npz: refused, not loaded
+            bad = int(np.flatnonzero(~np.isfinite(params))[0])
+            raise CheckpointError(
+                f"{path!r}: field 'params' holds non-finite values (params[{bad}] = "
+                f"{params[bad]}): a diverged model or a damaged file; train again (a lower "
+                "learning rate) or use another checkpoint"
+            )
         if set(quant_st) != set(self.fake_quants):
             missing = sorted(set(self.fake_quants) - set(quant_st))
             extra = sorted(set(quant_st) - set(self.fake_quants))
@@ -265,7 +272,7 @@ class QATCheckpoint:
         CheckpointError
             (a ValueError) for a corrupt, truncated or foreign file, another format version, or
             a checkpoint of a different network (class, config, parameter count or dtype,
-            quantizer set) or optimizer class. Nothing is changed then.
+            quantizer set) or optimizer class, or NaN / Inf parameters. Nothing is changed then.
         """
         path = os.fspath(path)
         st = read_checkpoint(path)

@@ -232,8 +232,10 @@ def load_data(cfg: Any) -> Windows:
             w = w.with_history(cfg.history)  # the same split bounds, cut again
     skip_record = _resolve_skip_history(cfg, w)
     if cfg.skip_history is not None and cfg.skip_history != w.history:
-        w = w.with_history(cfg.skip_history)  # the skip's longer windows; the body reads the
-        # last cfg.history steps of each
+        try:  # the skip's longer windows; the body reads the last cfg.history steps of each
+            w = w.with_history(cfg.skip_history)
+        except ValueError as e:
+            raise ValueError(f"--skip-history {cfg.skip_history}: {e}") from None
     if record is not None:
         w.history_choice = record  # type: ignore[attr-defined]
     if skip_record is not None:

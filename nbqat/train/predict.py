@@ -70,16 +70,16 @@ def load_run(run_dir: str | os.PathLike) -> tuple[Path, dict]:
 
 def run_info(run: Path, cfg: dict) -> dict:
     """The run's ``nbqat`` metadata (``model.onnx``): shapes, columns and the stored
-    :class:`~nbqat.data.Scaling` (``"scaling"``). A run without it (an older nbqat's) gets it
-    rebuilt from its training data, as training computed it."""
+    :class:`~nbqat.data.Scaling` (``"scaling"``). A run without it (an older nbqat's, or a
+    damaged file, which only the ONNX engine then refuses) gets it rebuilt from its training
+    data, as training computed it."""
     path = run / "model.onnx"
-    if path.is_file():
-        import onnx
-
-        props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False)
-                 .metadata_props}  # fmt: skip
-        if "nbqat" in props:
-            return json.loads(props["nbqat"])
+    try:
+        props = {p.key: p.value for p in _load_onnx(path).metadata_props}
+    except (FileNotFoundError, ValueError):
+        props = {}
+    if "nbqat" in props:
+        return json.loads(props["nbqat"])
     from nbqat.export.job import preprocessing_metadata
     from nbqat.train import TrainConfig, load_data
 
@@ -177,6 +177,27 @@ def _engine(engine: str, run: Path, qat: Any) -> Any:
     return run_features
 
 
+def _load_onnx(path: Path) -> Any:
+    """``onnx.load`` of a run's ``model.onnx``; a file that does not parse into a graph
+    (truncated, empty, overwritten) is a ValueError naming it, not a protobuf traceback."""
+    import onnx
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(path)!r} does not exist")
+    try:
+        proto = onnx.load(str(path))
+    except Exception as e:  # protobuf's DecodeError and its kin: a damaged file
+        proto, why = None, f"{type(e).__name__}: {e}"
+    else:
+        why = "" if proto.ir_version > 0 and len(proto.graph.node) else "no graph in it"
+    if why:
+        raise ValueError(
+            f"{str(path)!r} is not a readable ONNX model ({why[:200]}): the run folder is "
+            "damaged; forecast with --engine int8 (the run's checkpoint) or train again"
+        )
+    return proto
+
+
 def _onnx_engine(run: Path) -> Any:
     """onnxruntime on the self-contained ``model.onnx`` (raw rows in, target units out)."""
     from nbqat.export.parity import ort_session
@@ -187,9 +208,7 @@ def _onnx_engine(run: Path) -> Any:
             f"RUN_DIR {str(run)!r} has no model.onnx (a run of an older nbqat?): use "
             "--engine int8, or export it with nbqat.Forecaster.load(RUN).to_onnx(PATH)"
         )
-    import onnx
-
-    proto = onnx.load(str(path))
+    proto = _load_onnx(path)
     names = [i.name for i in proto.graph.input]
     sess = ort_session(proto, optimize=True)
     if names[:2] != ["entity", "time"]:  # an older nbqat's graph: standardised inputs
@@ -349,11 +368,25 @@ def q_risk_table(df: Any, quantiles) -> dict:
 
 
 def check_out(out: str | os.PathLike, overwrite: bool) -> Path:
-    """Refuse an ``--out`` that exists (unless ``overwrite``), is a folder or has no folder;
-    called before anything is computed or written."""
+    """Refuse an ``--out`` that exists (unless ``overwrite``), is a folder, has no folder or is
+    one of a run folder's own files (``model.onnx``, ``checkpoint/...``: even with
+    ``overwrite``, a forecast must not replace the model it came from); called before anything
+    is computed or written."""
+    from nbqat.train.preflight import OUTPUT_NAMES
+
     p = Path(out)
     if not (p.parent if str(p.parent) else Path(".")).is_dir():
         raise ValueError(f"--out {str(p)!r}: the folder {str(p.parent)!r} does not exist")
+    full = p.resolve()
+    for run in full.parents:
+        if (run / "checkpoint" / "state.json").is_file():
+            own = full.relative_to(run).parts[0]
+            if own in OUTPUT_NAMES:
+                raise ValueError(
+                    f"--out {str(p)!r} is the run's own {own}: name another file (e.g. "
+                    f"{str(run / 'forecasts.csv')!r})"
+                )
+            break
     if p.is_dir():
         raise ValueError(
             f"--out {str(p)!r} is a folder: name the CSV file to write "

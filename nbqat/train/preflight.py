@@ -16,7 +16,14 @@ import numpy as np
 
 from nbqat.data import DataError, Windows
 
-__all__ = ["OUTPUT_NAMES", "check_out", "check_windows", "clear_outputs", "finite_metrics"]
+__all__ = [
+    "FORECAST_NAMES",
+    "OUTPUT_NAMES",
+    "check_out",
+    "check_windows",
+    "clear_outputs",
+    "finite_metrics",
+]
 
 #: The files and folders a run writes into ``--out`` (a folder holding one of them holds a run).
 OUTPUT_NAMES = (
@@ -38,6 +45,9 @@ OUTPUT_NAMES = (
     "quant_report.json",
     "quant_report.png",
 )
+#: ``nbqat predict`` / ``backtest``'s default outputs in a run folder: forecasts of the run's
+#: model, removed with it by ``--overwrite`` (a run folder without them is still a run).
+FORECAST_NAMES = ("forecasts.csv", "backtest.csv")
 
 
 def check_out(out: str | Path, overwrite: bool, resume: bool = False) -> Path:
@@ -78,7 +88,8 @@ def check_out(out: str | Path, overwrite: bool, resume: bool = False) -> Path:
 
 
 def clear_outputs(out: Path) -> None:
-    """Remove a previous run's outputs from ``out`` (``--overwrite``); other files stay.
+    """Remove a previous run's outputs from ``out`` (``--overwrite``), and the forecasts made
+    with its model (:data:`FORECAST_NAMES`); other files stay.
 
     Parameters
     ----------
@@ -87,7 +98,7 @@ def clear_outputs(out: Path) -> None:
     """
     import shutil
 
-    for n in OUTPUT_NAMES:
+    for n in OUTPUT_NAMES + FORECAST_NAMES:
         q = out / n
         if q.is_dir():
             shutil.rmtree(q)
