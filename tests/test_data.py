@@ -390,3 +390,7 @@ def test_bad_window_options(tmy3):
         make_windows(tmy3, history=12, horizon=6, season=24)
     with pytest.raises(ValueError, match="split must be"):
         make_windows(tmy3, split=(0.9, 0.5))
+    with pytest.raises(ValueError, match=r"calendar features \['bogus'\] unknown"):
+        make_windows(tmy3, calendar=("hour", "bogus"))
+    with pytest.raises(ValueError, match=r"calendar features \['hour'\] named twice"):
+        make_windows(tmy3, calendar=("hour", "dow", "hour"))  # two identical input variables

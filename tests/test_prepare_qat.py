@@ -231,6 +231,8 @@ def test_qconfig_mapping_typos_and_bad_values_are_refused_before_any_change():
         prepare_qat(model, qconfig_mapping={"3": None})
     with pytest.raises(TypeError, match="keys must be module names"):
         prepare_qat(model, qconfig_mapping={0: None})
+    with pytest.raises(TypeError, match=r"nbqat.nn.Module subclasses.*got <class 'int'>"):
+        prepare_qat(model, qconfig_mapping={int: None})  # a type no layer is: matched nothing
     with pytest.raises(TypeError, match="qconfig_mapping must be a mapping"):
         prepare_qat(model, qconfig_mapping=[("0", None)])
     with pytest.raises(TypeError, match=r"qconfig must be a QConfig"):

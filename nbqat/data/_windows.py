@@ -80,6 +80,9 @@ def _check_options(data, history, horizon, split, season, train_stride, eval_str
     bad = [c for c in calendar if c not in CALENDAR_FEATURES]
     if bad:
         raise ValueError(f"calendar features {bad} unknown; choose from {CALENDAR_FEATURES}")
+    twice = sorted({c for c in calendar if calendar.count(c) > 1})
+    if twice:  # the same derived inputs twice: two identical input variables
+        raise ValueError(f"calendar features {twice} named twice; name each once")
 
     if (
         not data.known_names

@@ -111,10 +111,10 @@ def _check_mapping(model: Module, qconfig: Any, qconfig_mapping: Any) -> dict:
                     f"prepare_qat: qconfig_mapping names module {key!r}, which the model does "
                     f"not have; its modules are {names[:12]}{' ...' if len(names) > 12 else ''}"
                 )
-        elif not isinstance(key, type):
+        elif not (isinstance(key, type) and issubclass(key, Module)):  # int would match nothing
             raise TypeError(
-                f"prepare_qat: qconfig_mapping keys must be module names (str) or layer types, "
-                f"got {key!r}"
+                f"prepare_qat: qconfig_mapping keys must be module names (str) or layer types "
+                f"(nbqat.nn.Module subclasses, e.g. nbqat.nn.Linear), got {key!r}"
             )
         if qc is not None and not _is_qconfig(qc):
             raise TypeError(

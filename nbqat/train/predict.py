@@ -184,12 +184,13 @@ def _load_onnx(path: Path) -> Any:
 
     if not path.is_file():
         raise FileNotFoundError(f"{str(path)!r} does not exist")
+    why = ""
     try:
         proto = onnx.load(str(path))
+        if not (proto.ir_version > 0 and len(proto.graph.node)):
+            why = "no graph in it"
     except Exception as e:  # protobuf's DecodeError and its kin: a damaged file
-        proto, why = None, f"{type(e).__name__}: {e}"
-    else:
-        why = "" if proto.ir_version > 0 and len(proto.graph.node) else "no graph in it"
+        why = f"{type(e).__name__}: {e}"
     if why:
         raise ValueError(
             f"{str(path)!r} is not a readable ONNX model ({why[:200]}): the run folder is "
