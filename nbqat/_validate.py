@@ -22,6 +22,7 @@ Helpers (general, for every nbqat module):
 * :func:`normalize_axis` -- an axis in ``[-ndim, ndim)`` to ``[0, ndim)``.
 * :func:`check_out`, :func:`check_mask` -- preallocated outputs.
 * :func:`split_axis` -- the ``(outer, C, inner)`` factorisation of a shape around an axis.
+* :func:`first_shared_pair` -- two NumPy arrays of a list that share an element.
 
 Two sibling modules hold the checks of one domain each, built on these:
 :mod:`nbqat.quantization._validate_qparams` (quantization range, scales, zero points) and
@@ -36,6 +37,7 @@ import numbers
 from typing import Any
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
 from nbqat._cuda import is_cuda_array
 
@@ -293,6 +295,23 @@ def split_axis(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
     return outer, int(shape[axis]), inner
+
+
+def first_shared_pair(arrays: list) -> tuple[int, int] | None:
+    """The first pair ``(i, j)``, ``i < j``, of NumPy arrays that share an element, or None.
+
+    A sweep over their byte ranges sorted by start: ``np.shares_memory`` (exact) only where two
+    ranges intersect, so views of one flat buffer (adjacent ranges) cost a sort and interleaved
+    views (intersecting ranges, no shared element) pass.
+    """
+    spans = sorted((*byte_bounds(a), i) for i, a in enumerate(arrays) if a.size)
+    for k, (_, hi, i) in enumerate(spans):
+        for lo2, _, j in spans[k + 1 :]:
+            if lo2 >= hi:
+                break
+            if np.shares_memory(arrays[i], arrays[j]):
+                return (min(i, j), max(i, j))
+    return None
 
 
 def check_out(out: Any, shape: tuple[int, ...], dtype: Any, name: str = "out") -> None:

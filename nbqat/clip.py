@@ -15,10 +15,10 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
-from numpy.lib.array_utils import byte_bounds
 
 from nbqat import _cuda
 from nbqat._jit import threads_for
+from nbqat._validate import first_shared_pair
 from nbqat.kernels import norm_cpu as _k
 
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -131,21 +131,6 @@ class _Plan:
         self.overlap = overlap  # (i, j): the first two arrays sharing memory, or None
 
 
-def _overlap(grads: list) -> tuple[int, int] | None:
-    """The first pair ``(i, j)`` of arrays that share an element, or None: a sweep over their
-    byte ranges, ``np.shares_memory`` only where two ranges intersect (views of one flat buffer
-    are adjacent ranges, interleaved views intersect without sharing)."""
-    spans = sorted((*byte_bounds(g), i) for i, g in enumerate(grads) if g.size)
-    active: list[tuple[int, int]] = []  # (end, index) of the ranges still open
-    for lo, hi, i in spans:
-        active = [(e, j) for e, j in active if e > lo]
-        for _, j in active:
-            if np.shares_memory(grads[i], grads[j]):  # exact; only for intersecting ranges
-                return (min(i, j), max(i, j))
-        active.append((hi, i))
-    return None
-
-
 def _segments(g: np.ndarray, owner: int) -> list[list[int]]:
     """Rows of the segment table for one array (empty list for an empty array)."""
     if g.size == 0:
@@ -201,7 +186,7 @@ def _build_plan(grads: list, write: bool) -> _Plan:
     rdtype = np.result_type(*by_dtype) if by_dtype else np.dtype(np.float32)
     refs = [weakref.ref(g) for g in grads]
     size = sum(int(g.size) for g in grads)
-    return _Plan(refs, groups, rdtype, len(grads), size, _overlap(grads))
+    return _Plan(refs, groups, rdtype, len(grads), size, first_shared_pair(grads))
 
 
 _PLANS: OrderedDict[tuple[int, ...], _Plan] = OrderedDict()
