@@ -20,17 +20,12 @@ from nbqat import _cuda
 from nbqat._jit import threads_for
 from nbqat._validate import first_shared_pair
 from nbqat.kernels import norm_cpu as _k
+from nbqat.kernels import segment_table
 
-_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 _RCODE = {
     np.dtype(np.float16): _k.R_F16,
     np.dtype(np.float32): _k.R_F32,
     np.dtype(np.float64): _k.R_F64,
-}
-_PROTO = {
-    np.dtype(np.float16): np.empty(0, np.uint16),  # float16 travels as its bit pattern
-    np.dtype(np.float32): np.empty(0, np.float32),
-    np.dtype(np.float64): np.empty(0, np.float64),
 }
 _OPMATH: dict[np.dtype, type[np.floating]] = {
     np.dtype(np.float16): np.float32,
@@ -80,16 +75,6 @@ def _nonneg(value: Any, name: str) -> float:
     return v
 
 
-def _check_dtype(g: Any, i: int) -> np.dtype:
-    dt = np.dtype(g.dtype)
-    if dt not in _FLOAT_DTYPES:
-        raise TypeError(
-            f"grads[{i}] has dtype {dt}; clipping supports float16, float32 and float64 "
-            f"(convert with .astype(np.float32))"
-        )
-    return dt
-
-
 def _split(grads: list, what: str) -> bool:
     """Validate the kinds of arrays; returns True for CUDA arrays, False for NumPy."""
     n_cuda = 0
@@ -118,12 +103,14 @@ def _split(grads: list, what: str) -> bool:
 
 
 class _Plan:
-    """Per-dtype segment tables for one list of NumPy arrays (cached by identity)."""
+    """Per-dtype segment tables (:mod:`nbqat.kernels.segment_table`) for one list of NumPy
+    arrays, cached by identity and layout."""
 
-    __slots__ = ("refs", "groups", "rdtype", "n", "size", "overlap")
+    __slots__ = ("refs", "layouts", "groups", "rdtype", "n", "size", "overlap")
 
-    def __init__(self, refs, groups, rdtype, n, size, overlap):
+    def __init__(self, refs, layouts, groups, rdtype, n, size, overlap):
         self.refs = refs  # weak references to the arrays, to check identity on a cache hit
+        self.layouts = layouts  # each array's segment_table.layout, checked on a cache hit
         self.groups = groups  # [(dtype, proto, table, positions)]
         self.rdtype = rdtype  # torch's result dtype of the stacked norms
         self.n = n  # number of arrays
@@ -131,62 +118,12 @@ class _Plan:
         self.overlap = overlap  # (i, j): the first two arrays sharing memory, or None
 
 
-def _segments(g: np.ndarray, owner: int) -> list[list[int]]:
-    """Rows of the segment table for one array (empty list for an empty array)."""
-    if g.size == 0:
-        return []
-    itemsize = g.itemsize
-    addr = g.__array_interface__["data"][0]
-    if g.flags.c_contiguous:
-        return [[addr, 0, 1, g.size, g.size, 1, g.size, owner]]
-    shape: list[int] = []
-    strides: list[int] = []
-    for n, s in zip(g.shape, g.strides):
-        if n == 1:
-            continue
-        if s % itemsize:
-            raise ValueError(
-                f"grads[{owner}] has strides {g.strides} that are not multiples of its item "
-                "size; pass np.ascontiguousarray(...) of it"
-            )
-        s //= itemsize
-        if shape and strides[-1] == s * n:  # merge with the previous (outer) dim
-            shape[-1] *= n
-            strides[-1] = s
-        else:
-            shape.append(n)
-            strides.append(s)
-    if not shape:
-        shape, strides = [1], [1]
-    if len(shape) == 1:
-        shape, strides = [1, shape[0]], [0, strides[0]]
-    outer_shape, (rows, cols), (rs, cs) = shape[:-2], shape[-2:], strides[-2:]
-    low = min(0, (rows - 1) * rs) + min(0, (cols - 1) * cs)
-    span = abs((rows - 1) * rs) + abs((cols - 1) * cs) + 1
-    out = []
-    for idx in np.ndindex(*outer_shape):
-        off = sum(i * s for i, s in zip(idx, strides[:-2]))
-        a = addr + (off + low) * itemsize
-        out.append([a, -low, rows, cols, rs, cs, span, owner])
-    return out
-
-
-def _build_plan(grads: list, write: bool) -> _Plan:
-    by_dtype: dict[np.dtype, list[int]] = {}
-    for i, g in enumerate(grads):
-        dt = _check_dtype(g, i)
-        by_dtype.setdefault(dt, []).append(i)
-    groups = []
-    for dt, positions in by_dtype.items():
-        rows: list[list[int]] = []
-        for local, i in enumerate(positions):
-            rows.extend(_segments(grads[i], local))
-        table = np.array(rows, np.int64).reshape(-1, 8)
-        groups.append((dt, _PROTO[dt], table, np.array(positions, np.int64)))
-    rdtype = np.result_type(*by_dtype) if by_dtype else np.dtype(np.float32)
+def _build_plan(grads: list) -> _Plan:
+    groups, rdtype = segment_table.tables(grads)
     refs = [weakref.ref(g) for g in grads]
+    layouts = [segment_table.layout(g) for g in grads]
     size = sum(int(g.size) for g in grads)
-    return _Plan(refs, groups, rdtype, len(grads), size, first_shared_pair(grads))
+    return _Plan(refs, layouts, groups, rdtype, len(grads), size, first_shared_pair(grads))
 
 
 _PLANS: OrderedDict[tuple[int, ...], _Plan] = OrderedDict()
@@ -194,14 +131,17 @@ _MAX_PLANS = 16
 
 
 def _plan(grads: list, write: bool) -> _Plan:
-    """The segment tables of ``grads`` (NumPy), cached by array identity (weakly referenced)."""
+    """The segment tables of ``grads`` (NumPy), cached by array identity (weakly referenced)
+    and layout."""
     key = tuple(map(id, grads))
     plan = _PLANS.get(key)
-    if plan is not None and all(r() is g for r, g in zip(plan.refs, grads)):
+    if plan is not None and all(
+        r() is g and lay == segment_table.layout(g)
+        for r, lay, g in zip(plan.refs, plan.layouts, grads)
+    ):
         _PLANS.move_to_end(key)
     else:
-        _split(grads, "clipping")
-        plan = _build_plan(grads, write)
+        plan = _build_plan(grads)
         _PLANS[key] = plan
         if len(_PLANS) > _MAX_PLANS:
             _PLANS.popitem(last=False)

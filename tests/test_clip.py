@@ -446,6 +446,25 @@ def test_plan_cache_follows_identity(rng):
     assert len(C._PLANS) <= C._MAX_PLANS
 
 
+def test_plan_cache_follows_an_in_place_layout_change(rng):
+    # NumPy lets an array's dtype and shape be set in place: the same object, another layout
+    g = rng.standard_normal(16).astype(np.float32)
+    nbqat.get_total_norm([g])
+    g.dtype = np.int32  # the same bytes read as integers: refused like any int32 array
+    with pytest.raises(TypeError, match=r"grads\[0\] has dtype int32"):
+        nbqat.get_total_norm([g])
+    h = rng.standard_normal((4, 6)).astype(np.float64)[:, ::2]  # strided: (4, 3)
+    nbqat.clip_grad_norm_([h], 1e9)
+    h.shape = (3, 4)  # the same elements in another order: a new table, the same norm
+    want = exact_total_norm([h.copy()], 2.0)
+    assert nbqat.clip_grad_norm_([h], 1e9) == pytest.approx(want, rel=1e-12)
+    base = rng.standard_normal(16).astype(np.float32)
+    f = base.view(np.float64)  # 8 float64s of the same bytes
+    nbqat.get_total_norm([f])
+    f.dtype = np.float32  # back to the 16 float32 values
+    assert nbqat.get_total_norm([f]) == pytest.approx(exact_total_norm([base], 2.0), rel=1e-6)
+
+
 # ------------------------------------------------------------------------------------------
 # the float16 bit conversions used by the kernels
 
