@@ -517,3 +517,46 @@ def test_float_fallback_reports_a_request_beyond_the_modules(rng):
     assert out["metric"] == pytest.approx(sens["float"])  # everything in float
     one = report.float_fallback(qat, sens, 1, evaluate)
     assert not one["capped"] and len(one["modules"]) == 1
+
+
+class _Scaled(Module):
+    """docs/qat-own-model.md's registered layer: ``(x @ W.T) * gain``, its hooks called."""
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.declare("weight", (n_out, n_in), lambda rng, s: rng.uniform(-0.5, 0.5, s))
+        self.declare("gain", (n_out,), lambda rng, s: rng.uniform(0.5, 1.5, s))
+        self.weight_fake_quant = None
+        self.input_fake_quant = None
+
+    def forward(self, x):
+        wq = self.weight if self.weight_fake_quant is None else self.weight_fake_quant(self.weight)
+        xq = x if self.input_fake_quant is None else self.input_fake_quant(x)
+        return (xq @ wq.T) * self.gain
+
+
+def test_convert_keeps_a_registered_layers_per_channel_weight_quantizer(rng):
+    """``convert`` freezes the quantizers of a layer it does not swap: a per-channel weight
+    quantizer kept only channel 0's scale (every channel quantized on it) and the frozen hook
+    could not be called as the QAT one was."""
+    saved = dict(QAT_MODULE_MAPPINGS)
+    try:
+        register_qat_module(_Scaled, {"weight_fake_quant": "weight", "input_fake_quant": "activation"})
+        net = Sequential(_Scaled(6, 8), ELU(), Linear(8, 3))
+        ParameterBuffer(net, seed=1)
+        qat = prepare_qat(net, qconfig_mapping={"2": None})
+        x = rng.standard_normal((16, 6)).astype(np.float32)
+        qat(x)
+        qat.disable_calibration()
+        qat.freeze_observers()
+        qat.eval()
+        wfq = qat.model[0].weight_fake_quant
+        assert wfq.is_per_channel and np.unique(wfq.scale).size == 8
+        int8 = convert(qat)
+        frozen = int8.model[0].weight_fake_quant
+        assert frozen.ch_axis == 0
+        np.testing.assert_array_equal(frozen.scale, wfq.scale)
+        np.testing.assert_array_equal(int8(x), qat(x))  # the same fake quantization, frozen
+    finally:
+        QAT_MODULE_MAPPINGS.clear()
+        QAT_MODULE_MAPPINGS.update(saved)

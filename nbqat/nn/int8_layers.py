@@ -1,6 +1,6 @@
 """The integer layers of the int8 reference engine: :class:`Int8Linear` (one fake-quantized
-matmul), :class:`Int8LSTM` and :class:`FrozenFakeQuantize` (the attention probabilities' fake
-quantization with frozen qparams); their arithmetic is in :mod:`nbqat.nn.int8`'s docstring and
+matmul), :class:`Int8LSTM` and :class:`FrozenFakeQuantize` (fake quantization with frozen
+qparams: the attention probabilities, and the quantizers of layers ``convert`` does not swap); their arithmetic is in :mod:`nbqat.nn.int8`'s docstring and
 they are importable from there."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from nbqat.nn.int8_arith import (
 )
 from nbqat.nn.phases import is_learnable
 from nbqat.quantization._quantizer_base import check_observed
+from nbqat.quantization.fake_quant import fake_quantize_per_channel_affine
 
 __all__ = ["FrozenFakeQuantize", "Int8LSTM", "Int8Linear"]
 
@@ -248,24 +249,42 @@ _NO_MASK = np.zeros(1, np.bool_)  # fq_tensor_kernel's dummy mask
 
 
 class FrozenFakeQuantize:
-    """Per-tensor fake quantization with fixed qparams (the attention probabilities).
+    """Fake quantization with fixed qparams: the attention probabilities of the int8 TFT, and
+    every int8-family quantizer that :func:`~nbqat.nn.convert` leaves in a layer it does not
+    swap (a user's registered layer).
 
     Parameters
     ----------
-    fq : FakeQuantize
-        A calibrated per-tensor quantizer; its current qparams are copied.
+    fq : FakeQuantize or LearnableFakeQuantize
+        A calibrated quantizer, per tensor or per channel; its current qparams are copied.
     name : str
         Its path, for error messages.
+
+    Attributes
+    ----------
+    scale, zero_point : float32 and int (per tensor), or (C,) float32 and int32 (per channel)
+    ch_axis : int or None
+        The channel axis of a per-channel quantizer (None per tensor).
     """
 
     def __init__(self, fq: Any, name: str) -> None:
         s, z, self.quant_min, self.quant_max = _qparams(fq, name)
-        self.scale, self.zero_point = np.float32(s[0]), int(z[0])
+        self.ch_axis: int | None = int(fq.ch_axis) if fq.is_per_channel else None
+        if self.ch_axis is None:
+            self.scale, self.zero_point = np.float32(s[0]), int(z[0])
+        else:
+            self.scale, self.zero_point = s, z
         self.ctx = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        """``(clamp(rint(x / scale) + zp) - zp) * scale`` with the frozen qparams, float32."""
+        """``(clamp(rint(x / scale) + zp) - zp) * scale`` with the frozen qparams, float32
+        (per channel: :func:`~nbqat.fake_quantize_per_channel_affine` along ``ch_axis``, the
+        QAT forward's arithmetic)."""
         x32 = np.ascontiguousarray(x, dtype=np.float32)
+        if self.ch_axis is not None:
+            return fake_quantize_per_channel_affine(
+                x32, self.scale, self.zero_point, self.ch_axis, self.quant_min, self.quant_max
+            )
         out = np.empty(x32.shape, np.float32)
         T = np.float32
         s, z, lo, hi = T(self.scale), T(self.zero_point), T(self.quant_min), T(self.quant_max)
@@ -274,3 +293,5 @@ class FrozenFakeQuantize:
                 x32.reshape(-1), out.reshape(-1), _NO_MASK, s, T(1) / s, z, lo, hi, False
             )
         return out
+
+    __call__ = forward
