@@ -560,3 +560,16 @@ def test_convert_keeps_a_registered_layers_per_channel_weight_quantizer(rng):
     finally:
         QAT_MODULE_MAPPINGS.clear()
         QAT_MODULE_MAPPINGS.update(saved)
+
+
+def test_a_module_used_at_two_places_is_refused_by_the_buffer():
+    """``Sequential(a, ELU(), a)`` got two copies of a's parameters (a bound to the second;
+    the first never got a gradient) and the second call overwrote the first's forward cache:
+    the first use's gradient silently came from the second's input."""
+    shared = Linear(6, 6)
+    with pytest.raises(ValueError, match=r"module '2' is the same Linear object as module '0'"):
+        ParameterBuffer(Sequential(shared, ELU(), shared))
+    act = ELU()  # no parameters, but one cache too
+    with pytest.raises(ValueError, match=r"module '3' is the same ELU object as module '1'"):
+        ParameterBuffer(Sequential(Linear(2, 3), act, Linear(3, 3), act))
+    assert shared.weight is None  # nothing bound by the refused call

@@ -342,6 +342,23 @@ class ModuleList(Module):
         return iter(self._modules.values())
 
 
+def _check_no_reuse(module: Module) -> None:
+    """A ValueError when one module object sits at two places of the tree: each module keeps
+    one forward cache for its backward and one place in the flat buffers, so a second use
+    would overwrite the first's cache (its gradients silently wrong) and get a second copy of
+    the parameters that only one use reads."""
+    seen: dict[int, str] = {}
+    for name, mod in module.named_modules():
+        first = seen.setdefault(id(mod), name)
+        if first != name:
+            raise ValueError(
+                f"module {name!r} is the same {type(mod).__name__} object as module "
+                f"{first!r}: a module can appear once in a model (it keeps one forward cache "
+                "for its backward); build a separate module for each place (nbqat has no "
+                "weight sharing)"
+            )
+
+
 class ParameterBuffer:
     """One flat parameter buffer and one flat gradient buffer for a module tree.
 
@@ -360,6 +377,12 @@ class ParameterBuffer:
         1-D C-contiguous arrays of the same size and layout; ``grads`` starts at zero.
     offsets : dict
         ``dotted_name -> (start, shape)`` of every parameter.
+
+    Raises
+    ------
+    ValueError
+        ``dtype`` neither float32 nor float64; one module object at two places of the tree
+        (``Sequential(a, ELU(), a)``: a module keeps one forward cache, so it is used once).
     """
 
     def __init__(self, module: Module, dtype: Any = np.float32, seed: int = 0) -> None:
@@ -368,6 +391,7 @@ class ParameterBuffer:
             raise ValueError(f"dtype must be float32 or float64, got {dtype}")
         specs = []
         total = 0
+        _check_no_reuse(module)
         for mname, mod in module.named_modules():
             for pname, (shape, init) in mod._param_specs.items():
                 size = int(np.prod(shape)) if shape else 1
