@@ -417,3 +417,31 @@ def test_fused_fast_path_matches_public_path_at_the_edges(monkeypatch, rng, name
         assert got == want, (step, got[1], want[1])
         if step == 0 and name.startswith("wide"):
             assert np.isfinite(fast.scale).all()
+
+
+@pytest.mark.parametrize("x_dtype", [np.float32, np.float64])
+def test_a_channel_axis_out_of_range_is_refused_on_every_path(torch, x_dtype):
+    """The fused float32 path took any multiple of ``x.ndim`` for axis 0 (ch_axis=2 on a 2-D
+    input quantized along axis 0; ch_axis=1 on a 1-D input per element); torch, the observer
+    alone and the float64 path refuse it."""
+    kw = dict(
+        observer=nbqat.MovingAveragePerChannelMinMaxObserver,
+        dtype="qint8",
+        qscheme="per_channel_symmetric",
+    )
+    x = np.linspace(-1.0, 2.0, 12).reshape(4, 3).astype(x_dtype)
+    tq = torch.ao.quantization.FakeQuantize(
+        observer=torch.ao.quantization.MovingAveragePerChannelMinMaxObserver,
+        quant_min=-128, quant_max=127, dtype=torch.qint8,
+        qscheme=torch.per_channel_symmetric, ch_axis=2,
+    )  # fmt: skip
+    with pytest.raises((IndexError, RuntimeError)):
+        tq(torch.from_numpy(x.astype(np.float32)))
+    f = nbqat.FakeQuantize(ch_axis=2, **kw)
+    with pytest.raises(ValueError, match=r"ch_axis=2 is out of range for x of shape \(4, 3\)"):
+        f(x)
+    assert f.scale.shape == (1,)  # nothing stored by the refused call
+    with pytest.raises(ValueError, match=r"ch_axis=1 is out of range for x of shape \(3,\)"):
+        nbqat.FakeQuantize(ch_axis=1, **kw)(x[0].copy())
+    y = nbqat.FakeQuantize(ch_axis=-2, **kw)(x)  # the same axis as 0, spelled from the end
+    np.testing.assert_array_equal(y, nbqat.FakeQuantize(ch_axis=0, **kw)(x))

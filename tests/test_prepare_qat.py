@@ -541,7 +541,9 @@ def test_convert_keeps_a_registered_layers_per_channel_weight_quantizer(rng):
     could not be called as the QAT one was."""
     saved = dict(QAT_MODULE_MAPPINGS)
     try:
-        register_qat_module(_Scaled, {"weight_fake_quant": "weight", "input_fake_quant": "activation"})
+        register_qat_module(
+            _Scaled, {"weight_fake_quant": "weight", "input_fake_quant": "activation"}
+        )
         net = Sequential(_Scaled(6, 8), ELU(), Linear(8, 3))
         ParameterBuffer(net, seed=1)
         qat = prepare_qat(net, qconfig_mapping={"2": None})

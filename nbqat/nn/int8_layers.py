@@ -1,7 +1,7 @@
 """The integer layers of the int8 reference engine: :class:`Int8Linear` (one fake-quantized
 matmul), :class:`Int8LSTM` and :class:`FrozenFakeQuantize` (fake quantization with frozen
-qparams: the attention probabilities, and the quantizers of layers ``convert`` does not swap); their arithmetic is in :mod:`nbqat.nn.int8`'s docstring and
-they are importable from there."""
+qparams: the attention probabilities, and the quantizers of layers ``convert`` does not swap);
+their arithmetic is in :mod:`nbqat.nn.int8`'s docstring and they are importable from there."""
 
 from __future__ import annotations
 

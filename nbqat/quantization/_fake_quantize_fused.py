@@ -121,7 +121,7 @@ def forward_channel(fq: Any, x: np.ndarray, observe: bool) -> tuple | None:
     ((C,) new state); None also for another channel axis or a channel count the state does
     not have."""
     nd = x.ndim
-    if nd == 0 or fq.ch_axis % nd != 0:
+    if nd == 0 or fq.ch_axis not in (0, -nd):  # an axis out of range: the public path raises
         return None
     c = x.shape[0]
     obs = fq.activation_post_process
