@@ -445,3 +445,27 @@ def test_a_channel_axis_out_of_range_is_refused_on_every_path(torch, x_dtype):
         nbqat.FakeQuantize(ch_axis=1, **kw)(x[0].copy())
     y = nbqat.FakeQuantize(ch_axis=-2, **kw)(x)  # the same axis as 0, spelled from the end
     np.testing.assert_array_equal(y, nbqat.FakeQuantize(ch_axis=0, **kw)(x))
+
+
+@pytest.mark.parametrize("cls", [nbqat.FakeQuantize, nbqat.LearnableFakeQuantize])
+def test_a_range_past_float32_exactness_is_refused_at_construction(torch, cls):
+    """qint32's full range trained on the fused path, which adds the zero point in float32
+    (torch adds it exactly: all 64 outputs of a Gaussian batch differed from torch's), while
+    the float64 path and fake_quantize_per_tensor_affine refused that range."""
+    x = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    wide = dict(quant_min=-(2**31), quant_max=2**31 - 1, dtype="qint32")
+    with pytest.raises(ValueError, match=r"\[-2147483648, 2147483647\] \(qint32\) is past"):
+        cls(observer=nbqat.MinMaxObserver, **wide)
+    with pytest.raises(ValueError, match=r"must lie in \[-2\*\*24, 2\*\*24\]"):
+        obs = nbqat.MinMaxObserver(dtype="qint32")
+        obs(x)
+        s, z = obs.calculate_qparams()
+        nbqat.fake_quantize_per_tensor_affine(x, s, z, obs.quant_min, obs.quant_max)
+    # qint32 codes on a 16-bit range stay exact: torch's bits
+    kw = dict(quant_min=-32768, quant_max=32767, dtype="qint32")
+    f = nbqat.FakeQuantize(observer=nbqat.MinMaxObserver, **kw)
+    t = torch.ao.quantization.FakeQuantize(
+        observer=torch.ao.quantization.MinMaxObserver, quant_min=-32768, quant_max=32767,
+        dtype=torch.qint32,
+    )  # fmt: skip
+    np.testing.assert_array_equal(f(x), t(torch.from_numpy(x)).numpy())

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat._validate import QUANT_BOUND
 from nbqat.quantization import _validate_state as VS
 from nbqat.quantization.observers import _MinMaxBase, _PartialWrapper, _with_args
 
@@ -232,6 +233,13 @@ class _QuantizerPhases:
         """Build :attr:`activation_post_process` and copy its range, dtype, qscheme and
         channel axis (``ch_axis`` None per tensor); no forward has run yet."""
         obs = _make_observer(observer, observer_kwargs, type(self).__name__)
+        if obs.quant_min < -QUANT_BOUND or obs.quant_max > QUANT_BOUND:  # qint32's range
+            raise ValueError(
+                f"{type(self).__name__}: the observer's range [{obs.quant_min}, "
+                f"{obs.quant_max}] ({obs.dtype}) is past [-2**24, 2**24], where float32 fake "
+                "quantization is not exact (as fake_quantize_per_tensor_affine refuses it); "
+                "use an 8- or 16-bit dtype or a narrower quant_min / quant_max"
+            )
         self.activation_post_process = obs
         self.quant_min, self.quant_max = obs.quant_min, obs.quant_max
         self.dtype, self.qscheme = obs.dtype, obs.qscheme
