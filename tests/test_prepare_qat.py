@@ -575,3 +575,25 @@ def test_a_module_used_at_two_places_is_refused_by_the_buffer():
     with pytest.raises(ValueError, match=r"module '3' is the same ELU object as module '1'"):
         ParameterBuffer(Sequential(Linear(2, 3), act, Linear(3, 3), act))
     assert shared.weight is None  # nothing bound by the refused call
+
+
+def test_float64_weights_convert_to_the_codes_their_qat_forward_used(rng):
+    """Symmetric per-channel scales put each channel's largest weight on a .5 tie (127.5): the
+    float64 QAT forward rounds it there, while convert cast the weights to float32 first, which
+    can move the product to the other side of the tie (other codes, outputs 4e-3 apart)."""
+    model = Sequential(Linear(6, 8), ELU(), Linear(8, 3))
+    ParameterBuffer(model, dtype=np.float64, seed=0)
+    qat = prepare_qat(model)
+    x = rng.standard_normal((32, 6))
+    qat(x)
+    qat.disable_calibration()
+    qat.freeze_observers()
+    qat.eval()
+    int8 = convert(qat)
+    for i in (0, 2):
+        lin, fq = int8.model[i].int8, qat.model[i].weight_fake_quant
+        w = qat.model[i].weight  # float64
+        inv = (np.float32(1) / fq.scale).astype(np.float64)  # the kernels' float32 reciprocal
+        want = np.clip(np.rint(w * inv[:, None]), fq.quant_min, fq.quant_max)  # zero point 0
+        np.testing.assert_array_equal(lin.weight_q, want)
+    np.testing.assert_allclose(int8(x), qat(x), rtol=0, atol=1e-5)  # float32 engine

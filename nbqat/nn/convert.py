@@ -72,7 +72,7 @@ class QuantizedLinear(Module):
         self.has_bias = bool(linear.has_bias)
         bias = linear.bias if linear.has_bias else None
         self.int8 = int_linear(
-            np.asarray(linear.weight, np.float32),
+            linear.weight,  # its own dtype: float64 weights get the float64 QAT forward's codes
             bias,
             linear.weight_fake_quant,
             linear.input_fake_quant,

@@ -112,7 +112,8 @@ def quantize_per_channel(
     Parameters
     ----------
     w : ndarray (C, ...) float
-        Weights, output channels on axis 0; computed in float32.
+        Weights, output channels on axis 0; computed in float64 for float64 weights (the QAT
+        forward's arithmetic at that dtype), else in float32.
     scale : ndarray (C,) float32, > 0
         One scale per output channel.
     zero_point : ndarray (C,) int
@@ -140,10 +141,13 @@ def quantize_per_channel(
         )
     if not np.all(np.isfinite(scale) & (scale > 0)):
         raise ValueError("per-channel scales must be positive and finite")
-    w32 = np.ascontiguousarray(w, dtype=np.float32).reshape(c, -1)
-    out = np.empty(w32.shape, np.int32)
+    # float64 weights stay float64: ``w * inv`` rounded where the float64 QAT forward rounds it
+    # (a float32 cast first moves a weight on a .5 tie to the other code)
+    wt = np.float64 if np.asarray(w).dtype == np.float64 else np.float32
+    wc = np.ascontiguousarray(w, dtype=wt).reshape(c, -1)
+    out = np.empty(wc.shape, np.int32)
     inv = (np.float32(1.0) / scale).astype(np.float32)
-    quantize_per_row_kernel(w32, inv, zp, int(quant_min), int(quant_max), out)
+    quantize_per_row_kernel(wc, inv, zp, int(quant_min), int(quant_max), out)
     return out.reshape(w.shape)
 
 
