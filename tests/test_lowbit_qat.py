@@ -12,7 +12,15 @@ import pytest
 from ref_lowbit import assert_same_bits, load_quant_primitives
 
 import nbqat
-from nbqat.nn import ELU, Linear, ParameterBuffer, Sequential, prepare_qat
+from nbqat.nn import (
+    ELU,
+    Linear,
+    LSTMForecaster,
+    LSTMForecasterConfig,
+    ParameterBuffer,
+    Sequential,
+    prepare_qat,
+)
 from nbqat.nn.convert import convert
 from nbqat.nn.int4 import GroupedLinear
 from nbqat.quantization.lowbit_quantize import (
@@ -188,6 +196,36 @@ def test_float8_qconfig_flow():
     qat.freeze_observers()
     y = qat.model.forward(x)
     np.testing.assert_allclose(convert(qat)(x), y, rtol=0, atol=1e-6)
+
+
+def test_float8_qconfig_bounds_an_all_zero_block(torch):
+    """float8_qconfig's quantizers clamp max |x| at 1e-12 (torchao's float8 training EPS): an
+    all-zero block (the LSTM forecaster's zero initial state) quantized to NaN (scale 0, then
+    0 / 0), so every output of a float8 LSTMForecaster was NaN; torchao's primitive with
+    the same bound is the oracle, and a block above the bound keeps the unbounded bits."""
+    qp = load_quant_primitives()
+    act = float8_qconfig().activation()
+    assert act.hp_value_lb == 1e-12 and "hp_value_lb=1e-12" in repr(act)
+    x = _x((5, 32), 9)
+    x[2] = 0.0
+    for block in (np.zeros((5, 32), np.float32), x):
+        t = torch.from_numpy(block)
+        s = qp._choose_scale_float8(t, list(block.shape), torch.float8_e4m3fn, hp_value_lb=1e-12)
+        q = qp._quantize_affine_float8(t, s, torch.float8_e4m3fn)
+        want = qp._dequantize_affine_float8(q, s, torch.float32).numpy()
+        assert_same_bits(act.forward(block), want, "float8 bounded")
+    assert_same_bits(act.forward(x), Float8FakeQuantize(granularity="per_tensor").forward(x), "lb")
+    with pytest.raises(ValueError, match="hp_value_lb must be None or a finite float >= 0"):
+        Float8FakeQuantize(hp_value_lb=-1.0)
+    cfg = LSTMForecasterConfig(
+        num_static_features=2, num_known_features=3, num_unknown_features=4, hidden_dim=8,
+        sequence_length=6, prediction_horizon=3,
+    )  # fmt: skip
+    qat = prepare_qat(LSTMForecaster(cfg, seed=0), float8_qconfig())
+    rng = np.random.default_rng(0)
+    b = [rng.standard_normal(s).astype(np.float32) for s in ((4, 2), (4, 6, 4), (4, 3, 3))]
+    qat.calibrate([tuple(b)])
+    assert np.isfinite(qat.predict(*b)).all()
 
 
 def test_train_weight_format_options():

@@ -26,6 +26,7 @@ at each group's largest element), which QAT practice (and nbqat) leaves out.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from nbqat.quantization.affine import choose_qparams_affine, fake_quantize_affin
 from nbqat.quantization.float8 import choose_scale_float8, fake_quantize_float8_cachemask
 
 __all__ = [
+    "FLOAT8_AMAX_LB",
     "Float8FakeQuantize",
     "GroupAffineObserver",
     "GroupFakeQuantize",
@@ -45,6 +47,11 @@ __all__ = [
 _F32 = np.float32
 #: torch.finfo(torch.float32).eps: torchao's eps of the 8da4w per-token activation qparams.
 EPS_TOKEN = float(np.finfo(np.float32).eps)
+#: The lower bound on a float8 block's ``max |x|`` that nbqat's float8 qconfigs set
+#: (:class:`Float8FakeQuantize`'s ``hp_value_lb``): torchao's float8 training clamps its amax at
+#: the same 1e-12 (``float8/float8_utils.py``, ``EPS``), so an all-zero block (an LSTM's zero
+#: initial state, a pruned weight row) quantizes to zeros, not to NaN (scale 0, then 0 / 0).
+FLOAT8_AMAX_LB = 1e-12
 
 
 def check_group_size(group_size: Any, what: str = "group_size") -> int:
@@ -411,6 +418,11 @@ class Float8FakeQuantize(_LowBitBase):
     granularity : {"per_row", "per_tensor"}, default "per_row"
         ``per_row``: one scale per output channel of a (N, K) weight (``block (1, K)``);
         ``per_tensor``: one scale (activations).
+    hp_value_lb, hp_value_ub : float, optional
+        Bounds on ``max |x|`` before the scale's division (torchao's
+        ``Float8FakeQuantizeConfig`` fields; default none, as there). Without a lower bound
+        an all-zero block gets scale 0 and NaN outputs, as in torchao;
+        :func:`~nbqat.quantization.qconfig.float8_qconfig` sets :data:`FLOAT8_AMAX_LB`.
 
     Attributes
     ----------
@@ -422,7 +434,17 @@ class Float8FakeQuantize(_LowBitBase):
 
     _MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 
-    def __init__(self, dtype: str = "float8_e4m3fn", granularity: str = "per_row") -> None:
+    def __init__(
+        self,
+        dtype: str = "float8_e4m3fn",
+        granularity: str = "per_row",
+        hp_value_lb: float | None = None,
+        hp_value_ub: float | None = None,
+    ) -> None:
+        for name, v in (("hp_value_lb", hp_value_lb), ("hp_value_ub", hp_value_ub)):
+            if v is not None and not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be None or a finite float >= 0, got {v!r}")
+        self.hp_value_lb, self.hp_value_ub = hp_value_lb, hp_value_ub
         if dtype not in self._MAX:
             raise ValueError(f"dtype must be one of {sorted(self._MAX)}, got {dtype!r}")
         if granularity not in ("per_row", "per_tensor"):
@@ -451,7 +473,8 @@ class Float8FakeQuantize(_LowBitBase):
         if self.observer_enabled and x.size:
             per_row = self.granularity == "per_row" and x.ndim >= 2
             block = (1,) * (x.ndim - 1) + (x.shape[-1],) if per_row else x.shape
-            self.scale = np.asarray(choose_scale_float8(x, block, self.dtype), _F32)
+            bounds = {"hp_value_lb": self.hp_value_lb, "hp_value_ub": self.hp_value_ub}
+            self.scale = np.asarray(choose_scale_float8(x, block, self.dtype, **bounds), _F32)
             self.zero_point = np.zeros(self.scale.shape, np.int32)
         if not self.fake_quant_enabled or x.size == 0:
             return self._done(x, x, None)
@@ -476,4 +499,9 @@ class Float8FakeQuantize(_LowBitBase):
         return np.asarray(y, np.float64), int(np.count_nonzero(~np.asarray(mask)))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(dtype={self.dtype}, granularity={self.granularity})"
+        bounds = "".join(
+            f", {n}={v!r}"
+            for n, v in (("hp_value_lb", self.hp_value_lb), ("hp_value_ub", self.hp_value_ub))
+            if v is not None
+        )
+        return f"{type(self).__name__}(dtype={self.dtype}, granularity={self.granularity}{bounds})"

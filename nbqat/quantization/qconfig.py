@@ -209,13 +209,17 @@ def float8_qconfig(dtype: str = "float8_e4m3fn", activations: bool = True) -> QC
     Returns
     -------
     QConfig
-        :class:`~nbqat.quantization.lowbit_quantize.Float8FakeQuantize` factories.
+        :class:`~nbqat.quantization.lowbit_quantize.Float8FakeQuantize` factories with
+        ``hp_value_lb = FLOAT8_AMAX_LB`` (1e-12, torchao's float8 training clamp): an all-zero
+        block (an LSTM's zero initial state) gives zeros, where torchao's default config
+        (no bound) gives NaN; any block with ``max |x| >= 1e-12`` is torchao's bits.
     """
-    from nbqat.quantization.lowbit_quantize import Float8FakeQuantize
+    from nbqat.quantization.lowbit_quantize import FLOAT8_AMAX_LB, Float8FakeQuantize
 
-    w = Float8FakeQuantize.with_args(dtype=dtype, granularity="per_row")
+    f8 = Float8FakeQuantize.with_args(dtype=dtype, hp_value_lb=FLOAT8_AMAX_LB)
+    w = f8.with_args(granularity="per_row")
     Float8FakeQuantize(dtype)  # validates dtype now, not at prepare_qat
-    a = Float8FakeQuantize.with_args(dtype=dtype, granularity="per_tensor") if activations else None
+    a = f8.with_args(granularity="per_tensor") if activations else None
     return QConfig(activation=a, weight=w)
 
 
@@ -235,11 +239,11 @@ def weight_format_qconfig(qconfig: QConfig, cfg: Any) -> QConfig:
     (:attr:`QConfig.weight_fallback`): on the main job, the ridge-started linear skip (366
     inputs) alone at int4 per channel made the PTQ model 45 % worse on the test P50, at 8
     bits 2 %."""
-    from nbqat.quantization.lowbit_quantize import Float8FakeQuantize, GroupFakeQuantize
+    from nbqat.quantization.lowbit_quantize import GroupFakeQuantize
 
     fmt = cfg.weight_format()
     if fmt["weight_dtype"] != "int":
-        w = Float8FakeQuantize.with_args(dtype=fmt["weight_dtype"], granularity="per_row")
+        w = float8_qconfig(fmt["weight_dtype"], activations=False).weight
     elif fmt["weight_bits"] == 4:
         w = GroupFakeQuantize.with_args(group_size=fmt["group_size"])
         return QConfig(activation=qconfig.activation, weight=w, weight_fallback=qconfig.weight)
