@@ -103,6 +103,36 @@ def test_int8_linear_and_lstm_match_their_fake_quant_layers(rng):
     np.testing.assert_allclose(c, c_fq, rtol=1e-5, atol=1e-5)
 
 
+def test_empty_batches_and_sequences(rng, torch):
+    """A batch of 0 failed in the LSTMs with NumPy's 'cannot reshape array of size 0' (torch
+    returns (0, L, H)); an empty sequence is refused as torch refuses it; a converted
+    per-token int4 model failed on an empty batch that its QAT model ran."""
+    lstm, xs, h0, c0 = observed_lstm(rng, 4, 6, batch=3, steps=5, seed=2)
+    for hook in ("weight_ih", "weight_hh", "input", "hidden"):
+        getattr(lstm, hook + "_fake_quant").disable_observer()
+    tl = torch.nn.LSTM(4, 6, batch_first=True)
+    t_out, (t_h, t_c) = tl(torch.zeros(0, 5, 4), (torch.zeros(1, 0, 6), torch.zeros(1, 0, 6)))
+    for layer in (lstm, Int8LSTM(lstm)):
+        out, (h, c) = layer.forward(xs[:0], h0[:0], c0[:0])
+        assert out.shape == tuple(t_out.shape) and h.shape == c.shape == tuple(t_h.shape[1:])
+        with pytest.raises(ValueError, match=r"with L >= 1 \(torch's rule\), got \(3, 0, 4\)"):
+            layer.forward(xs[:, :0], h0, c0)
+    with pytest.raises(RuntimeError):  # torch: "Expected sequence length to be larger than 0"
+        tl(torch.zeros(3, 0, 4))
+    lstm.backward(np.zeros((0, 5, 6), np.float32), np.zeros((0, 6), np.float32),
+                  np.zeros((0, 6), np.float32))  # fmt: skip
+    from nbqat.nn import ELU, ParameterBuffer, Sequential, convert, prepare_qat
+    from nbqat.quantization.qconfig import int4_weight_qconfig
+
+    m = Sequential(Linear(32, 16), ELU(), Linear(16, 3))
+    ParameterBuffer(m, seed=0)
+    q = prepare_qat(m, int4_weight_qconfig(16, "per_token"))
+    q.calibrate([(rng.standard_normal((20, 32)).astype(np.float32),)])
+    q.freeze_observers()
+    x0 = np.zeros((0, 32), np.float32)
+    assert convert(q)(x0).shape == q.predict(x0).shape == (0, 3)
+
+
 @pytest.mark.parametrize(
     "head,skip,qskip", [(False, False, False), (True, False, False), (False, True, False),
                         (False, True, True)]

@@ -165,6 +165,8 @@ class GroupedLinear:
             )
             sx = np.full((x32.shape[0], 1), np.float64(self.input_scale))
             return (q - self.input_zero_point).astype(np.float64), sx
+        if x32.shape[0] == 0:  # no token: no per-token qparams to choose
+            return np.zeros(x32.shape, np.float64), np.zeros((0, 1), np.float64)
         fq = self._input_fq
         s, z, block = fq.qparams_of(x32)
         y = np.asarray(fake_quantize_affine(x32, block, s, z, fq.quant_min, fq.quant_max))

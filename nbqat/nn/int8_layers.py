@@ -223,9 +223,14 @@ class Int8LSTM:
             ``(h_L, c_L)``, the final hidden and cell state (B, hidden_size) float32 (copies).
         """
         d = self.hidden_size
+        if x.ndim != 3 or x.shape[2] != self.input_size or x.shape[1] == 0:
+            raise ValueError(
+                f"LSTM input must be (B, L, {self.input_size}) with L >= 1 (torch's rule), "
+                f"got {x.shape}"
+            )
         nb, nl, _ = x.shape
         xt = np.ascontiguousarray(np.transpose(x, (1, 0, 2)), dtype=np.float32)  # (L, B, in)
-        xg = self.ih.forward(xt.reshape(nl * nb, -1)).reshape(nl, nb, 4 * d)  # (L, B, 4d)
+        xg = self.ih.forward(xt.reshape(nl * nb, xt.shape[2])).reshape(nl, nb, 4 * d)
         gates = np.empty((nb, 4 * d), np.float32)
         cs = np.empty((nl, nb, d), np.float32)
         tcs = np.empty((nb, d), np.float32)

@@ -128,12 +128,16 @@ class LSTM(Module):
         Raises
         ------
         ValueError
-            When ``x`` is not (B, L, input_size) or ``h0`` / ``c0`` is not (B, hidden_size).
+            When ``x`` is not (B, L, input_size) with L >= 1 or ``h0`` / ``c0`` is not
+            (B, hidden_size). B = 0 runs (empty outputs).
         """
         d = self.hidden_size
         dt = self.weight_ih.dtype
-        if x.ndim != 3 or x.shape[2] != self.input_size:
-            raise ValueError(f"LSTM input must be (B, L, {self.input_size}), got {x.shape}")
+        if x.ndim != 3 or x.shape[2] != self.input_size or x.shape[1] == 0:
+            raise ValueError(
+                f"LSTM input must be (B, L, {self.input_size}) with L >= 1 (torch's rule), "
+                f"got {x.shape}"
+            )
         nb, nl, _ = x.shape
         for name, s in (("h0", h0), ("c0", c0)):
             if s.shape != (nb, d):
@@ -153,7 +157,7 @@ class LSTM(Module):
         # i, f, o blocks halved (exact: powers of two) for lstm_step's sigmoid-by-tanh
         scale = _gate_scale(d, dt)
         xt = np.ascontiguousarray(x.transpose(1, 0, 2))  # (L, B, in) time-major
-        xg2 = xt.reshape(nl * nb, -1) @ (w_ih.T * scale)  # (L*B, 4d)
+        xg2 = xt.reshape(nl * nb, xt.shape[2]) @ (w_ih.T * scale)  # (L*B, 4d)
         nn_cpu.bias_add(xg2, (self.bias_ih + self.bias_hh) * scale)
         xg = xg2.reshape(nl, nb, 4 * d)  # (L, B, 4d)
         # (d, 4d) C-contiguous: OpenBLAS's small-matrix path runs a transposed (F-ordered) operand
@@ -238,7 +242,7 @@ class LSTM(Module):
             if hfq is not None:
                 dh_next = hook_backward(hfq, dh_next, ctx_h[t])
         dg2 = dg.reshape(nl * nb, 4 * d)
-        dw_ih = dg2.T @ xt.reshape(nl * nb, -1)  # (4d, in)
+        dw_ih = dg2.T @ xt.reshape(nl * nb, xt.shape[2])  # (4d, in)
         dw_hh = dg2.T @ hprev.reshape(nl * nb, d)  # (4d, d)
         if self.weight_ih_fake_quant is not None:
             dw_ih = hook_backward(self.weight_ih_fake_quant, dw_ih, ctx_wih)
@@ -249,7 +253,7 @@ class LSTM(Module):
         db = _ones(nl * nb, dt) @ dg2  # column sum as a BLAS gemv
         self.bias_ih_grad += db
         self.bias_hh_grad += db
-        dxt = (dg2 @ w_ih).reshape(nl, nb, -1)  # (L, B, in)
+        dxt = (dg2 @ w_ih).reshape(nl, nb, w_ih.shape[1])  # (L, B, in)
         dx = np.ascontiguousarray(dxt.transpose(1, 0, 2))  # (B, L, in)
         if self.input_fake_quant is not None:
             dx = hook_backward(self.input_fake_quant, dx, ctx_x)
