@@ -174,7 +174,9 @@ def check_parity(
     quantiles : sequence of float, optional
         Default: the ONNX model's ``quantiles`` metadata.
     reference_rows : int or None, default 64
-        Rows run by the reference evaluator (None: all; 0: skip it).
+        Rows run by the reference evaluator (None: all; 0: skip it). A model exported below
+        opset :data:`REFERENCE_MIN_OPSET` (19) skips it: onnx's evaluator implements
+        Quantize/DequantizeLinear from there (the report then has no ``reference`` engine).
     batch_size : int, default 256
 
     Returns
@@ -206,8 +208,20 @@ def check_parity(
     q = _quantiles_of(proto, quantiles)
     fake = None if _is_int8(model) else model
     nref = n if reference_rows is None else min(int(reference_rows), n)
+    if nref and _opset(proto) < REFERENCE_MIN_OPSET:
+        nref = 0  # onnx's evaluator has no QuantizeLinear / DequantizeLinear before opset 19
     preds = _run_engines(fake, int8, proto, rows, nref, batch_size)
     return _report(preds, getattr(int8, "output_scale", None), n, target, unscale, q)
+
+
+#: The lowest opset whose Quantize/DequantizeLinear ``onnx.reference.ReferenceEvaluator``
+#: implements (onnx 1.17-1.23): older exports skip the ``reference`` engine.
+REFERENCE_MIN_OPSET = 19
+
+
+def _opset(proto: Any) -> int:
+    """The model's default-domain opset version."""
+    return max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=0)
 
 
 def _report(
