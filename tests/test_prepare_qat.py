@@ -597,3 +597,18 @@ def test_float64_weights_convert_to_the_codes_their_qat_forward_used(rng):
         want = np.clip(np.rint(w * inv[:, None]), fq.quant_min, fq.quant_max)  # zero point 0
         np.testing.assert_array_equal(lin.weight_q, want)
     np.testing.assert_allclose(int8(x), qat(x), rtol=0, atol=1e-5)  # float32 engine
+
+
+def test_calibrate_takes_arrays_as_single_inputs(rng):
+    """``calibrate([x1, x2])`` unpacked each array's rows into positional inputs (a
+    'takes 2 positional arguments but 17 were given' TypeError; a one-row array ran silently
+    on the wrong input)."""
+    model = Sequential(Linear(4, 3))
+    ParameterBuffer(model, seed=0)
+    xs = [rng.standard_normal((5, 4)).astype(np.float32) for _ in range(2)]
+    a, b = prepare_qat(model), prepare_qat(model)
+    assert a.calibrate(xs) == b.calibrate([(x,) for x in xs]) == 2
+    for name, fq in a.fake_quants.items():
+        np.testing.assert_array_equal(fq.scale, b.fake_quants[name].scale)
+    with pytest.raises(TypeError, match=r"calibrate: batch 0 is a dict; pass tuples"):
+        prepare_qat(model).calibrate([{"x": xs[0]}])

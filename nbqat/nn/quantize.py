@@ -399,14 +399,20 @@ class QATModel(QATCheckpoint, QATPhases):
 
         Parameters
         ----------
-        batches : iterable of tuples
+        batches : iterable of tuples (or of arrays, for a model that is not a forecaster)
             Each holds the model's inputs first; items after :attr:`num_inputs` (a target)
-            are ignored.
+            are ignored. An array is one batch of the model's single input.
 
         Returns
         -------
         int
             The number of batches used (at most ``config.calibration_batches``).
+
+        Raises
+        ------
+        TypeError
+            A batch that is neither a tuple / list nor, for a model that is not a forecaster,
+            an array (before its forward runs).
         """
         if self.phase != CALIBRATION:
             self.enable_calibration()
@@ -414,6 +420,14 @@ class QATModel(QATCheckpoint, QATPhases):
         for batch in batches:
             if self.calibration_batches_seen >= n or used >= n:
                 break
+            if isinstance(batch, np.ndarray) and self.num_inputs is None:
+                batch = (batch,)  # the array is the input, not a tuple to unpack
+            elif not isinstance(batch, tuple | list):
+                raise TypeError(
+                    f"calibrate: batch {used} is a {type(batch).__name__}; pass tuples of the "
+                    "model's inputs, e.g. [(x0,), (x1,)], or [(static, historical, future), "
+                    "...] for a forecaster"
+                )
             self.forward(*batch[: self.num_inputs])
             used += 1
         self.disable_calibration()
