@@ -203,6 +203,10 @@ def test_unknown_layer_with_parameters_is_a_clear_type_error():
         ]
         with pytest.raises(ValueError, match="hook kinds"):
             register_qat_module(Scale, {"x": "bias"})
+        with pytest.raises(TypeError, match="hooks must be a mapping.*got list"):
+            register_qat_module(Scale, [("weight_fake_quant", "weight")])
+        with pytest.raises(TypeError, match=r"hook names must be attribute names, got \[1\]"):
+            register_qat_module(Scale, {1: "weight"})
     finally:
         QAT_MODULE_MAPPINGS.clear()
         QAT_MODULE_MAPPINGS.update(saved)

@@ -62,7 +62,8 @@ def register_qat_module(layer_type: type, hooks: Mapping[str, str]) -> None:
     Raises
     ------
     TypeError
-        ``layer_type`` is not a Module subclass.
+        ``layer_type`` is not a Module subclass; ``hooks`` not a mapping, or a key that is
+        not an attribute name.
     ValueError
         A hook kind other than "weight" / "activation".
     """
@@ -70,6 +71,14 @@ def register_qat_module(layer_type: type, hooks: Mapping[str, str]) -> None:
         raise TypeError(
             f"register_qat_module: layer_type must be a Module subclass, got {layer_type!r}"
         )
+    if not isinstance(hooks, Mapping):
+        raise TypeError(
+            "register_qat_module: hooks must be a mapping of hook attribute to kind, e.g. "
+            f'{{"weight_fake_quant": "weight"}}, got {type(hooks).__name__}'
+        )
+    names = [k for k in hooks if not (isinstance(k, str) and k.isidentifier())]
+    if names:
+        raise TypeError(f"register_qat_module: hook names must be attribute names, got {names}")
     bad = {k: v for k, v in hooks.items() if v not in ("weight", "activation")}
     if bad:
         raise ValueError(f"register_qat_module: hook kinds must be 'weight'/'activation': {bad}")
