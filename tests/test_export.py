@@ -334,6 +334,25 @@ def _nothing_written(folder, name="m.onnx"):
     assert os.listdir(folder) == []
 
 
+def test_error_bad_metadata_before_anything_is_written(qat_float_head, tmp_path):
+    """User metadata silently replaced nbqat's own props (``quantiles``, which check_parity
+    and the predict engines read), a non-string key failed inside onnx, and NaN was written
+    as non-strict JSON."""
+    for meta, err, match in (
+        ({"quantiles": [0.5]}, ValueError, r"metadata \['quantiles'\] would replace nbqat's"),
+        ({1: "x"}, TypeError, "metadata keys must be str, got 1"),
+        ({"score": float("nan")}, ValueError, r"metadata\['score'\] is not strict JSON"),
+        ([("a", 1)], TypeError, "metadata must be a mapping"),
+    ):
+        with pytest.raises(err, match=match):
+            to_onnx(qat_float_head, tmp_path / "m.onnx", metadata=meta)
+        _nothing_written(tmp_path)
+    p = to_onnx(qat_float_head, tmp_path / "m.onnx", metadata={"score": 0.25, "note": "ok"})
+    props = {q.key: q.value for q in onnx.load(str(p)).metadata_props}
+    assert props["score"] == "0.25" and props["note"] == "ok"
+    assert json.loads(props["quantiles"]) == list(qat_float_head.model.config.quantiles)
+
+
 def test_error_uncalibrated_names_quantizer(tmp_path):
     q = QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(_cfg()))
     with pytest.raises(ValueError, match=r"quantizer '.*' is uncalibrated"):

@@ -169,6 +169,7 @@ def build_model(model: Any, *, opset: int | None = None, metadata: Mapping[str, 
     from nbqat._version import __version__
 
     opset = _check_opset(opset)
+    extra = _metadata_props(metadata)
     int8, source = _as_int8(model)
     tft = int8.model
     _check_network(tft)
@@ -223,12 +224,34 @@ def build_model(model: Any, *, opset: int | None = None, metadata: Mapping[str, 
     if int8.output_scale is not None:
         props["output_scale"] = float(int8.output_scale)
         props["output_zero_point"] = int(int8.output_zero_point)
-    props.update(dict(metadata or {}))
-    helper.set_model_props(
-        proto, {k: v if isinstance(v, str) else json.dumps(v) for k, v in props.items()}
-    )
+    props = {k: v if isinstance(v, str) else json.dumps(v) for k, v in props.items()}
+    clash = sorted(set(extra) & set(props))
+    if clash:
+        raise ValueError(
+            f"metadata {clash} would replace nbqat's own props ({sorted(props)}); rename them"
+        )
+    helper.set_model_props(proto, {**props, **extra})
     onnx.checker.check_model(proto, full_check=True)
     return proto, g
+
+
+def _metadata_props(metadata: Mapping[str, Any] | None) -> dict[str, str]:
+    """``metadata`` as ONNX props (values strict JSON unless str), checked before any graph is
+    built: TypeError for a non-mapping or a non-string key, ValueError for a value JSON cannot
+    hold (NaN, Inf, an object)."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a mapping of str keys, got {type(metadata).__name__}")
+    out = {}
+    for k, v in metadata.items():
+        if not isinstance(k, str):
+            raise TypeError(f"metadata keys must be str, got {k!r}")
+        try:
+            out[k] = v if isinstance(v, str) else json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"metadata[{k!r}] is not strict JSON ({e}): {v!r}") from None
+    return out
 
 
 def _max_ir(opset: int) -> int:
@@ -280,8 +303,9 @@ def to_onnx(
         Default-domain opset, 13 to the installed onnx's newest; default 21. Below 17 the
         LayerNorm is decomposed; int16/uint16 activation ranges need 21.
     metadata : Mapping, optional
-        Extra metadata props (values JSON-encoded unless str), e.g. feature names, the
-        target's per-entity scaling, the training run's q-risk.
+        Extra metadata props (values strict JSON unless str), e.g. feature names, the
+        target's per-entity scaling, the training run's q-risk; str keys other than nbqat's
+        own props (``nbqat_version``, ``source``, ``quantiles``, ``inputs``, ...).
 
     Returns
     -------
@@ -291,12 +315,13 @@ def to_onnx(
     Raises
     ------
     TypeError
-        For another model type or a non-int opset.
+        For another model type, a non-int opset, or ``metadata`` not a mapping with str keys.
     ValueError
         Before anything is written: an uncalibrated quantizer, an unfrozen observer or a model
         still in calibration (the message names the quantizer), a quant range that no
         QuantizeLinear type of ``opset`` holds, a bad scale or zero point, an opset out of
-        range, or a folder of ``path`` that does not exist.
+        range, a folder of ``path`` that does not exist, or ``metadata`` naming one of nbqat's
+        own props or holding a value strict JSON cannot (NaN, Inf).
 
     Notes
     -----
