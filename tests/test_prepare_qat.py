@@ -616,3 +616,23 @@ def test_calibrate_takes_arrays_as_single_inputs(rng):
         np.testing.assert_array_equal(fq.scale, b.fake_quants[name].scale)
     with pytest.raises(TypeError, match=r"calibrate: batch 0 is a dict; pass tuples"):
         prepare_qat(model).calibrate([{"x": xs[0]}])
+
+
+def test_convert_names_a_weight_quantizer_on_the_wrong_axis(rng):
+    """A per-channel weight quantizer along the input axis trains, but the integer matmul
+    needs a scale per output channel: convert said 'per-channel scale and zero_point must
+    have shape (8,), got (6,)', naming neither the layer nor the cause."""
+    from nbqat.quantization.qconfig import QConfig, default_qat_qconfig
+
+    model = Sequential(Linear(6, 8))
+    ParameterBuffer(model, seed=0)
+    w = nbqat.FakeQuantize.with_args(
+        observer=nbqat.MovingAveragePerChannelMinMaxObserver, quant_min=-128, quant_max=127,
+        dtype="qint8", qscheme="per_channel_symmetric", ch_axis=1,
+    )  # fmt: skip
+    qat = prepare_qat(model, QConfig(activation=default_qat_qconfig.activation, weight=w))
+    qat(rng.standard_normal((4, 6)).astype(np.float32))
+    qat.disable_calibration()
+    qat.freeze_observers()
+    with pytest.raises(ValueError, match=r"0\.weight_fake_quant is per channel along axis 1"):
+        convert(qat)

@@ -96,6 +96,12 @@ class Int8Linear:
         xs, xz, xmin, xmax = _qparams(input_fq, name + ".input_fake_quant")
         if xs.size != 1:
             raise ValueError(f"{name}: the input quantizer must be per tensor")
+        axis = getattr(weight_fq, "ch_axis", None) if weight_fq.is_per_channel else None
+        if axis is not None and axis not in (0, -np.ndim(weight)):
+            raise ValueError(
+                f"{name}.weight_fake_quant is per channel along axis {axis}; integer matmuls "
+                "need one scale per output channel (ch_axis=0, torch's default for weights)"
+            )
         if ws.size == 1 and weight.shape[0] != 1:  # per-tensor weights: broadcast
             ws = np.full(weight.shape[0], ws[0], np.float32)
             wz = np.full(weight.shape[0], wz[0], np.int32)
