@@ -262,6 +262,28 @@ def test_out_and_inplace(rng, dtype):
     assert bits_equal(xc, ref_c)
 
 
+def test_out_and_mask_sharing_memory_are_refused(rng):
+    """Overlapping ``out`` and ``mask`` were both written (the mask from a temporary, after
+    ``out``), so ``out`` silently held mask bytes (values like 2.4e-38)."""
+    x = (rng.standard_normal((5, 4)) * 5).astype(np.float32)
+    buf = np.zeros(100, np.uint8)
+    o = buf[:80].view(np.float32).reshape(5, 4)
+    mk = buf[4:24].view(bool).reshape(5, 4)
+    for f, args in (
+        (F.fake_quantize_per_tensor_affine_cachemask, (0.1, 0, -128, 127)),
+        (F.fake_quantize_per_channel_affine_cachemask, (np.full(4, 0.1, np.float32),
+                                                        np.zeros(4, np.int32), 1, -128, 127)),
+        (nbqat.fake_quantize_affine_cachemask, ((1, 4), np.full(5, 0.1, np.float32), None,
+                                                -128, 127)),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match="out and mask share memory"):
+            f(x, *args, out=o, mask=mk)
+        assert not buf.any()  # nothing written
+    m2 = buf[80:100].view(bool).reshape(5, 4)  # beside out, not on it: accepted
+    y, m = F.fake_quantize_per_tensor_affine_cachemask(x, 0.1, 0, -128, 127, out=o, mask=m2)
+    assert bits_equal(y, fake_quant_ref(x, 0.1, 0, -128, 127)[0])
+
+
 def test_zero_d_and_empty(torch):
     x0 = np.array(1.55, np.float32)
     y, m = F.fake_quantize_per_tensor_affine_cachemask(x0, 0.1, 0, -128, 127)
