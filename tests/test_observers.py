@@ -393,6 +393,20 @@ def test_nonfinite_raise_counts_and_keeps_state(rng, kind):
         assert np.array_equal(before[k], after[k])
 
 
+@pytest.mark.parametrize("cls", [nbqat.MinMaxObserver, nbqat.HistogramObserver])
+def test_a_float64_past_the_float32_range_is_named_as_such(cls):
+    """torch's x.to(float32) reads 1e39 as +Inf; the error counted '1 +Inf' in a batch with
+    no infinity, with NumPy's overflow warning, and said nothing of why."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no 'overflow encountered in cast'
+        with pytest.raises(ValueError, match=r"1 \+Inf and 0 -Inf values \(counted in float32"):
+            cls()(np.array([1.0, 1e39]))
+    with pytest.raises(ValueError, match=r"1 NaN, 0 \+Inf and 0 -Inf values; the observer"):
+        cls()(np.array([1.0, np.nan]))
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_nonfinite_ignore_skips_values(rng, kind):
     cls, _, per_channel, moving = KINDS[kind]

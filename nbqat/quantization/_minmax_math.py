@@ -18,6 +18,7 @@ import numpy as np
 
 from nbqat.kernels.qat_cpu import fold_rows, qparams_rows  # the formulas, written once
 from nbqat.quantization._observer_args import DTYPES
+from nbqat.quantization._observer_stats import INF_NOTE
 
 __all__ = [
     "apply_policy",
@@ -43,8 +44,9 @@ def apply_policy(policy: str, who: str, fmin, fmax, nnan, npinf, nninf):
         return fmin, fmax
     if policy == "raise":
         raise ValueError(
-            f"{who}: the batch holds {t_nan} NaN, {t_pinf} +Inf and {t_ninf} -Inf values; "
-            "the observer state is unchanged. Fix the input, or construct the observer with "
+            f"{who}: the batch holds {t_nan} NaN, {t_pinf} +Inf and {t_ninf} -Inf values"
+            f"{INF_NOTE if t_pinf + t_ninf else ''}; the observer state is unchanged. Fix "
+            "the input, or construct the observer with "
             "nonfinite='ignore' (skip them) or nonfinite='propagate' (torch's behaviour)"
         )
     if policy == "ignore":

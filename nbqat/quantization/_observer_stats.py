@@ -31,6 +31,11 @@ __all__ = [
 ]
 
 
+#: What the non-finite errors add: infinities are counted on the float32 values (torch's
+#: ``x.to(float32)``), so a finite float64 past the float32 range counts as one.
+INF_NOTE = " (counted in float32: a float64 past +-3.4e38 is +-Inf there)"
+
+
 def decode(keys: Any) -> np.ndarray:
     """float32 values of order keys (the key map is its own inverse)."""
     k = np.asarray(keys, dtype=np.int64).astype(np.int32)
@@ -57,8 +62,13 @@ def _bits(x: np.ndarray) -> tuple[np.ndarray, Any, np.int32, np.int32]:
 
 
 def as_f32_host(x: np.ndarray) -> np.ndarray:
-    """float32 view of ``x`` (copy only for float16/float64, as torch's ``x.to(float32)``)."""
-    return x if x.dtype == np.float32 else x.astype(np.float32)
+    """float32 view of ``x`` (copy only for float16/float64, as torch's ``x.to(float32)``;
+    float64 values past the float32 range become +-Inf, counted as such, without NumPy's
+    overflow warning)."""
+    if x.dtype == np.float32:
+        return x
+    with np.errstate(over="ignore"):
+        return x.astype(np.float32)
 
 
 def stats_cpu_tensor(x: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -38,6 +38,7 @@ from nbqat.kernels import histogram_cpu as _hk
 from nbqat.kernels import observe_cpu as _ok
 from nbqat.quantization import _observer_args as _args
 from nbqat.quantization._observer_args import DTYPES, int_in_range
+from nbqat.quantization._observer_stats import INF_NOTE
 from nbqat.quantization._observer_stats import batch_stats as _batch_stats_any
 from nbqat.quantization._observer_stats import check_input as _check_input
 from nbqat.quantization._observer_stats import decode as _decode
@@ -61,7 +62,8 @@ def _apply_policy(obs: Any, fmin, fmax, nnan, npinf, nninf, who: str) -> None:
     if obs.nonfinite == "raise" or (obs.nonfinite == "propagate" and n_nan):
         raise ValueError(
             f"{who}: the batch holds {n_nan} NaN, {int(npinf.sum())} +Inf and "
-            f"{int(nninf.sum())} -Inf values; the observer state is unchanged. Fix the "
+            f"{int(nninf.sum())} -Inf values{INF_NOTE if n_inf else ''}; the observer state is "
+            "unchanged. Fix the "
             "input, or construct the observer with nonfinite='ignore' (skip them)"
             + ("" if n_nan == 0 else "; torch's HistogramObserver fails on NaN too")
         )
