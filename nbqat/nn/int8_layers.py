@@ -281,10 +281,8 @@ class FrozenFakeQuantize:
     def __init__(self, fq: Any, name: str) -> None:
         s, z, self.quant_min, self.quant_max = _qparams(fq, name)
         self.ch_axis: int | None = int(fq.ch_axis) if fq.is_per_channel else None
-        if self.ch_axis is None:
-            self.scale, self.zero_point = np.float32(s[0]), int(z[0])
-        else:
-            self.scale, self.zero_point = s, z
+        self.scale: Any = np.float32(s[0]) if self.ch_axis is None else s
+        self.zero_point: Any = int(z[0]) if self.ch_axis is None else z
         self.ctx = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
