@@ -174,9 +174,8 @@ def check_parity(
     quantiles : sequence of float, optional
         Default: the ONNX model's ``quantiles`` metadata.
     reference_rows : int or None, default 64
-        Rows run by the reference evaluator (None: all; 0: skip it). A model exported below
-        opset :data:`REFERENCE_MIN_OPSET` (19) skips it: onnx's evaluator implements
-        Quantize/DequantizeLinear from there (the report then has no ``reference`` engine).
+        Rows run by the reference evaluator (None: all; 0: skip it; always skipped below
+        opset :data:`REFERENCE_MIN_OPSET`, 19, where it has no Quantize/DequantizeLinear).
     batch_size : int, default 256
 
     Returns
@@ -207,9 +206,7 @@ def check_parity(
         raise ValueError(f"target must have shape {(n, tau)}, got {np.shape(target)}")
     q = _quantiles_of(proto, quantiles)
     fake = None if _is_int8(model) else model
-    nref = n if reference_rows is None else min(int(reference_rows), n)
-    if nref and _opset(proto) < REFERENCE_MIN_OPSET:
-        nref = 0  # onnx's evaluator has no QuantizeLinear / DequantizeLinear before opset 19
+    nref = _reference_rows(proto, reference_rows, n)
     preds = _run_engines(fake, int8, proto, rows, nref, batch_size)
     return _report(preds, getattr(int8, "output_scale", None), n, target, unscale, q)
 
@@ -219,9 +216,13 @@ def check_parity(
 REFERENCE_MIN_OPSET = 19
 
 
-def _opset(proto: Any) -> int:
-    """The model's default-domain opset version."""
-    return max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=0)
+def _reference_rows(proto: Any, reference_rows: int | None, n: int) -> int:
+    """The rows the reference evaluator runs: ``reference_rows`` (None: all) of the ``n``, or
+    none below :data:`REFERENCE_MIN_OPSET` (no Quantize/DequantizeLinear there)."""
+    opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if opset < REFERENCE_MIN_OPSET:
+        return 0
+    return n if reference_rows is None else min(int(reference_rows), n)
 
 
 def _report(

@@ -25,6 +25,7 @@ from nbqat.nn.int8_arith import (
     quantize_per_channel,
     quantize_per_tensor,
 )
+from nbqat.nn.layers.lstm import check_lstm_inputs
 from nbqat.nn.phases import is_learnable
 from nbqat.quantization._quantizer_base import check_observed
 from nbqat.quantization.fake_quant import fake_quantize_per_channel_affine
@@ -229,12 +230,7 @@ class Int8LSTM:
             ``(h_L, c_L)``, the final hidden and cell state (B, hidden_size) float32 (copies).
         """
         d = self.hidden_size
-        if x.ndim != 3 or x.shape[2] != self.input_size or x.shape[1] == 0:
-            raise ValueError(
-                f"LSTM input must be (B, L, {self.input_size}) with L >= 1 (torch's rule), "
-                f"got {x.shape}"
-            )
-        nb, nl, _ = x.shape
+        nb, nl = check_lstm_inputs(x, h0, c0, self.input_size, d)
         xt = np.ascontiguousarray(np.transpose(x, (1, 0, 2)), dtype=np.float32)  # (L, B, in)
         xg = self.ih.forward(xt.reshape(nl * nb, xt.shape[2])).reshape(nl, nb, 4 * d)
         gates = np.empty((nb, 4 * d), np.float32)

@@ -6,7 +6,9 @@ gets a per-channel weight quantizer and a per-tensor input quantizer, an ``LSTM`
 its input and its hidden state at every step, the attention its probabilities; LayerNorm and
 the variable embeddings hold parameters but no matmul and map to ``{}`` (float by design).
 :func:`register_qat_module` adds a user's layer type; :func:`~nbqat.nn.prepare_qat` reads the
-mapping (through :func:`hooks_for`) for every model, the TFT's QAT model included.
+mapping (through :func:`hooks_for`) for every model, the TFT's QAT model included, and picks
+each module's QConfig with :func:`qconfig_for` (torch's ``QConfigMapping`` precedence) from a
+``qconfig_mapping`` checked by :func:`check_qconfig_mapping`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ from typing import Any
 
 from nbqat.nn.params import Module
 
-__all__ = ["QAT_MODULE_MAPPINGS", "config_qconfig_mapping", "hooks_for", "register_qat_module"]
+__all__ = [
+    "QAT_MODULE_MAPPINGS",
+    "check_qconfig_mapping",
+    "config_qconfig_mapping",
+    "hooks_for",
+    "is_qconfig",
+    "qconfig_for",
+    "register_qat_module",
+]
 
 
 def _default_mappings() -> dict[type, dict[str, str]]:
@@ -126,3 +136,59 @@ def config_qconfig_mapping(model: Module, config: Any) -> dict[str, None]:
             if isinstance(mod, InterpretableMultiHeadAttention):
                 mapping[name] = None
     return mapping
+
+
+def qconfig_for(name: str, mod: Module, qconfig: Any, mapping: Mapping[Any, Any]) -> Any:
+    """torch's QConfigMapping precedence: module name (or an ancestor's) > type > global."""
+    parts = name.split(".") if name else []
+    for i in range(len(parts), 0, -1):
+        key = ".".join(parts[:i])
+        if key in mapping:
+            return mapping[key]
+    for cls in type(mod).__mro__:
+        if cls in mapping:
+            return mapping[cls]
+    return qconfig
+
+
+def is_qconfig(qc: Any) -> bool:
+    """Whether ``qc`` has a callable ``weight`` factory and a callable or None
+    ``activation`` (None: float activations, weight-only)."""
+    act = getattr(qc, "activation", False)  # None: float activations (weight-only)
+    return callable(getattr(qc, "weight", None)) and (act is None or callable(act))
+
+
+def check_qconfig_mapping(model: Module, qconfig: Any, qconfig_mapping: Any) -> dict:
+    """The checked ``qconfig_mapping`` as a dict: every name a module of ``model`` (a typo
+    would silently quantize what was meant to stay float), every value a QConfig or None."""
+    if not is_qconfig(qconfig):
+        raise TypeError(
+            f"prepare_qat: qconfig must be a QConfig (weight and activation factories, e.g. "
+            f"nbqat.default_qat_qconfig), got {type(qconfig).__name__}"
+        )
+    if qconfig_mapping is None:
+        return {}
+    if not isinstance(qconfig_mapping, Mapping):
+        raise TypeError(
+            "prepare_qat: qconfig_mapping must be a mapping {module name or layer type: "
+            f"QConfig or None}}, got {type(qconfig_mapping).__name__}"
+        )
+    names = [n for n, _ in model.named_modules() if n]
+    for key, qc in qconfig_mapping.items():
+        if isinstance(key, str):
+            if key not in names:
+                raise ValueError(
+                    f"prepare_qat: qconfig_mapping names module {key!r}, which the model does "
+                    f"not have; its modules are {names[:12]}{' ...' if len(names) > 12 else ''}"
+                )
+        elif not (isinstance(key, type) and issubclass(key, Module)):  # int would match nothing
+            raise TypeError(
+                f"prepare_qat: qconfig_mapping keys must be module names (str) or layer types "
+                f"(nbqat.nn.Module subclasses, e.g. nbqat.nn.Linear), got {key!r}"
+            )
+        if qc is not None and not is_qconfig(qc):
+            raise TypeError(
+                f"prepare_qat: qconfig_mapping[{key!r}] must be a QConfig or None, got "
+                f"{type(qc).__name__}"
+            )
+    return dict(qconfig_mapping)

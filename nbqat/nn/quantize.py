@@ -36,8 +36,10 @@ from nbqat.nn.params import Module, ParameterBuffer
 from nbqat.nn.phases import CALIBRATION, QATPhases, is_learnable
 from nbqat.nn.qat_mappings import (
     QAT_MODULE_MAPPINGS,
+    check_qconfig_mapping,
     config_qconfig_mapping,
     hooks_for,
+    qconfig_for,
     register_qat_module,
 )
 from nbqat.nn.qat_state import QATCheckpoint
@@ -49,19 +51,6 @@ __all__ = [
     "prepare_qat",
     "register_qat_module",
 ]
-
-
-def _qconfig_for(name: str, mod: Module, qconfig: Any, mapping: Mapping[Any, Any]) -> Any:
-    """torch's QConfigMapping precedence: module name (or an ancestor's) > type > global."""
-    parts = name.split(".") if name else []
-    for i in range(len(parts), 0, -1):
-        key = ".".join(parts[:i])
-        if key in mapping:
-            return mapping[key]
-    for cls in type(mod).__mro__:
-        if cls in mapping:
-            return mapping[cls]
-    return qconfig
 
 
 def _copy_model(model: Module) -> tuple[Module, ParameterBuffer]:
@@ -81,47 +70,6 @@ def _copy_model(model: Module) -> tuple[Module, ParameterBuffer]:
     if isinstance(getattr(new, "buffer", None), ParameterBuffer):  # a model owning its buffer
         object.__setattr__(new, "buffer", buf)
     return new, buf
-
-
-def _is_qconfig(qc: Any) -> bool:
-    act = getattr(qc, "activation", False)  # None: float activations (weight-only)
-    return callable(getattr(qc, "weight", None)) and (act is None or callable(act))
-
-
-def _check_mapping(model: Module, qconfig: Any, qconfig_mapping: Any) -> dict:
-    """The checked ``qconfig_mapping`` as a dict: every name a module of ``model`` (a typo
-    would silently quantize what was meant to stay float), every value a QConfig or None."""
-    if not _is_qconfig(qconfig):
-        raise TypeError(
-            f"prepare_qat: qconfig must be a QConfig (weight and activation factories, e.g. "
-            f"nbqat.default_qat_qconfig), got {type(qconfig).__name__}"
-        )
-    if qconfig_mapping is None:
-        return {}
-    if not isinstance(qconfig_mapping, Mapping):
-        raise TypeError(
-            "prepare_qat: qconfig_mapping must be a mapping {module name or layer type: "
-            f"QConfig or None}}, got {type(qconfig_mapping).__name__}"
-        )
-    names = [n for n, _ in model.named_modules() if n]
-    for key, qc in qconfig_mapping.items():
-        if isinstance(key, str):
-            if key not in names:
-                raise ValueError(
-                    f"prepare_qat: qconfig_mapping names module {key!r}, which the model does "
-                    f"not have; its modules are {names[:12]}{' ...' if len(names) > 12 else ''}"
-                )
-        elif not (isinstance(key, type) and issubclass(key, Module)):  # int would match nothing
-            raise TypeError(
-                f"prepare_qat: qconfig_mapping keys must be module names (str) or layer types "
-                f"(nbqat.nn.Module subclasses, e.g. nbqat.nn.Linear), got {key!r}"
-            )
-        if qc is not None and not _is_qconfig(qc):
-            raise TypeError(
-                f"prepare_qat: qconfig_mapping[{key!r}] must be a QConfig or None, got "
-                f"{type(qc).__name__}"
-            )
-    return dict(qconfig_mapping)
 
 
 def _check_modules(model: Module) -> None:
@@ -208,7 +156,7 @@ def prepare_qat(
     if not isinstance(config, QATConfig):
         raise TypeError(f"`config` must be a nbqat.QATConfig, got {type(config).__name__}")
     qconfig = config.qconfig if qconfig is None else qconfig
-    mapping = _check_mapping(model, qconfig, qconfig_mapping)
+    mapping = check_qconfig_mapping(model, qconfig, qconfig_mapping)
     _check_modules(model)
     buf = getattr(model, "buffer", None)  # inplace: a model that owns its buffer keeps it
     buf = buf if isinstance(buf, ParameterBuffer) else None
@@ -304,7 +252,7 @@ class QATModel(QATCheckpoint, QATPhases):
             hooks = hooks_for(mod)
             if not hooks:
                 continue
-            qc = _qconfig_for(name, mod, qconfig, mapping)
+            qc = qconfig_for(name, mod, qconfig, mapping)
             if qc is None:
                 self.float_fallback.append(name)
                 continue

@@ -37,7 +37,6 @@ from nbqat.quantization.affine import choose_qparams_affine, fake_quantize_affin
 from nbqat.quantization.float8 import choose_scale_float8, fake_quantize_float8_cachemask
 
 __all__ = [
-    "FLOAT8_AMAX_LB",
     "Float8FakeQuantize",
     "GroupAffineObserver",
     "GroupFakeQuantize",
@@ -47,11 +46,6 @@ __all__ = [
 _F32 = np.float32
 #: torch.finfo(torch.float32).eps: torchao's eps of the 8da4w per-token activation qparams.
 EPS_TOKEN = float(np.finfo(np.float32).eps)
-#: The lower bound on a float8 block's ``max |x|`` that nbqat's float8 qconfigs set
-#: (:class:`Float8FakeQuantize`'s ``hp_value_lb``): torchao's float8 training clamps its amax at
-#: the same 1e-12 (``float8/float8_utils.py``, ``EPS``), so an all-zero block (an LSTM's zero
-#: initial state, a pruned weight row) quantizes to zeros, not to NaN (scale 0, then 0 / 0).
-FLOAT8_AMAX_LB = 1e-12
 
 
 def check_group_size(group_size: Any, what: str = "group_size") -> int:
@@ -422,7 +416,8 @@ class Float8FakeQuantize(_LowBitBase):
         Bounds on ``max |x|`` before the scale's division (torchao's
         ``Float8FakeQuantizeConfig`` fields; default none, as there). Without a lower bound
         an all-zero block gets scale 0 and NaN outputs, as in torchao;
-        :func:`~nbqat.quantization.qconfig.float8_qconfig` sets :data:`FLOAT8_AMAX_LB`.
+        :func:`~nbqat.quantization.qconfig.float8_qconfig` sets
+        :data:`~nbqat.quantization.qconfig.FLOAT8_AMAX_LB`.
 
     Attributes
     ----------
@@ -499,9 +494,6 @@ class Float8FakeQuantize(_LowBitBase):
         return np.asarray(y, np.float64), int(np.count_nonzero(~np.asarray(mask)))
 
     def __repr__(self) -> str:
-        bounds = "".join(
-            f", {n}={v!r}"
-            for n, v in (("hp_value_lb", self.hp_value_lb), ("hp_value_ub", self.hp_value_ub))
-            if v is not None
-        )
+        kw = {"hp_value_lb": self.hp_value_lb, "hp_value_ub": self.hp_value_ub}
+        bounds = "".join(f", {k}={v!r}" for k, v in kw.items() if v is not None)
         return f"{type(self).__name__}(dtype={self.dtype}, granularity={self.granularity}{bounds})"

@@ -29,6 +29,7 @@ from nbqat.quantization.observers import (
 )
 
 __all__ = [
+    "FLOAT8_AMAX_LB",
     "QATConfig",
     "QConfig",
     "WEIGHT_BITS",
@@ -197,6 +198,13 @@ def int4_weight_qconfig(
     )
 
 
+#: The lower bound on a float8 block's ``max |x|`` that :func:`float8_qconfig` sets (the
+#: quantizers' ``hp_value_lb``): torchao's float8 training clamps its amax at the same 1e-12
+#: (``float8/float8_utils.py``, ``EPS``), so an all-zero block (an LSTM's zero initial state,
+#: a pruned weight row) quantizes to zeros, not to NaN (scale 0, then 0 / 0).
+FLOAT8_AMAX_LB = 1e-12
+
+
 def float8_qconfig(dtype: str = "float8_e4m3fn", activations: bool = True) -> QConfig:
     """Float8 weights (a dynamic scale per output channel) and activations (per tensor).
 
@@ -214,7 +222,7 @@ def float8_qconfig(dtype: str = "float8_e4m3fn", activations: bool = True) -> QC
         block (an LSTM's zero initial state) gives zeros, where torchao's default config
         (no bound) gives NaN; any block with ``max |x| >= 1e-12`` is torchao's bits.
     """
-    from nbqat.quantization.lowbit_quantize import FLOAT8_AMAX_LB, Float8FakeQuantize
+    from nbqat.quantization.lowbit_quantize import Float8FakeQuantize
 
     f8 = Float8FakeQuantize.with_args(dtype=dtype, hp_value_lb=FLOAT8_AMAX_LB)
     w = f8.with_args(granularity="per_row")

@@ -63,6 +63,22 @@ def _gate_scale(d: int, dtype: np.dtype) -> np.ndarray:
     return s
 
 
+def check_lstm_inputs(
+    x: np.ndarray, h0: np.ndarray, c0: np.ndarray, input_size: int, hidden_size: int
+) -> tuple[int, int]:
+    """``(B, L)`` of an LSTM's inputs: ``x`` (B, L, input_size) with L >= 1 (torch's rule; B
+    may be 0), ``h0`` and ``c0`` (B, hidden_size); else a ValueError naming the array."""
+    if x.ndim != 3 or x.shape[2] != input_size or x.shape[1] == 0:
+        raise ValueError(
+            f"LSTM input must be (B, L, {input_size}) with L >= 1 (torch's rule), got {x.shape}"
+        )
+    nb, nl = x.shape[0], x.shape[1]
+    for name, s in (("h0", h0), ("c0", c0)):
+        if np.shape(s) != (nb, hidden_size):
+            raise ValueError(f"LSTM {name} must be ({nb}, {hidden_size}), got {np.shape(s)}")
+    return nb, nl
+
+
 class LSTM(Module):
     """One-layer, batch-first LSTM with explicit initial state (torch.nn.LSTM, batch_first=True).
 
@@ -133,15 +149,7 @@ class LSTM(Module):
         """
         d = self.hidden_size
         dt = self.weight_ih.dtype
-        if x.ndim != 3 or x.shape[2] != self.input_size or x.shape[1] == 0:
-            raise ValueError(
-                f"LSTM input must be (B, L, {self.input_size}) with L >= 1 (torch's rule), "
-                f"got {x.shape}"
-            )
-        nb, nl, _ = x.shape
-        for name, s in (("h0", h0), ("c0", c0)):
-            if s.shape != (nb, d):
-                raise ValueError(f"LSTM {name} must be ({nb}, {d}), got {s.shape}")
+        nb, nl = check_lstm_inputs(x, h0, c0, self.input_size, d)
         x = np.ascontiguousarray(x, dtype=dt)
         ctx_x = None
         if self.input_fake_quant is not None:
