@@ -425,10 +425,14 @@ def evaluate(r: Run) -> dict:
 
 
 def _rank0_outputs(r: Run, metrics: dict, p: dict, y: np.ndarray, qr: dict, t0: float) -> None:
-    """The plots and ``OUT/model.onnx`` (with its parity check): rank 0 alone."""
+    """The plots and ``OUT/model.onnx`` (with its parity check): rank 0 alone, after the
+    metrics so far are found finite (a non-finite q-risk is named with its cause, as
+    ``metrics.json``'s check names it, before the model file's strict-JSON metadata)."""
     from nbqat.export import export_run, run_metadata  # OUT/model.onnx + parity (docs/export.md)
     from nbqat.train.outputs import plots
+    from nbqat.train.preflight import finite_metrics
 
+    finite_metrics(metrics)
     w = r.w
     if r.cfg.plots:
         q = list(w.quantiles)
