@@ -489,3 +489,54 @@ def test_q_risk(rng):
         e = y - yhat[..., j]
         ref = 2 * np.sum(np.maximum(qj * e, (qj - 1) * e)) / np.sum(np.abs(y))
         assert r[j] == pytest.approx(ref, rel=1e-13)
+
+
+def test_backward_refuses_a_gradient_of_another_shape(rng):
+    """The compiled backward passes index by the forward's sizes: ELU wrote 256 values into a
+    4-element buffer (heap corruption), LayerNorm read rows past a shorter dy (garbage in
+    dx and the parameter gradients), the LSTM read dh_n rows it did not have."""
+    elu = nn.ELU()
+    elu.forward(np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32))
+    for dy in (np.ones((64, 4), np.float32), np.float32(1.0), np.ones(4, np.float32)):
+        with pytest.raises(ValueError, match=r"ELU.backward: dy must have shape \(1, 4\)"):
+            elu.backward(dy)
+    ln = nn.LayerNorm(4)
+    _build(ln)
+    ln.forward(np.arange(12.0).reshape(3, 4))
+    with pytest.raises(ValueError, match=r"LayerNorm.backward: dy must have shape \(3, 4\)"):
+        ln.backward(np.ones((1, 4)))
+    assert not ln.weight_grad.any() and not ln.bias_grad.any()  # nothing accumulated
+    lstm = nn.LSTM(3, 4)
+    _build(lstm)
+    x, h0 = rng.normal(size=(2, 5, 3)), rng.normal(size=(2, 4))
+    out, _ = lstm.forward(x, h0, h0)
+    for name in ("dh_n", "dc_n"):
+        for bad in (np.ones((1, 4)), np.ones(4)):
+            with pytest.raises(
+                ValueError, match=rf"LSTM.backward: {name} must have shape \(2, 4\)"
+            ):
+                lstm.backward(np.zeros_like(out), **{name: bad})
+    with pytest.raises(ValueError, match=r"dout must have shape \(2, 5, 4\)"):
+        lstm.backward(np.zeros((2, 4, 4)))
+    assert not lstm.weight_ih_grad.any()
+
+
+def test_dropout_layers_of_a_model_draw_different_masks():
+    """Every Dropout of a user's model had stream 0: identical masks in every layer (only the
+    TFT numbered its own); ParameterBuffer, model.train() and set_dropout number them."""
+    model = nn.Sequential(nn.Linear(6, 6), nn.Dropout(0.5), nn.ELU(), nn.Dropout(0.5))
+    nn.ParameterBuffer(model, seed=0)
+    assert [model[1].stream, model[3].stream] == [0, 1]
+    nn.set_dropout(model, True, seed=(0, 1))
+    x = np.ones((16, 6), np.float32)
+    model.forward(x)
+    assert not np.array_equal(model[1].mask, model[3].mask)  # 96 draws each at p = 0.5
+    setattr(model, "3", nn.Dropout(0.5))  # a replaced layer gets its place's stream back
+    model.train()
+    assert [model[1].stream, model[3].stream] == [0, 1]
+    # each mask is NumPy's stream (seed..., stream): the documented oracle
+    nn.set_dropout(model, True, seed=(0, 1))
+    model.forward(x)
+    for layer, stream in ((model[1], 0), (model[3], 1)):
+        keep = np.random.default_rng([0, 1, stream]).random(layer.mask.shape, np.float32) >= 0.5
+        np.testing.assert_array_equal(layer.mask != 0, keep)

@@ -335,6 +335,17 @@ def test_state_dict_round_trip_and_named_views(rng):
     sd["output_layer.bias"] = np.zeros(5)
     with pytest.raises(ValueError, match="shape"):
         b.load_state_dict(sd)
+    # a value that is no real number is refused before the first write (the earlier keys
+    # were already copied when the cast failed on a later one)
+    before = b.params.copy()
+    bad = {k: v + 1 for k, v in a.state_dict().items()}
+    bad["output_layer.bias"] = np.full(3, "x", dtype=object)
+    with pytest.raises(TypeError, match=r"'output_layer.bias'\] has dtype object"):
+        b.load_state_dict(bad)
+    bad["output_layer.bias"] = np.zeros(3, np.complex64)
+    with pytest.raises(TypeError, match="has dtype complex64"):
+        b.load_state_dict(bad)
+    np.testing.assert_array_equal(b.params, before)
 
 
 def test_named_modules_and_seed_reproducibility():

@@ -120,9 +120,12 @@ class Module:
         Names of this class's boolean switches for algebraic folds (two affine maps computed as
         one; same function, float rounding in another order), all on by default;
         :meth:`set_folding` sets them for a whole model.
+    DRAWS_STREAM : bool
+        True on layers that draw random masks (Dropout): :meth:`number_streams` numbers them.
     """
 
     FOLDS: tuple[str, ...] = ()
+    DRAWS_STREAM = False
 
     def __init__(self) -> None:
         object.__setattr__(self, "_modules", {})
@@ -153,7 +156,23 @@ class Module:
         """
         for mod in self.modules():
             object.__setattr__(mod, "training", bool(mode))
+        self.number_streams()
         return self
+
+    def number_streams(self) -> int:
+        """Give the mask-drawing layers (``DRAWS_STREAM``: Dropout) of this tree the streams 0,
+        1, ... in module order, so that no two of them draw the same mask; done by
+        :class:`ParameterBuffer`, :meth:`train` and :func:`~nbqat.nn.set_dropout`.
+
+        Returns
+        -------
+        int
+            The number of such layers.
+        """
+        layers = [m for m in self.modules() if m.DRAWS_STREAM]
+        for i, mod in enumerate(layers):
+            mod.stream = i
+        return len(layers)
 
     def eval(self) -> Any:
         """Evaluation mode: :meth:`train` with False. Returns self."""
@@ -317,6 +336,17 @@ class Module:
             )
         return self._cache
 
+    def _grad_in(self, g: Any, shape: tuple[int, ...], dtype: Any, name: str = "dy") -> Any:
+        """``g`` as a C-contiguous ``dtype`` array of exactly ``shape`` (the last forward's
+        output, or state), else a ValueError naming the layer: the compiled backward passes
+        index by the forward's sizes, so another shape would read or write out of bounds."""
+        if np.shape(g) != tuple(shape):
+            raise ValueError(
+                f"{type(self).__name__}.backward: {name} must have shape {tuple(shape)} (the "
+                f"last forward's), got {np.shape(g)}"
+            )
+        return np.ascontiguousarray(g, dtype=dtype)
+
 
 class ModuleList(Module):
     """An indexable list of modules registered under the names "0", "1", ... (torch's).
@@ -392,6 +422,7 @@ class ParameterBuffer:
         specs = []
         total = 0
         _check_no_reuse(module)
+        module.number_streams()
         for mname, mod in module.named_modules():
             for pname, (shape, init) in mod._param_specs.items():
                 size = int(np.prod(shape)) if shape else 1

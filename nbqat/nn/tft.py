@@ -286,11 +286,9 @@ class TemporalFusionTransformer(BufferedModel):
             self.linear_skip = layers.Linear(
                 cfg.window_features, cfg.prediction_horizon * cfg.num_quantiles
             )
-        if cfg.dropout > 0:  # one Dropout at every GLU's input, numbered in module order
-            glus = [m for m in self.modules() if isinstance(m, layers.GatedLinearUnit)]
-            for i, glu in enumerate(glus):
+        if cfg.dropout > 0:  # one Dropout at every GLU's input (ParameterBuffer numbers them)
+            for glu in [m for m in self.modules() if isinstance(m, layers.GatedLinearUnit)]:
                 glu.dropout = layers.Dropout(cfg.dropout)
-                glu.dropout.stream = i
         self.buffer = ParameterBuffer(self, dt, seed)
         self.dtype = dt
         self._contexts: GRNStack | None = None  # the static-context GRNs as one stack
@@ -317,6 +315,8 @@ class TemporalFusionTransformer(BufferedModel):
         ------
         ValueError
             On missing or unexpected keys or a shape mismatch; nothing is written then.
+        TypeError
+            A value that is not real numbers (complex, strings, objects); nothing is written.
         """
         own = dict(self.named_parameters())
         missing = sorted(set(own) - set(state))
@@ -325,13 +325,16 @@ class TemporalFusionTransformer(BufferedModel):
             raise ValueError(
                 f"state_dict mismatch: missing keys {missing}, unexpected keys {unexpected}"
             )
+        values = {}
+        for k, v in own.items():  # every value converted before the first write
+            a = np.asarray(state[k])
+            if a.shape != v.shape:
+                raise ValueError(f"state_dict[{k!r}] has shape {a.shape}, expected {v.shape}")
+            if a.dtype.kind not in "biuf":
+                raise TypeError(f"state_dict[{k!r}] has dtype {a.dtype}; expected real numbers")
+            values[k] = a.astype(self.dtype)
         for k, v in own.items():
-            if np.shape(state[k]) != v.shape:
-                raise ValueError(
-                    f"state_dict[{k!r}] has shape {np.shape(state[k])}, expected {v.shape}"
-                )
-        for k, v in own.items():
-            v[...] = np.asarray(state[k], dtype=self.dtype)
+            v[...] = values[k]
 
     # -- forward / backward ----------------------------------------------------------------
     def forward(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:

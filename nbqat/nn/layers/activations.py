@@ -95,9 +95,11 @@ class ELU(Module):
         ------
         RuntimeError
             When called before :meth:`forward`.
+        ValueError
+            When ``dy`` does not have the forward input's shape.
         """
         x, y = self._require_forward()
-        dy = np.ascontiguousarray(dy, dtype=x.dtype)
+        dy = self._grad_in(dy, x.shape, x.dtype)
         dx = np.empty_like(x)
         nn_cpu.elu_backward(dy.reshape(-1), x.reshape(-1), y.reshape(-1), dx.reshape(-1))
         return dx

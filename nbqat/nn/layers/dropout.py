@@ -57,7 +57,9 @@ class Dropout(Module):
     seed : tuple of int
         The mask seed (set by :func:`set_dropout`).
     stream : int
-        This layer's index among the model's dropout layers.
+        This layer's index among the model's dropout layers, in module order (set by
+        :class:`~nbqat.nn.ParameterBuffer`, ``model.train()`` and :func:`set_dropout`, through
+        :meth:`Module.number_streams <nbqat.nn.Module.number_streams>`).
     mask : ndarray or None
         After a training-mode forward: the scaled mask ``m / (1 - p)`` (x's shape and dtype).
     rows : (global_rows, start, stop) or None
@@ -71,6 +73,8 @@ class Dropout(Module):
     ValueError
         When ``p`` is not in [0, 1).
     """
+
+    DRAWS_STREAM = True
 
     def __init__(self, p: float) -> None:
         super().__init__()
@@ -187,9 +191,9 @@ def set_dropout(model: Any, training: bool, seed: Sequence[int] | None = None) -
     """
     on = bool(training)
     seed_t = None if seed is None else tuple(int(s) for s in seed)
-    layers = model.modules_of_type(Dropout)
-    for mod in layers:
-        mod.training = on
+    layers = model.modules_of_type(Dropout)  # module order: number_streams's numbering
+    for i, mod in enumerate(layers):
+        mod.training, mod.stream = on, i
         if seed_t is not None:
             mod.seed = seed_t
     return len(layers)

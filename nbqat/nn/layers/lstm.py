@@ -227,18 +227,19 @@ class LSTM(Module):
         RuntimeError
             When called before :meth:`forward`.
         ValueError
-            When ``dout`` is not (B, L, hidden_size).
+            When ``dout`` is not (B, L, hidden_size) or ``dh_n`` / ``dc_n`` not (B, hidden_size).
         """
         (xt, w_ih, w_hh, ctx_x, ctx_wih, ctx_whh, ctx_h, gates, cs, tcs, hprev, c0) = (
             self._require_forward()
         )
         nl, nb, d = cs.shape
         dt = cs.dtype
-        if dout.shape != (nb, nl, d):
-            raise ValueError(f"LSTM grad must be ({nb}, {nl}, {d}), got {dout.shape}")
-        dhs = np.ascontiguousarray(np.asarray(dout, dtype=dt).transpose(1, 0, 2))  # (L, B, d)
-        dh_next = np.zeros((nb, d), dt) if dh_n is None else np.array(dh_n, dtype=dt)
-        dc_next = np.zeros((nb, d), dt) if dc_n is None else np.array(dc_n, dtype=dt)
+        dout = self._grad_in(dout, (nb, nl, d), dt, "dout")
+        dhs = np.ascontiguousarray(dout.transpose(1, 0, 2))  # (L, B, d)
+        # copies: the kernel updates both in place
+        zero = np.zeros((nb, d), dt)
+        dh_next = zero.copy() if dh_n is None else self._grad_in(dh_n, (nb, d), dt, "dh_n").copy()
+        dc_next = zero if dc_n is None else self._grad_in(dc_n, (nb, d), dt, "dc_n").copy()
         dg = np.empty((nl, nb, 4 * d), dtype=dt)  # pre-activation gate grads
         hfq = self.hidden_fake_quant
         dh_buf = np.empty((nb, d), dtype=dt)

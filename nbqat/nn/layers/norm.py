@@ -82,10 +82,12 @@ class LayerNorm(Module):
         ------
         RuntimeError
             When called before :meth:`forward`.
+        ValueError
+            When ``dy`` does not have the forward output's shape.
         """
         x2, mean, rstd, shape = self._require_forward()
         c = self.normalized_shape
-        dy2 = np.ascontiguousarray(dy, dtype=x2.dtype).reshape(-1, c)
+        dy2 = self._grad_in(dy, shape, x2.dtype).reshape(-1, c)
         n = x2.shape[0]
         nchunks = max(1, -(-n // nn_cpu.ROW_CHUNK))
         dw = np.empty((nchunks, c), dtype=x2.dtype)
