@@ -478,6 +478,12 @@ def test_quantile_loss_and_grad(rng):
         nn.quantile_loss(yhat, y[:, :2], q)
     with pytest.raises(ValueError, match="quantiles"):
         nn.quantile_loss(yhat, y, (0.1, 0.5, 1.0))
+    for f in (nn.quantile_loss, nn.quantile_loss_grad, nn.q_risk):  # NaN passed the range test
+        with pytest.raises(ValueError, match="quantiles must be"):
+            f(yhat, y, (0.1, float("nan"), 0.9))
+    for f in (nn.quantile_loss, nn.quantile_loss_grad):  # NaN / ZeroDivisionError before
+        with pytest.raises(ValueError, match=r"target is empty \(0, 4\)"):
+            f(yhat[:0], y[:0], q)
 
 
 def test_q_risk(rng):

@@ -11,7 +11,7 @@ def _check(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -
     y_pred = np.asarray(y_pred)
     target = np.asarray(target)
     q = np.asarray(quantiles, dtype=np.float64)
-    if q.ndim != 1 or q.size == 0 or np.any((q <= 0) | (q >= 1)):
+    if q.ndim != 1 or q.size == 0 or not np.all((q > 0) & (q < 1)):  # NaN is not in (0, 1)
         raise ValueError(f"quantiles must be a non-empty 1-D sequence in (0, 1), got {quantiles}")
     if y_pred.dtype.kind != "f" or target.dtype.kind not in "fiu":
         raise ValueError("y_pred must be a float array and target a real array")
@@ -29,6 +29,8 @@ def _errors(
     """Checked ``(e, q)``: ``e = target[..., None] - y_pred`` (..., Q) and the quantile levels
     (Q,), both in ``y_pred``'s dtype."""
     q = _check(y_pred, target, quantiles)
+    if np.size(target) == 0:
+        raise ValueError(f"target is empty {np.shape(target)}: the mean loss needs an element")
     dt = y_pred.dtype
     return np.asarray(target, dtype=dt)[..., None] - y_pred, q.astype(dt)
 
@@ -56,7 +58,8 @@ def quantile_loss(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[fl
     Raises
     ------
     ValueError
-        On mismatched shapes, non-float predictions or quantiles outside (0, 1).
+        On mismatched shapes, non-float predictions, quantiles outside (0, 1) (NaN
+        included) or an empty ``target``.
     """
     e, qq = _errors(y_pred, target, quantiles)
     terms = np.maximum(qq * e, (qq - e.dtype.type(1)) * e)
