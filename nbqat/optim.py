@@ -6,10 +6,11 @@ maths of ``torch.optim`` (single-tensor, ``foreach=False``) in the buffer's dtyp
 clipping folds in (llm.c style)::
 
     total = nbqat.get_total_norm(grads)
-    opt.step(grads, grad_scale=nbqat.clip.clip_coef(total, max_norm))
+    opt.step(grads, grad_scale=nbqat.clip.clip_coef(total, max_norm, grads.dtype))
 
-gives the same bits as ``clip_grad_norm_(grads, max_norm); opt.step(grads)`` but reads the
-gradients once less and leaves them unscaled.
+gives the same bits as ``clip_grad_norm_(grads, max_norm); opt.step(grads)`` (the coefficient
+computed in the gradients' dtype, as torch computes it; ``clip_coef``'s default is float32) but
+reads the gradients once less and leaves them unscaled.
 
 Parameter groups (torch's ``param_groups`` / ``add_param_group``): the flat buffer is group 0;
 :meth:`~_Optimizer.add_param_group` adds a group of other parameters -- e.g. the LSQ scales and

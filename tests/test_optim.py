@@ -110,13 +110,16 @@ def test_sgd_bit_exact_with_numpy_reference(kw):
     assert np.array_equal(p, rp)
 
 
-def test_clip_folded_into_step_equals_clip_then_step(rng):
-    p0 = rng.standard_normal(300).astype(np.float32)
-    g = (rng.standard_normal(300) * 10).astype(np.float32)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_clip_folded_into_step_equals_clip_then_step(rng, dtype):
+    """The documented fold (nbqat.optim's docstring): the coefficient in the gradients' dtype
+    (clip_coef's float32 default gave other bits on float64 buffers)."""
+    p0 = rng.standard_normal(300).astype(dtype)
+    g = (rng.standard_normal(300) * 10).astype(dtype)
     a, b = p0.copy(), p0.copy()
     oa, ob = nbqat.AdamW(a, lr=1e-2), nbqat.AdamW(b, lr=1e-2)
     total = nbqat.get_total_norm(g)
-    oa.step(g, grad_scale=C.clip_coef(total, 1.0))
+    oa.step(g, grad_scale=C.clip_coef(total, 1.0, g.dtype))
     gc = g.copy()
     assert nbqat.clip_grad_norm_(gc, 1.0) == total
     ob.step(gc)
