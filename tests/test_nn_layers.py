@@ -546,3 +546,19 @@ def test_dropout_layers_of_a_model_draw_different_masks():
     for layer, stream in ((model[1], 0), (model[3], 1)):
         keep = np.random.default_rng([0, 1, stream]).random(layer.mask.shape, np.float32) >= 0.5
         np.testing.assert_array_equal(layer.mask != 0, keep)
+
+
+def test_vsn_casts_its_input_to_the_parameters_dtype_on_both_paths(rng):
+    """With float64 parameters and float32 input the folded path computed in float64 and the
+    unfolded one in float32 (dtype and precision depended on a fold switch)."""
+    x = rng.normal(size=(5, 3)).astype(np.float32)
+    outs = []
+    for fold in (True, False):
+        v = nn.VariableSelectionNetwork(3, 4, fold_embedding=fold)
+        nn.ParameterBuffer(v, dtype=np.float64, seed=4)
+        y, w = v.forward(x)
+        assert y.dtype == w.dtype == np.float64
+        y64, _ = v.forward(x.astype(np.float64))  # the float64 input: the same computation
+        np.testing.assert_array_equal(y, y64)
+        outs.append(y)
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-13, atol=1e-15)  # the folds' rounding

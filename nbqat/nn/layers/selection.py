@@ -163,7 +163,7 @@ class VariableSelectionNetwork(Module):
         Parameters
         ----------
         x : ndarray (B, num_vars) or (B, L, num_vars) float32 or float64
-            The raw (real-valued) inputs; in the dtype of the parameters.
+            The raw (real-valued) inputs; cast to the dtype of the parameters.
         c : ndarray (B, context_size), optional
             Static context of ``flat_grn``; required exactly when the VSN was built with
             ``context_size``.
@@ -194,6 +194,7 @@ class VariableSelectionNetwork(Module):
                 f"x must be a float32/float64 array (..., {m}), got "
                 f"{getattr(x, 'shape', type(x))} {getattr(x, 'dtype', '')}"
             )
+        x = np.asarray(x, dtype=self.embedding.weight.dtype)  # both paths in the parameters'
         lead = x.shape[:-1]
         if self._foldable():
             logits, xs, fold = self._folded_forward(x, c)
