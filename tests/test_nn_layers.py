@@ -428,7 +428,7 @@ def test_attention_rejects_negative_offset(rng):
     att = nn.InterpretableMultiHeadAttention(4, 2)
     _build(att)
     x = rng.normal(size=(1, 2, 4))
-    with pytest.raises(ValueError, match="offset must be >= 0"):
+    with pytest.raises(ValueError, match="offset must be an int >= 0"):
         att.forward(x, x, offset=-1)
 
 
@@ -562,3 +562,38 @@ def test_vsn_casts_its_input_to_the_parameters_dtype_on_both_paths(rng):
         np.testing.assert_array_equal(y, y64)
         outs.append(y)
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-13, atol=1e-15)  # the folds' rounding
+
+
+def test_layers_name_bad_sizes_dtypes_and_shapes(rng):
+    """Unhelpful errors before: LayerNorm normalised integers in integers, ELU raised Numba's
+    typing error, Linear(0, 2) a ZeroDivisionError, the attention 'not enough values to
+    unpack' / a reshape error (and truncated a float offset), a GRN inside a Sequential an
+    AttributeError on its (dx, None) gradient."""
+    ln = nn.LayerNorm(4)
+    _build(ln)
+    with pytest.raises(TypeError, match="LayerNorm input must be float32 or float64, got int64"):
+        ln.forward(np.arange(8).reshape(2, 4))
+    with pytest.raises(TypeError, match="ELU: x must be float32 or float64, got int64"):
+        nn.ELU().forward(np.array([-2, -1, 0, 3]))
+    for args in ((0, 2), (-1, 2), (2, 1.5)):
+        with pytest.raises(ValueError, match="Linear: .*_features must be a positive int"):
+            nn.Linear(*args)
+    att = nn.InterpretableMultiHeadAttention(4, 2)
+    _build(att)
+    kv = rng.normal(size=(2, 3, 4))
+    for q, off, match in (
+        (rng.normal(size=(2, 4)), 1, r"must be \(B, tq, d_model\).*got \(2, 4\) and \(2, 3, 4\)"),
+        (rng.normal(size=(1, 2, 4)), 1, r"with one B, got \(1, 2, 4\) and \(2, 3, 4\)"),
+        (rng.normal(size=(2, 2, 4)), 1.7, r"offset must be an int >= 0.*got 1.7"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            att.forward(q, kv, off)
+    # a GRN (no context) chains in a Sequential: its backward's (dx, None) is dx
+    seq = nn.Sequential(nn.Linear(3, 4), nn.GatedResidualNetwork(4, 4, 4))
+    _build(seq)
+    x = rng.normal(size=(5, 3))
+    _check(seq, lambda: (seq.forward(x),), lambda r: (seq.backward(r[0]),), [x])
+    vsn = nn.Sequential(nn.VariableSelectionNetwork(3, 4))
+    _build(vsn)
+    with pytest.raises(TypeError, match=r"layer 0 \(VariableSelectionNetwork\) returned a tuple"):
+        vsn.forward(x)

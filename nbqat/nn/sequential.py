@@ -25,7 +25,9 @@ class Sequential(Module):
     Raises
     ------
     TypeError
-        When a layer is not an nbqat Module.
+        When a layer is not an nbqat Module; in forward, a layer that returns a tuple; in
+        backward, one whose backward returns gradients of several inputs (a GRN without its
+        context returns ``(dx, None)``, which passes).
 
     Examples
     --------
@@ -65,8 +67,13 @@ class Sequential(Module):
         ndarray
             The last layer's output.
         """
-        for layer in self._modules.values():
+        for i, layer in enumerate(self._modules.values()):
             x = layer.forward(x)
+            if isinstance(x, tuple):  # a VariableSelectionNetwork's (output, weights)
+                raise TypeError(
+                    f"Sequential: layer {i} ({type(layer).__name__}) returned a tuple; "
+                    "Sequential chains layers of one input and one output array"
+                )
         self._cache = True
         return x
 
@@ -89,6 +96,13 @@ class Sequential(Module):
             Before any forward.
         """
         self._require_forward()
-        for layer in reversed(list(self._modules.values())):
+        for i, layer in reversed(list(enumerate(self._modules.values()))):
             dy = layer.backward(dy)
+            if isinstance(dy, tuple):  # (dx, d_context): a GRN, its optional context unused
+                if any(g is not None for g in dy[1:]):
+                    raise TypeError(
+                        f"Sequential: layer {i} ({type(layer).__name__}) returned gradients "
+                        "for several inputs; Sequential chains one-input layers"
+                    )
+                dy = dy[0]
         return dy

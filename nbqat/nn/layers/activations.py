@@ -47,7 +47,11 @@ class ELU(Module):
         ValueError
             When ``bias`` is not (C,), ``context`` not (B, C), or ``x`` is not C-contiguous
             while one of them is given.
+        TypeError
+            When ``x`` is not a float array.
         """
+        if np.asarray(x).dtype.kind != "f":  # Numba's typing error otherwise
+            raise TypeError(f"ELU: x must be float32 or float64, got {np.asarray(x).dtype}")
         fused = bias is not None or context is not None
         if fused and not x.flags.c_contiguous:
             raise ValueError("ELU: x must be C-contiguous when bias or context is given")

@@ -82,12 +82,20 @@ class InterpretableMultiHeadAttention(Module):
         Raises
         ------
         ValueError
-            When ``offset < 0`` (a query would see no key).
+            When ``offset`` is not an integer >= 0 (a query would see no key), or ``query``
+            and ``key_value`` are not 3-D with one batch size.
         """
-        offset = int(offset)
-        if offset < 0:
+        if isinstance(offset, bool) or not isinstance(offset, int | np.integer) or offset < 0:
             raise ValueError(
-                f"offset must be >= 0 (query i attends to keys j <= offset + i), got {offset}"
+                f"offset must be an int >= 0 (query i attends to keys j <= offset + i), got "
+                f"{offset!r}"
+            )
+        offset = int(offset)
+        qs, ks = np.shape(query), np.shape(key_value)
+        if len(qs) != 3 or len(ks) != 3 or qs[0] != ks[0]:
+            raise ValueError(
+                f"query and key_value must be (B, tq, d_model) and (B, T, d_model) with one B, "
+                f"got {qs} and {ks}"
             )
         q = self.q_proj.forward(query)  # (B, tq, d)
         k = self.k_proj.forward(key_value)  # (B, T, d)

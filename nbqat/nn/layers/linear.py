@@ -68,6 +68,9 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__()
+        for name, v in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+                raise ValueError(f"Linear: {name} must be a positive int, got {v!r}")
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.has_bias = bool(bias)

@@ -52,10 +52,14 @@ class LayerNorm(Module):
         ------
         ValueError
             When the last dimension of ``x`` is not ``normalized_shape``.
+        TypeError
+            When ``x`` is not a float array.
         """
         c = self.normalized_shape
         if x.shape[-1] != c:
             raise ValueError(f"LayerNorm input must have last dimension {c}, got {x.shape}")
+        if x.dtype.kind != "f":  # an integer x was normalised in integers
+            raise TypeError(f"LayerNorm input must be float32 or float64, got {x.dtype}")
         x2 = np.ascontiguousarray(x).reshape(-1, c)  # (N, C)
         n = x2.shape[0]
         y = np.empty(x.shape, dtype=x2.dtype) if out is None else out
