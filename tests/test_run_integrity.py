@@ -81,6 +81,25 @@ def test_out_holding_a_run_is_refused_unless_overwrite(tmp_path, capsys):
     assert not (out / "forecasts.csv").exists()  # the replaced model's forecasts go with it
     assert (out / "notes.txt").read_text() == "mine"
     assert f"outputs in {out.resolve()}" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # none set aside
+
+
+def test_a_failed_overwrite_keeps_the_previous_run(tmp_path, capsys):
+    """--overwrite removed the previous run's outputs before training: a run that then failed
+    (here a divergence) left the folder without either run."""
+    out = tmp_path / "o"
+    out.mkdir()
+    old = {"metrics.json": b"{}", "model.onnx": b"old model", "forecasts.csv": b"old"}
+    for name, data in old.items():
+        (out / name).write_bytes(data)
+    (out / "checkpoint").mkdir()
+    (out / "checkpoint" / "meta.json").write_text("{}")
+    diverge = ["--lr", "1e6", "--max-norm", "none"]
+    assert main(["train", *TINY, *diverge, "--out", str(out), "--overwrite"]) == 2
+    assert "diverged" in capsys.readouterr().err
+    assert {p.name for p in out.iterdir()} == {*old, "checkpoint"}  # no hidden folder left
+    assert all((out / n).read_bytes() == d for n, d in old.items())
+    assert (out / "checkpoint" / "meta.json").read_text() == "{}"
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["train", *TINY, "--out", str(empty), "--check"]) == 0

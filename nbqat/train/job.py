@@ -164,10 +164,10 @@ def _run(cfg: TrainConfig, resume: str | Path | None, check_only: bool, par: Par
 
         init_linear_skip_from_ridge(r.model, r.ridge)
     par.barrier()  # every rank validated its inputs before rank 0 creates or clears anything
-    new_dir = None  # the top-most folder this run creates (removed again if the run fails)
+    new_dir = aside = None  # the top-most folder this run creates; the previous run's outputs
     if par.root:
-        if cfg.overwrite and meta is None:
-            preflight.clear_outputs(out)
+        if cfg.overwrite and meta is None:  # kept until this run finishes (restored on failure)
+            aside = preflight.set_aside_outputs(out)
         new_dir = next((d for d in (*reversed(out.parents), out) if not d.exists()), None)
         out.mkdir(parents=True, exist_ok=True)
     r.tick("data", t0)
@@ -178,16 +178,20 @@ def _run(cfg: TrainConfig, resume: str | Path | None, check_only: bool, par: Par
             raise _checkpoint_interrupted(r, e) from None
         save_checkpoint(r)  # phase "evaluate": a Ctrl-C in the evaluation loses no training
         try:
-            return _finish(r, t_start)
+            metrics = _finish(r, t_start)
         except KeyboardInterrupt:
             if par.distributed:
                 raise  # the guard ends every rank; the checkpoint resumes the evaluation
             raise r.interrupted() from None
+        preflight.drop_set_aside(aside)
+        return metrics
     except TrainingInterrupted:
+        preflight.drop_set_aside(aside)  # the new run's checkpoint resumes it
         raise
     except Exception:
         if new_dir is not None:  # a failed run leaves no folder behind (README)
             shutil.rmtree(new_dir, ignore_errors=True)
+        preflight.restore_outputs(out, aside)  # and a failed --overwrite the previous run
         raise
 
 

@@ -257,8 +257,9 @@ OPTIONS: tuple[Option, ...] = (
          "(OUT/checkpoint); the other options come from the checkpoint", group="output",
          field=False, metavar="CHECKPOINT", path=True),
     _opt("plots", bool, True, "skip the PNG plots", group="output", cli="negated"),
-    _opt("overwrite", bool, False, "replace a previous run's outputs in --out (without it such "
-         "an --out is refused)", group="output", cli="flag"),
+    _opt("overwrite", bool, False, "replace a previous run's outputs in --out, kept aside until "
+         "the new run finishes (a failed run puts them back; without it such an --out is "
+         "refused)", group="output", cli="flag"),
     _opt("check", bool, False, "only validate the data, the options (and a --resume "
          "checkpoint); write nothing", group="output", field=False, cli="flag"),
     # ----------------------------------------------------------------------------- train: data

@@ -21,8 +21,10 @@ __all__ = [
     "OUTPUT_NAMES",
     "check_out",
     "check_windows",
-    "clear_outputs",
+    "drop_set_aside",
     "finite_metrics",
+    "restore_outputs",
+    "set_aside_outputs",
 ]
 
 #: The files and folders a run writes into ``--out`` (a folder holding one of them holds a run).
@@ -87,23 +89,57 @@ def check_out(out: str | Path, overwrite: bool, resume: bool = False) -> Path:
     return p
 
 
-def clear_outputs(out: Path) -> None:
-    """Remove a previous run's outputs from ``out`` (``--overwrite``), and the forecasts made
-    with its model (:data:`FORECAST_NAMES`); other files stay.
+def set_aside_outputs(out: Path) -> Path | None:
+    """Move a previous run's outputs in ``out`` (``--overwrite``) and the forecasts made with
+    its model (:data:`FORECAST_NAMES`) into a hidden folder of ``out``; other files stay.
+
+    The new run removes the folder when it finishes (:func:`drop_set_aside`) and a failed one
+    moves the outputs back (:func:`restore_outputs`), so a failed ``--overwrite`` loses nothing.
 
     Parameters
     ----------
     out : Path
         The output folder.
+
+    Returns
+    -------
+    Path or None
+        The hidden folder (None when there was nothing to set aside).
     """
+    import tempfile
+
+    names = [n for n in OUTPUT_NAMES + FORECAST_NAMES if (out / n).exists()]
+    if not names:
+        return None
+    aside = Path(tempfile.mkdtemp(prefix=".nbqat-overwritten-", dir=out))
+    for n in names:
+        (out / n).rename(aside / n)
+    return aside
+
+
+def restore_outputs(out: Path, aside: Path | None) -> None:
+    """Put the outputs :func:`set_aside_outputs` moved back into ``out`` (a failed run's own
+    files of the same names are replaced), and remove the hidden folder."""
     import shutil
 
-    for n in OUTPUT_NAMES + FORECAST_NAMES:
-        q = out / n
-        if q.is_dir():
-            shutil.rmtree(q)
-        elif q.exists():
-            q.unlink()
+    if aside is None:
+        return
+    for q in aside.iterdir():
+        target = out / q.name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+        q.rename(target)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def drop_set_aside(aside: Path | None) -> None:
+    """Remove the previous run's outputs that :func:`set_aside_outputs` kept."""
+    import shutil
+
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def check_windows(cfg: Any, w: Windows) -> None:
