@@ -9,6 +9,7 @@ from pathlib import Path
 
 from nbqat.train.model import CSV_COLUMN_OPTIONS
 from nbqat.train.parser import build_parser
+from nbqat.train.summary import q_text
 
 __all__ = ["build_parser", "main"]
 
@@ -173,6 +174,6 @@ def _predict(args: argparse.Namespace) -> int:
         qr = df.attrs["q_risk"]
         n = df[["entity", "origin"]].drop_duplicates().shape[0]
         print(f"backtest q-risk over {n} windows: "
-              + ", ".join(f"{k} {v:.4f}" for k, v in qr.items()))  # fmt: skip
+              + ", ".join(f"{k} {q_text(v)}" for k, v in qr.items()))  # fmt: skip
     print(f"wrote {path}")
     return 0

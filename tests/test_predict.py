@@ -266,3 +266,19 @@ def test_predict_a_run_trained_with_another_qconfig(tmp_path, options):
     scale = max(s["scale"] for s in _scaling(run).values())
     assert outs["int8"].shape == outs["onnx"].shape and outs["int8"].size > 0
     assert np.max(np.abs(outs["int8"] - outs["onnx"])) <= step * scale * 1.001 + 1e-5
+
+
+def test_forecast_files_keep_every_digit_and_tiny_q_risks_print(tmp_path):
+    """A series at 1e7 +- 8 was written as 1e+07 in every row (6 significant digits), and its
+    q-risks (divided by sum |y|, near 1e-7) printed as 0.0000."""
+    import pandas as pd
+
+    from nbqat.train.predict import write_csv
+    from nbqat.train.summary import q_text
+
+    df = pd.DataFrame({"entity": ["a", "a"], "p50": [10000008.463287354, 9999991.25]})
+    df["p10"] = df.p50 - 1.5e-3
+    back = pd.read_csv(write_csv(df, tmp_path / "f.csv"))
+    assert back.p50.tolist() == df.p50.tolist() and back.p10.tolist() == df.p10.tolist()
+    assert q_text(8.812e-8, 9) == " 8.81e-08" and q_text(0.34326, 9) == "   0.3433"
+    assert q_text(0.0) == "0.0000"

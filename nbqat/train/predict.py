@@ -399,8 +399,10 @@ def check_out(out: str | os.PathLike, overwrite: bool) -> Path:
 
 
 def write_csv(df: Any, out: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Write a forecast frame atomically (mode as the umask gives); see :func:`check_out`."""
+    """Write a forecast frame atomically (mode as the umask gives); see :func:`check_out`.
+    Numbers are written in full (the shortest text that reads back as the same float64): a
+    fixed 6 significant digits wrote a series at 1e7 +- 8 as 1e+07 throughout."""
     p = check_out(out, overwrite)
     with atomic_open(p, "w", prefix=".nbqat-forecasts-", newline="") as fh:
-        df.to_csv(fh, index=False, float_format="%.6g", lineterminator="\n")
+        df.to_csv(fh, index=False, lineterminator="\n")
     return p

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["summary_table"]
+__all__ = ["q_text", "summary_table"]
 
 
 def _small_sample(tests: list) -> str:
@@ -63,6 +63,13 @@ def _format_line(wf: dict, qr: dict) -> str:
                    f"{', '.join(kept)}" if kept else "")  # fmt: skip
 
 
+def q_text(v: float, width: int = 0) -> str:
+    """A q-risk as the summaries print it: 4 decimals, or 3 significant digits below 1e-3
+    (q-risk divides by sum |y|: a series far from zero, 1e7 +- 8, has q-risks near 1e-7,
+    which 4 decimals print as 0.0000)."""
+    return f"{v:>{width}.4f}" if v == 0 or not abs(v) < 1e-3 else f"{v:>{width}.2e}"
+
+
 def _q_risk_lines(qr: dict, fmt: str) -> list[str]:
     """The q-risk table: a row per model (P10, P50, P90), the baselines first."""
     rows = [
@@ -82,7 +89,7 @@ def _q_risk_lines(qr: dict, fmt: str) -> list[str]:
         f"{'model':<18}{'P10':>9}{'P50':>9}{'P90':>9}",
     ]
     for name, v in rows:
-        lines.append(f"{name:<18}{v['P10']:>9.4f}{v['P50']:>9.4f}{v['P90']:>9.4f}")
+        lines.append(f"{name:<18}" + "".join(q_text(v[k], 9) for k in ("P10", "P50", "P90")))
     return lines
 
 
