@@ -456,3 +456,18 @@ def test_resuming_a_finished_run_is_refused_and_changes_nothing(tmp_path, capsys
     err = capsys.readouterr().err
     assert "that run is finished" in err and str(out) in err and "Traceback" not in err
     assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_an_out_that_cannot_be_created_is_named(tmp_path, capsys, monkeypatch):
+    """--check said OK for such an --out, and the run failed with a bare '[Errno 2] No such
+    file or directory'."""
+    import os
+
+    if os.path.isdir("/proc/self"):  # a folder the OS refuses to create anything in
+        assert main(["train", *TINY, "--out", "/proc/nbqat-run"]) == 2
+        err = capsys.readouterr().err
+        assert "--out '/proc/nbqat-run': cannot create it" in err and "Errno" not in err
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)  # as for a user without rights
+    assert main(["train", *TINY, "--out", str(tmp_path / "new" / "run"), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert f"{str(tmp_path)!r} is not writable" in err

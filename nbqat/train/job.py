@@ -169,7 +169,11 @@ def _run(cfg: TrainConfig, resume: str | Path | None, check_only: bool, par: Par
         if cfg.overwrite and meta is None:  # kept until this run finishes (restored on failure)
             aside = preflight.set_aside_outputs(out)
         new_dir = next((d for d in (*reversed(out.parents), out) if not d.exists()), None)
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a folder the OS refuses (/proc/..., a read-only mount)
+            preflight.restore_outputs(out, aside)
+            raise ValueError(f"--out {str(out)!r}: cannot create it ({e.strerror})") from None
     r.tick("data", t0)
     try:
         try:

@@ -9,6 +9,7 @@ makes metrics.json strict JSON.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +72,17 @@ def check_out(out: str | Path, overwrite: bool, resume: bool = False) -> Path:
     Raises
     ------
     ValueError
-        When ``out`` is a file (or under one), or holds a previous run (any of
-        :data:`OUTPUT_NAMES`) and neither ``overwrite`` nor ``resume`` is set.
+        When ``out`` is a file (or under one), its nearest existing folder is not writable,
+        or it holds a previous run (any of :data:`OUTPUT_NAMES`) and neither ``overwrite``
+        nor ``resume`` is set.
     """
     p = Path(out)
     for q in (p, *p.parents):
         if q.exists() and not q.is_dir():
             raise ValueError(f"--out {str(out)!r}: {str(q)!r} is a file, not a folder")
+    base = next(q for q in (p, *p.parents, Path(".")) if q.exists())
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {str(out)!r}: {str(base)!r} is not writable; choose another --out")
     if p.is_dir() and not (overwrite or resume):
         old = sorted(n for n in OUTPUT_NAMES if (p / n).exists())
         if old:
