@@ -238,8 +238,9 @@ OPTIONS: tuple[Option, ...] = (
          "q-risk for each", group="report", choices=OBSERVER_CHOICES),
     _opt("sensitivity", bool, False, "per-layer sensitivity (test q-risk, slow)",
          group="report", cli="flag"),
-    _opt("float_fallback", int, 0, "keep the N most sensitive modules in float and report the "
-         "q-risk recovered", group="report", metavar="N", **_NONNEG),
+    _opt("float_fallback", int, 0, "report (quant_report.json) the q-risk recovered with the N "
+         "most sensitive modules in float; the trained model and model.onnx keep them "
+         "quantized", group="report", metavar="N", **_NONNEG),
     # -------------------------------------------------------------------------- train: weights
     _opt("weight_bits", int, 8, "8: per-channel int8; 4: grouped symmetric int4 weights "
          "(8-bit activations as --observer's)", group="weights", choices=WEIGHT_BITS),
