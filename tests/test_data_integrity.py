@@ -156,8 +156,10 @@ def test_truncated_gzip(tmp_path):
 def test_history_shorter_than_season_names_history(tmp_path):
     d = load_csv(write(tmp_path / "s.csv", rows(300)), **ARGS)
     with pytest.raises(ValueError, match=r"--history 12 is shorter than the seasonal-naive period "
-                       r"of 24 steps"):  # fmt: skip
+                       r"of 24 steps \(one day of"):  # fmt: skip
         make_windows(d, history=12, horizon=6)
+    with pytest.raises(ValueError, match=r"period of 24 steps \(one day of"):  # said 'horizon'
+        make_windows(d, history=12, horizon=24)
 
 
 def test_dataframe_and_parquet_match_csv(tmp_path):

@@ -192,7 +192,7 @@ def test_errors_in_later_chunks_name_their_line(tmp_path, small_blocks):
         load_csv(write(tmp_path / "s.csv", mixed), **ROLES, observed_cols=OBSERVED)
     body[650][9] = "0.5"  # the same in the grouped file: entity 3's row 50, mid-chunk
     msg = r"line 652: static column 'latitude' changes within entity 'station_003' \("
-    with pytest.raises(DataError, match=msg + r"np.float64\([0-9.]+\) then np.float64\(0.5\)"):
+    with pytest.raises(DataError, match=msg + r"[0-9.]+ then 0.5\)"):  # not np.float64(0.5)
         load_csv(write(tmp_path / "s2.csv", body), **ROLES, observed_cols=OBSERVED)
     body[650][9] = body[649][9]
     body[777][5] = "1e31"

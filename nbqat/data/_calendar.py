@@ -20,13 +20,20 @@ _CAL_GROUP = {
 
 
 def default_season(data: SeriesData, horizon: int) -> int:
+    """The seasonal-naive period in steps (:func:`season_of`)."""
+    return season_of(data, horizon)[0]
+
+
+def season_of(data: SeriesData, horizon: int) -> tuple[int, str]:
+    """The seasonal-naive period ``(steps, in words)``: one day of sub-daily date times, one
+    week of daily ones, else one horizon."""
     if data.is_datetime:
         step_s = int(data.step / np.timedelta64(1, "s"))  # type: ignore[operator]
         if step_s > 0 and 86400 % step_s == 0 and step_s < 86400:
-            return 86400 // step_s  # one day
+            return 86400 // step_s, "one day"
         if step_s == 86400:
-            return 7  # daily data: one week
-    return horizon
+            return 7, "one week"
+    return horizon, "one horizon"
 
 
 def calendar_features(t: np.ndarray) -> tuple[np.ndarray, list[str]]:

@@ -171,7 +171,8 @@ def _check_order(t, per, names, changes, static, where) -> list[np.ndarray]:
                 k, first, other = changes[j][e]
                 raise DataError(
                     f"{where(_row(rows, k))}: static column {c!r} changes within entity "
-                    f"{names[e]!r} ({first!r} then {other!r}); a static input must be constant "
+                    f"{names[e]!r} ({_plain(first)} then {_plain(other)}); a static input must "
+                    "be constant "
                     "per entity"
                 )
     return diffs
@@ -251,3 +252,9 @@ def _fill(columns: list[np.ndarray], cols: list[str], entity: str, src: str) -> 
             x[:] = np.interp(xs, xs[ok], x[ok])
         counts[c] = n_bad
     return counts, carried
+
+
+def _plain(v: object) -> str:
+    """A value for messages: a NumPy scalar as its Python value (``0.85``, not
+    ``np.float64(0.85)``)."""
+    return repr(v.item() if isinstance(v, np.generic) else v)

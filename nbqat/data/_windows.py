@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nbqat.data._calendar import CALENDAR_FEATURES, default_season
+from nbqat.data._calendar import CALENDAR_FEATURES, season_of
 from nbqat.data._scaling import Scaling, entity_features, fit_scaling, zscore_fit
 from nbqat.data._series import DataError, SeriesData
 from nbqat.data._splits import SplitWindows, Windows
@@ -63,13 +63,12 @@ def _check_options(data, history, horizon, split, season, train_stride, eval_str
     if len(split) != 2 or not (0.0 < split[0] < split[1] < 1.0):
         raise ValueError(f"split must be two fractions 0 < a < b < 1, got {split!r}")
     if season is None:
-        season = default_season(data, horizon)
+        season, words = season_of(data, horizon)
         if season > history:
             raise ValueError(
                 f"--history {history} is shorter than the seasonal-naive period of {season} "
-                f"steps (one {'day' if season != horizon else 'horizon'} of the data's step "
-                f"{data.step}) that the baseline reads from the history; use --history "
-                f">= {season}"
+                f"steps ({words} of the data's step {data.step}) that the baseline reads from "
+                f"the history; use --history >= {season}"
             )
     if not isinstance(season, (int, np.integer)) or not (1 <= season <= history):
         raise ValueError(
