@@ -121,6 +121,37 @@ def test_load_data_with_auto_cuts_the_chosen_history(tmp_path):
         np.testing.assert_array_equal(getattr(w, name).rows, getattr(cut, name).rows)
 
 
+def test_auto_chooses_on_the_normalised_windows_the_run_uses(tmp_path):
+    """--window-norm was resolved after the auto choices: on a drifting series (normalised
+    windows) the history was chosen by a ridge on the plain windows, not the run's."""
+    import pandas as pd
+
+    from nbqat.data import load_csv
+    from nbqat.train.model import load_data
+    from nbqat.train.window_norm import choose_window_norm
+
+    rng = np.random.default_rng(3)
+    n = 700
+    y = np.zeros(n)
+    for t in range(12, n):
+        y[t] = 0.9 * y[t - 12] + rng.normal()
+    y += 0.05 * np.arange(n)  # a trend: validation leaves the training range
+    times = pd.date_range("2020-01-01", periods=n, freq="D").strftime("%Y-%m-%d")
+    p = tmp_path / "trend.csv"
+    pd.DataFrame({"t": times, "y": y + 10.0}).to_csv(p, index=False)
+    cfg = TrainConfig(csv=str(p), time_col="t", target_col="y", history="auto", horizon=4,
+                      eval_stride=2, calendar="time_index").resolved()  # fmt: skip
+    w = load_data(cfg)
+    assert w.window_norm["choice"] == "last"
+    data = load_csv(str(p), time_col="t", target_col="y")
+    kw = dict(horizon=4, eval_stride=2, calendar=["time_index"])
+    plain = make_windows(data, history=w.history_choice["default_history"], **kw)
+    normed = make_windows(data, history=w.history_choice["default_history"], **kw)
+    choose_window_norm("last", normed)
+    assert w.history_choice == choose_history(normed)[1]
+    assert w.history_choice != choose_history(plain)[1]  # the order matters on this series
+
+
 def test_a_run_with_auto_records_its_choice(tmp_path):
     from nbqat.data import load_tmy3
 

@@ -193,8 +193,9 @@ def load_data(cfg: Any) -> Windows:
         windows' ``history_choice`` holds its record. ``cfg.skip_history`` ``"auto"`` is set
         to the linear skip's history (``skip_history_choice``); with a skip history the
         windows are cut with it (it is never shorter than ``cfg.history``). ``cfg.window_norm``
-        sets the windows' ``scaling.window_norm`` (:func:`choose_window_norm`; ``window_norm``
-        holds its record).
+        sets the windows' ``scaling.window_norm`` first (:func:`choose_window_norm`;
+        ``window_norm`` holds its record), so the auto choices tune the ridge on the windows
+        the run uses.
 
     Returns
     -------
@@ -223,6 +224,8 @@ def load_data(cfg: Any) -> Windows:
         quantiles=QUANTILES,
         calendar=[c.strip() for c in cfg.calendar.split(",") if c.strip()],
     )
+    # the normalisation first: the auto choices below tune the ridge on the run's windows
+    norm_record = choose_window_norm(cfg.window_norm, w)  # sets the shared scaling's mode
     record = None
     if auto:
         from nbqat.train.history_auto import choose_history
@@ -240,7 +243,7 @@ def load_data(cfg: Any) -> Windows:
         w.history_choice = record  # type: ignore[attr-defined]
     if skip_record is not None:
         w.skip_history_choice = skip_record  # type: ignore[attr-defined]
-    w.window_norm = choose_window_norm(cfg.window_norm, w)  # type: ignore[attr-defined]
+    w.window_norm = norm_record  # type: ignore[attr-defined]
     preflight.check_windows(cfg, w)
     return w
 
