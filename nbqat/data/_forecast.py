@@ -12,7 +12,7 @@ them). The model inputs are built by the training code's own path: the stored sc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ from nbqat.data._scaling import Scaling, entity_features, step_seconds
 from nbqat.data._series import DataError, SeriesData
 from nbqat.data._splits import SplitWindows, Windows
 
-__all__ = ["ForecastWindows", "forecast_windows"]
+__all__ = ["ForecastWindows", "ShortSeriesError", "drop_short_entities", "forecast_windows"]
 
 
 @dataclass
@@ -45,6 +45,9 @@ class ForecastWindows:
         The raw known columns over the forecast steps.
     actual : ndarray float64 (B, tau)
         The target over the forecast steps (NaN where the data has none).
+    skipped : dict
+        ``{entity: reason}``: the entities too short to forecast, left out
+        (:func:`drop_short_entities`).
     """
 
     split: SplitWindows
@@ -54,6 +57,7 @@ class ForecastWindows:
     history_raw: np.ndarray
     future_raw: np.ndarray
     actual: np.ndarray
+    skipped: dict = field(default_factory=dict)
 
 
 def _check_roles(data: SeriesData, sc: Scaling) -> None:
@@ -100,6 +104,68 @@ def _spell(data: SeriesData, t: Any) -> str:
     return format_times(np.asarray([t]), data.time_format)[0]
 
 
+class ShortSeriesError(DataError):
+    """An entity with too few rows with a target value for its forecast or backtest origins."""
+
+
+def drop_short_entities(
+    data: SeriesData, history: int, horizon: int, at: Any = None, backtest: Any = None
+) -> tuple[SeriesData, dict[str, str]]:
+    """``data`` without the entities too short to forecast (as :func:`forecast_windows` is
+    asked to), and why each was dropped.
+
+    Parameters
+    ----------
+    data : SeriesData
+    history, horizon : int
+        k and tau of the run.
+    at, backtest
+        As :func:`forecast_windows`.
+
+    Returns
+    -------
+    (SeriesData, dict)
+        The data of the other entities (``data`` itself when none is dropped) and ``{entity:
+        reason}``.
+
+    Raises
+    ------
+    DataError
+        When no entity can be forecast (the first entity's reason), or another problem of an
+        entity (an ``at`` off its grid ...).
+    """
+    keep, why = [], {}
+    for e, name in enumerate(data.entity_names):
+        try:
+            _origins(data.times[e], _n_past(data, e), name, history, horizon, at, backtest)
+        except ShortSeriesError as err:
+            why[name] = str(err)
+            continue
+        keep.append(e)
+    if not keep:
+        raise ShortSeriesError(next(iter(why.values())))
+    if not why:
+        return data, {}
+    names = [data.entity_names[e] for e in keep]
+
+    def pick(per: list) -> list:
+        return [per[e] for e in keep]
+
+    sub = replace(
+        data, entity_names=names, times=pick(data.times), target=pick(data.target),
+        observed=pick(data.observed), known=pick(data.known), static=data.static[keep],
+        filled={n: v for n, v in data.filled.items() if n in names},
+        carried={n: v for n, v in data.carried.items() if n in names},
+    )  # fmt: skip
+    return sub, why
+
+
+def _n_past(data: SeriesData, e: int) -> int:
+    """Rows of entity ``e`` up to its last target value (0 without one)."""
+    has = np.flatnonzero(np.isfinite(data.target[e]))
+    return int(has[-1]) + 1 if has.size else 0
+
+
 def _origins(t: np.ndarray, n_past: int, name: str, k: int, tau: int, at: Any, bt: Any) -> Any:
     """The origin rows of one entity: after its last target value, at ``at``, or the rolling
     origins ``bt = (start, stride)`` whose forecast steps all have a target value (on the grid
@@ -107,7 +173,7 @@ def _origins(t: np.ndarray, n_past: int, name: str, k: int, tau: int, at: Any, b
     is not moved)."""
     lo, hi = k, n_past  # an origin needs k history rows with a target value before it
     if n_past < k:
-        raise DataError(
+        raise ShortSeriesError(
             f"entity {name!r} has {n_past} rows with a target value; a forecast needs "
             f"--history {k} of them before its first step"
         )
@@ -121,7 +187,7 @@ def _origins(t: np.ndarray, n_past: int, name: str, k: int, tau: int, at: Any, b
             first += -(-(lo - first) // stride) * stride
         rows = np.arange(first, hi - tau + 1, stride, dtype=np.int64)
         if not len(rows):
-            raise DataError(
+            raise ShortSeriesError(
                 f"entity {name!r}: no backtest origin from {start if start is not None else t[lo]}"
                 f" has its {tau} forecast steps with target values (the last such origin is "
                 f"{t[hi - tau] if hi - tau >= lo else 'none: the series is too short'}); use an "
@@ -228,17 +294,20 @@ def forecast_windows(
     Returns
     -------
     ForecastWindows
+        Its ``skipped``: the entities too short to forecast, left out.
 
     Raises
     ------
     DataError
         Columns other than the run's; a time axis of another kind (date times, numbers) or
-        another time step than the run's; an entity the run does not know; too few history rows;
+        another time step than the run's; an entity the run does not know; too few history rows
+        in every entity;
         an ``at`` outside the data or off its time grid; known values missing in the
         forecast steps (naming the column, the time and the rows to add).
     """
     _check_roles(data, sc)
     k, tau = int(history), int(horizon)
+    data, skipped = drop_short_entities(data, k, tau, at, backtest)
     feats, raws, rows, ents = _entity_windows(data, sc, k, tau, at, backtest)
     idx = [sc.index(n) for n in data.entity_names]
     w = _windows(data, sc, idx, feats, raws, k, tau, quantiles)
@@ -254,6 +323,7 @@ def forecast_windows(
         history_raw=hraw[g + np.arange(-k, 0)],
         future_raw=kraw[g + np.arange(tau)],
         actual=split.target_raw(),
+        skipped=skipped,
     )
 
 
@@ -266,7 +336,7 @@ def _entity_windows(
     feats, raws, rows, ents, offs = [], [], [], [], 0
     for e, name in enumerate(data.entity_names):
         r = sc.index(name)
-        n_past = int(np.flatnonzero(np.isfinite(data.target[e]))[-1]) + 1
+        n_past = _n_past(data, e)
         o = _origins(data.times[e], n_past, name, k, tau, at, backtest)
         t, y, obs, known, n0 = _extend(data, e, int(o.max()) + tau)
         _check_future_known(data, sc, name, t, known, n0, o, tau)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -275,7 +276,9 @@ def forecast(
     pandas.DataFrame
         Columns ``entity, [origin,] time, step, p10, p50, p90 [, actual]`` (one column per
         trained quantile), one row per window and forecast step; times spelled as the data
-        spells them; forecasts in the target's units (float64).
+        spells them; forecasts in the target's units (float64). ``attrs["skipped"]``:
+        ``{entity: reason}`` of the entities too short to forecast, left out with a
+        UserWarning (an error when no entity is left).
 
     Raises
     ------
@@ -309,9 +312,16 @@ def forecast(
         series, sc, history=info["history"], horizon=info["horizon"],
         quantiles=info["quantiles"], at=when, backtest=bt,
     )  # fmt: skip
+    if fw.skipped:  # the other entities are forecast
+        warnings.warn(
+            f"{len(fw.skipped)} entities are too short to forecast and are left out: "
+            + "; ".join(fw.skipped.values()), UserWarning, stacklevel=2,
+        )  # fmt: skip
     qat = _model(run, cfg) if engine != "onnx" else None
     pred = _batched(_engine(engine, run, qat), fw)
-    return _frame(fw, series, pred, info["quantiles"], at is not None or bt is not None, bt)
+    df = _frame(fw, series, pred, info["quantiles"], at is not None or bt is not None, bt)
+    df.attrs["skipped"] = fw.skipped
+    return df
 
 
 def _batched(fwd: Any, fw: Any, size: int = 512) -> np.ndarray:
