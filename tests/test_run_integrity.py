@@ -97,7 +97,8 @@ def test_a_failed_overwrite_keeps_the_previous_run(tmp_path, capsys):
     diverge = ["--lr", "1e6", "--max-norm", "none"]
     assert main(["train", *TINY, *diverge, "--out", str(out), "--overwrite"]) == 2
     assert "diverged" in capsys.readouterr().err
-    assert {p.name for p in out.iterdir()} == {*old, "checkpoint"}  # no hidden folder left
+    # as before the run: no hidden folder, none of the failed run's files
+    assert {p.name for p in out.iterdir()} == {*old, "checkpoint"}
     assert all((out / n).read_bytes() == d for n, d in old.items())
     assert (out / "checkpoint" / "meta.json").read_text() == "{}"
     empty = tmp_path / "empty"

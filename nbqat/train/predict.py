@@ -276,9 +276,8 @@ def forecast(
     pandas.DataFrame
         Columns ``entity, [origin,] time, step, p10, p50, p90 [, actual]`` (one column per
         trained quantile), one row per window and forecast step; times spelled as the data
-        spells them; forecasts in the target's units (float64). ``attrs["skipped"]``:
-        ``{entity: reason}`` of the entities too short to forecast, left out with a
-        UserWarning (an error when no entity is left).
+        spells them; forecasts in the target's units (float64). ``attrs["skipped"]``: the
+        entities too short to forecast, left out with a UserWarning (none left: an error).
 
     Raises
     ------

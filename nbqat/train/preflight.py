@@ -123,24 +123,39 @@ def set_aside_outputs(out: Path) -> Path | None:
 
 
 def restore_outputs(out: Path, aside: Path | None) -> None:
-    """Put the outputs :func:`set_aside_outputs` moved back into ``out`` (a failed run's own
-    files of the same names are replaced), and remove the hidden folder."""
+    """Remove a failed run's outputs from ``out``, put back those :func:`set_aside_outputs`
+    moved, and remove the hidden folder: ``out`` is as it was before the run.
+
+    Parameters
+    ----------
+    out : Path
+        The output folder.
+    aside : Path or None
+        :func:`set_aside_outputs`'s folder (None: nothing to do).
+    """
     import shutil
 
     if aside is None:
         return
+    for n in OUTPUT_NAMES + FORECAST_NAMES:
+        q = out / n
+        if q.is_dir():
+            shutil.rmtree(q)
+        elif q.exists():
+            q.unlink()
     for q in aside.iterdir():
-        target = out / q.name
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
-        q.rename(target)
+        q.rename(out / q.name)
     shutil.rmtree(aside, ignore_errors=True)
 
 
 def drop_set_aside(aside: Path | None) -> None:
-    """Remove the previous run's outputs that :func:`set_aside_outputs` kept."""
+    """Remove the previous run's outputs that :func:`set_aside_outputs` kept.
+
+    Parameters
+    ----------
+    aside : Path or None
+        :func:`set_aside_outputs`'s folder (None: nothing to do).
+    """
     import shutil
 
     if aside is not None:
