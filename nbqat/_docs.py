@@ -53,6 +53,16 @@ dhistorical : ndarray (B, input_length, num_unknown_features)
 dfuture : ndarray (B, prediction_horizon, num_known_features)
     Gradient w.r.t. ``future``. All three in the model's dtype."""
 
+# What a layer's ``backward`` raises: ``Module._require_forward`` before any forward, and
+# ``Module._grad_in`` for a gradient of another shape than the last forward's output.
+LAYER_BACKWARD_RAISES = """\
+Raises
+------
+RuntimeError
+    When called before :meth:`forward`.
+ValueError
+    When ``dy`` does not have the shape of the last forward's output."""
+
 # What the QAT -> integer conversion returns and raises.
 INT8_RESULT = """\
 Returns

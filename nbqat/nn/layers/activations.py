@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbqat._docs import LAYER_BACKWARD_RAISES, fill_doc
 from nbqat.kernels import nn_cpu
 from nbqat.nn.params import Module
 
@@ -82,6 +83,7 @@ class ELU(Module):
         self._cache = (x, y)
         return y
 
+    @fill_doc(layer_backward_raises=LAYER_BACKWARD_RAISES)
     def backward(self, dy: np.ndarray) -> np.ndarray:
         """Gradient w.r.t. the input of the last :meth:`forward`.
 
@@ -95,12 +97,7 @@ class ELU(Module):
         ndarray
             ``dx``, same shape and dtype as the forward input.
 
-        Raises
-        ------
-        RuntimeError
-            When called before :meth:`forward`.
-        ValueError
-            When ``dy`` does not have the forward input's shape.
+        {layer_backward_raises}
         """
         x, y = self._require_forward()
         dy = self._grad_in(dy, x.shape, x.dtype)

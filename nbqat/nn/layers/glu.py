@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbqat._docs import LAYER_BACKWARD_RAISES, fill_doc
 from nbqat.kernels import nn_cpu
 from nbqat.nn.layers.dropout import Dropout
 from nbqat.nn.layers.linear import Linear
@@ -154,6 +155,7 @@ class GatedLinearUnit(Module):
         self._cache = (z2, sig)
         return out
 
+    @fill_doc(layer_backward_raises=LAYER_BACKWARD_RAISES)
     def backward(self, dy: np.ndarray) -> np.ndarray:
         """Accumulate the gradients of ``fc`` and return the gradient w.r.t. ``x``.
 
@@ -169,12 +171,7 @@ class GatedLinearUnit(Module):
         ndarray (..., input_size)
             ``dx``.
 
-        Raises
-        ------
-        RuntimeError
-            When called before :meth:`forward`.
-        ValueError
-            When ``dy`` does not have the last output's shape.
+        {layer_backward_raises}
         """
         dx = self.fc.backward(self.backward_projected(dy))
         return dx if self.dropout is None else self.dropout.backward(dx)

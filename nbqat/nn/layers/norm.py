@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbqat._docs import LAYER_BACKWARD_RAISES, fill_doc
 from nbqat.kernels import nn_cpu
 from nbqat.nn.params import Module, constant_init
 
@@ -69,6 +70,7 @@ class LayerNorm(Module):
         self._cache = (x2, mean, rstd, x.shape)
         return y
 
+    @fill_doc(layer_backward_raises=LAYER_BACKWARD_RAISES)
     def backward(self, dy: np.ndarray) -> np.ndarray:
         """Accumulate ``weight_grad`` / ``bias_grad`` (``+=``) and return the input gradient.
 
@@ -82,12 +84,7 @@ class LayerNorm(Module):
         ndarray (..., C)
             ``dx``, the shape and dtype of the forward input.
 
-        Raises
-        ------
-        RuntimeError
-            When called before :meth:`forward`.
-        ValueError
-            When ``dy`` does not have the forward output's shape.
+        {layer_backward_raises}
         """
         x2, mean, rstd, shape = self._require_forward()
         c = self.normalized_shape
