@@ -449,9 +449,12 @@ def _series_frame(data: Any) -> Any:
     import numpy as np
     import pandas as pd
 
+    from nbqat.data._months import month_dates
+
     parts = []
     for e, name in enumerate(data.entity_names):
-        cols = {"entity": name, "time": data.times[e], data.target_name: data.target[e]}
+        t = month_dates(data.times[e], data.month_day)  # a month axis: its dates
+        cols = {"entity": name, "time": t, data.target_name: data.target[e]}
         for j, c in enumerate(data.observed_names):
             cols[c] = data.observed[e][:, j]
         for j, c in enumerate(data.known_names):

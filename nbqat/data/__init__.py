@@ -17,8 +17,9 @@ Two steps:
 
 Modules: ``_reader`` (tables -> series: roles, checks, errors), ``_arrow`` (the pyarrow read
 and its columns as NumPy), ``_values`` (the numeric columns' checks, copied into per-entity
-arrays), ``_timecol`` (the time column), ``_regular`` (ordering, step, gaps), ``_tmy3`` (the
-shipped dataset), ``_calendar`` (calendar features), ``_windows`` (the window builder).
+arrays), ``_timecol`` (the time column), ``_months`` (monthly, quarterly and yearly dates: a
+calendar-month axis), ``_regular`` (ordering, step, gaps), ``_tmy3`` (the shipped dataset),
+``_calendar`` (calendar features), ``_windows`` (the window builder).
 
 The shipped dataset (``tmy3_two_stations.csv.gz``) holds one year of hourly NREL TMY3 weather
 observations for two US stations; see ``nbqat/data/README.md`` for its source and licence

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from nbqat.data._scaling import Scaling, entity_features, step_seconds
+from nbqat.data._scaling import Scaling, axis_step, entity_features
 from nbqat.data._series import DataError, SeriesData
 from nbqat.data._splits import SplitWindows, Windows
 
@@ -75,9 +75,11 @@ def _check_roles(data: SeriesData, sc: Scaling) -> None:
             + " but the model was trained on "
             + ("date times" if sc.is_datetime else "numbers")
         )
-    got_s, want_s = step_seconds(data), float(sc.step)
-    if abs(got_s - want_s) > 1e-9 * max(abs(got_s), abs(want_s)):
-        step, trained = _step_words(got_s, sc.is_datetime), _step_words(want_s, sc.is_datetime)
+    got_s, want_s = axis_step(data), float(sc.step)
+    got_m, want_m = bool(data.month_day), bool(sc.month_day)
+    if got_m != want_m or abs(got_s - want_s) > 1e-9 * max(abs(got_s), abs(want_s)):
+        step = _step_words(got_s, sc.is_datetime, got_m)
+        trained = _step_words(want_s, sc.is_datetime, want_m)
         raise DataError(
             f"the data's time step is {step} but the model was trained on a time step of "
             f"{trained}: give data at the training run's step (resample it to {trained}), or "
@@ -85,9 +87,12 @@ def _check_roles(data: SeriesData, sc: Scaling) -> None:
         )
 
 
-def _step_words(s: float, is_datetime: bool) -> str:
+def _step_words(s: float, is_datetime: bool, months: bool = False) -> str:
     """A time step for messages: ``"1 hour"``, ``"15 minutes"`` (date times; ``s`` in
-    seconds), or the number (a numeric time axis)."""
+    seconds), ``"3 months"`` (``months``: a calendar-month axis, ``s`` in months), or the
+    number (a numeric time axis)."""
+    if months:
+        return f"{s:g} month{'s' if s != 1 else ''}"
     if not is_datetime:
         return f"{s:g}"
     for n, unit in ((86400, "day"), (3600, "hour"), (60, "minute"), (1, "second")):
@@ -101,7 +106,7 @@ def _spell(data: SeriesData, t: Any) -> str:
     """A time as the data spells it (for messages)."""
     from nbqat.data._timecol import format_times
 
-    return format_times(np.asarray([t]), data.time_format)[0]
+    return format_times(np.asarray([t]), data.time_format, data.month_day)[0]
 
 
 class ShortSeriesError(DataError):

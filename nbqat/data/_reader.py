@@ -376,6 +376,7 @@ def _roles(time_col, target_col, entity_col, known, static, observed_cols) -> di
 def _frame_to_series(
     df, where, src, time_col, target_col, entity_col, observed, known, static, modes
 ) -> SeriesData:
+    from nbqat.data._months import month_axis
     from nbqat.data._timecol import parse_time_column, time_spelling
 
     fill_gaps, future_rows = modes
@@ -398,6 +399,7 @@ def _frame_to_series(
         codes, names = np.zeros(len(df), dtype=np.int64), ["series"]
     per = entity_rows(codes, len(names))
     del codes
+    t, month_day = month_axis(t, per)  # monthly, quarterly, yearly dates: datetime64[M]
     # Each entity's own arrays, filled straight from the table's chunks (one copy).
     sizes = [r.stop - r.start if isinstance(r, slice) else len(r) for r in per]
     target = [np.empty(n) for n in sizes]
@@ -419,6 +421,7 @@ def _frame_to_series(
         known, static, modes,
     )  # fmt: skip
     data.time_format = spelling
+    data.month_day = month_day
     return data
 
 

@@ -30,6 +30,9 @@ def _step(diffs: list[np.ndarray], is_dt: bool, src: str):
         if 2 * agree > sum(len(d) for d in nonempty):
             return cand
     alld = np.concatenate(nonempty)
+    if alld.dtype == np.dtype("timedelta64[M]"):  # calendar months: pandas has no such unit
+        months = np.unique(alld.astype(np.int64), return_counts=True)
+        return np.timedelta64(int(months[0][np.argmax(months[1])]), "M")
     if not is_dt:  # float steps: group differences equal up to rounding
         alld = np.round(alld, 9 - int(np.floor(np.log10(np.max(np.abs(alld))))))
     import pandas as pd
@@ -189,7 +192,7 @@ def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray |
         raise DataError(
             f"{where(_row(rows, i + 1))}: timestamp {ta[i + 1]} of entity {name!r} is "
             f"not a whole number of steps ({step}) after the previous one ({ta[i]}); the "
-            "series must be regular"
+            "series must be regular" + _month_hint(step, ta)
         )
     gaps = np.flatnonzero(nsteps > 1)
     if len(gaps) and not fill_gaps:
@@ -201,6 +204,29 @@ def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray |
             "--fill-gaps (fill_gaps=True) to insert them by linear interpolation"
         )
     return np.concatenate([[0], np.cumsum(nsteps)])
+
+
+def _month_hint(step, ta: np.ndarray) -> str:
+    """A hint for dates about a month, a quarter or a year apart (``step``) that are not
+    calendar-month dates, naming the first of the entity's dates ``ta`` off its first
+    date's day of month."""
+    if not isinstance(step, np.timedelta64) or step.dtype == np.dtype("timedelta64[M]"):
+        return ""
+    days = step / np.timedelta64(1, "D")
+    if days != int(days) or not 28 <= days <= 366:
+        return ""
+    day, month = ta.astype("datetime64[D]"), ta.astype("datetime64[M]")
+    end = day == (month + 1).astype("datetime64[D]") - 1
+    dom = (day - month).astype(np.int64) + 1
+    odd = np.flatnonzero(~end if end[0] else dom != dom[0])
+    like = "the last day of its month" if end[0] else f"day {dom[0]}"
+    where = f" ({ta[odd[0]]} is not on {like} like {ta[0]})" if len(odd) else ""
+    return (
+        "; monthly, quarterly or yearly dates are read as calendar months when they are all "
+        "at midnight and all on the same day of month (at most 28) or all on the last day "
+        f"of their month{where}: spell every date that way (e.g. 2000-01-01, 2000-02-01, "
+        "... or 2000-01-31, 2000-02-29, ...)"
+    )
 
 
 #: A column of whole numbers with at most this many distinct values (a 0/1 flag, a category, a

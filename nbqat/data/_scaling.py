@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.data._calendar import _CAL_GROUP, calendar_features
+from nbqat.data._months import is_month_axis
 from nbqat.data._series import SeriesData
 
 __all__ = ["Scaling", "fit_scaling", "zscore_fit"]
@@ -30,8 +31,11 @@ def zscore_fit(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mu, sd
 
 
-def step_seconds(data: SeriesData) -> float:
-    """The time step in seconds (date times) or in the time column's units (numbers)."""
+def axis_step(data: SeriesData) -> float:
+    """The time step on the stored axis (:meth:`Scaling.seconds`): in seconds (date times),
+    in months (a calendar-month axis) or in the time column's units (numbers)."""
+    if is_month_axis(data.times[0]):
+        return float(data.step.astype(np.int64))  # type: ignore[union-attr]
     if data.is_datetime:
         return float(data.step / np.timedelta64(1, "s"))  # type: ignore[operator]
     return float(data.step)
@@ -64,9 +68,10 @@ class Scaling:
     is_datetime : bool
         Whether times are date times (seconds since the epoch, UTC) or plain numbers.
     t0, t_span : float
-        ``time_index = 2 (t - t0) / t_span - 1`` (seconds for date times).
+        ``time_index = 2 (t - t0) / t_span - 1`` (seconds for date times, months on a
+        calendar-month axis).
     step : float
-        The time step (seconds for date times).
+        The time step (seconds for date times, months on a calendar-month axis).
     window_norm : {"none", "last"}, default "none"
         ``"last"``: each window's standardised target is taken relative to its value at the
         window's last history step (NLinear's normalisation, Zeng et al., "Are Transformers
@@ -74,6 +79,9 @@ class Scaling:
         predicts the forecast steps minus that value, which is added back to its forecasts
         (:meth:`SplitWindows.batch`, :meth:`SplitWindows.unscale`; the ONNX graph does the
         same). Set by the main job's ``--window-norm``.
+    month_day : int, default 0
+        ``SeriesData.month_day`` of the training data: non-zero for a calendar-month axis
+        (monthly, quarterly, yearly dates; times are then months since 1970-01).
     """
 
     entities: list[str]
@@ -95,6 +103,7 @@ class Scaling:
     t_span: float
     step: float
     window_norm: str = "none"
+    month_day: int = 0
 
     def to_json(self) -> dict:
         """A JSON-able dict (floats round-trip exactly); :meth:`from_json` reads it back."""
@@ -134,13 +143,15 @@ class Scaling:
 
     def seconds(self, t: np.ndarray) -> np.ndarray:
         """Times as float64 numbers on the stored axis (seconds since the epoch for date
-        times).
+        times, months since 1970-01 on a calendar-month axis).
 
         Parameters
         ----------
         t : ndarray (n,)
             ``datetime64`` or numbers.
         """
+        if is_month_axis(t):
+            return t.astype(np.int64).astype(np.float64)
         if self.is_datetime:
             return t.astype("datetime64[s]").astype(np.int64).astype(np.float64)
         return np.asarray(t, dtype=np.float64)
@@ -193,7 +204,7 @@ class Scaling:
 def _calendar_names(data: SeriesData, calendar: tuple) -> list[str]:
     if not data.is_datetime:
         return []
-    step_s = step_seconds(data)
+    step_s = axis_step(data) if not data.month_day else np.inf  # a month is more than a day
     _, names = calendar_features(data.times[0][:1])
     return [
         c for c in names if _CAL_GROUP[c] in calendar and not (step_s >= 86400 and
@@ -230,7 +241,9 @@ def fit_scaling(data: SeriesData, train_ends: list[int], cuts: tuple, calendar: 
     Scaling
     """
     t0, cut_val = cuts[0], cuts[1]
-    if data.is_datetime:
+    if data.month_day:  # calendar months: months since 1970-01
+        t0_n, span = float(t0.astype(np.int64)), float((cut_val - t0).astype(np.int64))
+    elif data.is_datetime:
         t0_n = float(np.datetime64(t0, "s").astype(np.int64))
         span = float((cut_val - t0) / np.timedelta64(1, "s"))
     else:
@@ -257,7 +270,7 @@ def fit_scaling(data: SeriesData, train_ends: list[int], cuts: tuple, calendar: 
         static_columns=list(data.static_names), level=lv, scale=sc, obs_mu=om, obs_sd=osd,
         known_mu=km, known_sd=ksd, static=static.tolist(), calendar=list(calendar),
         calendar_names=_calendar_names(data, calendar), is_datetime=data.is_datetime,
-        t0=t0_n, t_span=span, step=step_seconds(data),
+        t0=t0_n, t_span=span, step=axis_step(data), month_day=int(data.month_day),
     )  # fmt: skip
 
 

@@ -35,10 +35,11 @@ class SeriesData:
         One name per entity, in order of first appearance in the file.
     times : list of ndarray
         Per entity, the time axis: ``datetime64[s]`` when the time column holds ISO 8601 date
-        times (time-zone-aware values converted to UTC), float64 when it holds numbers.
-        Strictly increasing with a constant step.
+        times (time-zone-aware values converted to UTC), ``datetime64[M]`` for monthly,
+        quarterly or yearly dates (a calendar-month axis, see ``month_day``), float64 when it
+        holds numbers. Strictly increasing with a constant step.
     step : numpy.timedelta64 or float
-        The time step shared by all entities.
+        The time step shared by all entities (``timedelta64[M]`` on a calendar-month axis).
     target : list of ndarray
         Per entity, float64 (N_e,): the target values (unscaled).
     observed : list of ndarray
@@ -63,6 +64,10 @@ class SeriesData:
         ``{entity: [column, ...]}``: the columns of a few whole-number levels (flags,
         categories) that ``fill_gaps`` repaired by carrying the last value instead of
         interpolating.
+    month_day : int
+        0, except on a calendar-month axis: the day of month its dates fall on (1 to 28), or
+        -1 for the last day of the month (:func:`nbqat.data._months.month_dates` spells the
+        months back as those dates).
     """
 
     entity_names: list[str]
@@ -81,6 +86,7 @@ class SeriesData:
     filled: dict = field(default_factory=dict)
     time_format: str = "%Y-%m-%dT%H:%M:%S"
     carried: dict = field(default_factory=dict)
+    month_day: int = 0
 
     @property
     def is_datetime(self) -> bool:

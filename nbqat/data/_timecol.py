@@ -147,10 +147,15 @@ def time_spelling(s: Any) -> str:
     return f"%Y-%m-%d{sep}{fmt}{zone}"
 
 
-def format_times(t: np.ndarray, spelling: str) -> list[str]:
+def format_times(t: np.ndarray, spelling: str, month_day: int = 0) -> list[str]:
     """Times ``t`` (``datetime64`` or float64) as strings spelled ``spelling`` (see
-    :func:`time_spelling`)."""
+    :func:`time_spelling`); months of a calendar-month axis (``datetime64[M]``) as their
+    dates on day ``month_day`` (``SeriesData.month_day``)."""
     import pandas as pd
+
+    from nbqat.data._months import month_dates
+
+    t = month_dates(t, month_day)
 
     if spelling == "integer":
         return [str(int(round(float(v)))) for v in np.asarray(t, np.float64)]

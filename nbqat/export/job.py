@@ -22,7 +22,8 @@ def preprocessing_metadata(windows: Any, cfg: Any) -> dict:
     Returns
     -------
     dict
-        ``history``, ``horizon``, ``step_seconds``, ``quantiles``, ``entities``,
+        ``history``, ``horizon``, ``step_seconds`` (``None`` on a calendar-month axis),
+        ``step_months`` (the step in months there, else ``None``), ``quantiles``, ``entities``,
         ``history_columns`` (target, observed, known CSV columns: the graph input
         ``history``'s last axis), ``future_columns`` (the known CSV columns: ``future``'s),
         ``target``, ``time_col``, ``entity_col``, ``calendar``, ``test_start`` and
@@ -37,7 +38,8 @@ def preprocessing_metadata(windows: Any, cfg: Any) -> dict:
     return {
         "history": int(w.history),
         "horizon": int(w.horizon),
-        "step_seconds": float(sc.step),
+        "step_seconds": None if sc.month_day else float(sc.step),
+        "step_months": int(sc.step) if sc.month_day else None,
         "quantiles": [float(q) for q in w.quantiles],
         "entities": list(sc.entities),
         "history_columns": [sc.target, *sc.observed, *sc.known],

@@ -6,7 +6,8 @@
 
 * inputs ``entity`` int64 (B,) (index into the run's entity list), ``time`` int64 (B, k + tau)
   (seconds since the Unix epoch of every history and forecast step; naive timestamps read as
-  UTC, as the loader does), ``history`` float32 (B, k, n_h) (the raw CSV columns
+  UTC, as the loader does; on a calendar-month axis, ``Scaling.month_day`` non-zero: months
+  since 1970-01), ``history`` float32 (B, k, n_h) (the raw CSV columns
   ``history_columns``: target, observed, known), ``future`` float32 (B, tau, n_f) (the raw
   known CSV columns ``future_columns``);
 * output ``quantiles`` float32 (B, tau, Q) in the target's units.
@@ -113,11 +114,25 @@ def _calendar(g: _G, secs: str, names: list[str]) -> dict[str, str]:
     return out
 
 
+def _month_calendar(g: _G, months: str) -> dict[str, str]:
+    """The month-of-year features (B, n) float64 of int64 months since 1970-01 (a
+    calendar-month axis), as :func:`nbqat.data._calendar.month_features`."""
+    i64 = np.int64
+    m = g.op("Cast", [g.op("Mod", [months, g.c(12, i64)], fmod=0)], to=11)
+    ang = g.op("Mul", [g.c(2 * np.pi), g.op("Div", [m, g.c(12.0)])])
+    return {"doy_sin": g.op("Sin", [ang]), "doy_cos": g.op("Cos", [ang])}
+
+
 def _known(g: _G, sc: Any, entity: str, secs: str, raw: str) -> str:
     """The known inputs (B, n, m_x) float64 at int64 times ``secs`` (B, n) with the raw known
     columns ``raw`` (B, n, m_known) float64, in :attr:`Scaling.future_names` order."""
     parts = []
-    cal = _calendar(g, secs, list(sc.calendar_names)) if sc.calendar_names else {}
+    if not sc.calendar_names:
+        cal = {}
+    elif getattr(sc, "month_day", 0):  # calendar months: ``secs`` holds months since 1970-01
+        cal = _month_calendar(g, secs)
+    else:
+        cal = _calendar(g, secs, list(sc.calendar_names))
     for c in sc.calendar_names:
         parts.append(g.op("Unsqueeze", [cal[c], g.c([2], np.int64)]))
     if "time_index" in sc.calendar:

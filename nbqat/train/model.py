@@ -12,6 +12,7 @@ from nbqat.data import TMY3_COLUMNS, Windows, load_csv, load_tmy3, make_windows
 from nbqat.optim_groups import inner_attribute
 from nbqat.train import preflight
 from nbqat.train.config import MIN_HISTORY, QUANTILES
+from nbqat.train.option_table import DEFAULT_CALENDAR
 from nbqat.train.window_norm import choose_window_norm
 
 
@@ -211,6 +212,8 @@ def load_data(cfg: Any) -> Windows:
         data = load_csv(cfg.csv, fill_gaps=cfg.fill_gaps, **column_roles(vars(cfg)))
     else:
         data = load_tmy3()
+    if data.month_day and cfg.calendar == DEFAULT_CALENDAR:  # no hour or weekday in months
+        cfg.calendar = "doy"  # the month of year
     auto = cfg.history == "auto"
     if cfg.history is None or auto:  # one day of hours, and at least one season (the naive
         from nbqat.data._calendar import default_season  # reads it)

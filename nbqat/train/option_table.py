@@ -267,8 +267,8 @@ OPTIONS: tuple[Option, ...] = (
     _opt("csv", str, None, "your own long-format table (.csv, .csv.gz or .parquet), one row per "
          "entity and time step", group="data", nullable=True, aliases=("--data",),
          metavar="PATH", path=True),
-    _opt("time_col", str, None, "time column (ISO 8601 or numbers)", group="data",
-         nullable=True),
+    _opt("time_col", str, None, "time column (ISO 8601 or numbers; monthly, quarterly or "
+         "yearly dates step by calendar months)", group="data", nullable=True),
     _opt("target_col", str, None, "column to forecast", group="data", nullable=True),
     _opt("entity_col", str, None, "series id column (optional)", group="data", nullable=True),
     _opt("known_cols", str, None, "comma-separated inputs known in advance", group="data",
@@ -287,7 +287,8 @@ OPTIONS: tuple[Option, ...] = (
          default_doc=f"{MIN_HISTORY}, or the seasonal-naive period if longer", **_POS),
     _opt("horizon", int, None, "forecast length tau in steps", group="data", full=24, **_POS),
     _opt("calendar", str, DEFAULT_CALENDAR, "derived known inputs, comma-separated from: hour "
-         "(hour of day sin/cos), dow (day of week), doy (day of year sin/cos), time_index",
+         "(hour of day sin/cos), dow (day of week), doy (day of year sin/cos; month of year for "
+         "monthly, quarterly, yearly dates, whose default is doy), time_index",
          group="data"),
     _opt("eval_stride", int, None, "steps between validation/test windows", group="data",
          full=6, quick=24, **_POS),

@@ -50,6 +50,8 @@ def step_unit(step: object) -> str:
     -------
     str
     """
+    if isinstance(step, np.timedelta64) and step.dtype == np.dtype("timedelta64[M]"):
+        return "months" if int(step.astype(np.int64)) == 1 else f"steps of {step}"
     if isinstance(step, np.timedelta64):
         secs = step / np.timedelta64(1, "s")
         for n, name in ((3600, "hours"), (86400, "days"), (60, "minutes"), (1, "seconds")):

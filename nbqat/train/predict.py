@@ -138,7 +138,8 @@ def _read(cfg: dict, data: Any, fill_gaps: bool | None, run: Path | None, cols: 
 
 def parse_when(value: Any, sc: Scaling, opt: str = "--at") -> Any:
     """``--at`` / ``--start`` as a time on the data's axis (``datetime64[s]``, aware values
-    converted to UTC as the loader does, or a float)."""
+    converted to UTC as the loader does; on a calendar-month axis the month of the date,
+    ``datetime64[M]``; or a float)."""
     import pandas as pd
 
     from nbqat.data._timecol import parse_time_column
@@ -152,6 +153,8 @@ def parse_when(value: Any, sc: Scaling, opt: str = "--at") -> Any:
             f"{opt} {value!r}: the run's time axis holds "
             + ("date times (give an ISO 8601 time)" if sc.is_datetime else "numbers")
         )
+    if sc.month_day:  # monthly, quarterly, yearly data: any date names its month
+        return t[0].astype("datetime64[M]")
     return t[0]
 
 
@@ -222,8 +225,13 @@ def _onnx_engine(run: Path) -> Any:
 
 def onnx_inputs(fw: Any) -> dict:
     """The self-contained graph's inputs of forecast windows ``fw`` (raw values)."""
+    from nbqat.data._months import is_month_axis
+
     t = fw.time
-    secs = t.astype("datetime64[s]").astype(np.int64) if t.dtype.kind == "M" else t
+    if is_month_axis(t):  # a calendar-month axis: months since 1970-01
+        secs = t.astype(np.int64)
+    else:
+        secs = t.astype("datetime64[s]").astype(np.int64) if t.dtype.kind == "M" else t
     return {
         "entity": fw.run_entity.astype(np.int64),
         "time": np.asarray(np.round(secs), np.int64),
@@ -354,8 +362,9 @@ def _frame(fw: Any, data: SeriesData, pred: np.ndarray, quantiles, actual: bool,
     cols: dict[str, Any] = {"entity": np.repeat([fw.split.parent.entity_names[e]
                                                  for e in fw.split.entity], tau)}  # fmt: skip
     if bt is not None:
-        cols["origin"] = np.repeat(format_times(fw.time[:, k], data.time_format), tau)
-    cols["time"] = format_times(fw.time[:, k:].reshape(-1), data.time_format)
+        cols["origin"] = np.repeat(format_times(fw.time[:, k], data.time_format, data.month_day),
+                                   tau)  # fmt: skip
+    cols["time"] = format_times(fw.time[:, k:].reshape(-1), data.time_format, data.month_day)
     cols["step"] = np.tile(np.arange(1, tau + 1), b)
     for j, q in enumerate(quantiles):
         cols[qname(q)] = pred[:, :, j].reshape(-1)

@@ -1,0 +1,266 @@
+"""Monthly, quarterly and yearly dates: a calendar-month time axis (nbqat/data/_months.py).
+
+Oracles: pandas' own ``date_range`` for the dates of each frequency (the loaded axis spelled
+back, and the forecast dates after a series' last row), Python's ``datetime`` month numbers
+for the month-of-year features, and a tiny train + predict on monthly data.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nbqat.data import DataError, from_dataframe, load_csv, make_windows
+from nbqat.data._calendar import calendar_features, season_of
+from nbqat.data._months import MONTH_END, month_dates
+from nbqat.data._timecol import format_times
+
+#: pandas frequency -> (first date, months per step, SeriesData.month_day)
+FREQS = {
+    "MS": ("2000-01-01", 1, 1),
+    "ME": ("1999-11-30", 1, MONTH_END),
+    "QS": ("2000-01-01", 3, 1),
+    "QE": ("1999-12-31", 3, MONTH_END),
+    "YS": ("1990-01-01", 12, 1),
+    "YE": ("1990-12-31", 12, MONTH_END),
+}
+
+
+def _frame(dates, n_entities: int = 1) -> pd.DataFrame:
+    n = len(dates)
+    return pd.concat(
+        [pd.DataFrame({"site": f"s{e}", "date": dates, "y": np.sin(np.arange(n) + e)})
+         for e in range(n_entities)], ignore_index=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("freq", sorted(FREQS))
+def test_month_axes_against_pandas(freq, tmp_path):
+    start, k, day = FREQS[freq]
+    dates = pd.date_range(start, periods=40, freq=freq)
+    path = tmp_path / "m.csv"
+    _frame(dates.strftime("%Y-%m-%d"), 2).to_csv(path, index=False)
+    s = load_csv(path, time_col="date", target_col="y", entity_col="site")
+    assert s.times[0].dtype == np.dtype("datetime64[M]") and s.is_datetime
+    assert int(s.step.astype(np.int64)) == k and s.month_day == day
+    for t in s.times:  # the axis spelled back is the file's dates
+        assert format_times(t, s.time_format, s.month_day) == list(dates.strftime("%Y-%m-%d"))
+    # the dates after the last row: pandas' next dates of the frequency
+    h = 7
+    future = s.times[0][-1] + np.arange(1, h + 1) * s.step
+    want = pd.date_range(dates[-1], periods=h + 1, freq=freq)[1:]
+    assert list(month_dates(future, s.month_day)) == list(want.to_numpy().astype("M8[s]"))
+
+
+def test_month_day_other_than_first(tmp_path):
+    dates = pd.date_range("2000-01-15", periods=30, freq="MS") + pd.Timedelta(days=14)
+    s = from_dataframe(_frame(dates), time_col="date", target_col="y", entity_col="site")
+    assert s.month_day == 15
+    assert list(month_dates(s.times[0], 15)) == list(dates.to_numpy().astype("M8[s]"))
+
+
+def test_monthly_gap_needs_fill_gaps():
+    dates = pd.date_range("2000-01-01", periods=40, freq="MS").delete([5])
+    df = _frame(dates)
+    with pytest.raises(DataError, match="1 missing step"):
+        from_dataframe(df, time_col="date", target_col="y", entity_col="site")
+    s = from_dataframe(df, time_col="date", target_col="y", entity_col="site", fill_gaps=True)
+    assert s.n_filled == 1 and len(s.times[0]) == 40
+    full = pd.date_range("2000-01-01", periods=40, freq="MS")
+    assert list(month_dates(s.times[0], 1)) == list(full.to_numpy().astype("M8[s]"))
+
+
+@pytest.mark.parametrize(
+    "shift",
+    [pd.Timedelta(days=3), pd.Timedelta(hours=6)],  # another day of month; not midnight
+)
+def test_irregular_month_dates_refused(shift):
+    dates = pd.date_range("2000-01-01", periods=40, freq="MS").tolist()
+    dates[5] = dates[5] + shift
+    with pytest.raises(DataError, match="same day of month") as e:
+        from_dataframe(_frame(dates), time_col="date", target_col="y", entity_col="site")
+    assert "not a whole number of steps" in str(e.value)
+
+
+def test_month_end_mixed_with_other_days_refused():
+    dates = pd.date_range("2000-01-31", periods=40, freq="ME").tolist()
+    dates[7] = dates[7] - pd.Timedelta(days=1)
+    with pytest.raises(DataError, match=r"2000-08-30T00:00:00 is not on the last day"):
+        from_dataframe(_frame(dates), time_col="date", target_col="y", entity_col="site")
+
+
+@pytest.mark.parametrize("freq", ["1D", "7D", "28D"])
+def test_day_steps_keep_their_seconds_axis(freq):
+    """Days that happen to be the 1st (a 1-day step from 2000-01-01 ... ) and 28-day steps:
+    every difference is the same number of seconds, so no calendar-month axis."""
+    dates = pd.date_range("2000-01-01", periods=60, freq=freq)
+    s = from_dataframe(_frame(dates), time_col="date", target_col="y", entity_col="site")
+    assert s.times[0].dtype == np.dtype("datetime64[s]") and s.month_day == 0
+    assert s.step == pd.Timedelta(freq).to_timedelta64()
+
+
+def test_two_rows_a_month_apart_on_the_first():
+    """Every difference equal in seconds (one difference): the seconds axis, as before."""
+    dates = pd.to_datetime(["2000-01-01", "2000-02-01"])
+    s = from_dataframe(_frame(dates), time_col="date", target_col="y", entity_col="site")
+    assert s.month_day == 0 and s.step == np.timedelta64(31 * 86400, "s")
+
+
+@pytest.mark.parametrize("freq", ["MS", "ME", "QS", "YS"])
+def test_month_of_year_features(freq):
+    start, _, _ = FREQS[freq]
+    dates = pd.date_range(start, periods=30, freq=freq)
+    s = from_dataframe(_frame(dates), time_col="date", target_col="y", entity_col="site")
+    feats, names = calendar_features(s.times[0])
+    assert names == ["doy_sin", "doy_cos"]
+    for row, d in zip(feats, dates.to_pydatetime()):
+        assert isinstance(d, datetime)
+        ang = 2 * math.pi * (d.month - 1) / 12
+        assert row[0] == pytest.approx(math.sin(ang), abs=1e-15)
+        assert row[1] == pytest.approx(math.cos(ang), abs=1e-15)
+
+
+def test_hourly_calendar_features_unchanged():
+    t = np.arange("2001-01-01T00", "2001-01-03T00", dtype="datetime64[h]").astype("M8[s]")
+    feats, names = calendar_features(t)
+    assert names == ["hour_sin", "hour_cos", "doy_sin", "doy_cos", "day_of_week"]
+    assert feats[1, 0] == pytest.approx(math.sin(2 * math.pi / 24))
+
+
+@pytest.mark.parametrize(
+    "freq, season, words",
+    [("MS", 12, "one year"), ("2MS", 6, "one year"), ("QS", 4, "one year"),
+     ("YS", 5, "one horizon"), ("5MS", 5, "one horizon")],
+)  # fmt: skip
+def test_season_of_month_axes(freq, season, words):
+    dates = pd.date_range("1990-01-01", periods=30, freq=freq)
+    s = from_dataframe(_frame(dates), time_col="date", target_col="y", entity_col="site")
+    assert season_of(s, 5) == (season, words)
+
+
+def test_month_windows_use_month_features_only():
+    dates = pd.date_range("1990-01-01", periods=120, freq="MS")
+    s = from_dataframe(_frame(dates), time_col="date", target_col="y", entity_col="site")
+    w = make_windows(s, history=24, horizon=6, calendar=("hour", "doy", "dow", "time_index"))
+    assert w.scaling.calendar_names == ["doy_sin", "doy_cos"] and w.scaling.month_day == 1
+    assert w.scaling.step == 1.0 and w.season == 12
+    # time_index runs over months: t0 the first month, one step per month
+    months = s.times[0].astype(np.int64).astype(np.float64)
+    assert w.scaling.t0 == months[0]
+    with pytest.raises(DataError, match="no known input"):
+        make_windows(s, history=24, horizon=6, calendar=("hour", "dow"))
+
+
+def test_step_check_between_month_and_day_axes():
+    from nbqat.data._forecast import _check_roles
+
+    monthly = from_dataframe(
+        _frame(pd.date_range("1990-01-01", periods=120, freq="MS")), time_col="date",
+        target_col="y", entity_col="site",
+    )  # fmt: skip
+    daily = from_dataframe(
+        _frame(pd.date_range("1990-01-01", periods=120, freq="D")), time_col="date",
+        target_col="y", entity_col="site",
+    )  # fmt: skip
+    quarterly = from_dataframe(
+        _frame(pd.date_range("1990-01-01", periods=120, freq="QS")), time_col="date",
+        target_col="y", entity_col="site",
+    )  # fmt: skip
+    sc_m = make_windows(monthly, history=24, horizon=6).scaling
+    sc_d = make_windows(daily, history=24, horizon=6).scaling
+    with pytest.raises(DataError, match="time step is 1 day but .* of 1 month"):
+        _check_roles(daily, sc_m)
+    with pytest.raises(DataError, match="time step is 1 month but .* of 1 day"):
+        _check_roles(monthly, sc_d)
+    with pytest.raises(DataError, match="time step is 3 months but .* of 1 month"):
+        _check_roles(quarterly, sc_m)
+    secondly = from_dataframe(  # the same step number (1), in seconds: still refused
+        _frame(pd.date_range("1990-01-01", periods=120, freq="1s")), time_col="date",
+        target_col="y", entity_col="site",
+    )  # fmt: skip
+    with pytest.raises(DataError, match="time step is 1 second but .* of 1 month"):
+        _check_roles(secondly, sc_m)
+    _check_roles(monthly, sc_m)
+
+
+TINY = dict(epochs=1, qat_epochs=1, batch_size=16, hidden_dim=4, heads=1, horizon=12,
+            windows_per_epoch=32, calibration_batches=2, progress=False, plots=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def monthly_run(tmp_path_factory):
+    """A tiny run on 20 years of month-end data (2 entities), fitted from a DataFrame."""
+    import nbqat
+
+    dates = pd.date_range("2000-01-31", periods=240, freq="ME")
+    rng = np.random.default_rng(0)
+    df = pd.concat(
+        [pd.DataFrame({"site": f"s{e}", "date": dates,
+                       "y": 10 + e + np.sin(np.arange(240) * 2 * np.pi / 12)
+                       + rng.normal(0, 0.1, 240)}) for e in range(2)], ignore_index=True,
+    )  # fmt: skip
+    out = tmp_path_factory.mktemp("monthly")
+    fc = nbqat.Forecaster(out=str(out / "run"), overwrite=True, **TINY)
+    fc.fit(df, time_col="date", target_col="y", entity_col="site")
+    return fc, df, dates
+
+
+def test_forecaster_monthly_fit_predict(monthly_run):
+    fc, df, dates = monthly_run
+    data = fc.metrics["data"]
+    assert data["history"] == 24 and data["season"] == 12  # max(24, one year); one year
+    assert data["future_inputs"] == ["doy_sin", "doy_cos"]  # the default calendar: doy
+    want = pd.date_range(dates[-1], periods=13, freq="ME")[1:]
+    for engine in ("onnx", "int8"):
+        out = fc.predict(engine=engine)
+        assert list(out.entity.unique()) == ["s0", "s1"]
+        for _, g in out.groupby("entity"):
+            assert list(pd.to_datetime(g.time)) == list(want)
+            assert list(g.step) == list(range(1, 13))
+    a, b = fc.predict(engine="onnx"), fc.predict(engine="int8")
+    np.testing.assert_allclose(a[["p10", "p50", "p90"]], b[["p10", "p50", "p90"]], rtol=1e-4)
+    from nbqat.train.predict import load_run, run_info
+
+    info = run_info(*load_run(fc.run_dir))  # model.onnx's metadata: the step in months
+    assert info["step_months"] == 1 and info["step_seconds"] is None
+    assert info["scaling"]["month_day"] == MONTH_END and info["scaling"]["step"] == 1.0
+    at = fc.predict(at="2010-03-31", engine="int8")  # an origin inside the data
+    assert pd.to_datetime(at.time.iloc[0]) == pd.Timestamp("2010-03-31")
+    assert at.actual.notna().all()
+
+
+def test_cli_predict_monthly_run_and_daily_data_refused(monthly_run, tmp_path):
+    from nbqat.cli import main
+
+    fc, df, dates = monthly_run
+    data = tmp_path / "m.csv"
+    df.assign(date=df.date.dt.strftime("%Y-%m-%d")).to_csv(data, index=False)
+    out = tmp_path / "f.csv"
+    assert main(["predict", str(fc.run_dir), "--csv", str(data), "--engine", "int8",
+                 "--out", str(out)]) == 0  # fmt: skip
+    got = pd.read_csv(out)
+    want = pd.date_range(dates[-1], periods=13, freq="ME")[1:].strftime("%Y-%m-%d")
+    assert list(got[got.entity == "s0"].time) == list(want)  # month-end spelled as given
+    bt = tmp_path / "bt.csv"
+    assert main(["backtest", str(fc.run_dir), "--csv", str(data), "--engine", "int8",
+                 "--stride", "12", "--out", str(bt)]) == 0  # fmt: skip
+    got = pd.read_csv(bt)
+    origins = pd.to_datetime(got.origin.unique())
+    assert len(origins) >= 2 and all(o.is_month_end for o in origins)
+    assert list(origins) == list(pd.date_range(origins[0], periods=len(origins), freq="12ME"))
+    first = got[(got.entity == "s0") & (got.origin == got.origin.iloc[0])]
+    assert list(first.time) == list(
+        pd.date_range(origins[0], periods=12, freq="ME").strftime("%Y-%m-%d")
+    )
+    daily = tmp_path / "d.csv"
+    days = pd.date_range("2000-01-01", periods=400, freq="D").strftime("%Y-%m-%d")
+    pd.DataFrame({"site": "s0", "date": days, "y": 1.0}).to_csv(daily, index=False)
+    with pytest.raises(DataError, match="time step is 1 day but the model was trained on a "
+                       "time step of 1 month"):  # fmt: skip
+        fc.predict(pd.read_csv(daily))
+    assert main(["predict", str(fc.run_dir), "--csv", str(daily), "--out",
+                 str(tmp_path / "x.csv")]) == 2  # fmt: skip
