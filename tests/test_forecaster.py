@@ -480,3 +480,15 @@ def test_times_are_spelled_as_the_data_spells_them(raw, spelled):
     fmt = time_spelling(pd.Series([raw], dtype=object))
     assert format_times(np.array(["2024-03-01T05:00"], "datetime64[s]"), fmt) == [spelled]
     assert format_times(np.array([17.0]), time_spelling(pd.Series(["17"]))) == ["17"]
+
+
+def test_aware_datetime_column_is_spelled_in_utc_with_its_offset():
+    """A time-zone-aware column is read as UTC: its forecast times say so (spelled without an
+    offset, 17:00 UTC read back as 17:00 local, an hour off in Berlin)."""
+    from nbqat.data._timecol import format_times, time_spelling
+
+    s = pd.Series(pd.to_datetime(["2024-03-01 18:00"]).tz_localize("Europe/Berlin"))
+    t = np.array(["2024-03-01T17:00"], "datetime64[s]")  # s[0] on the UTC axis
+    spelled = format_times(t, time_spelling(s))
+    assert pd.Timestamp(spelled[0]) == s[0]
+    assert spelled == ["2024-03-01T17:00:00+00:00"]

@@ -121,7 +121,9 @@ def time_spelling(s: Any) -> str:
     str
         A :meth:`datetime.strftime` format (``%Y-%m-%dT%H:%M``, ``%Y-%m-%d %H:%M:%S``,
         ``%Y-%m-%d``; with ``Z`` or ``+00:00`` appended when the values carry a UTC offset,
-        since they are read as UTC), ``"integer"`` for whole numbers or ``"number"``.
+        since they are read as UTC: a time-zone-aware ``datetime64`` column too, so that its
+        times, converted to UTC, are not read back as local times), ``"integer"`` for whole
+        numbers or ``"number"``.
     """
     import pandas as pd
 
@@ -130,6 +132,8 @@ def time_spelling(s: Any) -> str:
     if pd.api.types.is_numeric_dtype(s.dtype) and s.dtype != bool:
         x = s.to_numpy(dtype=np.float64)
         return "integer" if bool(np.all(np.mod(x[np.isfinite(x)], 1.0) == 0)) else "number"
+    if isinstance(s.dtype, pd.DatetimeTZDtype):  # read as UTC (parse_time_column)
+        return "%Y-%m-%dT%H:%M:%S+00:00"
     if pd.api.types.is_datetime64_any_dtype(s.dtype):
         return "%Y-%m-%dT%H:%M:%S"
     v = str(s.iloc[0]).strip()
