@@ -89,7 +89,9 @@ class Forecaster:
         The ``nbqat train`` long options with underscores: ``history=``, ``horizon=``,
         ``calendar="hour,dow"``, ``quick=True``, ``plots=False``, ``progress=False``,
         ``model="lstm"``, ``epochs=``, ``seed=``, ``fill_gaps=True``, ``overwrite=True`` ...;
-        ``out=None`` (default) trains into a temporary run folder (keep it with :meth:`save`).
+        ``out=None`` (default) trains into a temporary run folder (keep it with :meth:`save`);
+        each :meth:`fit` then trains into a new one (the previous run is removed when the new
+        fit succeeds).
 
     Raises
     ------
@@ -164,15 +166,23 @@ class Forecaster:
             must be strings: ``df.columns = df.columns.map(str)``).
         """
 
+        prev = self._tmp  # a refit of a temporary run: a new temporary folder, the
+        if prev is not None:  # previous run kept until this fit succeeds
+            self.options["out"], self._tmp = None, None
         created = self.options.get("out") is None or not Path(self.options["out"]).exists()
         try:
-            return self._fit(data, time_col, target_col, entity_col, observed_cols, known_cols,
-                             static_cols)  # fmt: skip
+            self._fit(data, time_col, target_col, entity_col, observed_cols, known_cols,
+                      static_cols)  # fmt: skip
         except BaseException:
             out = Path(self.options["out"]) if self.options.get("out") is not None else None
             if created and out is not None and out.is_dir() and not (out / "checkpoint").exists():
                 shutil.rmtree(out, ignore_errors=True)  # a failed fit leaves no folder behind
+            if prev is not None:
+                self.options["out"], self._tmp = str(Path(prev.name) / "run"), prev
             raise
+        if prev is not None:
+            prev.cleanup()
+        return self
 
     def _fit(self, data, time_col, target_col, entity_col, observed_cols, known_cols,
              static_cols) -> Forecaster:  # fmt: skip

@@ -492,3 +492,26 @@ def test_aware_datetime_column_is_spelled_in_utc_with_its_offset():
     spelled = format_times(t, time_spelling(s))
     assert pd.Timestamp(spelled[0]) == s[0]
     assert spelled == ["2024-03-01T17:00:00+00:00"]
+
+
+def test_forecaster_without_out_fits_again():
+    """A Forecaster without ``out`` refits into a new temporary folder (the second fit was
+    refused: its temporary ``--out`` 'holds a previous run'); a refused refit keeps the run."""
+    import nbqat
+
+    opts = dict(epochs=1, qat_epochs=1, batch_size=16, hidden_dim=4, heads=1, history=K,
+                horizon=TAU, windows_per_epoch=32, calibration_batches=2, eval_stride=48,
+                progress=False, plots=False)  # fmt: skip
+    df = _demand(days=12)
+    cols = dict(time_col="ts", target_col="demand", entity_col="site", observed_cols=["temp"],
+                known_cols=["holiday", "price"])  # fmt: skip
+    fc = nbqat.Forecaster(**opts).fit(df, **cols)
+    at = "2024-03-12 00:00"  # the known columns of the forecast steps are in the data
+    first, p1 = fc.run_dir, fc.predict(at=at)
+    with pytest.raises(DataError):
+        fc.fit(df.assign(demand=np.inf), **cols)
+    assert fc.run_dir == first and first.is_dir()
+    pd.testing.assert_frame_equal(fc.predict(at=at), p1)
+    fc.fit(df.assign(demand=df.demand * 10), **cols)
+    assert fc.run_dir != first and not first.exists()
+    assert fc.predict(at=at).p50.abs().mean() > 5 * p1.p50.abs().mean()
