@@ -515,3 +515,17 @@ def test_forecaster_without_out_fits_again():
     fc.fit(df.assign(demand=df.demand * 10), **cols)
     assert fc.run_dir != first and not first.exists()
     assert fc.predict(at=at).p50.abs().mean() > 5 * p1.p50.abs().mean()
+
+
+def test_moved_run_resumes_with_its_data_parquet(tmp_path, capsys):
+    """A run whose data is its folder's ``data.parquet`` (a Forecaster's) is resumed after the
+    folder moved (the stored path, in the old folder, was 'no such file')."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    _demand(days=12).to_parquet(a / "data.parquet", index=False)
+    argv = ["train", *TINY, *COLS, "--csv", str(a / "data.parquet"), "--out", str(a)]
+    assert main([*argv, "--stop-after-steps", "1"]) == 130
+    a.rename(b)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(b / "checkpoint")]) == 0, capsys.readouterr().err
+    assert (b / "metrics.json").is_file() and not a.exists()

@@ -98,6 +98,7 @@ def _config(cfg: TrainConfig, resume: str | Path | None, par: Parallel) -> tuple
                 "start a new run with another --out, or --overwrite it"
             )
         saved = dict(meta["config"])
+        saved["csv"] = _run_data(saved.get("csv"), Path(saved["out"]))
         saved["progress"] = cfg.progress
         saved["stop_after_steps"] = cfg.stop_after_steps
         cfg = TrainConfig(**saved)
@@ -122,6 +123,17 @@ def _config(cfg: TrainConfig, resume: str | Path | None, par: Parallel) -> tuple
     check_device(cfg.device)
     _threads(cfg.threads, par)
     return cfg, meta
+
+
+def _run_data(csv: str | None, run: Path) -> str | None:
+    """The data file of a checkpoint in the run folder ``run``: a Forecaster's
+    ``data.parquet``, stored inside the run folder, moves with it (the stored path names the
+    folder the run started in, so a moved run could not be resumed); its content is checked
+    against the checkpoint's fingerprint as any data file's."""
+    if csv is None or Path(csv).is_file() or Path(csv).name != "data.parquet":
+        return csv
+    moved = run / "data.parquet"
+    return str(moved) if moved.is_file() else csv
 
 
 def _threads(threads: int | None, par: Parallel) -> None:
