@@ -65,6 +65,7 @@ def _check_columns(df: Any, **named: Any) -> None:
                 f"strings ({arg}={str(bad)!r})"
             )
         for col in cols:
+            _check_list_name(arg, col)
             if str(col) not in have:
                 close = difflib.get_close_matches(str(col), have, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -72,6 +73,23 @@ def _check_columns(df: Any, **named: Any) -> None:
                     f"fit: {arg}={col!r} is not a column of the DataFrame{hint}; its columns: "
                     f"{have}"
                 )
+
+
+def _check_list_name(arg: str, col: str) -> None:
+    """A DataError for a name in a list argument (``known_cols=[...]``) that the run cannot
+    keep: the run stores each list comma-separated and strips its names (``--known-cols
+    "a, b"``), so ``"price, EUR"`` became two columns and ``"price "`` another one."""
+    from nbqat.data import DataError
+
+    if not arg.endswith("_cols") or ("," not in col and col == col.strip()):
+        return
+    why = "a comma" if "," in col else "leading or trailing whitespace"
+    fixed = col.strip().replace(",", "")
+    raise DataError(
+        f"fit: {arg} names the column {col!r}, which has {why}: the run stores its column "
+        f"lists as comma-separated names with the spaces around them stripped; rename it "
+        f"(df = df.rename(columns={{{col!r}: {fixed!r}}})) and name it so"
+    )
 
 
 def _option_names() -> list[str]:
@@ -160,7 +178,9 @@ class Forecaster:
             Bad data or options, before anything is written or trained (the message names the
             fix). A DataFrame's errors name ``DataFrame, row N``, N its 0-based position in
             ``data`` (``data.iloc[N]``), as :meth:`predict`'s do; a file's name the file and
-            its line (CSV, header = 1) or 0-based row (Parquet).
+            its line (CSV, header = 1) or 0-based row (Parquet). A name in ``observed_cols``,
+            ``known_cols`` or ``static_cols`` with a comma or surrounding spaces is refused
+            (rename the column).
         TypeError
             ``data`` of another type, or a column argument that is not a string (column names
             must be strings: ``df.columns = df.columns.map(str)``).

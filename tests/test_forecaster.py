@@ -529,3 +529,22 @@ def test_moved_run_resumes_with_its_data_parquet(tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", "--resume", str(b / "checkpoint")]) == 0, capsys.readouterr().err
     assert (b / "metrics.json").is_file() and not a.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [("price, EUR", "has a comma"), ("price ", "has leading or trailing whitespace")],
+)
+def test_fit_refuses_list_column_names_the_run_cannot_keep(name, needle, tmp_path):
+    """A known column named ``"price, EUR"`` or ``"price "`` is refused naming it and the
+    rename (it passed fit's column check, then the comma-separated option split or stripped
+    it: '--known-cols names column(s) ['price', 'EUR'] that the header does not have')."""
+    import nbqat
+
+    df = _hourly().rename(columns={"temp": name})
+    out = tmp_path / "never"
+    with pytest.raises(DataError, match=f"known_cols names the column {name!r}, which {needle}"):
+        nbqat.Forecaster(out=str(out), quick=True).fit(
+            df, time_col="ts", target_col="demand", known_cols=[name]
+        )
+    assert not out.exists()
