@@ -548,3 +548,24 @@ def test_fit_refuses_list_column_names_the_run_cannot_keep(name, needle, tmp_pat
             df, time_col="ts", target_col="demand", known_cols=[name]
         )
     assert not out.exists()
+
+
+def test_saved_copy_forecasts_from_its_own_data(tmp_path):
+    """A saved run forecasts from its own data.parquet: it read the stored path, the folder
+    it was fitted in, where a later fit had written other data (forecasts and actuals of that
+    data, silently)."""
+    import nbqat
+
+    opts = dict(epochs=1, qat_epochs=1, batch_size=16, hidden_dim=4, heads=1, history=K,
+                horizon=TAU, windows_per_epoch=32, calibration_batches=2, eval_stride=48,
+                progress=False, plots=False)  # fmt: skip
+    df = _demand(days=12)
+    cols = dict(time_col="ts", target_col="demand", entity_col="site", observed_cols=["temp"],
+                known_cols=["holiday", "price"])  # fmt: skip
+    at, out = "2024-03-12 00:00", str(tmp_path / "a")
+    fc = nbqat.Forecaster(out=out, **opts).fit(df, **cols)
+    want = fc.predict(at=at)
+    kept = fc.save(tmp_path / "kept")
+    nbqat.Forecaster(out=out, overwrite=True, **opts).fit(df.assign(demand=df.demand * 100),
+                                                          **cols)  # fmt: skip
+    pd.testing.assert_frame_equal(nbqat.Forecaster.load(kept).predict(at=at), want)

@@ -124,9 +124,13 @@ def _read(cfg: dict, data: Any, fill_gaps: bool | None, run: Path | None, cols: 
     if data is not None and not isinstance(data, (str, os.PathLike)):
         return from_dataframe(data, fill_gaps=fill, future_rows=True, **cols)
     path = data if data is not None else (cfg.get("csv") or tmy3_path())
-    if data is None and run is not None and not Path(path).is_file():
-        if (run / "data.parquet").is_file():  # a Forecaster's run folder, moved or copied
-            path = run / "data.parquet"
+    own = run / "data.parquet" if run is not None else None
+    if data is None and own is not None and own.is_file() and Path(path).name == own.name:
+        path = own  # a Forecaster's run folder reads its own copy (a saved copy's stored path
+        # names the folder it was fitted in, which a later fit there may have overwritten)
+    elif data is None and run is not None and not Path(path).is_file():
+        if own is not None and own.is_file():  # a run folder, moved or copied
+            path = own
         else:
             raise FileNotFoundError(
                 f"the run's data {str(path)!r} no longer exists: pass the data (--csv PATH)"
