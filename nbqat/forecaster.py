@@ -207,6 +207,7 @@ class Forecaster:
     def _fit(self, data, time_col, target_col, entity_col, observed_cols, known_cols,
              static_cols) -> Forecaster:  # fmt: skip
         from nbqat.data import SeriesData
+        from nbqat.train.fit_data import put_back, store_frame
 
         if isinstance(data, SeriesData):
             time_col, target_col = "time", data.target_name
@@ -237,9 +238,22 @@ class Forecaster:
             observed_cols=_names(observed_cols), known_cols=_names(known_cols) or None,
             static_cols=_names(static_cols) or None,
         )  # fmt: skip
-        if frame is not None:
-            _store_frame(frame, cfg, out, bool(self.options.get("overwrite")))
-        return self.train(cfg)
+        if frame is None:
+            return self.train(cfg)
+        prev = store_frame(frame, cfg, out, bool(self.options.get("overwrite")))
+        try:
+            self.train(cfg)
+        except Exception as e:
+            from nbqat.train import TrainingInterrupted
+
+            if not isinstance(e, TrainingInterrupted):  # the previous run is put back: its
+                put_back(Path(cfg.csv), prev)  # data too (its checkpoint resumes the new one)
+            elif prev is not None:
+                prev.unlink()
+            raise
+        if prev is not None:
+            prev.unlink()
+        return self
 
     def _out(self) -> Path:
         if self.options.get("out") is None:
@@ -434,43 +448,6 @@ class Forecaster:
         with atomic_open(path, "wb", prefix=".nbqat-onnx-") as f:
             f.write(data)
         return Path(path)
-
-
-def _store_frame(df: Any, cfg: Any, out: Path, overwrite: bool) -> None:
-    """Check ``df`` with the reader's checks on the DataFrame itself (so a data error names
-    ``"DataFrame, row N"``, N the 0-based position in ``df``, as ``predict`` does, not the copy
-    written below), and the options against it (``nbqat train --check`` on a staged copy), then
-    write it to ``cfg.csv`` (``OUT/data.parquet``), the file the run reads: a refused fit leaves
-    the folder, a previous run's data included, as it was."""
-    import dataclasses
-
-    from nbqat.data import from_dataframe
-    from nbqat.train import preflight, run
-    from nbqat.train.model import column_roles
-
-    preflight.check_out(out, overwrite)
-    from_dataframe(df, fill_gaps=bool(cfg.fill_gaps), **column_roles(vars(cfg)))
-    with tempfile.TemporaryDirectory(prefix="nbqat-fit-") as tmp:
-        staged = Path(tmp) / "data.parquet"
-        _to_parquet(df, staged)
-        run(dataclasses.replace(cfg, csv=str(staged)), check_only=True)
-        out.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(staged), cfg.csv)
-
-
-def _to_parquet(df: Any, path: Path) -> None:
-    """``df.to_parquet(path)``; a frame pyarrow cannot store is a DataError."""
-    from nbqat.data import DataError
-
-    try:
-        df.to_parquet(path, index=False)
-    except (ValueError, TypeError) as e:  # pyarrow's ArrowInvalid / ArrowTypeError
-        msg = " ".join(str(a) for a in e.args) if e.args else type(e).__name__
-        raise DataError(
-            f"DataFrame: cannot store it in the run folder as Parquet ({msg[:300]}); give each "
-            "column one type (e.g. df[col] = pd.to_numeric(df[col]) for a column mixing numbers "
-            "and numeric strings), or drop the columns the run does not use"
-        ) from None
 
 
 def _series_frame(data: Any) -> Any:

@@ -569,3 +569,31 @@ def test_saved_copy_forecasts_from_its_own_data(tmp_path):
     nbqat.Forecaster(out=out, overwrite=True, **opts).fit(df.assign(demand=df.demand * 100),
                                                           **cols)  # fmt: skip
     pd.testing.assert_frame_equal(nbqat.Forecaster.load(kept).predict(at=at), want)
+
+
+def test_failed_overwrite_fit_keeps_the_previous_runs_data(tmp_path, monkeypatch):
+    """A fit with overwrite=True that fails in training puts the previous run back with its own
+    data.parquet (the new data stayed: the restored model then forecast it, silently)."""
+    import nbqat
+    from nbqat.train import job
+
+    opts = dict(epochs=1, qat_epochs=1, batch_size=16, hidden_dim=4, heads=1, history=K,
+                horizon=TAU, windows_per_epoch=32, calibration_batches=2, eval_stride=48,
+                progress=False, plots=False)  # fmt: skip
+    df = _demand(days=12)
+    cols = dict(time_col="ts", target_col="demand", entity_col="site", observed_cols=["temp"],
+                known_cols=["holiday", "price"])  # fmt: skip
+    at, out = "2024-03-12 00:00", tmp_path / "a"
+    want = nbqat.Forecaster(out=str(out), **opts).fit(df, **cols).predict(at=at)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    def diverged(r):
+        raise RuntimeError("diverged")
+
+    monkeypatch.setattr(job, "_phases", diverged)
+    with pytest.raises(RuntimeError, match="diverged"):
+        nbqat.Forecaster(out=str(out), overwrite=True, **opts).fit(
+            df.assign(demand=df.demand * 100), **cols
+        )
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    pd.testing.assert_frame_equal(nbqat.Forecaster.load(out).predict(at=at), want)

@@ -1,0 +1,65 @@
+"""The DataFrame of :meth:`nbqat.Forecaster.fit` in its run folder (``OUT/data.parquet``):
+checked, stored, and set aside / put back around the run (a failed fit leaves a previous run
+with its own data)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["put_back", "store_frame", "to_parquet"]
+
+
+def store_frame(df: Any, cfg: Any, out: Path, overwrite: bool) -> Path | None:
+    """Check ``df`` with the reader's checks on the DataFrame itself (so a data error names
+    ``"DataFrame, row N"``, N the 0-based position in ``df``, as ``predict`` does, not the copy
+    written below), and the options against it (``nbqat train --check`` on a staged copy), then
+    write it to ``cfg.csv`` (``OUT/data.parquet``), the file the run reads: a refused fit leaves
+    the folder, a previous run's data included, as it was. A previous run's data is kept aside
+    (returned: the hidden file; None without one) until the fit ends (:func:`put_back`)."""
+    import dataclasses
+
+    from nbqat.data import from_dataframe
+    from nbqat.train import preflight, run
+    from nbqat.train.model import column_roles
+
+    preflight.check_out(out, overwrite)
+    from_dataframe(df, fill_gaps=bool(cfg.fill_gaps), **column_roles(vars(cfg)))
+    with tempfile.TemporaryDirectory(prefix="nbqat-fit-") as tmp:
+        staged = Path(tmp) / "data.parquet"
+        to_parquet(df, staged)
+        run(dataclasses.replace(cfg, csv=str(staged)), check_only=True)
+        out.mkdir(parents=True, exist_ok=True)
+        prev = None
+        if Path(cfg.csv).is_file():
+            prev = out / ".nbqat-data-previous.parquet"
+            os.replace(cfg.csv, prev)
+        shutil.move(str(staged), cfg.csv)
+    return prev
+
+
+def put_back(data: Path, prev: Path | None) -> None:
+    """After a failed fit: the previous run's data (``prev``, :func:`store_frame`'s) back to
+    ``data``, or ``data`` removed when there was none (the folder it is in may be gone)."""
+    if prev is not None:
+        os.replace(prev, data)
+    elif data.is_file():
+        data.unlink()
+
+
+def to_parquet(df: Any, path: Path) -> None:
+    """``df.to_parquet(path)``; a frame pyarrow cannot store is a DataError."""
+    from nbqat.data import DataError
+
+    try:
+        df.to_parquet(path, index=False)
+    except (ValueError, TypeError) as e:  # pyarrow's ArrowInvalid / ArrowTypeError
+        msg = " ".join(str(a) for a in e.args) if e.args else type(e).__name__
+        raise DataError(
+            f"DataFrame: cannot store it in the run folder as Parquet ({msg[:300]}); give each "
+            "column one type (e.g. df[col] = pd.to_numeric(df[col]) for a column mixing numbers "
+            "and numeric strings), or drop the columns the run does not use"
+        ) from None
