@@ -355,6 +355,18 @@ def test_static_must_be_constant(tmp_path):
         load(p)
 
 
+@pytest.mark.parametrize("fill_gaps", [False, True])
+def test_missing_static_value_names_no_fix_that_fails(tmp_path, fill_gaps):
+    """A static column's missing cell is refused naming the column and the fix: the message
+    said to pass --fill-gaps, which does not fill a static column (the same error followed)."""
+    p, _ = csv_with_cell(tmp_path / "s.csv", 5, 5, "")
+    with pytest.raises(
+        DataError, match="line 7: column 's' [(]--static-cols[)] has a missing"
+    ) as e:
+        load(p, fill_gaps=fill_gaps, future_rows=True)
+    assert "pass --fill-gaps" not in str(e.value)
+
+
 def test_bad_time_values(tmp_path):
     p, _ = csv_with_cell(tmp_path / "t.csv", 3, 1, "yesterday")
     with pytest.raises(DataError, match="neither a number nor an ISO 8601"):

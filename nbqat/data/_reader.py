@@ -414,7 +414,7 @@ def _frame_to_series(
     statics = np.zeros((len(names), len(static)))
     changes = []
     for j, c in enumerate(static):
-        statics[:, j], change = static_values(numeric_pieces(df, c, where, False), per)
+        statics[:, j], change = static_values(numeric_pieces(df, c, where, False, True), per)
         changes.append(change)
     data = regularise(
         t, per, names, target, obs, kno, statics, changes, where, src, target_col, observed,

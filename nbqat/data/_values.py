@@ -19,9 +19,10 @@ __all__ = ["numeric_column", "numeric_pieces", "place", "static_values"]
 
 
 def numeric_column(
-    s: Any, col: str, where: Callable[[int], str], allow_missing: bool
+    s: Any, col: str, where: Callable[[int], str], allow_missing: bool, static: bool = False
 ) -> np.ndarray:
-    """One column (a pandas Series) as float64, with the first bad value reported by line."""
+    """One column (a pandas Series) as float64, with the first bad value reported by line
+    (``static``: a static column's missing value, which ``fill_gaps`` does not fill)."""
     import pandas as pd
 
     if s.dtype == bool:
@@ -42,6 +43,12 @@ def numeric_column(
     nan = np.isnan(x)
     if not allow_missing and nan.any():
         i = int(np.argmax(nan))
+        if static:
+            raise DataError(
+                f"{where(i)}: column {col!r} (--static-cols) has a missing value (empty, NA or "
+                "NaN); a static column needs its entity's value on every row, the rows to "
+                "forecast included (--fill-gaps does not fill it): fill it in"
+            )
         raise DataError(
             f"{where(i)}: column {col!r} has a missing value (empty, NA or NaN); fill it in, or "
             "pass --fill-gaps (fill_gaps=True) to interpolate missing values linearly"
@@ -59,13 +66,14 @@ def numeric_column(
 
 
 def numeric_pieces(
-    df: Any, col: str, where: Callable[[int], str], allow_missing: bool
+    df: Any, col: str, where: Callable[[int], str], allow_missing: bool, static: bool = False
 ) -> list[np.ndarray]:
     """Column ``col`` of ``df`` (a pandas DataFrame or :class:`~nbqat.data._arrow.ArrowColumns`),
     checked, as pieces that follow each other row by row. An Arrow column of plain numbers
     gives its chunks, each checked with two reductions (NaN fails both comparisons); any other
     column, or one that fails that check, goes through :func:`numeric_column`, which raises
-    naming the row (or, ``allow_missing``, lets its missing values through)."""
+    naming the row (or, ``allow_missing``, lets its missing values through; ``static``: as
+    :func:`numeric_column`'s)."""
     from nbqat.data._arrow import ArrowColumns
 
     if isinstance(df, ArrowColumns):
@@ -76,8 +84,8 @@ def numeric_pieces(
             import pandas as pd
 
             x = np.concatenate(pieces, dtype=np.float64)
-            return [numeric_column(pd.Series(x), col, where, allow_missing)]
-    return [numeric_column(df[col], col, where, allow_missing)]
+            return [numeric_column(pd.Series(x), col, where, allow_missing, static)]
+    return [numeric_column(df[col], col, where, allow_missing, static)]
 
 
 def _segments(lengths: list[int], per: list[Any]) -> Iterator[tuple[int, int, int, int, int]]:
