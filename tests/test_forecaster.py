@@ -597,3 +597,18 @@ def test_failed_overwrite_fit_keeps_the_previous_runs_data(tmp_path, monkeypatch
         )
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     pd.testing.assert_frame_equal(nbqat.Forecaster.load(out).predict(at=at), want)
+
+
+def test_integer_spelling_of_fractional_times_keeps_the_fraction(tmp_path):
+    """A numeric time column whose first value is whole (``0, 0.5, 1, ...``) spells every time
+    in full: it was read as 'integer' and 0.5 was written as 0, 1.5 as 2."""
+    from nbqat.data import load_csv
+    from nbqat.data._timecol import format_times
+
+    t = np.arange(40) * 0.5
+    spelled = [f"{v:g}" for v in t]  # 0, 0.5, 1, 1.5 ...
+    pd.DataFrame({"t": spelled, "y": np.sin(t)}).to_csv(tmp_path / "h.csv", index=False)
+    d = load_csv(tmp_path / "h.csv", time_col="t", target_col="y")
+    got = format_times(d.times[0][:4], d.time_format)
+    assert [float(v) for v in got] == [0.0, 0.5, 1.0, 1.5]
+    assert format_times(np.array([3.0, 4.0]), "integer") == ["3", "4"]

@@ -154,15 +154,18 @@ def time_spelling(s: Any) -> str:
 def format_times(t: np.ndarray, spelling: str, month_day: int = 0) -> list[str]:
     """Times ``t`` (``datetime64`` or float64) as strings spelled ``spelling`` (see
     :func:`time_spelling`); months of a calendar-month axis (``datetime64[M]``) as their
-    dates on day ``month_day`` (``SeriesData.month_day``)."""
+    dates on day ``month_day`` (``SeriesData.month_day``); ``"integer"`` times that are not all
+    whole numbers are spelled as ``"number"`` (the spelling is read from the first value:
+    ``0, 0.5, 1, ...``)."""
     import pandas as pd
 
     from nbqat.data._months import month_dates
 
     t = month_dates(t, month_day)
-
-    if spelling == "integer":
+    if spelling == "integer" and np.all(np.mod(np.asarray(t, np.float64), 1.0) == 0):
         return [str(int(round(float(v)))) for v in np.asarray(t, np.float64)]
+    if spelling == "integer":
+        spelling = "number"
     if spelling == "number":
         return [repr(float(v)) for v in np.asarray(t, np.float64)]
     return list(pd.DatetimeIndex(np.asarray(t, "datetime64[s]")).strftime(spelling))
