@@ -469,7 +469,7 @@ def test_fill_gaps_carries_whole_number_columns(tmp_path):
     [
         ("2024-03-01T00:00", "2024-03-01T05:00"),
         ("2024-03-01 00:00:00", "2024-03-01 05:00:00"),
-        ("2024-03-01", "2024-03-01"),
+        ("2024-03-01", "2024-03-01T05:00:00"),  # a date cannot hold 05:00: spelled in full
         ("2024-03-01T00:00Z", "2024-03-01T05:00Z"),
         ("2024-03-01T00:00:00+01:00", "2024-03-01T05:00:00+00:00"),  # read as UTC
     ],
@@ -612,3 +612,24 @@ def test_integer_spelling_of_fractional_times_keeps_the_fraction(tmp_path):
     got = format_times(d.times[0][:4], d.time_format)
     assert [float(v) for v in got] == [0.0, 0.5, 1.0, 1.5]
     assert format_times(np.array([3.0, 4.0]), "integer") == ["3", "4"]
+
+
+@pytest.mark.parametrize(
+    ("first", "rest", "freq"),
+    [("%Y-%m-%d", "%Y-%m-%d %H:%M", "h"), ("%Y-%m-%dT%H", "%Y-%m-%dT%H:%M", "30min")],
+)
+def test_times_spelled_from_a_coarser_first_value_keep_their_clock(tmp_path, first, rest, freq):
+    """Times whose first value is spelled without (all of) its clock (midnight as a bare date,
+    then hourly) are spelled in full: every forecast time of the day was the date alone."""
+    from nbqat.data import load_csv
+    from nbqat.data._timecol import format_times
+
+    t = pd.date_range("2024-03-01", periods=60, freq=freq)
+    spelled = [v.strftime(first) if i == 0 else v.strftime(rest) for i, v in enumerate(t)]
+    pd.DataFrame({"t": spelled, "y": np.sin(np.arange(60))}).to_csv(tmp_path / "d.csv",
+                                                                     index=False)  # fmt: skip
+    d = load_csv(tmp_path / "d.csv", time_col="t", target_col="y")
+    got = format_times(d.times[0][:3], d.time_format)
+    assert list(pd.to_datetime(got)) == list(t[:3])
+    day = np.array(["2024-03-01", "2024-03-02"], "datetime64[s]")
+    assert format_times(day, "%Y-%m-%d") == ["2024-03-01", "2024-03-02"]

@@ -154,9 +154,11 @@ def time_spelling(s: Any) -> str:
 def format_times(t: np.ndarray, spelling: str, month_day: int = 0) -> list[str]:
     """Times ``t`` (``datetime64`` or float64) as strings spelled ``spelling`` (see
     :func:`time_spelling`); months of a calendar-month axis (``datetime64[M]``) as their
-    dates on day ``month_day`` (``SeriesData.month_day``); ``"integer"`` times that are not all
-    whole numbers are spelled as ``"number"`` (the spelling is read from the first value:
-    ``0, 0.5, 1, ...``)."""
+    dates on day ``month_day`` (``SeriesData.month_day``). The spelling is read from the data's
+    first value, so one that would drop a part of some time is widened: ``"integer"`` times
+    that are not all whole numbers are spelled as ``"number"`` (``0, 0.5, 1, ...``), and date
+    times that a date-only (``2024-03-01`` for midnight, then hourly) or coarser clock spelling
+    cannot hold are spelled ``%Y-%m-%dT%H:%M:%S`` (with the spelling's UTC suffix)."""
     import pandas as pd
 
     from nbqat.data._months import month_dates
@@ -168,4 +170,10 @@ def format_times(t: np.ndarray, spelling: str, month_day: int = 0) -> list[str]:
         spelling = "number"
     if spelling == "number":
         return [repr(float(v)) for v in np.asarray(t, np.float64)]
-    return list(pd.DatetimeIndex(np.asarray(t, "datetime64[s]")).strftime(spelling))
+    secs = np.asarray(t, "datetime64[s]")
+    unit = next((u for part, u in (("%H", 86400), ("%M", 3600), ("%S", 60)) if part not in
+                 spelling), 1)  # fmt: skip
+    if unit > 1 and np.any(secs.astype(np.int64) % unit):
+        zone = next((z for z in ("Z", "+00:00") if spelling.endswith(z)), "")
+        spelling = "%Y-%m-%dT%H:%M:%S" + zone
+    return list(pd.DatetimeIndex(secs).strftime(spelling))
