@@ -20,6 +20,7 @@ import pytest
 from nbqat.data import (
     TMY3_FILE,
     DataError,
+    from_dataframe,
     load_csv,
     load_tmy3,
     make_windows,
@@ -353,6 +354,32 @@ def test_static_must_be_constant(tmp_path):
     p, _ = csv_with_cell(tmp_path / "s.csv", 5, 5, "2.5")
     with pytest.raises(DataError, match="static column 's' changes within entity 'a'"):
         load(p)
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet", "frame"])
+def test_a_written_index_is_not_a_default_observed_input(tmp_path, kind):
+    """A table written with its pandas index (to_csv / to_parquet without index=False) is
+    refused naming the column and the fix: the row numbers were silently an observed input."""
+    import pandas as pd
+
+    rows = hourly_rows(50)
+    df = pd.DataFrame(rows, columns=HEADER).astype({c: float for c in HEADER[2:]})
+    df.index = np.arange(len(df)) * 2  # a filtered frame's index (not a RangeIndex)
+    kw = dict(time_col="ts", target_col="y", entity_col="id", known_cols="k", static_cols="s")
+    if kind == "frame":
+        df.to_csv(tmp_path / "d.csv")
+        src: object = pd.read_csv(tmp_path / "d.csv")  # the index read back as "Unnamed: 0"
+        load_df = from_dataframe
+    else:
+        src = tmp_path / f"d.{kind}"
+        if kind == "csv":
+            df.to_csv(src)
+        else:
+            df.to_parquet(src)
+        load_df = load_csv
+    with pytest.raises(DataError, match="look like the table's index .* index=False"):
+        load_df(src, **kw)
+    assert load_df(src, observed_cols="x", **kw).observed_names == ["x"]
 
 
 @pytest.mark.parametrize("fill_gaps", [False, True])

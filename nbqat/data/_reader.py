@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import re
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,6 +27,10 @@ from nbqat.data._series import DataError, SeriesData, _names
 from nbqat.data._values import numeric_pieces, place, static_values
 
 __all__ = ["from_dataframe", "load_csv"]
+
+#: Column names of a pandas index written with the data: a CSV's unnamed first column
+#: (``""``; ``"Unnamed: 0"`` once read back by pandas) and Parquet's ``__index_level_0__``.
+_INDEX_NAME = re.compile(r"|Unnamed: \d+(?:_level_\d+)?|__index_level_\d+__")
 
 _READ_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -109,7 +114,16 @@ def _check_columns(
     if twice:
         raise DataError(f"{src}: column(s) {twice} are named for more than one role")
     if observed_cols is None:
-        return [c for c in header if c not in used]
+        observed = [c for c in header if c not in used]
+        index = [c for c in observed if _INDEX_NAME.fullmatch(c)]
+        if index:
+            raise DataError(
+                f"{src}: column(s) {index} look like the table's index written with the data "
+                "(DataFrame.to_csv / to_parquet without index=False); every column not named "
+                "otherwise is an observed input, so the row numbers would be one: write the "
+                "table with index=False, or name the inputs with --observed-cols"
+            )
+        return observed
     observed = _names(observed_cols)
     clash = [c for c in observed if c in used]
     if clash:
