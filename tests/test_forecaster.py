@@ -633,3 +633,14 @@ def test_times_spelled_from_a_coarser_first_value_keep_their_clock(tmp_path, fir
     assert list(pd.to_datetime(got)) == list(t[:3])
     day = np.array(["2024-03-01", "2024-03-02"], "datetime64[s]")
     assert format_times(day, "%Y-%m-%d") == ["2024-03-01", "2024-03-02"]
+
+
+@pytest.mark.parametrize("at", ["yesterday", "", pd.NaT, ["2024-03-20 00:00"]])
+def test_at_that_is_not_a_time_is_named(demand, at):
+    """An ``at`` that is not a time is named as ``--at`` with the fix (the time column's
+    messages said '--at (--time-col) has a missing value; every row needs a time stamp')."""
+    import nbqat
+
+    with pytest.raises(DataError, match=r"--at .* is not a time: give an ISO 8601") as e:
+        nbqat.Forecaster.load(demand[4]).predict(at=at)
+    assert "--time-col" not in str(e.value) and "row" not in str(e.value)

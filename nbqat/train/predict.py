@@ -151,7 +151,14 @@ def parse_when(value: Any, sc: Scaling, opt: str = "--at") -> Any:
     def where(i: int) -> str:
         return opt
 
-    t = parse_time_column(pd.Series([value]), opt, where)
+    try:
+        t = parse_time_column(pd.Series([value]), opt, where)
+    except DataError:  # its messages speak of a --time-col and its rows
+        raise DataError(
+            f"{opt} {value!r} is not a time: give "
+            + ("an ISO 8601 date time (e.g. 2024-03-20T00:00)" if sc.is_datetime else "a number")
+            + " on the run's time axis"
+        ) from None
     if (t.dtype.kind == "M") != sc.is_datetime:
         raise ValueError(
             f"{opt} {value!r}: the run's time axis holds "
