@@ -644,3 +644,15 @@ def test_at_that_is_not_a_time_is_named(demand, at):
     with pytest.raises(DataError, match=r"--at .* is not a time: give an ISO 8601") as e:
         nbqat.Forecaster.load(demand[4]).predict(at=at)
     assert "--time-col" not in str(e.value) and "row" not in str(e.value)
+
+
+@pytest.mark.parametrize("data", [[1, 2], {"ts": [1]}, "series"])
+def test_predict_names_its_data_argument(demand, data):
+    """predict(data=<not a table>) names ``data`` and what it takes (the message named
+    from_dataframe's ``df``, an argument the caller never saw)."""
+    import nbqat
+
+    if data == "series":
+        data = pd.read_csv(demand[3])["demand"]
+    with pytest.raises(TypeError, match="^data must be a pandas DataFrame, a path or a SeriesData"):
+        nbqat.Forecaster.load(demand[4]).predict(data)

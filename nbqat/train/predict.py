@@ -97,6 +97,8 @@ def read_data(cfg: dict, data: Any, fill_gaps: bool | None = None, run: Path | N
     ------
     FileNotFoundError
         A path that does not exist.
+    TypeError
+        ``data`` of another type.
     DataError
         As :func:`nbqat.data.load_csv` (the columns named by the run missing, bad values ...).
     """
@@ -122,6 +124,13 @@ def _read(cfg: dict, data: Any, fill_gaps: bool | None, run: Path | None, cols: 
 
     fill = bool(cfg.get("fill_gaps")) if fill_gaps is None else bool(fill_gaps)
     if data is not None and not isinstance(data, (str, os.PathLike)):
+        import pandas as pd
+
+        if not isinstance(data, pd.DataFrame):  # from_dataframe's message names its "df"
+            raise TypeError(
+                f"data must be a pandas DataFrame, a path or a SeriesData, got "
+                f"{type(data).__name__}"
+            )
         return from_dataframe(data, fill_gaps=fill, future_rows=True, **cols)
     path = data if data is not None else (cfg.get("csv") or tmy3_path())
     own = run / "data.parquet" if run is not None else None
