@@ -313,6 +313,8 @@ class Forecaster:
         Returns
         -------
         Forecaster
+            With the run's options, less ``overwrite`` (a choice of the command that wrote the
+            run: a :meth:`fit` of the loaded forecaster replaces its run only when asked).
 
         Raises
         ------
@@ -323,7 +325,7 @@ class Forecaster:
         from nbqat.train.predict import load_run
 
         run, cfg = load_run(run_dir)
-        names, opts = set(_option_names()), config_options()
+        names, opts = set(_option_names()) - {"overwrite"}, config_options()
         model = cfg.get("model", opts["model"].default)  # its options only (an LSTM run's
         # config holds the TFT's --heads at its default: not an option of this model)
         fc = cls(**{k: v for k, v in cfg.items() if k in names and model in opts[k].models})

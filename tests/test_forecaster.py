@@ -656,3 +656,21 @@ def test_predict_names_its_data_argument(demand, data):
         data = pd.read_csv(demand[3])["demand"]
     with pytest.raises(TypeError, match="^data must be a pandas DataFrame, a path or a SeriesData"):
         nbqat.Forecaster.load(demand[4]).predict(data)
+
+
+def test_loaded_forecaster_does_not_inherit_overwrite(demand, tmp_path):
+    """A run written with --overwrite loads without it: fit() on the loaded forecaster
+    replaced the run it was loaded from, without being asked (and only for such runs)."""
+    import nbqat
+
+    run = tmp_path / "run"
+    shutil.copytree(demand[4], run)
+    assert main(["train", *TINY, *COLS, "--csv", str(demand[2]), "--out", str(run),
+                 "--overwrite"]) == 0  # fmt: skip
+    before = (run / "model.onnx").read_bytes()
+    fc = nbqat.Forecaster.load(run)
+    assert not fc.options.get("overwrite")
+    with pytest.raises(ValueError, match="holds a previous run"):
+        fc.fit(pd.read_csv(demand[2]), time_col="ts", target_col="demand", entity_col="site",
+               observed_cols=["temp"], known_cols=["holiday", "price"])  # fmt: skip
+    assert (run / "model.onnx").read_bytes() == before
