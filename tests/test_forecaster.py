@@ -674,3 +674,15 @@ def test_loaded_forecaster_does_not_inherit_overwrite(demand, tmp_path):
         fc.fit(pd.read_csv(demand[2]), time_col="ts", target_col="demand", entity_col="site",
                observed_cols=["temp"], known_cols=["holiday", "price"])  # fmt: skip
     assert (run / "model.onnx").read_bytes() == before
+
+
+def test_forecast_never_replaces_a_runs_own_data(demand, tmp_path, capsys):
+    """--out RUN/data.parquet (a Forecaster run's data) is refused even with --overwrite: the
+    forecast CSV replaced it, and predict without data then failed on the run's own data."""
+    run = tmp_path / "run"
+    shutil.copytree(demand[4], run)
+    pd.read_csv(demand[2]).to_parquet(run / "data.parquet", index=False)
+    before = (run / "data.parquet").read_bytes()
+    argv = ["predict", str(run), "--csv", str(demand[3]), "--out", str(run / "data.parquet")]
+    _fails([*argv, "--overwrite"], capsys, "is the run's own data.parquet")
+    assert (run / "data.parquet").read_bytes() == before

@@ -408,9 +408,9 @@ def q_risk_table(df: Any, quantiles) -> dict:
 
 def check_out(out: str | os.PathLike, overwrite: bool) -> Path:
     """Refuse an ``--out`` that exists (unless ``overwrite``), is a folder, has no folder or is
-    one of a run folder's own files (``model.onnx``, ``checkpoint/...``: even with
-    ``overwrite``, a forecast must not replace the model it came from); called before anything
-    is computed or written."""
+    one of a run folder's own files (``model.onnx``, ``checkpoint/...``, a Forecaster's
+    ``data.parquet``: even with ``overwrite``, a forecast must not replace the model it came
+    from or the data it was fitted on); called before anything is computed or written."""
     from nbqat.train.preflight import OUTPUT_NAMES
 
     p = Path(out)
@@ -420,7 +420,7 @@ def check_out(out: str | os.PathLike, overwrite: bool) -> Path:
     for run in full.parents:
         if (run / "checkpoint" / "state.json").is_file():
             own = full.relative_to(run).parts[0]
-            if own in OUTPUT_NAMES:
+            if own in OUTPUT_NAMES or own == "data.parquet":
                 raise ValueError(
                     f"--out {str(p)!r} is the run's own {own}: name another file (e.g. "
                     f"{str(run / 'forecasts.csv')!r})"
