@@ -686,3 +686,19 @@ def test_forecast_never_replaces_a_runs_own_data(demand, tmp_path, capsys):
     argv = ["predict", str(run), "--csv", str(demand[3]), "--out", str(run / "data.parquet")]
     _fails([*argv, "--overwrite"], capsys, "is the run's own data.parquet")
     assert (run / "data.parquet").read_bytes() == before
+
+
+def test_fit_never_replaces_a_data_parquet_that_is_no_runs(tmp_path):
+    """A fit into a folder holding the user's own data.parquet (no run) is refused naming it:
+    the fit's DataFrame replaced the file silently."""
+    import nbqat
+
+    out = tmp_path / "project"
+    out.mkdir()
+    _hourly().to_parquet(out / "data.parquet", index=False)
+    before = (out / "data.parquet").read_bytes()
+    with pytest.raises(ValueError, match="holds a data.parquet that is no run's data"):
+        nbqat.Forecaster(out=str(out), quick=True).fit(_hourly(), time_col="ts",
+                                                       target_col="demand")  # fmt: skip
+    assert (out / "data.parquet").read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == ["data.parquet"]

@@ -19,7 +19,9 @@ def store_frame(df: Any, cfg: Any, out: Path, overwrite: bool) -> Path | None:
     written below), and the options against it (``nbqat train --check`` on a staged copy), then
     write it to ``cfg.csv`` (``OUT/data.parquet``), the file the run reads: a refused fit leaves
     the folder, a previous run's data included, as it was. A previous run's data is kept aside
-    (returned: the hidden file; None without one) until the fit ends (:func:`put_back`)."""
+    (returned: the hidden file; None without one) until the fit ends (:func:`put_back`); a
+    ``data.parquet`` in ``out`` that is no run's (no ``checkpoint/`` beside it) is refused, not
+    replaced."""
     import dataclasses
 
     from nbqat.data import from_dataframe
@@ -27,6 +29,11 @@ def store_frame(df: Any, cfg: Any, out: Path, overwrite: bool) -> Path | None:
     from nbqat.train.model import column_roles
 
     preflight.check_out(out, overwrite)
+    if Path(cfg.csv).exists() and not (out / "checkpoint").is_dir():
+        raise ValueError(
+            f"out={str(out)!r} holds a {Path(cfg.csv).name} that is no run's data: fit stores "
+            "its DataFrame there; choose another out (or move that file)"
+        )
     from_dataframe(df, fill_gaps=bool(cfg.fill_gaps), **column_roles(vars(cfg)))
     with tempfile.TemporaryDirectory(prefix="nbqat-fit-") as tmp:
         staged = Path(tmp) / "data.parquet"
