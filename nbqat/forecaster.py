@@ -246,9 +246,9 @@ class Forecaster:
         except Exception as e:
             from nbqat.train import TrainingInterrupted
 
-            if not isinstance(e, TrainingInterrupted):  # the previous run is put back: its
-                put_back(Path(cfg.csv), prev)  # data too (its checkpoint resumes the new one)
-            elif prev is not None:
+            if not isinstance(e, TrainingInterrupted):  # the previous run is put back, and
+                put_back(Path(cfg.csv), prev)  # its data with it
+            elif prev is not None:  # the new run's checkpoint resumes on the new data
                 prev.unlink()
             raise
         if prev is not None:
