@@ -485,6 +485,8 @@ def test_times_are_spelled_as_the_data_spells_them(raw, spelled):
 def test_aware_datetime_column_is_spelled_in_utc_with_its_offset():
     """A time-zone-aware column is read as UTC: its forecast times say so (spelled without an
     offset, 17:00 UTC read back as 17:00 local, an hour off in Berlin)."""
+    import pyarrow as pa
+
     from nbqat.data._timecol import format_times, time_spelling
 
     s = pd.Series(pd.to_datetime(["2024-03-01 18:00"]).tz_localize("Europe/Berlin"))
@@ -492,6 +494,10 @@ def test_aware_datetime_column_is_spelled_in_utc_with_its_offset():
     spelled = format_times(t, time_spelling(s))
     assert pd.Timestamp(spelled[0]) == s[0]
     assert spelled == ["2024-03-01T17:00:00+00:00"]
+    arrow = s.astype(pd.ArrowDtype(pa.timestamp("s", tz="Europe/Berlin")))  # pandas' other kind
+    assert format_times(t, time_spelling(arrow)) == spelled
+    naive = s.dt.tz_localize(None).astype(pd.ArrowDtype(pa.timestamp("s")))
+    assert format_times(t, time_spelling(naive)) == ["2024-03-01T17:00:00"]
 
 
 def test_forecaster_without_out_fits_again():

@@ -132,7 +132,8 @@ def time_spelling(s: Any) -> str:
     if pd.api.types.is_numeric_dtype(s.dtype) and s.dtype != bool:
         x = s.to_numpy(dtype=np.float64)
         return "integer" if bool(np.all(np.mod(x[np.isfinite(x)], 1.0) == 0)) else "number"
-    if isinstance(s.dtype, pd.DatetimeTZDtype):  # read as UTC (parse_time_column)
+    aware = getattr(getattr(s.dtype, "pyarrow_dtype", None), "tz", None)  # timestamp[pyarrow]
+    if isinstance(s.dtype, pd.DatetimeTZDtype) or aware:  # read as UTC (parse_time_column)
         return "%Y-%m-%dT%H:%M:%S+00:00"
     if pd.api.types.is_datetime64_any_dtype(s.dtype):
         return "%Y-%m-%dT%H:%M:%S"
