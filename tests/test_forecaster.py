@@ -708,3 +708,22 @@ def test_fit_never_replaces_a_data_parquet_that_is_no_runs(tmp_path):
                                                        target_col="demand")  # fmt: skip
     assert (out / "data.parquet").read_bytes() == before
     assert sorted(p.name for p in out.iterdir()) == ["data.parquet"]
+
+
+def test_fit_takes_a_path_out_and_numpy_option_values(tmp_path):
+    """out=pathlib.Path and NumPy scalars (np.int64 from a grid search) are plain JSON values in
+    the run's files: the first checkpoint write failed after the float training ('Object of type
+    PosixPath is not JSON serializable') and the run was lost."""
+    import json
+
+    import nbqat
+
+    opts = dict(epochs=1, qat_epochs=1, batch_size=16, hidden_dim=4, heads=1,
+                windows_per_epoch=32, calibration_batches=2, eval_stride=48, progress=False,
+                plots=False)  # fmt: skip
+    fc = nbqat.Forecaster(out=tmp_path / "run", history=np.int64(K), horizon=np.int32(TAU),
+                          lr=np.float64(3e-3), **opts)  # fmt: skip
+    fc.fit(_demand(days=12), time_col="ts", target_col="demand", entity_col="site",
+           observed_cols=["temp"], known_cols=["holiday", "price"])  # fmt: skip
+    cfg = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["config"]
+    assert cfg["out"] == str(tmp_path / "run") and cfg["history"] == K and cfg["lr"] == 3e-3

@@ -144,6 +144,16 @@ class TrainConfig:
     QUICK: ClassVar[dict[str, Any]] = mode_defaults(quick=True)
 
     def __post_init__(self) -> None:
+        import os
+
+        import numpy as np
+
+        for f in fields(self):  # plain JSON values for state.json and metrics.json: a Path or a
+            v = getattr(self, f.name)  # NumPy scalar failed their write after the training
+            if isinstance(v, os.PathLike):
+                setattr(self, f.name, os.fspath(v))
+            elif isinstance(v, np.generic):
+                setattr(self, f.name, v.item())
         self._check()
 
     def _check(self) -> None:
