@@ -447,7 +447,9 @@ def calibrate(
     qat: Any, batches: Iterable[Sequence], group: ProcessGroup, *, quantizers: Any = None
 ) -> int:
     """Distributed calibration: each rank forwards its slice of every global batch through
-    observers kept in sync, so every rank ends with the qparams of one process fed it all.
+    observers kept in sync, so every rank ends with the qparams of one process fed it all (the
+    statistics merge exactly; the qparams equal one process's wherever a slice's activations
+    are the same bits as those rows of the whole batch: docs/distributed.md).
 
     Parameters
     ----------
@@ -455,7 +457,9 @@ def calibrate(
         Its quantizers are attached to ``group`` (:func:`sync_observers`), then its
         ``calibrate`` runs over this rank's slices (:func:`shard`).
     batches : iterable of (static, historical, future, ...)
-        The GLOBAL batches, identical on every rank (extra items, a target, are ignored).
+        The GLOBAL batches, identical on every rank (extra items, a target, are ignored); for
+        a model that is no forecaster (``qat.num_inputs`` None) every item is an input, and an
+        array is one batch of its single input, as ``qat.calibrate`` takes them.
     group : ProcessGroup
     quantizers : mapping or iterable, optional
         The quantizers to sync (default all of ``qat.fake_quants``; the activation ones
@@ -473,19 +477,16 @@ def calibrate(
         on every rank at once, before that batch's collectives.
     TypeError
         ``group`` not a ProcessGroup or ``qat`` not a QAT model (before anything is attached).
-
-    Notes
-    -----
-    The statistics merge exactly; the qparams equal one process's wherever a slice's
-    activations are the same bits as those rows of the whole batch (docs/distributed.md).
     """
     if not (isinstance(group, ProcessGroup) and callable(getattr(qat, "calibrate", None))):
         who = f"group {type(group).__name__}, qat {type(qat).__name__}"
         raise TypeError(f"calibrate: group must be a ProcessGroup, qat a QAT model; got {who}")
     sync_observers(qat.fake_quants if quantizers is None else quantizers, group)
+    n_in = getattr(qat, "num_inputs", 3)  # None: a generic model, every item is an input
 
     def local() -> Iterable[tuple]:
         for b in batches:
+            b = (b,) if isinstance(b, np.ndarray) and n_in is None else b  # one input's batch
             rows = int(np.shape(b[0])[0])
             if rows < group.size:
                 raise ValueError(
@@ -493,6 +494,6 @@ def calibrate(
                     f"{group.size} processes: pass batches of >= group.size rows"
                 )
             sl = shard(rows, group)
-            yield tuple(a[sl] for a in b[:3])
+            yield tuple(a[sl] for a in b[:n_in])
 
     return int(qat.calibrate(local()))

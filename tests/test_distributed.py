@@ -19,6 +19,7 @@ import pytest
 
 import nbqat
 from nbqat import distributed as dist
+from nbqat.nn import Linear, Module
 
 HERE = Path(__file__).parent
 MPIEXEC = shutil.which("mpiexec") or "mpiexec"  # missing: the tests fail, never skip
@@ -268,6 +269,39 @@ def test_calibrate_single_process_equals_the_models_calibrate():
     for name, fq in a.fake_quants.items():
         np.testing.assert_array_equal(fq.scale, b.fake_quants[name].scale, err_msg=name)
         np.testing.assert_array_equal(fq.zero_point, b.fake_quants[name].zero_point)
+
+
+class _FourInputs(Module):
+    """``lin(concat(a, b, c, d))``: a model of four inputs (no forecaster)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = Linear(8, 3)
+
+    def forward(self, a, b, c, d):
+        return self.lin(np.concatenate([a, b, c, d], axis=-1))
+
+
+def test_calibrate_takes_a_generic_models_batches_as_its_calibrate_does():
+    # An array batch (one input) was indexed as a tuple: its first 3 rows became 3 inputs
+    # (TypeError: Sequential.forward() takes 2 positional arguments but 4 were given); a
+    # model of four inputs lost the fourth (items after 3 were dropped as a forecaster's).
+    from nbqat.nn import ELU, ParameterBuffer, Sequential, prepare_qat
+
+    rng = np.random.default_rng(5)
+    net = Sequential(Linear(6, 5), ELU(), Linear(5, 2))
+    ParameterBuffer(net, seed=0)
+    four = _FourInputs()
+    ParameterBuffer(four, seed=0)
+    for model, batches in (
+        (net, [rng.standard_normal((8, 6)).astype(np.float32) for _ in range(3)]),
+        (four, [tuple(rng.standard_normal((5, 2)).astype(np.float32) for _ in range(4))] * 2),
+    ):
+        a, b = prepare_qat(model), prepare_qat(model)
+        assert dist.calibrate(a, batches, dist.ProcessGroup()) == b.calibrate(batches)
+        for name, fq in a.fake_quants.items():
+            np.testing.assert_array_equal(fq.scale, b.fake_quants[name].scale, err_msg=name)
+            np.testing.assert_array_equal(fq.zero_point, b.fake_quants[name].zero_point)
 
 
 class _SecondOfTwo(dist.ProcessGroup):
