@@ -286,7 +286,9 @@ def convert_model(qat_model: Any) -> Int8Model:
     """:func:`convert` of a generic prepared model (:meth:`QATModel.to_int8
     <nbqat.nn.quantize.QATModel.to_int8>`): a deep copy of its network whose quantized
     ``Linear`` / ``LSTM`` layers become :class:`QuantizedLinear` / :class:`QuantizedLSTM` and
-    whose other quantizers are frozen.
+    whose other quantizers are frozen. The copy is in evaluation mode (an inference model: a
+    :class:`~nbqat.nn.Dropout` is the identity, as in the TFT's integer twin and the ONNX
+    graph), whatever the QAT model's mode.
 
     Parameters
     ----------
@@ -296,5 +298,5 @@ def convert_model(qat_model: Any) -> Int8Model:
     {int8_result}
     """
     check_observed(qat_model.fake_quants)  # every quantizer named at once, before any copy
-    net, layers = swap_modules(copy.deepcopy(qat_model.model))
+    net, layers = swap_modules(copy.deepcopy(qat_model.model).eval())
     return Int8Model(net, layers)
