@@ -3,7 +3,8 @@ quantization of :class:`~nbqat.nn.int4.GroupedLinear` and :class:`~nbqat.nn.int4
 
 * grouped int4 weights: an INT4 (UINT4 for unsigned ranges) initializer of the (K, N) codes
   and a blocked ``DequantizeLinear`` (opset 21: ``axis=0``, ``block_size=G``, scales and zero
-  points (K // G, N)); a per-channel fallback layer is one block of K;
+  points (K // G, N)); a per-channel fallback layer is one block of K (int8 codes and a
+  per-axis ``DequantizeLinear`` when its range is 8-bit: ``int8_fallback``);
 * float8 weights: a FLOAT8E4M3FN / FLOAT8E5M2 initializer (the float8 values of
   ``w / scale``) and a per-axis ``DequantizeLinear`` (``axis=1``, one scale per output
   channel); float8 activations a per-tensor QuantizeLinear -> DequantizeLinear pair with the
@@ -16,6 +17,7 @@ quantization of :class:`~nbqat.nn.int4.GroupedLinear` and :class:`~nbqat.nn.int4
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -56,11 +58,11 @@ def _typed_init(g: GraphBuilder, hint: str, elem: str, values: np.ndarray) -> st
 def weight_dq(g: GraphBuilder, lin: Any, hint: str) -> str:
     """The (K, N) float weight of a low-bit layer: typed codes + DequantizeLinear."""
     if hasattr(lin, "block_size"):  # GroupedLinear
-        _need_opset(g, hint + " (int4 weights)")
         signed = lin.weight_quant_min < 0
         lo, hi = (-8, 7) if signed else (0, 15)
         if lin.weight_quant_min < lo or lin.weight_quant_max > hi:
-            raise ValueError(f"{hint}: weight range is not 4-bit")
+            return _wide_weight_dq(g, lin, hint)
+        _need_opset(g, hint + " (int4 weights)")
         elem = "INT4" if signed else "UINT4"
         b = int(lin.block_size[-1])
         codes = _typed_init(g, hint + ".weight_q", elem, np.asarray(lin.weight_q, np.int32).T)
@@ -77,6 +79,25 @@ def weight_dq(g: GraphBuilder, lin: Any, hint: str) -> str:
     zp = _typed_init(g, hint + ".weight_zero_point", elem, np.zeros(s.shape, np.float32))
     scale = g.init(hint + ".weight_scale", s)
     return g.node("DequantizeLinear", [codes, scale, zp], hint + ".weight", axis=1)
+
+
+def _wide_weight_dq(g: GraphBuilder, lin: Any, hint: str) -> str:
+    """The weights of a GroupedLinear whose range is wider than 4 bits: an 8-bit per-channel
+    (or per-tensor) quantizer beside per-token or float activations (``int4_weight_qconfig(G,
+    "per_token" or None, int8_fallback=True)``'s fallback layers, a weight-only
+    ``QConfig(activation=None)``): int codes + per-axis DequantizeLinear, as an Int8Linear's."""
+    if lin.block_size[-1] != lin.in_features:
+        raise ValueError(
+            f"{hint}: grouped weights of range [{lin.weight_quant_min}, "
+            f"{lin.weight_quant_max}] do not export (blocked DequantizeLinear takes 4-bit "
+            "groups): use a 4-bit range or a per-channel weight quantizer"
+        )
+    flat = SimpleNamespace(
+        weight_q=lin.weight_q,
+        weight_scale=np.asarray(lin.weight_scale).reshape(-1),
+        weight_zero_point=np.asarray(lin.weight_zero_point).reshape(-1),
+    )
+    return g.weight_dq(flat, hint)
 
 
 def quantize_input(g: GraphBuilder, x: str, lin: Any, qname: str, hint: str) -> str:
