@@ -30,6 +30,7 @@ staged through the host (the MPICH wheel is not CUDA-aware): ``last_transport`` 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -393,7 +394,8 @@ def data_parallel_step(
 
     Parameters
     ----------
-    model : TemporalFusionTransformer or QATTemporalFusionTransformer
+    model : forecaster or QAT model
+        Its active dropout layers draw the global batch's masks and keep this rank's rows.
     batch : (static, historical, future, target)
         The GLOBAL batch, identical on every rank (each rank takes :func:`shard` of it).
     optimizer : nbqat optimizer over ``model.params``
@@ -414,9 +416,9 @@ def data_parallel_step(
     ------
     ValueError
         A global batch of fewer rows than processes (a rank would get an empty slice, which no
-        forecaster accepts): raised on every rank at once, before any collective, nothing
-        changed.
+        forecaster accepts): raised on every rank at once, before any collective.
     """
+    from nbqat.nn.layers.dropout import global_masks
     from nbqat.nn.step import train_step
 
     run = train_step if step is None else step
@@ -428,14 +430,12 @@ def data_parallel_step(
             "batch, or pass global batches of at least group.size rows"
         )
     sl = shard(rows, group)
-    local = tuple(a[sl] for a in batch)
-    n_local = sl.stop - sl.start
-
-    def hook(grads: Sequence[np.ndarray]) -> None:
-        allreduce_gradients(grads, n_local, rows, group)
-
+    local, n_local = tuple(a[sl] for a in batch), sl.stop - sl.start
+    hook = functools.partial(allreduce_gradients, local_rows=n_local, global_rows=rows, group=group)
     sharded = getattr(model, "sharded", None)  # LSQ: the global batch's gradient factor
-    with sharded(n_local, rows) if group.distributed and sharded else contextlib.nullcontext():
+    lsq = sharded(n_local, rows) if group.distributed and sharded else contextlib.nullcontext()
+    # dropout: the global batch's masks, this rank's rows (the masks of a 1-process run)
+    with lsq, global_masks(model, (rows, sl.start, sl.stop) if group.distributed else None):
         loss, total = run(model, local, optimizer, max_norm=max_norm, grad_hook=hook)
     if group.distributed:
         lb = np.array([loss * n_local / rows if n_local else 0.0])

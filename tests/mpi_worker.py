@@ -5,6 +5,8 @@ MODE ``train``: data-parallel calibration + QAT steps of a tiny TFT; rank 0 save
 norms, parameters, qparams and the int8 model's output.
 MODE ``train_uneven``: the same on 7-row batches (uneven shards): FakeQuantize, LSQ with SGD and
 Adam (:data:`UNEVEN_RUNS`).
+MODE ``dropout``: SGD steps of a tiny TFT with dropout active through
+``dist.data_parallel_step`` alone (:func:`worker_common.dropout_run`).
 MODE ``fail``: rank 1 raises; the others wait in a collective (they must not hang).
 Every rank writes ``OUT/rank<r>.npz``.
 
@@ -163,6 +165,10 @@ def main():
         for name, opt, lsq in UNEVEN_RUNS:
             run = tiny_run(group, 3, opt, rows=7, learnable=lsq)
             res.update({f"{name}.{k}": v for k, v in run.items()})
+    elif mode == "dropout":  # the public data_parallel_step on a TFT with dropout active
+        from worker_common import dropout_run
+
+        res = dropout_run(group)
     elif mode == "fail":
         if group.rank == 1:
             raise RuntimeError("deliberate failure")

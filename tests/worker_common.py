@@ -51,3 +51,24 @@ def tiny_run(group, steps, optimizer=nbqat.SGD, *, rows=GLOBAL_BATCH, learnable=
     out["norm"] = np.array(norms)
     out["params"] = qat.params.copy()
     return out
+
+
+def dropout_run(group, steps=3):
+    """SGD steps of a tiny TFT whose dropout is active, through the public
+    :func:`nbqat.distributed.data_parallel_step` alone (no main job setting ``Dropout.rows``).
+    Returns the losses, norms and final parameters."""
+    from dataclasses import replace
+
+    from nbqat.nn import set_dropout
+
+    cfg = replace(CFG, dropout=0.3)
+    rng = np.random.default_rng(0)
+    model = TemporalFusionTransformer(cfg, seed=1)
+    opt = nbqat.SGD(model.params, lr=1e-2)
+    losses, norms = [], []
+    for step in range(steps):
+        set_dropout(model, True, (0, step))
+        loss, total = dist.data_parallel_step(model, batch(rng), opt, group, max_norm=10.0)
+        losses.append(loss)
+        norms.append(total)
+    return {"loss": np.array(losses), "norm": np.array(norms), "params": model.params.copy()}

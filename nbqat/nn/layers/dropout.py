@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy as np
 from nbqat.kernels.dropout_cpu import dropout_forward
 from nbqat.nn.params import Module
 
-__all__ = ["Dropout", "set_dropout"]
+__all__ = ["Dropout", "global_masks", "set_dropout"]
 
 
 def _seed_words(seed: Sequence[int]) -> np.ndarray:
@@ -197,3 +198,31 @@ def set_dropout(model: Any, training: bool, seed: Sequence[int] | None = None) -
         if seed_t is not None:
             mod.seed = seed_t
     return len(layers)
+
+
+@contextmanager
+def global_masks(model: Any, rows: tuple[int, int, int] | None) -> Iterator[None]:
+    """Within the block, draw the masks of ``model``'s dropout layers for a global batch and
+    keep this rank's rows (:attr:`Dropout.rows`); the previous ``rows`` come back after it.
+
+    Parameters
+    ----------
+    model : Module or QAT model
+        The module tree (a QAT model's ``model``) holding the dropout layers.
+    rows : (global_rows, start, stop) or None
+        None changes nothing (one process).
+
+    Yields
+    ------
+    None
+    """
+    tree = getattr(model, "model", model) if not isinstance(model, Module) else model
+    layers = tree.modules_of_type(Dropout) if rows is not None and isinstance(tree, Module) else ()
+    saved = [mod.rows for mod in layers]
+    try:
+        for mod in layers:
+            mod.rows = rows
+        yield
+    finally:
+        for mod, r in zip(layers, saved):
+            mod.rows = r
