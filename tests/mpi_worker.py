@@ -7,6 +7,7 @@ MODE ``train_uneven``: the same on 7-row batches (uneven shards): FakeQuantize, 
 Adam (:data:`UNEVEN_RUNS`).
 MODE ``dropout``: SGD steps of a tiny TFT with dropout active through
 ``dist.data_parallel_step`` alone (:func:`worker_common.dropout_run`).
+MODE ``float8``: sharded calibration of a float8 MLP (:func:`worker_common.float8_run`).
 MODE ``fail``: rank 1 raises; the others wait in a collective (they must not hang).
 Every rank writes ``OUT/rank<r>.npz``.
 
@@ -169,6 +170,10 @@ def main():
         from worker_common import dropout_run
 
         res = dropout_run(group)
+    elif mode == "float8":  # float8 activations (dynamic per-tensor scales), calibrated
+        from worker_common import float8_run
+
+        res = float8_run(group)
     elif mode == "fail":
         if group.rank == 1:
             raise RuntimeError("deliberate failure")

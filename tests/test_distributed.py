@@ -213,6 +213,22 @@ def test_two_process_dropout_draws_the_one_process_masks(tmp_path):
     np.testing.assert_allclose(r0["params"], one["params"], rtol=1e-4, atol=1e-7)
 
 
+def test_two_process_float8_activation_scales_are_the_global_batchs(tmp_path):
+    """float8_qconfig()'s activation quantizers (a dynamic per-tensor scale per batch) ignored
+    sync_observers: each rank kept the scale of its own slice (rank 0's 0.0107 against the
+    global 0.0139), so the ranks held different models. Now every rank holds the scales of a
+    1-process calibration on the whole batches, bit for bit."""
+    from worker_common import float8_run
+
+    r = _mpirun("float8", tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    one = float8_run(dist.ProcessGroup())
+    for rank in (0, 1):
+        got = _load(tmp_path, rank)
+        for k, v in one.items():
+            np.testing.assert_array_equal(got[k], v, err_msg=f"rank {rank} {k}")
+
+
 def test_two_process_training_on_uneven_shards_equals_one_process(tmp_path):
     """7-row batches, 4 + 3 rows per rank, FakeQuantize and LSQ (learnable_scales, SGD and
     Adam): every step's loss and global gradient norm, and the final parameters, are the

@@ -72,3 +72,22 @@ def dropout_run(group, steps=3):
         losses.append(loss)
         norms.append(total)
     return {"loss": np.array(losses), "norm": np.array(norms), "params": model.params.copy()}
+
+
+def float8_run(group):
+    """:func:`nbqat.distributed.calibrate` of an MLP with ``float8_qconfig()`` (float8
+    activations: a dynamic per-tensor scale per batch) on global batches of 7 rows, then the
+    frozen model's output. Returns every quantizer's scale and the output."""
+    from nbqat.nn import ELU, Linear, ParameterBuffer, Sequential, prepare_qat
+    from nbqat.quantization.qconfig import float8_qconfig
+
+    rng = np.random.default_rng(3)
+    xs = [(rng.standard_normal((7, 16)) * (1 + 2 * i)).astype(np.float32) for i in range(3)]
+    net = Sequential(Linear(16, 8), ELU(), Linear(8, 3))
+    ParameterBuffer(net, seed=0)
+    qat = prepare_qat(net, float8_qconfig(), config=nbqat.QATConfig(calibration_batches=3))
+    dist.calibrate(qat, xs, group)
+    qat.freeze_observers()
+    out = {f"scale.{k}": np.asarray(fq.scale) for k, fq in qat.fake_quants.items()}
+    out["y"] = qat.predict(xs[0])
+    return out

@@ -233,6 +233,33 @@ def batch_stats(x: Any, is_cuda: bool, axis: int | None) -> tuple[np.ndarray, ..
     return stats_cpu_tensor(x) if axis is None else stats_cpu_channel(x, axis)
 
 
+def global_sample(x: np.ndarray, group: Any, who: str) -> np.ndarray:
+    """``x`` itself, or under a data-parallel ``group`` (``distributed``) a small float32
+    array whose ``max |.|`` is the global batch's: every rank's finite minimum and maximum,
+    and NaN / +-Inf where any rank saw one (empty when no rank saw anything), shaped
+    ``(1, ..., 1, n)`` like ``x``'s dimensions. A dynamic per-tensor scale computed from it is
+    that of the whole global batch, identical on every rank (every rank must call it).
+
+    Parameters
+    ----------
+    x : float32 ndarray
+        This rank's slice (may be empty).
+    group : ProcessGroup or None
+    who : str
+        The quantizer, for error messages.
+
+    Returns
+    -------
+    ndarray
+    """
+    if group is None or not group.distributed:
+        return x
+    fmin, fmax, nnan, npinf, nninf = group.combine_minmax_stats(batch_stats(x, False, None), who)
+    vals = [v for v in (fmin[0], fmax[0]) if np.isfinite(v)]
+    vals += [np.nan] * bool(nnan[0]) + [np.inf] * bool(npinf[0]) + [-np.inf] * bool(nninf[0])
+    return np.array(vals, np.float32).reshape((1,) * (max(x.ndim, 1) - 1) + (-1,))
+
+
 @functools.lru_cache(maxsize=4)
 def grid_edges(shift: int) -> tuple[np.ndarray, np.ndarray]:
     """float64 (lowest, highest) float32 value of every bin of the order-key grid (read-only;

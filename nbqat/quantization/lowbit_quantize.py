@@ -32,16 +32,14 @@ from typing import Any
 import numpy as np
 
 from nbqat.quantization import fake_quant as _fq
+from nbqat.quantization._observer_stats import global_sample
 from nbqat.quantization._quantizer_base import _CACHED, _QuantizerPhases
 from nbqat.quantization.affine import choose_qparams_affine, fake_quantize_affine_cachemask
 from nbqat.quantization.float8 import choose_scale_float8, fake_quantize_float8_cachemask
 
 __all__ = [
-    "Float8FakeQuantize",
-    "GroupAffineObserver",
-    "GroupFakeQuantize",
-    "PerTokenFakeQuantize",
-]
+    "Float8FakeQuantize", "GroupAffineObserver", "GroupFakeQuantize", "PerTokenFakeQuantize",
+]  # fmt: skip
 
 _F32 = np.float32
 #: torch.finfo(torch.float32).eps: torchao's eps of the 8da4w per-token activation qparams.
@@ -80,7 +78,8 @@ class _LowBitBase(_QuantizerPhases):
     supports_lsq = False
     is_per_channel = False
     ch_axis: int | None = None
-    #: nbqat.distributed.sync_observers' hook: nothing to merge (dynamic qparams per batch).
+    #: nbqat.distributed.sync_observers' hook: a per-tensor float8 scale is the global batch's;
+    #: per-token and per-row qparams are row-local (the weights the same on every rank).
     process_group: Any = None
     _FLAG_KEYS = {k: k for k in ("fake_quant_enabled", "observer_enabled")}
 
@@ -309,14 +308,8 @@ class GroupFakeQuantize(_LowBitBase):
         (:func:`nbqat.train.report.quantizer_report`); ``x`` itself before any observation."""
         if self.block_size is None:
             return np.asarray(x, np.float64), 0
-        y, mask = fake_quantize_affine_cachemask(
-            np.ascontiguousarray(x, _F32),
-            self.block_size,
-            self.scale,
-            self.zero_point,
-            self.quant_min,
-            self.quant_max,
-        )
+        qp = (self.block_size, self.scale, self.zero_point, self.quant_min, self.quant_max)
+        y, mask = fake_quantize_affine_cachemask(np.ascontiguousarray(x, _F32), *qp)
         return np.asarray(y, np.float64), int(mask.size - np.count_nonzero(mask))
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -465,11 +458,14 @@ class Float8FakeQuantize(_LowBitBase):
         if self._forward_pre_hooks:  # register_forward_pre_hook (e.g. the quantizer report)
             x = self._run_forward_pre_hooks(x)
         x = self._x32(x, type(self).__name__)
-        if self.observer_enabled and x.size:
-            per_row = self.granularity == "per_row" and x.ndim >= 2
-            block = (1,) * (x.ndim - 1) + (x.shape[-1],) if per_row else x.shape
+        per_row = self.granularity == "per_row" and x.ndim >= 2
+        xs = x  # data-parallel ranks (sync_observers): the global batch's per-tensor scale
+        if self.observer_enabled and not per_row:
+            xs = global_sample(x, self.process_group, type(self).__name__)
+        if self.observer_enabled and xs.size:
+            block = (1,) * (x.ndim - 1) + (x.shape[-1],) if per_row else xs.shape
             bounds = {"hp_value_lb": self.hp_value_lb, "hp_value_ub": self.hp_value_ub}
-            self.scale = np.asarray(choose_scale_float8(x, block, self.dtype, **bounds), _F32)
+            self.scale = np.asarray(choose_scale_float8(xs, block, self.dtype, **bounds), _F32)
             self.zero_point = np.zeros(self.scale.shape, np.int32)
         if not self.fake_quant_enabled or x.size == 0:
             return self._done(x, x, None)
