@@ -592,6 +592,41 @@ def test_convert_keeps_a_registered_layers_per_channel_weight_quantizer(rng):
         QAT_MODULE_MAPPINGS.update(saved)
 
 
+def test_convert_freezes_a_registered_layers_float8_quantizers(rng):
+    """A registered layer's float8 input quantizer was left as it was in the QAT model: converted
+    in training mode (observers on), the int8 model recomputed its per-tensor scale from every
+    batch (0.82 from the QAT model in evaluation mode on a wider batch). Now it keeps the
+    calibrated scale: the output is the QAT model's in evaluation mode, bit for bit, and the
+    float8 fake quantization of the calibrated scale (NumPy, the e4m3 grid)."""
+    from nbqat.quantization.float8 import choose_scale_float8, fake_quantize_float8
+    from nbqat.quantization.qconfig import FLOAT8_AMAX_LB, float8_qconfig
+
+    saved = dict(QAT_MODULE_MAPPINGS)
+    try:
+        register_qat_module(
+            _Scaled, {"weight_fake_quant": "weight", "input_fake_quant": "activation"}
+        )
+        net = Sequential(_Scaled(16, 8), ELU(), Linear(8, 3))
+        ParameterBuffer(net, seed=1)
+        qat = prepare_qat(net, float8_qconfig())
+        x = rng.standard_normal((8, 16)).astype(np.float32)
+        qat.calibrate([x])  # the QAT phase, training mode: the observers still run
+        int8 = convert(qat)
+        assert qat.model[0].input_fake_quant.observer_enabled  # the QAT model is unchanged
+        x2 = (5 * rng.standard_normal((8, 16))).astype(np.float32)
+        y8 = int8(x2)
+        in_fq = qat.model[0].input_fake_quant
+        xq = fake_quantize_float8(x2, np.asarray(in_fq.scale, np.float32))
+        wider = choose_scale_float8(x2, x2.shape, hp_value_lb=FLOAT8_AMAX_LB)
+        assert float(np.ravel(wider)[0]) > 2 * float(np.ravel(in_fq.scale)[0])
+        qat.eval()
+        np.testing.assert_array_equal(y8, qat(x2))
+        np.testing.assert_array_equal(int8.model[0].input_fake_quant(x2), xq)
+    finally:
+        QAT_MODULE_MAPPINGS.clear()
+        QAT_MODULE_MAPPINGS.update(saved)
+
+
 def test_a_module_used_at_two_places_is_refused_by_the_buffer():
     """``Sequential(a, ELU(), a)`` got two copies of a's parameters (a bound to the second;
     the first never got a gradient) and the second call overwrote the first's forward cache:

@@ -201,11 +201,16 @@ class Int8Model:
 
 def _freeze_hooks(mod: Module, name: str) -> None:
     """Replace the int8-family quantizers (FakeQuantize, LSQ) in ``mod``'s mapped hooks by
-    their frozen fake quantization (its current qparams, no observer)."""
+    their frozen fake quantization (its current qparams, no observer); a low-bit quantizer
+    (float8, grouped int4, per token) keeps its current qparams with its observer off, as the
+    QAT model's in evaluation mode (a per-token one stays dynamic)."""
     for hook in hooks_for(mod) or ():
         fq = getattr(mod, hook, None)
         if isinstance(fq, FakeQuantize | LearnableFakeQuantize):
             setattr(mod, hook, FrozenFakeQuantize(fq, f"{name}.{hook}" if name else hook))
+        elif fq is not None and hasattr(fq, "enable_observer"):
+            fq.enable_observer(False)
+            fq.enable_fake_quant(True)
 
 
 def swap_modules(
