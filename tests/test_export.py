@@ -103,6 +103,26 @@ def test_parity_batch_sizes(qat_float_head, tmp_path, rng, n):
     assert rep["pairs"]["fake_quant_vs_ort_disable_all"]["max_diff_output_steps"] < 0.05
 
 
+def test_parity_of_a_qat_model_left_in_training_mode_drops_nothing(tmp_path, rng):
+    """A QAT TFT with dropout left in training mode (``qat.train()`` after training): its
+    ``predict``, check_parity's ``fake_quant`` engine, applied dropout masks (0.83 from
+    onnxruntime and from the int8 model, where Dropout is the identity). ``predict`` is an
+    evaluation: within a small fraction of an output step of onnxruntime's unfused graph."""
+    q = QATTemporalFusionTransformer.from_float(
+        TemporalFusionTransformer(_cfg(dropout=0.3), seed=1),
+        config=QATConfig(calibration_batches=2),
+    )
+    q.calibrate([_batch(rng, 16) for _ in range(2)])
+    q.freeze_observers()
+    q.train()
+    drops = [m for m in q.model.modules() if type(m).__name__ == "Dropout"]
+    assert drops and all(m.active() for m in drops)
+    path = to_onnx(q, tmp_path / "m.onnx")
+    rep = check_parity(q, path, *_batch(rng, 8), reference_rows=0)
+    assert rep["pairs"]["fake_quant_vs_ort_disable_all"]["max_diff_output_steps"] < 0.05
+    assert all(m.active() for m in drops)  # the model's mode is left as it was
+
+
 def test_parity_saturated_activations(qat_float_head, tmp_path, rng):
     """Inputs 50x the calibration range drive many quantizers into quant_min / quant_max."""
     path = to_onnx(qat_float_head, tmp_path / "m.onnx")

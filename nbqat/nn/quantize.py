@@ -32,6 +32,7 @@ import numpy as np
 
 from nbqat._docs import INT8_RESULT, fill_doc
 from nbqat.nn.convert import convert_model
+from nbqat.nn.layers.dropout import dropout_off
 from nbqat.nn.params import Module, ParameterBuffer
 from nbqat.nn.phases import CALIBRATION, QATPhases, is_learnable
 from nbqat.nn.qat_mappings import (
@@ -383,7 +384,7 @@ class QATModel(QATCheckpoint, QATPhases):
 
     def predict(self, *inputs: Any) -> Any:
         """:meth:`forward` without updating any observer or the calibration count (evaluation
-        with the current qparams and phase).
+        with the current qparams and phase; every Dropout is the identity, whatever the mode).
 
         Parameters
         ----------
@@ -398,7 +399,8 @@ class QATModel(QATCheckpoint, QATPhases):
         try:
             for fq, _ in saved:
                 fq.enable_observer(False)
-            return self._network_forward(*inputs)
+            with dropout_off(self.model):
+                return self._network_forward(*inputs)
         finally:
             for fq, flag in saved:
                 fq.enable_observer(bool(flag))

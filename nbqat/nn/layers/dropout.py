@@ -11,7 +11,7 @@ import numpy as np
 from nbqat.kernels.dropout_cpu import dropout_forward
 from nbqat.nn.params import Module
 
-__all__ = ["Dropout", "global_masks", "set_dropout"]
+__all__ = ["Dropout", "dropout_off", "global_masks", "set_dropout"]
 
 
 def _seed_words(seed: Sequence[int]) -> np.ndarray:
@@ -226,3 +226,27 @@ def global_masks(model: Any, rows: tuple[int, int, int] | None) -> Iterator[None
     finally:
         for mod, r in zip(layers, saved):
             mod.rows = r
+
+
+@contextmanager
+def dropout_off(model: Any) -> Iterator[None]:
+    """Within the block, every :class:`Dropout` of ``model`` is the identity (evaluation);
+    their ``training`` flags come back after it.
+
+    Parameters
+    ----------
+    model : Module
+
+    Yields
+    ------
+    None
+    """
+    layers = model.modules_of_type(Dropout) if isinstance(model, Module) else ()
+    saved = [mod.training for mod in layers]
+    try:
+        for mod in layers:
+            mod.training = False
+        yield
+    finally:
+        for mod, t in zip(layers, saved):
+            mod.training = t
