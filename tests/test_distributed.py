@@ -346,6 +346,33 @@ class _SecondOfTwo(dist.ProcessGroup):
         self.rank, self.size = 1, 2
 
 
+def test_data_parallel_step_refuses_activation_observers_not_synced_over_the_ranks():
+    # Calibrated on every rank alone (qat.calibrate, not dist.calibrate), the QAT steps'
+    # observers followed each rank's slice: under mpiexec -n 2 the ranks ended with different
+    # scales (fc.input_fake_quant 0.018388 and 0.018413), silently. Now a clear error first.
+    from nbqat.nn import LSTMForecaster, LSTMForecasterConfig, prepare_qat
+
+    cfg = LSTMForecasterConfig(2, 3, 4, 5, 4, 3)
+    rng = np.random.default_rng(0)
+    b = (
+        rng.standard_normal((8, 2)).astype(np.float32),
+        rng.standard_normal((8, 4, 4)).astype(np.float32),
+        rng.standard_normal((8, 3, 3)).astype(np.float32),
+        rng.standard_normal((8, 3)).astype(np.float32),
+    )
+    qat = prepare_qat(LSTMForecaster(cfg, seed=0))
+    qat.calibrate([b])
+    opt = nbqat.SGD(qat.params, lr=1e-2)
+    before = qat.params.copy()
+    with pytest.raises(ValueError, match=r"not synced.*'fc.input_fake_quant'.*sync_observers"):
+        dist.data_parallel_step(qat, b, opt, _SecondOfTwo(), max_norm=1.0)
+    np.testing.assert_array_equal(qat.params, before)  # nothing changed
+    assert qat.step == 0
+    qat.freeze_observers()  # no observer runs: nothing to sync
+    dist.data_parallel_step(qat, b, opt, _SecondOfTwo(), max_norm=1.0)
+    assert qat.step == 1
+
+
 def test_calibrate_refuses_a_batch_smaller_than_the_group():
     from worker_common import CFG, batch
 

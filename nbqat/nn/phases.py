@@ -83,8 +83,31 @@ class QATPhases:
         ----------
         local_rows, global_rows : int
             This rank's rows and the global batch's.
+
+        Raises
+        ------
+        ValueError
+            An activation quantizer observes (calibration, or QAT with observers not frozen)
+            without being synced over the ranks (:func:`nbqat.distributed.sync_observers`):
+            each rank's qparams would follow its own slice, and the ranks' models part.
         """
         kinds = getattr(self, "quantizer_kinds", {})
+        unsynced = [
+            name
+            for name, fq in self.fake_quants.items()
+            if kinds.get(name) == "activation"
+            and fq.observer_enabled
+            and getattr(fq, "qscheme", None) != "per_token_affine"  # row-local qparams
+            and getattr(getattr(fq, "activation_post_process", fq), "process_group", 0) is None
+        ]
+        if unsynced:
+            raise ValueError(
+                f"a data-parallel step observes activations through quantizers not synced over "
+                f"the ranks ({unsynced[:3]}, {len(unsynced)} in all): each rank's qparams "
+                "would follow its own slice. Call nbqat.distributed.sync_observers("
+                "qat.fake_quants, group) first (nbqat.distributed.calibrate does), or "
+                "qat.freeze_observers()"
+            )
         acts = [
             fq
             for name, fq in self.fake_quants.items()
