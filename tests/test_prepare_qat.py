@@ -627,6 +627,30 @@ def test_convert_freezes_a_registered_layers_float8_quantizers(rng):
         QAT_MODULE_MAPPINGS.update(saved)
 
 
+def test_a_failed_inplace_prepare_leaves_the_model_float(rng):
+    """``prepare_qat(inplace=True)`` refused a later layer's qconfig (float8 has no LSQ
+    variant) after the first layer's quantizers were in: the model was half prepared (its
+    forward fake-quantized with uncalibrated LSQ hooks) and every retry said "already holds a
+    quantizer". Now nothing goes in before every quantizer is built."""
+    from nbqat.quantization.qconfig import float8_qconfig
+
+    model = Sequential(Linear(6, 5), ELU(), Linear(5, 3))
+    ParameterBuffer(model, np.float32, seed=0)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    y0 = model(x)
+    lsq = nbqat.QATConfig(learnable_scales=True)
+    with pytest.raises(ValueError, match="no LSQ variant"):
+        prepare_qat(model, qconfig_mapping={"2": float8_qconfig()}, config=lsq, inplace=True)
+    assert all(getattr(model[i], h) is None for i in (0, 2) for h in QAT_MODULE_MAPPINGS[Linear])
+    np.testing.assert_array_equal(model(x), y0)  # still the float model
+    assert sorted(prepare_qat(model, inplace=True).fake_quants) == [
+        "0.input_fake_quant",
+        "0.weight_fake_quant",
+        "2.input_fake_quant",
+        "2.weight_fake_quant",
+    ]
+
+
 def test_a_module_used_at_two_places_is_refused_by_the_buffer():
     """``Sequential(a, ELU(), a)`` got two copies of a's parameters (a bound to the second;
     the first never got a gradient) and the second call overwrote the first's forward cache:

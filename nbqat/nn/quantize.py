@@ -249,6 +249,7 @@ class QATModel(QATCheckpoint, QATPhases):
         self._observe_only: set[str] = set()
         self.quantizer_kinds: dict[str, str] = {}  # name -> "weight" | "activation"
         self.float_fallback: list[str] = []
+        placed = []  # every quantizer is built before any goes in (inplace: no half-prepared model)
         for name, mod in model.named_modules():
             hooks = hooks_for(mod)
             if not hooks:
@@ -260,11 +261,12 @@ class QATModel(QATCheckpoint, QATPhases):
             for hook, kind in hooks.items():
                 weight = getattr(mod, hook.removesuffix("_fake_quant"), None)  # weight_ih...
                 fq = _new_quantizer(qc, kind, config, weight)
-                if fq is None:
-                    continue
-                setattr(mod, hook, fq)
-                key = f"{name}.{hook}" if name else hook
-                self.fake_quants[key], self.quantizer_kinds[key] = fq, kind
+                if fq is not None:
+                    placed.append((mod, hook, fq))
+                    key = f"{name}.{hook}" if name else hook
+                    self.fake_quants[key], self.quantizer_kinds[key] = fq, kind
+        for mod, hook, fq in placed:
+            setattr(mod, hook, fq)
         self._init_phases()
         self.step = 0
         self.optimizer: Any = None
