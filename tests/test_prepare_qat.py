@@ -164,6 +164,30 @@ def test_eval_mode_never_updates_observers(rng):
     )
 
 
+def test_calibrate_in_evaluation_mode_is_refused(rng):
+    """``calibrate`` in evaluation mode observed nothing (eval never updates an observer), yet
+    returned the batch count and ended calibration: a re-calibration on new data after an
+    evaluation silently kept the old qparams. Now a ValueError naming ``qat.train()``."""
+    model = Sequential(Linear(6, 5), ELU(), Linear(5, 3))
+    ParameterBuffer(model, np.float32, seed=0)
+    xs = [rng.standard_normal((8, 6)).astype(np.float32) * (1 + i) for i in range(3)]
+    qat = prepare_qat(model)
+    qat.calibrate(xs[:1])
+    qat.eval()
+    before = {k: np.array(fq.scale) for k, fq in qat.fake_quants.items()}
+    with pytest.raises(ValueError, match=r"evaluation mode.*qat\.train\(\)"):
+        qat.calibrate(xs)
+    for k, fq in qat.fake_quants.items():
+        np.testing.assert_array_equal(fq.scale, before[k])
+    assert qat.phase == "qat" and not qat.training
+    qat.train()
+    assert qat.calibrate(xs) == 3
+    fresh = prepare_qat(model)  # the oracle: a fresh model calibrated on the same batches
+    fresh.calibrate(xs)
+    for k, fq in qat.fake_quants.items():
+        np.testing.assert_array_equal(fq.scale, fresh.fake_quants[k].scale, err_msg=k)
+
+
 def test_float_fallback_by_name_and_type(rng):
     model = mlp()
     ParameterBuffer(model, np.float32, seed=3)

@@ -364,7 +364,15 @@ class QATModel(QATCheckpoint, QATPhases):
         TypeError
             A batch that is neither a tuple / list nor, for a model that is not a forecaster,
             an array (before its forward runs).
+        ValueError
+            In evaluation mode, where no observer updates (call :meth:`train` first); nothing
+            changes.
         """
+        if not self.training:
+            raise ValueError(
+                "calibrate: this QAT model is in evaluation mode, where no observer updates "
+                "(calibration would observe nothing): call qat.train() first"
+            )
         if self.phase != CALIBRATION:
             self.enable_calibration()
         used, n = 0, self.config.calibration_batches
