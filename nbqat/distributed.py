@@ -415,8 +415,9 @@ def data_parallel_step(
     Raises
     ------
     ValueError
-        A global batch of fewer rows than processes (a rank would get an empty slice, which no
-        forecaster accepts): raised on every rank at once, before any collective.
+        A global batch of fewer rows than processes (a rank would get an empty slice), or
+        activation observers of ``model`` that run unsynced over the ranks (see
+        :func:`sync_observers`): raised on every rank at once, before any collective.
     """
     from nbqat.nn.layers.dropout import global_masks
     from nbqat.nn.step import train_step
@@ -434,7 +435,6 @@ def data_parallel_step(
     hook = functools.partial(allreduce_gradients, local_rows=n_local, global_rows=rows, group=group)
     sharded = getattr(model, "sharded", None)  # LSQ: the global batch's gradient factor
     lsq = sharded(n_local, rows) if group.distributed and sharded else contextlib.nullcontext()
-    # dropout: the global batch's masks, this rank's rows (the masks of a 1-process run)
     with lsq, global_masks(model, (rows, sl.start, sl.stop) if group.distributed else None):
         loss, total = run(model, local, optimizer, max_norm=max_norm, grad_hook=hook)
     if group.distributed:
