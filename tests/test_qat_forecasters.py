@@ -177,6 +177,29 @@ def test_generic_checkpoint_errors(tmp_path, rng):
         load_qat_forecaster(tmp_path / "nan.npz")
 
 
+def test_load_refuses_an_optimizer_over_other_parameters(tmp_path, rng):
+    """``load(path, optimizer=opt)`` with ``opt`` over another buffer loaded the saved moments
+    into it and made it the model's optimizer: the real optimizer resumed with fresh moments
+    (not the saved step, silently). Now a CheckpointError, nothing changed; the right
+    optimizer resumes the saved moments (the oracle: the saved optimizer's state)."""
+    qat = prepare_forecaster(build_forecaster("lstm", _opts(), _windows()))
+    qat.calibrate([_batch(rng)[:3]])
+    opt = nbqat.Adam(qat.params, lr=1e-3)
+    qat.train_step(_batch(rng), opt)
+    qat.save(tmp_path / "q.npz", optimizer=opt)
+    other = prepare_forecaster(build_forecaster("lstm", _opts(), _windows()))
+    stray = nbqat.Adam(np.zeros_like(other.params), lr=1e-3)
+    before = other.params.copy()
+    with pytest.raises(CheckpointError, match="other parameters than this model's"):
+        other.load(tmp_path / "q.npz", optimizer=stray)
+    np.testing.assert_array_equal(other.params, before)
+    assert stray.step_count == 0 and other.optimizer is None
+    right = nbqat.Adam(other.params, lr=1e-3)
+    other.load(tmp_path / "q.npz", optimizer=right)
+    for k, v in opt.state_dict().items():
+        np.testing.assert_array_equal(right.state_dict()[k], v, err_msg=k)
+
+
 def test_a_checkpoint_from_before_quantize_linear_skip_loads_with_its_skip_quantized(tmp_path, rng):
     """Checkpoints written before ``QATConfig.quantize_linear_skip`` existed quantized the skip:
     their saved config lacks the field and loads with it True (the saved quantizers, the same

@@ -249,6 +249,13 @@ class QATCheckpoint:
                 f"{path!r} holds {opt_st.get('class')} state, the optimizer given is a "
                 f"{type(opt).__name__}"
             )
+        opt_params = getattr(opt, "params", None)
+        if isinstance(opt_params, np.ndarray) and not np.shares_memory(opt_params, self.params):
+            raise CheckpointError(
+                f"{path!r}: the optimizer given updates other parameters than this model's "
+                "(its state would resume nothing): build it over qat.params, e.g. "
+                "nbqat.Adam(qat.params, lr=1e-3)"
+            )
 
     def load(self, path: str | os.PathLike, optimizer: Any = None) -> None:
         """Restore a state written by :meth:`save` into this model (and ``optimizer``).
@@ -272,7 +279,8 @@ class QATCheckpoint:
         CheckpointError
             (a ValueError) for a corrupt, truncated or foreign file, another format version, or
             a checkpoint of a different network (class, config, parameter count or dtype,
-            quantizer set) or optimizer class, or NaN / Inf parameters. Nothing is changed then.
+            quantizer set) or optimizer class, an optimizer over other parameters, or NaN / Inf
+            parameters. Nothing is changed then.
         """
         path = os.fspath(path)
         st = read_checkpoint(path)
