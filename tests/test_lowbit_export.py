@@ -133,3 +133,33 @@ def test_8bit_fallback_weights_beside_per_token_or_float_activations_export(whic
     np.testing.assert_allclose(y8, q.predict(*b), rtol=0, atol=1e-5)
     for optimize in (False, True):
         np.testing.assert_allclose(_run(proto, b, optimize), y8, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_per_token_activations_export_below_opset_18(opset):
+    """Per-token activations beside 8-bit weights (which need no INT4, so any opset): the
+    ReduceMin / ReduceMax took their axes as an input, which only opset 18 has (the onnx
+    checker's ValidationError at opset 13-17). Now an attribute below 18; onnxruntime equals
+    the reference engine."""
+    from nbqat.nn import LSTMForecaster, LSTMForecasterConfig, prepare_qat
+    from nbqat.quantization.qconfig import QConfig, default_qat_qconfig
+
+    qc = QConfig(
+        activation=int4_weight_qconfig(4, "per_token").activation,
+        weight=default_qat_qconfig.weight,
+    )
+    q = prepare_qat(LSTMForecaster(LSTMForecasterConfig(2, 3, 4, 5, 4, 3), seed=0), qc)
+    rng = np.random.default_rng(8)
+    b = (
+        rng.standard_normal((6, 2)).astype(np.float32),
+        rng.standard_normal((6, 4, 4)).astype(np.float32),
+        rng.standard_normal((6, 3, 3)).astype(np.float32),
+    )
+    q.calibrate([b])
+    q.freeze_observers()
+    proto, _ = build_model(q, opset=opset)
+    reduce = [n for n in proto.graph.node if n.op_type == "ReduceMin"]
+    assert reduce and all(len(n.input) == 1 for n in reduce)
+    y8 = q.to_int8()(*b)
+    for optimize in (False, True):
+        np.testing.assert_allclose(_run(proto, b, optimize), y8, rtol=0, atol=1e-5)

@@ -148,10 +148,12 @@ def quantize_input(g: GraphBuilder, x: str, lin: Any, qname: str, hint: str) -> 
 def _per_token(g: GraphBuilder, x: str, fq: Any, hint: str) -> str:
     """Dynamic per-token asymmetric fake quantization (torchao's choose_qparams_affine)."""
     qmin, qmax = float(fq.quant_min), float(fq.quant_max)
-    axes = g.const([-1], np.int64)
+    # ReduceMin / ReduceMax take their axes as an input from opset 18, as an attribute before
+    red: dict = {"axes": [-1]} if g.opset < 18 else {}
+    ins = [x] if red else [x, g.const([-1], np.int64)]
     zero = g.const(np.float32(0))
-    mn = g.node("Min", [g.node("ReduceMin", [x, axes], hint, keepdims=1), zero], hint)
-    mx = g.node("Max", [g.node("ReduceMax", [x, axes], hint, keepdims=1), zero], hint)
+    mn = g.node("Min", [g.node("ReduceMin", ins, hint, keepdims=1, **red), zero], hint)
+    mx = g.node("Max", [g.node("ReduceMax", ins, hint, keepdims=1, **red), zero], hint)
     s = g.node("Div", [g.node("Sub", [mx, mn], hint), g.const(np.float32(qmax - qmin))], hint)
     s = g.node("Max", [s, g.const(np.float32(fq.eps))], hint)
     lo, hi = g.const(np.float32(qmin)), g.const(np.float32(qmax))
