@@ -126,6 +126,17 @@ def test_state_dict_roundtrip_and_torch_keys(torch, rng):
         assert all(np.array_equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.parametrize("zp", [np.int64([2**32 + 3]), np.uint64([2**64 - 1])])
+def test_load_state_dict_zero_point_range_checked_in_its_own_dtype(zp):
+    # an int64 2**32 + 3 wrapped to 3 (and a uint64 2**64 - 1 to -1) in the int32 cast
+    # before the range check, and loaded silently
+    fq = nbqat.FakeQuantize(nbqat.MinMaxObserver, dtype="qint8", quant_min=-128, quant_max=127)
+    before = fq.state_dict()
+    with pytest.raises(ValueError, match="zero_point outside"):
+        fq.load_state_dict({**before, "zero_point": zp})
+    assert all(np.array_equal(before[k], v) for k, v in fq.state_dict().items())
+
+
 def test_with_args_and_qconfig():
     factory = nbqat.FakeQuantize.with_args(observer=nbqat.MinMaxObserver, quant_min=0, quant_max=15)
     a, b = factory(), factory()

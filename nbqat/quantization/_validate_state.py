@@ -116,7 +116,12 @@ def check_state_qparams(
         raise TypeError(
             f"load_state_dict: zero_point must be an integer array, got dtype {z_raw.dtype}"
         )
-    z = z_raw.astype(np.int32 if qrange is not None else np.float32).reshape(-1)
+    if qrange is not None:  # the range check in the state's own dtype: an int64 2**32 + 3
+        z_raw = z_raw.reshape(-1)  # or a uint64 2**64 - 1 must not wrap into range in a cast
+        if np.any((z_raw < qrange[0]) | (z_raw > qrange[1])):
+            raise ValueError(f"load_state_dict: zero_point outside [{qrange[0]}, {qrange[1]}]")
+    with np.errstate(over="ignore"):  # a float zero point past float32 is refused below
+        z = z_raw.astype(np.int32 if qrange is not None else np.float32).reshape(-1)
     if s.size == 0 or s.shape != z.shape:
         raise ValueError(
             f"load_state_dict: scale {s.shape} and zero_point {z.shape} must be non-empty "
@@ -129,6 +134,4 @@ def check_state_qparams(
     if qrange is None:
         if not np.all(np.isfinite(z)):
             raise ValueError("load_state_dict: zero_point must be finite")
-    elif np.any((z < qrange[0]) | (z > qrange[1])):
-        raise ValueError(f"load_state_dict: zero_point outside [{qrange[0]}, {qrange[1]}]")
     return s, z
