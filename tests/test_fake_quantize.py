@@ -137,6 +137,18 @@ def test_load_state_dict_zero_point_range_checked_in_its_own_dtype(zp):
     assert all(np.array_equal(before[k], v) for k, v in fq.state_dict().items())
 
 
+def test_load_state_dict_refuses_a_scale_every_forward_refuses(rng):
+    # a subnormal float32 scale (finite and > 0) was loaded, and every forward then raised
+    fq = nbqat.FakeQuantize()
+    fq(rng.standard_normal((3, 4)).astype(np.float32))
+    before = fq.state_dict()
+    with pytest.raises(ValueError, match="2.9e-39"):
+        fq.load_state_dict({**before, "scale": np.array([1e-40], np.float32)})
+    assert all(np.array_equal(before[k], v) for k, v in fq.state_dict().items())
+    with pytest.raises(ValueError, match="2.9e-39"):  # the functions' rule, the same value
+        nbqat.fake_quantize_per_tensor_affine(np.ones(2, np.float32), np.float32(1e-40), 0, 0, 255)
+
+
 def test_with_args_and_qconfig():
     factory = nbqat.FakeQuantize.with_args(observer=nbqat.MinMaxObserver, quant_min=0, quant_max=15)
     a, b = factory(), factory()

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from nbqat._validate import check_int
+from nbqat.quantization._validate_qparams import _float32_scale_ok
 
 __all__ = [
     "check_built",
@@ -96,7 +97,9 @@ def check_state_qparams(
     scale: Any, zero_point: Any, *, qrange: tuple[int, int] | None, per_tensor: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """A state dict's ``scale`` and ``zero_point``: non-empty, equal shapes, scales finite and
-    > 0; with ``qrange`` an integer zero point inside it, else (learnable) finite float ones.
+    > 0; with ``qrange`` an integer zero point inside it and scales the fake-quantize functions
+    accept (>= 2.9e-39), else (learnable: its forward clamps the scale to ``eps``) finite float
+    zero points.
 
     Returns
     -------
@@ -131,6 +134,11 @@ def check_state_qparams(
         raise ValueError(f"load_state_dict: per-tensor scale must have 1 element, got {s.size}")
     if not np.all(np.isfinite(s) & (s > 0)):
         raise ValueError("load_state_dict: scale must be finite and > 0")
+    if qrange is not None and not np.all(_float32_scale_ok(s)):  # what every forward refuses
+        raise ValueError(
+            "load_state_dict: scale must be >= 2.9e-39 (its float32 reciprocal overflows "
+            f"below), got {float(s.min())!r}"
+        )
     if qrange is None:
         if not np.all(np.isfinite(z)):
             raise ValueError("load_state_dict: zero_point must be finite")
