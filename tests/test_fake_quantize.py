@@ -287,6 +287,25 @@ def test_learnable_accumulates_and_zero_grad(rng):
     assert not other.fake_quant_enabled
 
 
+def test_learnable_loads_torch_state_dict(torch, rng):
+    # torch's state dict holds FakeQuantizeBase's observer_enabled too: a strict load refused it
+    # as an unexpected key
+    from torch.ao.quantization._learnable_fake_quantize import _LearnableFakeQuantize as TL
+
+    tobs, tkw = torch_args(torch, CONFIGS["tensor_affine_quint8"])
+    theirs = TL(observer=tobs, use_grad_scaling=True, **tkw)
+    x = (rng.standard_normal((3, 5)) * 2).astype(np.float32)
+    theirs(torch.from_numpy(x))
+    theirs.enable_param_learning()
+    ours = nbqat.LearnableFakeQuantize(use_grad_scaling=True, **CONFIGS["tensor_affine_quint8"])
+    ours.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()})
+    assert (ours.observer_enabled, ours.learning_enabled) == (False, True)  # static_enabled 0
+    y = ours(x)
+    ty = theirs(torch.from_numpy(x))
+    assert np.array_equal(bits(y), bits(ty.detach().numpy()))
+    np.testing.assert_array_equal(ours.scale, theirs.scale.detach().numpy())
+
+
 def test_fake_quantize_on_device_equals_host(cuda_sim, small_cuda_blocks, rng):
     host = nbqat.FakeQuantize(**CONFIGS["channel1_affine_quint8"])
     dev = nbqat.FakeQuantize(**CONFIGS["channel1_affine_quint8"])

@@ -256,7 +256,9 @@ class LearnableFakeQuantize(_QuantizerPhases):
         "static_enabled": "observer_enabled",
         "learning_enabled": "learning_enabled",
     }
-    _EXTRA_KEYS = ("eps",)
+    #: torch's ``_LearnableFakeQuantize`` also saves ``FakeQuantizeBase``'s ``observer_enabled``,
+    #: which its forward never reads (``static_enabled`` is the observer switch): accepted, ignored
+    _EXTRA_KEYS = ("eps", "observer_enabled")
 
     def _check_qparams_state(self, state: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`load_state_dict`'s float32 scale and zero point."""
