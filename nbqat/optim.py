@@ -31,6 +31,7 @@ import numpy as np
 
 from nbqat import _cuda
 from nbqat._jit import threads_for
+from nbqat._validate import check_int
 from nbqat.kernels import optim_cpu as _k
 from nbqat.optim_groups import ArrayGroup, ParamGroups, ParamSource, _Group
 
@@ -187,7 +188,10 @@ class _Optimizer(ParamGroups):
         missing = [k for k in ("step", *self._hparam_names) if k not in state]
         if missing:
             raise ValueError(f"state_dict lacks {missing}")
-        step = int(state["step"])
+        try:  # 2.7 was truncated to 2 (and "3" or True taken as steps)
+            step = check_int(state["step"], "state_dict step")
+        except TypeError as e:
+            raise ValueError(str(e)) from None
         if step < 0:
             raise ValueError(f"state_dict step must be >= 0, got {step}")
         bufs = {}
@@ -201,8 +205,10 @@ class _Optimizer(ParamGroups):
                     )
                 bufs[k] = b
         hp = {k: state[k] for k in self._hparam_names}
-        probe = type(self).__new__(type(self))  # validate the hyper-parameters without side effects
-        probe._validate(**hp)
+        # validated and converted as the constructor does (a float32 lr kept as np.float32 made
+        # the step sizes float32 arithmetic: other bits than the optimizer built with that lr)
+        probe = type(self)(np.zeros(0, np.dtype(self.params.dtype)), **hp)
+        hp = probe.hparams()
         groups = self._checked_groups(state.get("param_groups"))
         for grp, (ghp, inner) in zip(self._groups, groups):
             grp.hparams, grp.inner = ghp, inner

@@ -239,3 +239,26 @@ def test_validation(rng):
     with pytest.raises(ValueError, match="beta"):
         opt.load_state_dict(bad)
     assert opt.betas == (0.9, 0.999)
+
+
+def test_load_state_dict_converts_like_the_constructor(torch, rng):
+    # a float32 lr from a state dict was kept as np.float32, so lr / bias_correction1 ran in
+    # float32: a resumed float64 run left torch's (and the uninterrupted run's) bits
+    lr = np.float32(3e-3)
+    p0 = rng.standard_normal(N)
+    grads = [rng.standard_normal(N) for _ in range(3)]
+    p = p0.copy()
+    opt = nbqat.AdamW(p, lr=1.0)
+    opt.load_state_dict({**nbqat.AdamW(p0.copy(), lr=lr).state_dict(), "lr": lr})
+    assert type(opt.lr) is float and type(opt.state_dict()["lr"]) is float
+    tp = torch.nn.Parameter(torch.from_numpy(p0.copy()))
+    topt = torch.optim.AdamW([tp], lr=float(lr), foreach=False)
+    for g in grads:
+        opt.step(g.copy())
+        tp.grad = torch.from_numpy(g.copy())
+        topt.step()
+    np.testing.assert_allclose(p, tp.detach().numpy(), rtol=0, atol=1e-15)
+    for step in (2.7, "3", True):  # 2.7 was truncated to 2, "3" and True taken as steps
+        with pytest.raises(ValueError, match="step"):
+            opt.load_state_dict({**opt.state_dict(), "step": step})
+    assert opt.step_count == 3
