@@ -578,6 +578,22 @@ def test_load_state_dict_keeps_the_nonfinite_policy(policy, bad):
             assert np.isnan(torch_like.calculate_qparams()[0]).all()
 
 
+@pytest.mark.parametrize("policy", ["raise", "ignore"])
+@pytest.mark.parametrize("bad", [(np.nan, 1.0), (0.0, np.inf), (2.0, 1.0)])
+def test_set_min_max_keeps_the_state_invariants(policy, bad):
+    # set_min_max (the public setter) took NaN under nonfinite="raise" (the state then NaN for
+    # good) and min > max (a bogus scale); now refused as load_state_dict refuses them
+    obs = nbqat.PerChannelMinMaxObserver(nonfinite=policy)
+    obs(np.array([[-1.0], [2.0]], np.float32))
+    with pytest.raises(ValueError, match="set_min_max"):
+        obs.set_min_max([bad[0], -3.0], [bad[1], 3.0])
+    np.testing.assert_array_equal(obs.min_val, [-1.0, 2.0])  # unchanged
+    obs.set_min_max([np.inf, -3.0], [-np.inf, 3.0])  # an unset channel is a valid state
+    torch_like = nbqat.PerChannelMinMaxObserver(nonfinite="propagate")
+    if not bad[0] > bad[1]:
+        torch_like.set_min_max([bad[0]], [bad[1]])  # torch's behaviour: anything non-finite
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input
 # ---------------------------------------------------------------------------------------------

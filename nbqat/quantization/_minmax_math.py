@@ -23,6 +23,7 @@ from nbqat.quantization._observer_stats import INF_NOTE
 __all__ = [
     "apply_policy",
     "check_min_max_shapes",
+    "check_min_max_values",
     "fold_batch",
     "merge_min_max",
     "parse_min_max_state",
@@ -186,6 +187,21 @@ def check_min_max_shapes(
     return mn.reshape(()), mx.reshape(())
 
 
+def check_min_max_values(mn: np.ndarray, mx: np.ndarray, nonfinite: str, who: str, to: str):
+    """ValueError unless ``(mn, mx)`` is a state the observer's own updates can reach: finite
+    values or the unset pair ``(+inf, -inf)`` (any, under ``"propagate"``), and no entry with
+    ``min > max``; ``to`` ends the hint on the policy."""
+    unset = (mn == np.inf) & (mx == -np.inf)
+    if nonfinite != "propagate" and not np.all(unset | (np.isfinite(mn) & np.isfinite(mx))):
+        raise ValueError(
+            f"{who}: min_val/max_val hold NaN or Inf, which an observer with "
+            f"nonfinite={nonfinite!r} never stores; construct it with nonfinite='propagate' "
+            f"(torch's behaviour) to {to}"
+        )
+    if np.any((mn > mx) & ~unset):
+        raise ValueError(f"{who}: min_val > max_val for some entries")
+
+
 def parse_min_max_state(
     state: Any, strict: bool, per_channel: bool, eps: np.float32, nonfinite: str
 ) -> tuple[np.ndarray, np.ndarray, np.float32]:
@@ -218,15 +234,7 @@ def parse_min_max_state(
     except (TypeError, ValueError):
         raise ValueError("load_state_dict: min_val/max_val must be float arrays") from None
     mn, mx = check_min_max_shapes(mn, mx, per_channel, "load_state_dict")
-    unset = (mn == np.inf) & (mx == -np.inf)
-    if nonfinite != "propagate" and not np.all(unset | (np.isfinite(mn) & np.isfinite(mx))):
-        raise ValueError(
-            f"load_state_dict: min_val/max_val hold NaN or Inf, which an observer with "
-            f"nonfinite={nonfinite!r} never stores; construct it with nonfinite='propagate' "
-            "(torch's behaviour) to load such a state"
-        )
-    if np.any((mn > mx) & ~unset):
-        raise ValueError("load_state_dict: min_val > max_val for some entries")
+    check_min_max_values(mn, mx, nonfinite, "load_state_dict", "load such a state")
     if "eps" in state:
         e = np.asarray(state["eps"], dtype=_F32).reshape(-1)
         if e.size != 1 or not (np.isfinite(e[0]) and e[0] > 0):

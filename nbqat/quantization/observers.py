@@ -226,11 +226,20 @@ class _MinMaxBase:
         Raises
         ------
         ValueError
-            Wrong shapes; nothing is changed.
+            Wrong shapes, ``min_val > max_val``, or NaN / Inf (other than the unset pair) under
+            ``nonfinite="raise"`` or ``"ignore"`` (as :meth:`load_state_dict`); nothing is
+            changed.
         """
         mn, mx = np.array(min_val, dtype=_F32), np.array(max_val, dtype=_F32)
         mn, mx = _mm.check_min_max_shapes(mn, mx, self._per_channel, "set_min_max")
+        _mm.check_min_max_values(mn, mx, self.nonfinite, "set_min_max", "set such values")
         self._min, self._max = mn, mx
+
+    def _store_min_max(self, min_val: Any, max_val: Any) -> None:
+        """:meth:`set_min_max` without the value checks (a few microseconds a call): the fused
+        path's own min/max, which the policy already kept finite (shapes still checked)."""
+        mn, mx = np.array(min_val, dtype=_F32), np.array(max_val, dtype=_F32)
+        self._min, self._max = _mm.check_min_max_shapes(mn, mx, self._per_channel, "set_min_max")
 
     def symmetric_zero_point(self) -> int:
         """The zero point of a symmetric qscheme: 0 for signed dtypes, 128 for quint8 with its
