@@ -28,6 +28,7 @@ __all__ = [
     "merge_min_max",
     "parse_min_max_state",
     "qparams",
+    "refuse_set_min_max",
     "symmetric_zero_point",
 ]
 
@@ -200,6 +201,27 @@ def check_min_max_values(mn: np.ndarray, mx: np.ndarray, nonfinite: str, who: st
         )
     if np.any((mn > mx) & ~unset):
         raise ValueError(f"{who}: min_val > max_val for some entries")
+
+
+def refuse_set_min_max(self: Any, min_val: Any, max_val: Any) -> None:
+    """``set_min_max`` of an observer whose state is more than its min/max (a histogram, key
+    counts): new bounds would reinterpret those counts over another range.
+
+    Parameters
+    ----------
+    min_val, max_val : array_like of float
+        Ignored.
+
+    Raises
+    ------
+    TypeError
+        Always; the state is unchanged.
+    """
+    raise TypeError(
+        f"{type(self).__name__}.set_min_max: the state holds counts of the data seen as well; "
+        "other bounds would leave them describing another range (silently wrong qparams). Use "
+        "load_state_dict (a whole state) or reset_min_max_vals() and observe again"
+    )
 
 
 def parse_min_max_state(

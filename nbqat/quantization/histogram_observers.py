@@ -36,6 +36,7 @@ import numpy as np
 from nbqat import _cuda, _jit
 from nbqat.kernels import histogram_cpu as _hk
 from nbqat.kernels import observe_cpu as _ok
+from nbqat.quantization import _minmax_math as _mm
 from nbqat.quantization import _observer_args as _args
 from nbqat.quantization._observer_args import DTYPES, int_in_range
 from nbqat.quantization._observer_stats import INF_NOTE
@@ -178,6 +179,8 @@ class HistogramObserver(_MinMaxBase):
         self.upsample_rate = int_in_range(a["upsample_rate"], "upsample_rate", 1)
         lo, hi, _ = DTYPES[_args.norm_name(a["dtype"], "dtype", tuple(DTYPES))]
         self.dst_nbins = hi - lo + 1
+
+    set_min_max = _mm.refuse_set_min_max  # the counts are over [min_val, max_val]
 
     def reset_min_max_vals(self) -> None:
         """Forget the statistics (empty histogram, ``min_val = +Inf``, ``max_val = -Inf``)."""

@@ -30,6 +30,7 @@ from nbqat._docs import MERGE_RESULT, fill_doc
 from nbqat._validate import split_axis
 from nbqat.kernels import keygrid_cpu as _kg
 from nbqat.quantization import _exact_values as _ev
+from nbqat.quantization import _minmax_math as _mm
 from nbqat.quantization._observer_args import int_in_range
 from nbqat.quantization._observer_stats import device as _device
 from nbqat.quantization._observer_stats import grid_edges as _grid_edges
@@ -53,6 +54,8 @@ class _KeyHistBase(_MinMaxBase):
             )
         self._shift = 23 - self.mantissa_bits
         self.nbins = 1 << (32 - self._shift)
+
+    set_min_max = _mm.refuse_set_min_max  # the counts are over [min_val, max_val]
 
     def reset_min_max_vals(self) -> None:
         """Forget the statistics (no counts, min/max unset)."""
