@@ -356,3 +356,20 @@ def test_set_min_max_refused_where_the_state_is_counts(rng, cls):
         obs.set_min_max(-100.0, 100.0)
     after = obs.calculate_qparams()
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def test_float16_input_is_binned_as_its_float32_copy(torch, rng):
+    # documented (docs/semantics.md): torch's float16 histc overflows (x - min) * bins in
+    # float16 past a range of 32 and counts those values in bin 0; nbqat bins the exact values
+    x = np.concatenate([[0.0, 100.0], rng.uniform(0, 100, 500)]).astype(np.float16)
+    ours, ref = nbqat.HistogramObserver(), torch.ao.quantization.HistogramObserver()
+    ours(x)
+    ref(torch.from_numpy(x.astype(np.float32)))
+    np.testing.assert_array_equal(ours.histogram, ref.histogram.numpy())
+    s, z = ours.calculate_qparams()
+    ts, tz = ref.calculate_qparams()
+    np.testing.assert_allclose(s, ts.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(z, tz.numpy())
+    half = torch.ao.quantization.HistogramObserver()
+    half(torch.from_numpy(x))
+    assert half.histogram[0] > 0.5 * x.size  # torch's float16 path: values >= 32 in bin 0
