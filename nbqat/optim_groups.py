@@ -69,7 +69,8 @@ class ArrayGroup:
     TypeError
         A non-array or another dtype.
     ValueError
-        A different count or shape of gradients.
+        A different count or shape of gradients; a read-only parameter array (here, or at a
+        step's :meth:`gather`, before anything is updated).
     """
 
     def __init__(self, params: Any, grads: Any) -> None:
@@ -85,9 +86,19 @@ class ArrayGroup:
                     f"{g.dtype}{g.shape} must match (one dtype for the group)"
                 )
         self.params, self.grads = params, grads
+        self._check_writeable()
+
+    def _check_writeable(self) -> None:
+        """ValueError for a read-only parameter array: :meth:`scatter` would fail after the
+        optimizer's other groups were updated (a half-applied step)."""
+        for i, p in enumerate(self.params):
+            if not p.flags.writeable:
+                raise ValueError(f"ArrayGroup: params[{i}] is read-only; the step updates it")
 
     def gather(self) -> tuple[np.ndarray, np.ndarray]:
-        """The parameters and gradients, each concatenated into one flat array."""
+        """The parameters and gradients, each concatenated into one flat array (ValueError
+        for a parameter array made read-only since: checked before any group is updated)."""
+        self._check_writeable()
         dt = self.params[0].dtype if self.params else np.dtype(np.float32)
         cat = [np.ravel(a) for a in self.params]
         return np.concatenate(cat or [np.zeros(0, dt)]), np.concatenate(

@@ -250,3 +250,21 @@ def test_a_new_group_takes_the_constructor_defaults_as_torch(torch, rng, kind):
         topt.step()
         opt.step(np.zeros_like(p))
     np.testing.assert_allclose(a, ta.detach().numpy(), rtol=1e-6)  # torch's sqrt: 1 ulp
+
+
+def test_a_read_only_group_array_is_refused_before_any_update(rng):
+    # the read-only array failed in scatter after the flat buffer had been updated and the
+    # step counted (a half-applied step); now refused at ArrayGroup and before the step
+    p, g = np.ones(4, np.float32), np.full(4, 0.5, np.float32)
+    q, gq = np.ones(3, np.float32), np.full(3, 0.5, np.float32)
+    frozen = q.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        ArrayGroup([frozen], [gq])
+    opt = nbqat.SGD(p, lr=0.1, momentum=0.9)
+    opt.add_param_group({"params": ArrayGroup([q], [gq])})
+    q.flags.writeable = False  # made read-only after the group was added
+    with pytest.raises(ValueError, match="read-only"):
+        opt.step(g)
+    np.testing.assert_array_equal(p, 1.0)
+    assert opt.step_count == 0 and "momentum_buffer" not in opt.state_dict()
