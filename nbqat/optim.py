@@ -126,6 +126,11 @@ class _Optimizer(ParamGroups):
         contiguous = grads.is_c_contiguous() if self._cuda else grads.flags.c_contiguous
         if not contiguous:
             raise ValueError("grads must be contiguous (np.ascontiguousarray)")
+        if not (self._cuda or self.params.flags.writeable):  # made read-only since: a Numba
+            raise ValueError(  # TypingError in the kernel, after the state buffers were made
+                "params is read-only (it was writeable at construction); the optimizer updates "
+                "it in place: params.flags.writeable = True"
+            )
         gs = _real(grad_scale, "grad_scale")
         if gs < 0 or gs == math.inf:  # NaN passes: clip_coef of a non-finite norm, as in torch
             raise ValueError(
@@ -244,7 +249,8 @@ class _Optimizer(ParamGroups):
         ------
         TypeError, ValueError
             ``grads`` on another device, of another shape/dtype, or not contiguous; a
-            ``grad_scale`` that is not a number, negative or infinite. Nothing changes then.
+            ``grad_scale`` that is not a number, negative or infinite; ``params`` made
+            read-only since the construction. Nothing changes then.
         """
         gs = self._check_grads(grads, grad_scale)
         groups = self._step_groups(gs)

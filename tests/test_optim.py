@@ -262,3 +262,17 @@ def test_load_state_dict_converts_like_the_constructor(torch, rng):
         with pytest.raises(ValueError, match="step"):
             opt.load_state_dict({**opt.state_dict(), "step": step})
     assert opt.step_count == 3
+
+
+def test_params_made_read_only_after_construction_are_refused_at_step():
+    # a Numba TypingError from inside the kernel, after SGD had created its momentum buffer
+    # (the next step then took the not-first-step branch: (1 - dampening) * g, not g)
+    p = np.ones(4, np.float32)
+    opt = nbqat.SGD(p, lr=0.1, momentum=0.9, dampening=0.5)
+    p.flags.writeable = False
+    with pytest.raises(ValueError, match="params is read-only"):
+        opt.step(np.full(4, 0.5, np.float32))
+    assert opt.step_count == 0 and "momentum_buffer" not in opt.state_dict()
+    p.flags.writeable = True
+    opt.step(np.full(4, 0.5, np.float32))
+    np.testing.assert_array_equal(p, np.float32(1) - np.float32(0.1) * np.float32(0.5))
