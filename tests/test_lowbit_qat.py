@@ -242,3 +242,37 @@ def test_train_weight_format_options():
     args = build_parser().parse_args(["train", "--weight-bits", "4", "--group-size", "16"])
     fmt = TrainConfig.from_args(args).resolved().weight_format()
     assert fmt == {"weight_bits": 4, "group_size": 16, "weight_dtype": "int", "name": "int4_g16"}
+
+
+def test_low_bit_quantizers_load_their_own_states_and_check_the_whole_state(rng):
+    # a Float8FakeQuantize state with an all-zero row (scale 0, torchao's) was refused by its
+    # own load_state_dict ("scales must be > 0"); a bad block_size failed after the flags and
+    # qparams were loaded (a half-written module); a flag of 7 loaded as True and an int64
+    # zero point 2**32 + 1 as 1
+    w = np.zeros((4, 8), np.float32)
+    w[0] = rng.standard_normal(8)
+    f8 = Float8FakeQuantize()
+    y = f8(w)
+    other = Float8FakeQuantize()
+    other.load_state_dict(f8.state_dict())
+    other.disable_observer()
+    np.testing.assert_array_equal(other(w), y)  # NaN rows compare equal
+    g = GroupFakeQuantize(32)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    g(x)
+    sd = g.state_dict()
+    fresh = GroupFakeQuantize(32)
+    before = fresh.state_dict()
+    for bad in (
+        {**sd, "block_size": np.array([1.5, 32.0]), "fake_quant_enabled": np.uint8([0])},
+        {**sd, "fake_quant_enabled": np.array([7])},
+        {**sd, "zero_point": np.full(sd["zero_point"].shape, 2**32 + 1, np.int64)},
+    ):
+        with pytest.raises(ValueError):
+            fresh.load_state_dict(bad)
+        after = fresh.state_dict()
+        assert all(np.array_equal(before[k], after[k]) for k in before)
+        assert fresh.block_size is None and fresh.fake_quant_enabled
+    fresh.load_state_dict(sd)
+    fresh.disable_observer()
+    np.testing.assert_array_equal(fresh(x), g(x))

@@ -17,6 +17,7 @@ __all__ = [
     "check_channel_len",
     "check_factory",
     "check_flag",
+    "check_lowbit_state",
     "check_module_range",
     "check_state_keys",
     "check_state_qparams",
@@ -143,3 +144,49 @@ def check_state_qparams(
         if not np.all(np.isfinite(z)):
             raise ValueError("load_state_dict: zero_point must be finite")
     return s, z
+
+
+def check_lowbit_state(
+    state: Any, strict: bool, who: str, optional: tuple[str, ...] = ()
+) -> tuple[dict[str, bool], np.ndarray, np.ndarray]:
+    """A low-bit quantizer's state dict (``fake_quant_enabled``, ``observer_enabled``,
+    ``scale``, ``zero_point``; a ``block_size`` is the caller's), checked before anything is
+    loaded; ``optional`` names the caller's further keys (accepted under ``strict``).
+
+    The scale is any float32 array its forward can produce (torchao checks none: 0 for an
+    all-zero block, NaN / Inf for non-finite data); the zero point an integer array of the
+    scale's size, representable in int32 (checked in its own dtype: no wrap in the cast).
+
+    Returns
+    -------
+    (dict, numpy.ndarray, numpy.ndarray)
+        The flags by attribute name, the float32 scale and the int32 zero point.
+
+    Raises
+    ------
+    KeyError
+        A missing key.
+    ValueError
+        An unexpected key (``strict``), a flag not 0/1, a zero point of another size, not
+        integral or past int32.
+    """
+    need = ("fake_quant_enabled", "observer_enabled", "scale", "zero_point")
+    missing = [k for k in need if k not in state]
+    if missing:
+        raise KeyError(f"{who}.load_state_dict: missing keys {missing}")
+    extra = sorted(set(state) - {*need, *optional})
+    if strict and extra:
+        raise ValueError(f"{who}.load_state_dict: unexpected keys {extra}")
+    flags = {k: check_flag(state, k) for k in need[:2]}
+    try:
+        s = np.array(state["scale"], dtype=np.float32)
+    except (TypeError, ValueError):
+        raise ValueError(f"{who}.load_state_dict: scale must be a float array") from None
+    z = np.asarray(state["zero_point"])
+    i32 = np.iinfo(np.int32)
+    if z.dtype.kind not in "iu" or z.size != s.size or np.any((z < i32.min) | (z > i32.max)):
+        raise ValueError(
+            f"{who}.load_state_dict: zero_point must be an integer array of the scale's size "
+            f"({s.size}) within int32, got {z.dtype} of size {z.size}"
+        )
+    return flags, s, z.astype(np.int32).reshape(s.shape)

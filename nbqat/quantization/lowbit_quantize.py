@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat.quantization import _validate_state as VS
 from nbqat.quantization import fake_quant as _fq
 from nbqat.quantization._observer_stats import global_sample
 from nbqat.quantization._quantizer_base import _CACHED, _QuantizerPhases
@@ -82,6 +83,7 @@ class _LowBitBase(_QuantizerPhases):
     #: per-token and per-row qparams are row-local (the weights the same on every rank).
     process_group: Any = None
     _FLAG_KEYS = {k: k for k in ("fake_quant_enabled", "observer_enabled")}
+    _OPTIONAL: tuple[str, ...] = ()  # further state-dict keys (GroupFakeQuantize's block_size)
 
     def _init_flags(self) -> None:
         self.observer_enabled = True
@@ -133,21 +135,13 @@ class _LowBitBase(_QuantizerPhases):
         }
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
-        """Load :meth:`state_dict` output (KeyError for a missing key, ValueError for an
-        unexpected one with ``strict`` or a non-positive scale)."""
-        need = ("fake_quant_enabled", "observer_enabled", "scale", "zero_point")
-        missing = [k for k in need if k not in state]
-        if missing:
-            raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}")
-        extra = sorted(set(state) - set(need))
-        if strict and extra:
-            raise ValueError(f"{type(self).__name__}.load_state_dict: unexpected keys {extra}")
-        s = np.asarray(state["scale"], _F32).copy()
-        if not np.all(s > 0):
-            raise ValueError(f"{type(self).__name__}.load_state_dict: scales must be > 0")
-        self._set_state(s, np.asarray(state["zero_point"]).astype(np.int32))
-        self.fake_quant_enabled = bool(int(np.asarray(state["fake_quant_enabled"]).reshape(-1)[0]))
-        self.observer_enabled = bool(int(np.asarray(state["observer_enabled"]).reshape(-1)[0]))
+        """Load :meth:`state_dict` output, checked whole before anything changes
+        (:func:`~nbqat.quantization._validate_state.check_lowbit_state`: KeyError for a
+        missing key, ValueError for an unexpected one with ``strict`` or a bad value)."""
+        flags, s, z = VS.check_lowbit_state(state, strict, type(self).__name__, self._OPTIONAL)
+        self._set_state(s, z)
+        self.fake_quant_enabled = flags["fake_quant_enabled"]
+        self.observer_enabled = flags["observer_enabled"]
 
     def _set_state(self, scale: np.ndarray, zero_point: np.ndarray) -> None:
         self.scale, self.zero_point = scale, zero_point
@@ -318,12 +312,16 @@ class GroupFakeQuantize(_LowBitBase):
         st["block_size"] = np.asarray(self.block_size or (), np.int64)
         return st
 
+    _OPTIONAL = ("block_size",)
+
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
-        """Load :meth:`state_dict` output (see :meth:`_LowBitBase.load_state_dict`)."""
-        rest = {k: v for k, v in state.items() if k != "block_size"}
-        super().load_state_dict(rest, strict)
-        b = tuple(int(v) for v in np.asarray(state.get("block_size", ()), np.int64).reshape(-1))
-        self.block_size = b or None
+        """Load :meth:`state_dict` output (see :meth:`_LowBitBase.load_state_dict`; a
+        ``block_size`` of positive ints, or empty before any forward)."""
+        b = np.asarray(state.get("block_size", ()))
+        if b.size and (b.ndim != 1 or b.dtype.kind not in "iu" or np.any(b < 1)):
+            raise ValueError(f"load_state_dict: block_size must be positive ints, got {b}")
+        super().load_state_dict(state, strict)  # checked whole before anything changes
+        self.block_size = tuple(int(v) for v in b) or None
 
     def __repr__(self) -> str:
         return (
