@@ -664,3 +664,17 @@ def test_with_args_factory():
     a, b = f(), f()
     assert a is not b and a.dtype == "qint8" and a.qscheme == "per_tensor_symmetric"
     assert "with_args" in repr(f)
+
+
+@pytest.mark.parametrize("cls", [nbqat.MinMaxObserver, nbqat.MovingAverageMinMaxObserver])
+def test_merge_keeps_nan_of_a_propagate_observer_out(cls):
+    # a "propagate" observer's NaN state merged into a "raise" one made its min/max NaN (a NaN
+    # scale for good, the state nonfinite="raise" exists to prevent); now a ValueError
+    ours, torch_like = cls(), cls(nonfinite="propagate")
+    ours(np.array([1.0, 2.0], np.float32))
+    torch_like(np.array([np.nan, 3.0], np.float32))
+    with pytest.raises(ValueError, match="merge"):
+        ours.merge(torch_like)
+    assert (float(ours.min_val), float(ours.max_val)) == (1.0, 2.0)
+    torch_like.merge(ours)  # the other way round: torch's behaviour, NaN stays NaN
+    assert np.isnan(torch_like.min_val)

@@ -88,10 +88,18 @@ def _row(a: Any) -> np.ndarray:
 
 
 def merge_min_max(
-    a_min: np.ndarray, a_max: np.ndarray, b_min: np.ndarray, b_max: np.ndarray, moving: bool
+    a_min: np.ndarray,
+    a_max: np.ndarray,
+    b_min: np.ndarray,
+    b_max: np.ndarray,
+    moving: bool,
+    nonfinite: str = "propagate",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Two observers' (C,) states combined: min/max (exact), or for moving averages the mean
-    ``a + 0.5 * (b - a)`` in float32; an unset side (``(+inf, -inf)``) is ignored."""
+    ``a + 0.5 * (b - a)`` in float32; an unset side (``(+inf, -inf)``) is ignored. ``b``'s
+    state is checked against ``a``'s policy ``nonfinite`` first (ValueError: a NaN state of a
+    ``"propagate"`` observer must not enter one that keeps NaN out)."""
+    check_min_max_values(b_min, b_max, nonfinite, "merge", "merge such a state")
     a_unset = (a_min == np.inf) & (a_max == -np.inf)
     b_unset = (b_min == np.inf) & (b_max == -np.inf)
     if moving:

@@ -324,7 +324,7 @@ class _MinMaxBase:
         TypeError
             ``other`` is not an observer of the same class.
         ValueError
-            Different configuration (dtype, qscheme, range, ch_axis) or channel count.
+            Different configuration or channel count; NaN / Inf ``nonfinite`` keeps out.
         """
         self._check_mergeable(other)
         if self._per_channel:
@@ -337,9 +337,8 @@ class _MinMaxBase:
                 raise ValueError(
                     f"cannot merge {self._min.size} channels with {other._min.size} channels"
                 )
-        a_min, a_max = self._min.reshape(-1), self._max.reshape(-1)
-        b_min, b_max = other._min.reshape(-1), other._max.reshape(-1)
-        new_min, new_max = _mm.merge_min_max(a_min, a_max, b_min, b_max, self._moving)
+        ab = [v.reshape(-1) for v in (self._min, self._max, other._min, other._max)]
+        new_min, new_max = _mm.merge_min_max(*ab, self._moving, self.nonfinite)
         self._min = new_min.reshape(self._min.shape)
         self._max = new_max.reshape(self._max.shape)
         return self
