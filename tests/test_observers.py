@@ -678,3 +678,16 @@ def test_merge_keeps_nan_of_a_propagate_observer_out(cls):
     assert (float(ours.min_val), float(ours.max_val)) == (1.0, 2.0)
     torch_like.merge(ours)  # the other way round: torch's behaviour, NaN stays NaN
     assert np.isnan(torch_like.min_val)
+
+
+def test_moving_average_merge_of_far_apart_huge_values_is_their_mean():
+    # a + 0.5 * (b - a) overflowed in b - a: min_val became +inf (an unset-looking half state)
+    a, b = nbqat.MovingAverageMinMaxObserver(), nbqat.MovingAverageMinMaxObserver()
+    a(np.array([-3e38, 1e38], np.float32))
+    b(np.array([2e38, 3e38], np.float32))
+    h = np.float32(0.5)
+    want_min = np.float32((np.float64(a.min_val) + np.float64(b.min_val)) / 2)  # exact mean
+    want_max = a.max_val + h * (b.max_val - a.max_val)  # no overflow: the float32 formula
+    a.merge(b)
+    assert (a.min_val, a.max_val) == (want_min, want_max)
+    assert np.isfinite(a.calculate_qparams()[0]).all()

@@ -107,6 +107,11 @@ def merge_min_max(
         with np.errstate(invalid="ignore", over="ignore"):
             new_min = a_min + h * (b_min - a_min)
             new_max = a_max + h * (b_max - a_max)
+            # b - a overflows float32 for far-apart huge values (-3e38, 2e38: inf, not -5e37):
+            # there the mean as h * a + h * b (each half exact, the sum within range)
+            for new, a, b in ((new_min, a_min, b_min), (new_max, a_max, b_max)):
+                over = ~np.isfinite(new) & np.isfinite(a) & np.isfinite(b)
+                new[over] = (h * a + h * b)[over]
     else:
         new_min = np.minimum(a_min, b_min)
         new_max = np.maximum(a_max, b_max)
