@@ -87,6 +87,8 @@ class _Optimizer(ParamGroups):
 
     _state_names: tuple[str, ...] = ()
     _hparam_names: tuple[str, ...] = ()
+    #: buffers every step creates: a state past step 0 must hold them
+    _state_after_step: tuple[str, ...] = ()
 
     def __init__(self, params: Any) -> None:
         self._cuda = _check_params(params)
@@ -185,8 +187,9 @@ class _Optimizer(ParamGroups):
         Raises
         ------
         ValueError
-            Another optimizer type, missing keys, buffers of the wrong shape/dtype, or another
-            number of parameter groups (add them with :meth:`add_param_group` first).
+            Another optimizer type, missing keys, buffers of the wrong shape/dtype (or Adam's
+            moments missing from a state past step 0), or another number of parameter groups
+            (add them with :meth:`add_param_group` first).
         """
         if state.get("type", type(self).__name__) != type(self).__name__:
             raise ValueError(f"state_dict is for {state.get('type')}, not {type(self).__name__}")
@@ -209,6 +212,9 @@ class _Optimizer(ParamGroups):
                         f"{tuple(self.params.shape)} {np.dtype(self.params.dtype)}"
                     )
                 bufs[k] = b
+        lacking = [k for k in self._state_after_step if step and k not in bufs]
+        if lacking:  # zero moments at step 6 are neither the run's nor a fresh start's
+            raise ValueError(f"state_dict has step {step} but lacks {lacking}")
         hp = {k: state[k] for k in self._hparam_names}
         # validated and converted as the constructor does (a float32 lr kept as np.float32 made
         # the step sizes float32 arithmetic: other bits than the optimizer built with that lr)
@@ -374,6 +380,7 @@ class Adam(_Optimizer):
     """
 
     _state_names = ("exp_avg", "exp_avg_sq")
+    _state_after_step = _state_names
     _hparam_names = ("lr", "betas", "eps", "weight_decay")
     _decoupled = False
 

@@ -276,3 +276,19 @@ def test_params_made_read_only_after_construction_are_refused_at_step():
     p.flags.writeable = True
     opt.step(np.full(4, 0.5, np.float32))
     np.testing.assert_array_equal(p, np.float32(1) - np.float32(0.1) * np.float32(0.5))
+
+
+def test_adam_state_past_step_zero_without_its_moments_is_refused(rng):
+    # {"step": 5, ...} without exp_avg / exp_avg_sq loaded zero moments at step 5: the next
+    # update was neither the saved run's nor a fresh start's (torch starts such a state afresh)
+    p = rng.standard_normal(8).astype(np.float32)
+    opt = nbqat.Adam(p.copy())
+    for _ in range(5):
+        opt.step(rng.standard_normal(8).astype(np.float32))
+    sd = opt.state_dict()
+    fresh = nbqat.Adam(p.copy())
+    for drop in ("exp_avg", "exp_avg_sq"):
+        with pytest.raises(ValueError, match=f"lacks \\['{drop}'\\]"):
+            fresh.load_state_dict({k: v for k, v in sd.items() if k != drop})
+        assert fresh.step_count == 0
+    fresh.load_state_dict({k: v for k, v in sd.items() if not k.startswith("exp_")} | {"step": 0})
