@@ -287,3 +287,15 @@ def test_mse_exact_values_merge_and_give_up_like_one_observer(rng):
     old = {k: v for k, v in st.items() if k != "exact_values"}  # an older state: no values
     c.load_state_dict(old)
     assert c.exact_values.shape == (3, 0) and c.histogram.sum() == 209
+
+
+def test_percentile_quantile_refuses_q_outside_0_1(rng):
+    # quantile(nan) returned 0.0, quantile(1.5) the maximum and quantile(True) too, silently
+    # (numpy.quantile raises); now refused before anything is computed
+    o = nbqat.PercentileObserver()
+    o(rng.standard_normal(1000).astype(np.float32))
+    for q, exc in ((float("nan"), ValueError), (1.5, ValueError), (-0.1, ValueError),
+                   (True, TypeError), ("0.5", TypeError)):  # fmt: skip
+        with pytest.raises(exc, match="`q`"):
+            o.quantile(q)
+    assert o.quantile(np.float32(1.0)) == o.max_val

@@ -27,7 +27,7 @@ import numpy as np
 
 from nbqat import _cuda, _jit
 from nbqat._docs import MERGE_RESULT, fill_doc
-from nbqat._validate import split_axis
+from nbqat._validate import check_finite_real, split_axis
 from nbqat.kernels import keygrid_cpu as _kg
 from nbqat.quantization import _exact_values as _ev
 from nbqat.quantization import _minmax_math as _mm
@@ -267,14 +267,22 @@ class PercentileObserver(_KeyHistBase):
         -------
         float32
             NaN when nothing was observed; ``min_val`` for ``q = 0``, ``max_val`` for ``q = 1``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``q`` not a real number in [0, 1] (as ``numpy.quantile``).
         """
+        q = check_finite_real(q, "q")
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"`q` must be in [0, 1], got {q}")
         h = self.histogram
         total = int(h.sum())
         if total == 0:
             return _F32(np.nan)
         mn, mx = float(self._min), float(self._max)
         vlo, vhi = _grid_edges(self._shift)
-        target = min(max(q, 0.0), 1.0) * total
+        target = q * total
         cum = np.cumsum(h)
         # the first bin whose count reaches the target and holds values: q = 0 is the first
         # non-empty bin's bottom (the minimum), not the empty NaN/-Inf bin below it
