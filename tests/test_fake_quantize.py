@@ -511,3 +511,18 @@ def test_a_range_past_float32_exactness_is_refused_at_construction(torch, cls):
         dtype=torch.qint32,
     )  # fmt: skip
     np.testing.assert_array_equal(f(x), t(torch.from_numpy(x)).numpy())
+
+
+@pytest.mark.parametrize("x", [2.3, [0.5, -1.25, 3.0]])
+def test_learnable_backward_after_a_host_array_like_forward(x):
+    # forward takes any host array-like (a float, a list); backward then failed with
+    # AttributeError: 'float' object has no attribute 'shape' (the ctx keeps x as given)
+    ours, ref = nbqat.LearnableFakeQuantize(), nbqat.LearnableFakeQuantize()
+    for q in (ours, ref):
+        q.enable_param_learning()
+    y = ours(x)
+    g = np.ones(np.shape(x))
+    gx = ours.backward(g)
+    np.testing.assert_array_equal(y, ref(np.asarray(x)))
+    np.testing.assert_array_equal(gx, ref.backward(g))
+    np.testing.assert_array_equal(ours.grad_scale, ref.grad_scale)

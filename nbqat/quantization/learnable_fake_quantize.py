@@ -222,7 +222,7 @@ class LearnableFakeQuantize(_QuantizerPhases):
         if ctx is None:
             return _fq.fake_quantize_backward(grad_y, None)
         x, s, z, gf = ctx
-        if math.prod(x.shape) == 0:  # an empty batch: no gradient for the scale / zero point
+        if _numel(x) == 0:  # an empty batch (x may be any host array-like, a float too)
             V.check_same_shape(x, grad_y, "the ctx's x", "grad_y")
             return _fq.fake_quantize_backward(grad_y, None)  # an empty copy (CPU or CUDA)
         V.check_same_shape(self.grad_scale, s, "grad_scale", "the ctx's scale")
