@@ -193,6 +193,12 @@ def clip_coef(total_norm: float, max_norm: float, dtype: Any = np.float32) -> fl
     m = _nonneg(max_norm, "max_norm")
     dt = np.dtype(dtype)
     t = float(total_norm)
+    with np.errstate(over="ignore", invalid="ignore"):  # Inf past the dtype, 0 * Inf: torch
+        return _coef(t, m, dt)
+
+
+def _coef(t: float, m: float, dt: np.dtype) -> float:
+    """:func:`clip_coef`'s arithmetic in ``dt`` (validated arguments)."""
     if dt == np.float64:
         c = (1.0 / (t + 1e-6)) * m
     elif dt == np.float32:
@@ -424,7 +430,7 @@ def clip_grad_value_(grads: Any, clip_value: float) -> None:
         norm_cuda.apply(grads, ctx, _k.OP_CLAMP, -c, c)
         return
     plan = _plan(grads, write=True)
-    with threads_for(plan.size):
+    with threads_for(plan.size), np.errstate(over="ignore"):  # c past the dtype: Inf, no clip
         for dt, proto, table, _ in plan.groups:
             hi = float(dt.type(c))
             _k.seg_apply(proto, table, _k.OP_CLAMP, -hi, hi)

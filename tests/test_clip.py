@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numba
 import numpy as np
@@ -489,3 +490,24 @@ def test_half_encode_matches_numpy(rng):
     with np.errstate(over="ignore"):
         ref = vals.astype(np.float16).view(np.uint16)
     assert np.array_equal(K.half_roundtrip(vals), ref)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_out_of_range_limits_clip_quietly_as_torch(torch, dtype):
+    # a max_norm / clip_value past the dtype's range (or an infinite max_norm on an infinite
+    # norm) gave torch's result with a RuntimeWarning from NumPy's cast (an error under
+    # -W error); now quiet
+    g = np.array([3.0, -4.0], dtype)
+    for args in ((1e40,), (float("inf"),)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            a = g.copy()
+            total = nbqat.clip_grad_norm_(a, *args)
+            nbqat.clip_grad_value_(a, 1e40)
+        p = torch.nn.Parameter(torch.zeros(2, dtype=torch.from_numpy(g).dtype))
+        p.grad = torch.from_numpy(g.copy())
+        assert total == float(torch.nn.utils.clip_grad_norm_([p], *args))
+        np.testing.assert_array_equal(a, p.grad.numpy())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isnan(nbqat.clip.clip_coef(float("inf"), float("inf"), dtype))
