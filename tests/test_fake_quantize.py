@@ -526,3 +526,25 @@ def test_learnable_backward_after_a_host_array_like_forward(x):
     np.testing.assert_array_equal(y, ref(np.asarray(x)))
     np.testing.assert_array_equal(gx, ref.backward(g))
     np.testing.assert_array_equal(ours.grad_scale, ref.grad_scale)
+
+
+def test_learnable_loads_torch_eps(torch, rng):
+    # eps (the scale's floor at every forward) was ignored by load_state_dict: a torch state
+    # with another eps clamped the scale elsewhere than torch
+    from torch.ao.quantization._learnable_fake_quantize import _LearnableFakeQuantize as TL
+
+    tobs, tkw = torch_args(torch, CONFIGS["tensor_affine_quint8"])
+    theirs = TL(observer=tobs, use_grad_scaling=True, **tkw)
+    theirs.enable_param_learning()
+    sd = {k: v.numpy() for k, v in theirs.state_dict().items()}
+    sd["eps"] = np.array([0.05], np.float32)
+    sd["scale"] = np.array([0.01], np.float32)
+    theirs.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()})
+    ours = nbqat.LearnableFakeQuantize(use_grad_scaling=True, **CONFIGS["tensor_affine_quint8"])
+    ours.load_state_dict(sd)
+    x = (rng.standard_normal((3, 5)) * 2).astype(np.float32)
+    assert np.array_equal(bits(ours(x)), bits(theirs(torch.from_numpy(x)).detach().numpy()))
+    np.testing.assert_array_equal(ours.scale, np.float32([0.05]))
+    with pytest.raises(ValueError, match="eps"):
+        ours.load_state_dict({**sd, "eps": np.array([-1.0], np.float32)})
+    assert ours.eps == np.float32(0.05)

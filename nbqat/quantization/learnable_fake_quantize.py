@@ -257,8 +257,30 @@ class LearnableFakeQuantize(_QuantizerPhases):
         "learning_enabled": "learning_enabled",
     }
     #: torch's ``_LearnableFakeQuantize`` also saves ``FakeQuantizeBase``'s ``observer_enabled``,
-    #: which its forward never reads (``static_enabled`` is the observer switch): accepted, ignored
+    #: which its forward never reads (``static_enabled`` is the observer switch): accepted,
+    #: ignored; ``eps`` is read by :meth:`load_state_dict` itself
     _EXTRA_KEYS = ("eps", "observer_enabled")
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """Load :meth:`state_dict` output or torch's ``_LearnableFakeQuantize`` state dict
+        (:meth:`FakeQuantize.load_state_dict`'s checks), ``eps`` included: the floor of the
+        scale at every forward (a positive float; it was ignored, so a torch state with another
+        ``eps`` clamped its scale elsewhere than torch).
+
+        Parameters
+        ----------
+        state : mapping
+        strict : bool, default True
+            Reject unexpected keys.
+        """
+        eps = self.eps
+        if "eps" in state:
+            e = np.asarray(state["eps"], _F32).reshape(-1)
+            if e.size != 1 or not (np.isfinite(e[0]) and e[0] > 0):
+                raise ValueError(f"load_state_dict: eps must be one positive float, got {e}")
+            eps = e[0]
+        super().load_state_dict(state, strict)  # nothing changed on error
+        self.eps = _F32(eps)
 
     def _check_qparams_state(self, state: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`load_state_dict`'s float32 scale and zero point."""
