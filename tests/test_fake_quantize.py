@@ -548,3 +548,16 @@ def test_learnable_loads_torch_eps(torch, rng):
     with pytest.raises(ValueError, match="eps"):
         ours.load_state_dict({**sd, "eps": np.array([-1.0], np.float32)})
     assert ours.eps == np.float32(0.05)
+
+
+@pytest.mark.parametrize(
+    "zp, exc", [(float("nan"), ValueError), (1e39, ValueError), ("a", TypeError), (True, TypeError)]
+)
+def test_learnable_refuses_a_non_finite_initial_zero_point(zp, exc):
+    # NaN / 1e39 (Inf in float32) were taken and every learning forward then failed; "a" gave
+    # NumPy's "could not convert string to float"; True became 1.0
+    with pytest.raises(exc, match="zero_point"):
+        nbqat.LearnableFakeQuantize(zero_point=zp)
+    lq = nbqat.LearnableFakeQuantize(zero_point=np.float64(3.0)).enable_param_learning()
+    assert lq.zero_point.dtype == np.float32 and lq.zero_point[0] == 3.0
+    lq(np.ones(3, np.float32))

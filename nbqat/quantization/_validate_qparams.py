@@ -153,7 +153,8 @@ def check_float_zero_point(zero_point: Any, name: str = "zero_point") -> np.floa
         zero_point, (numbers.Real, np.floating, np.integer)
     ):
         raise TypeError(f"`{name}` must be a real number, got {type(zero_point).__name__}")
-    z = np.float32(zero_point)
+    with np.errstate(over="ignore"):  # past float32: Inf, refused below (no RuntimeWarning)
+        z = np.float32(zero_point)
     if not np.isfinite(z):
         raise ValueError(f"`{name}` must be finite, got {float(zero_point)!r}")
     return z

@@ -37,7 +37,8 @@ class LearnableFakeQuantize(_QuantizerPhases):
     quant_min, quant_max : int, default 0, 255
         The integer range (passed on to the observer).
     scale, zero_point : float, default 1.0, 0.0
-        Initial values (float32).
+        Initial values (float32): a scale the fake-quantize functions take, a finite zero
+        point (TypeError / ValueError otherwise, naming the argument).
     channel_len : int, default -1
         -1 per tensor (shape (1,)); else the channel count of the initial per-channel arrays.
     use_grad_scaling : bool, default True
@@ -90,11 +91,12 @@ class LearnableFakeQuantize(_QuantizerPhases):
         VS.check_module_range(quant_min, quant_max, who, strict=True)
         channel_len = VS.check_channel_len(channel_len, who)
         s = VQ.check_scale(scale)
+        z = VQ.check_float_zero_point(zero_point)  # NaN / Inf failed every learning forward
         observer_kwargs.update(quant_min=quant_min, quant_max=quant_max)
         self._bind_observer(observer, observer_kwargs)
         n = 1 if channel_len == -1 else channel_len
         self.scale = np.full(n, s, _F32)
-        self.zero_point = np.full(n, _F32(zero_point), _F32)
+        self.zero_point = np.full(n, z, _F32)
         self.grad_scale = np.zeros(n, _F32)
         self.grad_zero_point = np.zeros(n, _F32)
         self.use_grad_scaling = bool(use_grad_scaling)
