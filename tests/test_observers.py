@@ -691,3 +691,12 @@ def test_moving_average_merge_of_far_apart_huge_values_is_their_mean():
     a.merge(b)
     assert (a.min_val, a.max_val) == (want_min, want_max)
     assert np.isfinite(a.calculate_qparams()[0]).all()
+
+
+def test_an_eps_past_float32_is_refused_without_a_runtime_warning():
+    # eps=1e39 was refused, after NumPy's "overflow encountered in cast" RuntimeWarning (an
+    # error under -W error, ahead of the ValueError that names eps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="eps"):
+            nbqat.MinMaxObserver(eps=1e39)

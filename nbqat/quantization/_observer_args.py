@@ -221,7 +221,8 @@ def check_common(
     qrange = resolve_range(out["dtype"], out["reduce_range"], quant_min, quant_max)
     out["quant_min"], out["quant_max"], out["has_customized_qrange"] = qrange
     try:
-        eps32 = np.float32(eps)
+        with np.errstate(over="ignore"):  # past float32: Inf, refused below
+            eps32 = np.float32(eps)
     except (TypeError, ValueError):
         raise TypeError(f"eps must be a positive float, got {eps!r}") from None
     if not (np.isfinite(eps32) and eps32 > 0):
