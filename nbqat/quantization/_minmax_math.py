@@ -11,6 +11,7 @@ policies and the warnings.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -205,6 +206,18 @@ def check_min_max_values(mn: np.ndarray, mx: np.ndarray, nonfinite: str, who: st
     """ValueError unless ``(mn, mx)`` is a state the observer's own updates can reach: finite
     values or the unset pair ``(+inf, -inf)`` (any, under ``"propagate"``), and no entry with
     ``min > max``; ``to`` ends the hint on the policy."""
+    # The common state first, in a few microseconds (the fused forward sets it every step):
+    # every entry finite with min <= max is exactly max - min (in float64) finite and >= 0.
+    if mn.ndim == 0:
+        a, b = float(mn), float(mx)
+        if a == math.inf and b == -math.inf:
+            return
+        if (nonfinite == "propagate" or (math.isfinite(a) and math.isfinite(b))) and not a > b:
+            return
+    elif mn.size:
+        d = np.subtract(mx, mn, dtype=np.float64)
+        if d.min() >= 0.0 and d.max() < math.inf:
+            return
     unset = (mn == np.inf) & (mx == -np.inf)
     if nonfinite != "propagate" and not np.all(unset | (np.isfinite(mn) & np.isfinite(mx))):
         raise ValueError(

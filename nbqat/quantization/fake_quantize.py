@@ -168,7 +168,7 @@ class FakeQuantize(_QuantizerPhases):
         y, mask, new = res
         if new is not None:
             mn, mx, self.scale, self.zero_point = new
-            self.activation_post_process._store_min_max(mn, mx)  # set_min_max, unchecked
+            self.activation_post_process.set_min_max(mn, mx)  # the observer's public setter
         self.ctx = mask
         self._ran = True
         return True, y

@@ -235,12 +235,6 @@ class _MinMaxBase:
         _mm.check_min_max_values(mn, mx, self.nonfinite, "set_min_max", "set such values")
         self._min, self._max = mn, mx
 
-    def _store_min_max(self, min_val: Any, max_val: Any) -> None:
-        """:meth:`set_min_max` without the value checks (a few microseconds a call): the fused
-        path's own min/max, which the policy already kept finite (shapes still checked)."""
-        mn, mx = np.array(min_val, dtype=_F32), np.array(max_val, dtype=_F32)
-        self._min, self._max = _mm.check_min_max_shapes(mn, mx, self._per_channel, "set_min_max")
-
     def symmetric_zero_point(self) -> int:
         """The zero point of a symmetric qscheme: 0 for signed dtypes, 128 for quint8 with its
         default range, ``(quant_min + quant_max) // 2`` otherwise (torch's rule).
