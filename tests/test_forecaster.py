@@ -33,6 +33,12 @@ COLS = [
     "--known-cols", "holiday,price", "--observed-cols", "temp",
 ]  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
+#: TINY and COLS as Forecaster / fit keywords.
+TINY_KW = dict(epochs=1, qat_epochs=1, batch_size=16, hidden_dim=4, heads=1, history=K,
+               horizon=TAU, windows_per_epoch=32, calibration_batches=2, eval_stride=48,
+               progress=False, plots=False)  # fmt: skip
+COLS_KW = dict(time_col="ts", target_col="demand", entity_col="site", observed_cols=["temp"],
+               known_cols=["holiday", "price"])  # fmt: skip
 
 
 def _demand(days: int = 30) -> pd.DataFrame:
@@ -265,15 +271,10 @@ def test_forecaster_fit_predict_load_round_trip(demand, tmp_path, capsys):
     import nbqat
 
     d, full, train, fut, run = demand
-    opts = dict(epochs=1, qat_epochs=1, batch_size=16, hidden_dim=4, heads=1, history=K,
-                horizon=TAU, windows_per_epoch=32, calibration_batches=2, eval_stride=48,
-                progress=False, plots=False)  # fmt: skip
+    opts = TINY_KW
     df = pd.read_csv(train)
     capsys.readouterr()
-    fc = nbqat.Forecaster(**opts).fit(
-        df, time_col="ts", target_col="demand", entity_col="site", observed_cols=["temp"],
-        known_cols=["holiday", "price"],
-    )  # fmt: skip
+    fc = nbqat.Forecaster(**opts).fit(df, **COLS_KW)
     assert capsys.readouterr().out == ""  # a library call: the CLI prints the summary
     assert "q-risk" in (fc.run_dir / "summary.txt").read_text()
     # the CLI run on the same data and options: the same numbers
@@ -294,9 +295,8 @@ def test_forecaster_fit_predict_load_round_trip(demand, tmp_path, capsys):
     before = {p.name: p.read_bytes() for p in saved.iterdir() if p.is_file()}
     with pytest.raises(ValueError, match="window"):
         nbqat.Forecaster(out=str(saved), overwrite=True, **{**opts, "horizon": 6000}).fit(
-            df.assign(demand=df.demand + 100), time_col="ts", target_col="demand",
-            entity_col="site", observed_cols=["temp"], known_cols=["holiday", "price"],
-        )  # fmt: skip
+            df.assign(demand=df.demand + 100), **COLS_KW
+        )
     assert {p.name: p.read_bytes() for p in saved.iterdir() if p.is_file()} == before
     with pytest.raises(TypeError, match="unknown option"):
         nbqat.Forecaster(epoch=3)
@@ -505,12 +505,9 @@ def test_forecaster_without_out_fits_again():
     refused: its temporary ``--out`` 'holds a previous run'); a refused refit keeps the run."""
     import nbqat
 
-    opts = dict(epochs=1, qat_epochs=1, batch_size=16, hidden_dim=4, heads=1, history=K,
-                horizon=TAU, windows_per_epoch=32, calibration_batches=2, eval_stride=48,
-                progress=False, plots=False)  # fmt: skip
+    opts = TINY_KW
     df = _demand(days=12)
-    cols = dict(time_col="ts", target_col="demand", entity_col="site", observed_cols=["temp"],
-                known_cols=["holiday", "price"])  # fmt: skip
+    cols = COLS_KW
     fc = nbqat.Forecaster(**opts).fit(df, **cols)
     at = "2024-03-12 00:00"  # the known columns of the forecast steps are in the data
     first, p1 = fc.run_dir, fc.predict(at=at)
@@ -562,12 +559,9 @@ def test_saved_copy_forecasts_from_its_own_data(tmp_path):
     data, silently)."""
     import nbqat
 
-    opts = dict(epochs=1, qat_epochs=1, batch_size=16, hidden_dim=4, heads=1, history=K,
-                horizon=TAU, windows_per_epoch=32, calibration_batches=2, eval_stride=48,
-                progress=False, plots=False)  # fmt: skip
+    opts = TINY_KW
     df = _demand(days=12)
-    cols = dict(time_col="ts", target_col="demand", entity_col="site", observed_cols=["temp"],
-                known_cols=["holiday", "price"])  # fmt: skip
+    cols = COLS_KW
     at, out = "2024-03-12 00:00", str(tmp_path / "a")
     fc = nbqat.Forecaster(out=out, **opts).fit(df, **cols)
     want = fc.predict(at=at)
@@ -583,12 +577,9 @@ def test_failed_overwrite_fit_keeps_the_previous_runs_data(tmp_path, monkeypatch
     import nbqat
     from nbqat.train import job
 
-    opts = dict(epochs=1, qat_epochs=1, batch_size=16, hidden_dim=4, heads=1, history=K,
-                horizon=TAU, windows_per_epoch=32, calibration_batches=2, eval_stride=48,
-                progress=False, plots=False)  # fmt: skip
+    opts = TINY_KW
     df = _demand(days=12)
-    cols = dict(time_col="ts", target_col="demand", entity_col="site", observed_cols=["temp"],
-                known_cols=["holiday", "price"])  # fmt: skip
+    cols = COLS_KW
     at, out = "2024-03-12 00:00", tmp_path / "a"
     want = nbqat.Forecaster(out=str(out), **opts).fit(df, **cols).predict(at=at)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
@@ -677,8 +668,7 @@ def test_loaded_forecaster_does_not_inherit_overwrite(demand, tmp_path):
     fc = nbqat.Forecaster.load(run)
     assert not fc.options.get("overwrite")
     with pytest.raises(ValueError, match="holds a previous run"):
-        fc.fit(pd.read_csv(demand[2]), time_col="ts", target_col="demand", entity_col="site",
-               observed_cols=["temp"], known_cols=["holiday", "price"])  # fmt: skip
+        fc.fit(pd.read_csv(demand[2]), **COLS_KW)
     assert (run / "model.onnx").read_bytes() == before
 
 
@@ -718,12 +708,9 @@ def test_fit_takes_a_path_out_and_numpy_option_values(tmp_path):
 
     import nbqat
 
-    opts = dict(epochs=1, qat_epochs=1, batch_size=16, hidden_dim=4, heads=1,
-                windows_per_epoch=32, calibration_batches=2, eval_stride=48, progress=False,
-                plots=False)  # fmt: skip
+    opts = {k: v for k, v in TINY_KW.items() if k not in ("history", "horizon")}
     fc = nbqat.Forecaster(out=tmp_path / "run", history=np.int64(K), horizon=np.int32(TAU),
                           lr=np.float64(3e-3), **opts)  # fmt: skip
-    fc.fit(_demand(days=12), time_col="ts", target_col="demand", entity_col="site",
-           observed_cols=["temp"], known_cols=["holiday", "price"])  # fmt: skip
+    fc.fit(_demand(days=12), **COLS_KW)
     cfg = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["config"]
     assert cfg["out"] == str(tmp_path / "run") and cfg["history"] == K and cfg["lr"] == 3e-3

@@ -100,24 +100,13 @@ def test_float8_weights_with_int8_activations_export():
         assert np.abs(_run(proto, b, optimize) - int8(*b)).max() <= float(int8.output_scale)
 
 
-@pytest.mark.parametrize("which", ["per_token", "weight_only", "int8_weight_only"])
-def test_8bit_fallback_weights_beside_per_token_or_float_activations_export(which):
-    """``int4_weight_qconfig(G, "per_token" or None, int8_fallback=True)`` (documented) and an
-    int8 weight-only ``QConfig(activation=None)``: the 8-bit per-channel weights of a layer
-    without per-tensor input codes raised "weight range is not 4-bit" in the export. Now int8
-    codes with a per-axis DequantizeLinear; onnxruntime equals the reference engine and the
-    fake-quant model to float32 rounding."""
+def _calibrated_lstm(qc, seed):
+    """A small ``LSTMForecaster`` (hidden size 5) prepared with ``qc``, calibrated on one batch
+    of 6 rows and frozen; returns ``(qat_model, batch)``."""
     from nbqat.nn import LSTMForecaster, LSTMForecasterConfig, prepare_qat
-    from nbqat.quantization.qconfig import QConfig, default_qat_qconfig
 
-    qc = {
-        "per_token": int4_weight_qconfig(4, "per_token", int8_fallback=True),
-        "weight_only": int4_weight_qconfig(4, None, int8_fallback=True),
-        "int8_weight_only": QConfig(activation=None, weight=default_qat_qconfig.weight),
-    }[which]
-    cfg = LSTMForecasterConfig(2, 3, 4, 5, 4, 3)  # d = 5: no group of 4 fits the recurrence
-    q = prepare_qat(LSTMForecaster(cfg, seed=0), qc)
-    rng = np.random.default_rng(7)
+    q = prepare_qat(LSTMForecaster(LSTMForecasterConfig(2, 3, 4, 5, 4, 3), seed=0), qc)
+    rng = np.random.default_rng(seed)
     b = (
         rng.standard_normal((6, 2)).astype(np.float32),
         rng.standard_normal((6, 4, 4)).astype(np.float32),
@@ -125,6 +114,24 @@ def test_8bit_fallback_weights_beside_per_token_or_float_activations_export(whic
     )
     q.calibrate([b])
     q.freeze_observers()
+    return q, b
+
+
+@pytest.mark.parametrize("which", ["per_token", "weight_only", "int8_weight_only"])
+def test_8bit_fallback_weights_beside_per_token_or_float_activations_export(which):
+    """``int4_weight_qconfig(G, "per_token" or None, int8_fallback=True)`` (documented) and an
+    int8 weight-only ``QConfig(activation=None)``: the 8-bit per-channel weights of a layer
+    without per-tensor input codes raised "weight range is not 4-bit" in the export. Now int8
+    codes with a per-axis DequantizeLinear; onnxruntime equals the reference engine and the
+    fake-quant model to float32 rounding."""
+    from nbqat.quantization.qconfig import QConfig, default_qat_qconfig
+
+    qc = {
+        "per_token": int4_weight_qconfig(4, "per_token", int8_fallback=True),
+        "weight_only": int4_weight_qconfig(4, None, int8_fallback=True),
+        "int8_weight_only": QConfig(activation=None, weight=default_qat_qconfig.weight),
+    }[which]
+    q, b = _calibrated_lstm(qc, 7)  # d = 5: no group of 4 fits the recurrence
     proto, _ = build_model(q)
     inits = {t.name: t for t in proto.graph.initializer}
     assert inits["encoder.hh.weight_q"].data_type == onnx.TensorProto.INT8
@@ -141,22 +148,13 @@ def test_per_token_activations_export_below_opset_18(opset):
     ReduceMin / ReduceMax took their axes as an input, which only opset 18 has (the onnx
     checker's ValidationError at opset 13-17). Now an attribute below 18; onnxruntime equals
     the reference engine."""
-    from nbqat.nn import LSTMForecaster, LSTMForecasterConfig, prepare_qat
     from nbqat.quantization.qconfig import QConfig, default_qat_qconfig
 
     qc = QConfig(
         activation=int4_weight_qconfig(4, "per_token").activation,
         weight=default_qat_qconfig.weight,
     )
-    q = prepare_qat(LSTMForecaster(LSTMForecasterConfig(2, 3, 4, 5, 4, 3), seed=0), qc)
-    rng = np.random.default_rng(8)
-    b = (
-        rng.standard_normal((6, 2)).astype(np.float32),
-        rng.standard_normal((6, 4, 4)).astype(np.float32),
-        rng.standard_normal((6, 3, 3)).astype(np.float32),
-    )
-    q.calibrate([b])
-    q.freeze_observers()
+    q, b = _calibrated_lstm(qc, 8)
     proto, _ = build_model(q, opset=opset)
     reduce = [n for n in proto.graph.node if n.op_type == "ReduceMin"]
     assert reduce and all(len(n.input) == 1 for n in reduce)

@@ -587,36 +587,39 @@ class _Scaled(Module):
         return (xq @ wq.T) * self.gain
 
 
-def test_convert_keeps_a_registered_layers_per_channel_weight_quantizer(rng):
+@pytest.fixture
+def scaled_registered():
+    """``_Scaled`` registered as a QAT layer (a weight and an input quantizer) for the test;
+    ``QAT_MODULE_MAPPINGS`` as it was after it."""
+    saved = dict(QAT_MODULE_MAPPINGS)
+    register_qat_module(_Scaled, {"weight_fake_quant": "weight", "input_fake_quant": "activation"})
+    yield
+    QAT_MODULE_MAPPINGS.clear()
+    QAT_MODULE_MAPPINGS.update(saved)
+
+
+def test_convert_keeps_a_registered_layers_per_channel_weight_quantizer(rng, scaled_registered):
     """``convert`` freezes the quantizers of a layer it does not swap: a per-channel weight
     quantizer kept only channel 0's scale (every channel quantized on it) and the frozen hook
     could not be called as the QAT one was."""
-    saved = dict(QAT_MODULE_MAPPINGS)
-    try:
-        register_qat_module(
-            _Scaled, {"weight_fake_quant": "weight", "input_fake_quant": "activation"}
-        )
-        net = Sequential(_Scaled(6, 8), ELU(), Linear(8, 3))
-        ParameterBuffer(net, seed=1)
-        qat = prepare_qat(net, qconfig_mapping={"2": None})
-        x = rng.standard_normal((16, 6)).astype(np.float32)
-        qat(x)
-        qat.disable_calibration()
-        qat.freeze_observers()
-        qat.eval()
-        wfq = qat.model[0].weight_fake_quant
-        assert wfq.is_per_channel and np.unique(wfq.scale).size == 8
-        int8 = convert(qat)
-        frozen = int8.model[0].weight_fake_quant
-        assert frozen.ch_axis == 0
-        np.testing.assert_array_equal(frozen.scale, wfq.scale)
-        np.testing.assert_array_equal(int8(x), qat(x))  # the same fake quantization, frozen
-    finally:
-        QAT_MODULE_MAPPINGS.clear()
-        QAT_MODULE_MAPPINGS.update(saved)
+    net = Sequential(_Scaled(6, 8), ELU(), Linear(8, 3))
+    ParameterBuffer(net, seed=1)
+    qat = prepare_qat(net, qconfig_mapping={"2": None})
+    x = rng.standard_normal((16, 6)).astype(np.float32)
+    qat(x)
+    qat.disable_calibration()
+    qat.freeze_observers()
+    qat.eval()
+    wfq = qat.model[0].weight_fake_quant
+    assert wfq.is_per_channel and np.unique(wfq.scale).size == 8
+    int8 = convert(qat)
+    frozen = int8.model[0].weight_fake_quant
+    assert frozen.ch_axis == 0
+    np.testing.assert_array_equal(frozen.scale, wfq.scale)
+    np.testing.assert_array_equal(int8(x), qat(x))  # the same fake quantization, frozen
 
 
-def test_convert_freezes_a_registered_layers_float8_quantizers(rng):
+def test_convert_freezes_a_registered_layers_float8_quantizers(rng, scaled_registered):
     """A registered layer's float8 input quantizer was left as it was in the QAT model: converted
     in training mode (observers on), the int8 model recomputed its per-tensor scale from every
     batch (0.82 from the QAT model in evaluation mode on a wider batch). Now it keeps the
@@ -625,30 +628,22 @@ def test_convert_freezes_a_registered_layers_float8_quantizers(rng):
     from nbqat.quantization.float8 import choose_scale_float8, fake_quantize_float8
     from nbqat.quantization.qconfig import FLOAT8_AMAX_LB, float8_qconfig
 
-    saved = dict(QAT_MODULE_MAPPINGS)
-    try:
-        register_qat_module(
-            _Scaled, {"weight_fake_quant": "weight", "input_fake_quant": "activation"}
-        )
-        net = Sequential(_Scaled(16, 8), ELU(), Linear(8, 3))
-        ParameterBuffer(net, seed=1)
-        qat = prepare_qat(net, float8_qconfig())
-        x = rng.standard_normal((8, 16)).astype(np.float32)
-        qat.calibrate([x])  # the QAT phase, training mode: the observers still run
-        int8 = convert(qat)
-        assert qat.model[0].input_fake_quant.observer_enabled  # the QAT model is unchanged
-        x2 = (5 * rng.standard_normal((8, 16))).astype(np.float32)
-        y8 = int8(x2)
-        in_fq = qat.model[0].input_fake_quant
-        xq = fake_quantize_float8(x2, np.asarray(in_fq.scale, np.float32))
-        wider = choose_scale_float8(x2, x2.shape, hp_value_lb=FLOAT8_AMAX_LB)
-        assert float(np.ravel(wider)[0]) > 2 * float(np.ravel(in_fq.scale)[0])
-        qat.eval()
-        np.testing.assert_array_equal(y8, qat(x2))
-        np.testing.assert_array_equal(int8.model[0].input_fake_quant(x2), xq)
-    finally:
-        QAT_MODULE_MAPPINGS.clear()
-        QAT_MODULE_MAPPINGS.update(saved)
+    net = Sequential(_Scaled(16, 8), ELU(), Linear(8, 3))
+    ParameterBuffer(net, seed=1)
+    qat = prepare_qat(net, float8_qconfig())
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    qat.calibrate([x])  # the QAT phase, training mode: the observers still run
+    int8 = convert(qat)
+    assert qat.model[0].input_fake_quant.observer_enabled  # the QAT model is unchanged
+    x2 = (5 * rng.standard_normal((8, 16))).astype(np.float32)
+    y8 = int8(x2)
+    in_fq = qat.model[0].input_fake_quant
+    xq = fake_quantize_float8(x2, np.asarray(in_fq.scale, np.float32))
+    wider = choose_scale_float8(x2, x2.shape, hp_value_lb=FLOAT8_AMAX_LB)
+    assert float(np.ravel(wider)[0]) > 2 * float(np.ravel(in_fq.scale)[0])
+    qat.eval()
+    np.testing.assert_array_equal(y8, qat(x2))
+    np.testing.assert_array_equal(int8.model[0].input_fake_quant(x2), xq)
 
 
 def test_a_failed_inplace_prepare_leaves_the_model_float(rng):

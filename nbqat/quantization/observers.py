@@ -331,8 +331,8 @@ class _MinMaxBase:
                 raise ValueError(
                     f"cannot merge {self._min.size} channels with {other._min.size} channels"
                 )
-        ab = [v.reshape(-1) for v in (self._min, self._max, other._min, other._max)]
-        new_min, new_max = _mm.merge_min_max(*ab, self._moving, self.nonfinite)
+        a0, a1, b0, b1 = (v.reshape(-1) for v in (self._min, self._max, other._min, other._max))
+        new_min, new_max = _mm.merge_min_max(a0, a1, b0, b1, self._moving, self.nonfinite)
         self._min = new_min.reshape(self._min.shape)
         self._max = new_max.reshape(self._max.shape)
         return self

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -201,7 +201,21 @@ def set_dropout(model: Any, training: bool, seed: Sequence[int] | None = None) -
 
 
 @contextmanager
-def global_masks(model: Any, rows: tuple[int, int, int] | None) -> Iterator[None]:
+def _dropout_attribute(model: Any, name: str, value: Any) -> Iterator[None]:
+    """Within the block, every :class:`Dropout` of ``model`` (a Module; anything else holds
+    none) has ``name`` set to ``value``; the previous values come back after it."""
+    layers = model.modules_of_type(Dropout) if isinstance(model, Module) else ()
+    saved = [getattr(mod, name) for mod in layers]
+    try:
+        for mod in layers:
+            setattr(mod, name, value)
+        yield
+    finally:
+        for mod, v in zip(layers, saved):
+            setattr(mod, name, v)
+
+
+def global_masks(model: Any, rows: tuple[int, int, int] | None) -> AbstractContextManager:
     """Within the block, draw the masks of ``model``'s dropout layers for a global batch and
     keep this rank's rows (:attr:`Dropout.rows`); the previous ``rows`` come back after it.
 
@@ -212,24 +226,17 @@ def global_masks(model: Any, rows: tuple[int, int, int] | None) -> Iterator[None
     rows : (global_rows, start, stop) or None
         None changes nothing (one process).
 
-    Yields
-    ------
-    None
+    Returns
+    -------
+    context manager
     """
-    tree = getattr(model, "model", model) if not isinstance(model, Module) else model
-    layers = tree.modules_of_type(Dropout) if rows is not None and isinstance(tree, Module) else ()
-    saved = [mod.rows for mod in layers]
-    try:
-        for mod in layers:
-            mod.rows = rows
-        yield
-    finally:
-        for mod, r in zip(layers, saved):
-            mod.rows = r
+    if rows is None:
+        return nullcontext()
+    tree = model if isinstance(model, Module) else getattr(model, "model", None)
+    return _dropout_attribute(tree, "rows", rows)
 
 
-@contextmanager
-def dropout_off(model: Any) -> Iterator[None]:
+def dropout_off(model: Any) -> AbstractContextManager:
     """Within the block, every :class:`Dropout` of ``model`` is the identity (evaluation);
     their ``training`` flags come back after it.
 
@@ -237,16 +244,8 @@ def dropout_off(model: Any) -> Iterator[None]:
     ----------
     model : Module
 
-    Yields
-    ------
-    None
+    Returns
+    -------
+    context manager
     """
-    layers = model.modules_of_type(Dropout) if isinstance(model, Module) else ()
-    saved = [mod.training for mod in layers]
-    try:
-        for mod in layers:
-            mod.training = False
-        yield
-    finally:
-        for mod, t in zip(layers, saved):
-            mod.training = t
+    return _dropout_attribute(model, "training", False)
