@@ -264,3 +264,34 @@ def test_cli_predict_monthly_run_and_daily_data_refused(monthly_run, tmp_path):
         fc.predict(pd.read_csv(daily))
     assert main(["predict", str(fc.run_dir), "--csv", str(daily), "--out",
                  str(tmp_path / "x.csv")]) == 2  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "other, words",
+    [(pd.date_range("2000-01-31", periods=30, freq="ME"), "the last day of their month"),
+     (pd.date_range("2000-01-15", periods=30, freq="MS") + pd.Timedelta(days=14),
+      "day 15 of the month")],
+)  # fmt: skip
+def test_entities_on_different_days_of_month_named(other, words, tmp_path):
+    """One entity on the 1st, another on another day (each regular on its own): the message
+    names the entity off the first one's day and that day; it blamed the regular first
+    entity ('not a whole number of steps') without naming a date."""
+    first = pd.date_range("2000-01-01", periods=30, freq="MS")
+    df = pd.concat([_frame(first), _frame(other).assign(site="s1")], ignore_index=True)
+    path = tmp_path / "mixed.csv"
+    df.assign(date=pd.to_datetime(df.date).dt.strftime("%Y-%m-%d")).to_csv(path, index=False)
+    want = f"entity 's1' has its dates on {words} and entity 's0' on day 1 of the month"
+    with pytest.raises(DataError, match=want) as e:
+        from_dataframe(df, time_col="date", target_col="y", entity_col="site")
+    assert "row 30" in str(e.value)  # s1's first row
+    with pytest.raises(DataError, match=want):
+        load_csv(path, time_col="date", target_col="y", entity_col="site")
+    # each entity alone is a calendar-month axis
+    for d in (first, other):
+        s = from_dataframe(_frame(d), time_col="date", target_col="y", entity_col="site")
+        assert s.times[0].dtype == np.dtype("datetime64[M]")
+    # one difference per entity, the same number of seconds (31 days): a seconds axis, as before
+    a = _frame(pd.to_datetime(["2000-01-01", "2000-02-01"]))
+    two = pd.concat([a, _frame(pd.to_datetime(["2000-03-15", "2000-04-15"])).assign(site="s1")])
+    s = from_dataframe(two, time_col="date", target_col="y", entity_col="site")
+    assert s.month_day == 0 and s.step == np.timedelta64(31 * 86400, "s")

@@ -10,9 +10,12 @@ spells them back).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from nbqat.data._series import DataError
 
 __all__ = ["MONTH_END", "is_month_axis", "month_axis", "month_dates"]
 
@@ -49,7 +52,12 @@ def _anchor(t: np.ndarray) -> int:
     return 0
 
 
-def month_axis(t: np.ndarray, per: list[Any]) -> tuple[np.ndarray, int]:
+def month_axis(
+    t: np.ndarray,
+    per: list[Any],
+    names: list[str] | None = None,
+    where: Callable[[int], str] | None = None,
+) -> tuple[np.ndarray, int]:
     """The calendar-month axis of the times ``t``, when they are monthly, quarterly or yearly.
 
     Dates (``datetime64[s]``) at midnight, all on the same day of month (at most 28) or all on
@@ -63,23 +71,68 @@ def month_axis(t: np.ndarray, per: list[Any]) -> tuple[np.ndarray, int]:
         The parsed time column (``datetime64[s]`` or float64).
     per : list of slice or ndarray
         The rows of each entity (:func:`nbqat.data._regular.entity_rows`).
+    names : list of str, optional
+        The entity names (for the error below).
+    where : callable, optional
+        ``where(row)``: the row's place for messages (e.g. ``"data.csv, line 5"``).
 
     Returns
     -------
     (ndarray, int)
         ``(t as datetime64[M], day)`` with ``day`` the day of month (1 to 28) or
         :data:`MONTH_END`; ``(t, 0)`` unchanged for any other axis.
+
+    Raises
+    ------
+    DataError
+        (with ``names`` and ``where``) When every entity's dates are calendar-month dates but
+        not all on the same day (one entity on the 1st, another on the last day of the month).
     """
     if t.dtype.kind != "M" or len(t) < 2:
         return t, 0
     day = _anchor(t)
     if day == 0:
+        if names is not None and where is not None:
+            _check_one_day(t, per, names, where)
         return t, 0
-    diffs = [np.diff(t[rows]) for rows in per]
-    nonempty = [d for d in diffs if len(d)]
-    if not nonempty or all(bool(np.all(d == nonempty[0][0])) for d in nonempty):
+    if _one_step_in_seconds(t, per):
         return t, 0
     return t.astype("datetime64[M]"), day
+
+
+def _one_step_in_seconds(t: np.ndarray, per: list[Any]) -> bool:
+    """Whether every difference within an entity is the same number of seconds."""
+    diffs = [np.diff(t[rows]) for rows in per]
+    nonempty = [d for d in diffs if len(d)]
+    return not nonempty or all(bool(np.all(d == nonempty[0][0])) for d in nonempty)
+
+
+def _day_words(day: int) -> str:
+    return "the last day of their month" if day == MONTH_END else f"day {day} of the month"
+
+
+def _check_one_day(
+    t: np.ndarray, per: list[Any], names: list[str], where: Callable[[int], str]
+) -> None:
+    """Refuse entities whose dates are each on one day of month, but not all on the same
+    one (the table as a whole has no day to spell its months on)."""
+    days = []  # (day, entity, first row) of each entity with rows
+    for e, rows in enumerate(per):
+        if len(t[rows]):
+            days.append((_anchor(t[rows]), e, rows.start if isinstance(rows, slice) else rows[0]))
+            if days[-1][0] == 0:
+                return  # not monthly on its own: the step check's message says why
+    other = next((p for p in days if p[0] != days[0][0]), None)
+    if other is None or _one_step_in_seconds(t, per):  # one step in seconds: kept as before
+        return
+    (d0, e0, _), (d1, e1, row) = days[0], other
+    raise DataError(
+        f"{where(int(row))}: entity {names[e1]!r} has its dates "
+        f"on {_day_words(d1)} and entity {names[e0]!r} on {_day_words(d0)}: monthly, "
+        "quarterly or yearly dates are read as calendar months when every entity's dates are "
+        "on the same day of month (at most 28) or all on the last day of their month; spell "
+        "every entity's dates that way (e.g. all on the 1st: 2000-01-01, 2000-02-01, ...)"
+    )
 
 
 def month_dates(t: np.ndarray, day: int) -> np.ndarray:

@@ -413,7 +413,8 @@ def _frame_to_series(
         codes, names = np.zeros(len(df), dtype=np.int64), ["series"]
     per = entity_rows(codes, len(names))
     del codes
-    t, month_day = month_axis(t, per)  # monthly, quarterly, yearly dates: datetime64[M]
+    # monthly, quarterly, yearly dates: datetime64[M]
+    t, month_day = month_axis(t, per, names, where)
     # Each entity's own arrays, filled straight from the table's chunks (one copy).
     sizes = [r.stop - r.start if isinstance(r, slice) else len(r) for r in per]
     target = [np.empty(n) for n in sizes]
