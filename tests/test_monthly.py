@@ -295,3 +295,27 @@ def test_entities_on_different_days_of_month_named(other, words, tmp_path):
     two = pd.concat([a, _frame(pd.to_datetime(["2000-03-15", "2000-04-15"])).assign(site="s1")])
     s = from_dataframe(two, time_col="date", target_col="y", entity_col="site")
     assert s.month_day == 0 and s.step == np.timedelta64(31 * 86400, "s")
+
+
+def test_year_month_values_spelled_back_as_given(monthly_run, tmp_path):
+    """Year-month values (``2000-01``: ISO 8601 for a month) were read but their forecasts
+    spelled ``2020-01-01``: not the data's spelling, so they did not join back onto it."""
+    from nbqat.cli import main
+
+    fc, df, dates = monthly_run
+    months = pd.PeriodIndex(dates, freq="M")
+    path = tmp_path / "ym.csv"
+    df.assign(date=np.tile(months.strftime("%Y-%m"), 2)).to_csv(path, index=False)
+    s = load_csv(path, time_col="date", target_col="y", entity_col="site")
+    assert s.month_day == 1 and s.time_format == "%Y-%m"
+    assert format_times(s.times[0], s.time_format, s.month_day) == list(months.strftime("%Y-%m"))
+    out = tmp_path / "f.csv"
+    assert main(["predict", str(fc.run_dir), "--csv", str(path), "--engine", "int8",
+                 "--out", str(out)]) == 0  # fmt: skip
+    got = pd.read_csv(out)
+    want = pd.period_range(months[-1] + 1, periods=12, freq="M").strftime("%Y-%m")
+    assert list(got[got.entity == "s1"].time) == list(want)
+    # a date off the 1st (or a time of day) keeps its day in that spelling
+    assert format_times(np.array(["2000-01-15"], "M8[s]"), "%Y-%m") == ["2000-01-15"]
+    hours = np.array(["2000-01-01", "2000-01-01T06:00"], "M8[s]")
+    assert format_times(hours, "%Y-%m") == ["2000-01-01T00:00:00", "2000-01-01T06:00:00"]

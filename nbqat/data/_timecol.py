@@ -120,9 +120,10 @@ def time_spelling(s: Any) -> str:
     -------
     str
         A :meth:`datetime.strftime` format (``%Y-%m-%dT%H:%M``, ``%Y-%m-%d %H:%M:%S``,
-        ``%Y-%m-%d``; with ``Z`` or ``+00:00`` appended when the values carry a UTC offset,
-        since they are read as UTC: a time-zone-aware ``datetime64`` column too, so that its
-        times, converted to UTC, are not read back as local times), ``"integer"`` for whole
+        ``%Y-%m-%d``, ``%Y-%m`` for year-month values such as ``2024-03``; with ``Z`` or
+        ``+00:00`` appended when the values carry a UTC offset, since they are read as UTC: a
+        time-zone-aware ``datetime64`` column too, so that its times, converted to UTC, are
+        not read back as local times), ``"integer"`` for whole
         numbers or ``"number"``.
     """
     import pandas as pd
@@ -142,6 +143,8 @@ def time_spelling(s: Any) -> str:
         return "integer"
     if re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", v):
         return "number"
+    if re.fullmatch(r"\d{4}-\d{2}", v):  # ISO 8601 year and month (monthly data)
+        return "%Y-%m"
     tz = re.search(_OFFSET, v[10:]) if len(v) > 10 else None
     zone = "" if tz is None else ("Z" if tz.group(0) == "Z" else "+00:00")
     clock = v[11 : len(v) - (len(tz.group(0)) if tz else 0)]
@@ -159,7 +162,9 @@ def format_times(t: np.ndarray, spelling: str, month_day: int = 0) -> list[str]:
     first value, so one that would drop a part of some time is widened: ``"integer"`` times
     that are not all whole numbers are spelled as ``"number"`` (``0, 0.5, 1, ...``), and date
     times that a date-only (``2024-03-01`` for midnight, then hourly) or coarser clock spelling
-    cannot hold are spelled ``%Y-%m-%dT%H:%M:%S`` (with the spelling's UTC suffix)."""
+    cannot hold are spelled ``%Y-%m-%dT%H:%M:%S`` (with the spelling's UTC suffix); a
+    year-month spelling (``%Y-%m``) of times not all on the 1st at midnight is widened the same
+    way (through ``%Y-%m-%d``)."""
     import pandas as pd
 
     from nbqat.data._months import month_dates
@@ -172,6 +177,8 @@ def format_times(t: np.ndarray, spelling: str, month_day: int = 0) -> list[str]:
     if spelling == "number":
         return [repr(float(v)) for v in np.asarray(t, np.float64)]
     secs = np.asarray(t, "datetime64[s]")
+    if "%d" not in spelling and np.any(secs != secs.astype("datetime64[M]")):
+        spelling = "%Y-%m-%d"  # year-month values: dates off the 1st need their day
     unit = next((u for part, u in (("%H", 86400), ("%M", 3600), ("%S", 60)) if part not in
                  spelling), 1)  # fmt: skip
     if unit > 1 and np.any(secs.astype(np.int64) % unit):
