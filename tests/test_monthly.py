@@ -319,3 +319,24 @@ def test_year_month_values_spelled_back_as_given(monthly_run, tmp_path):
     assert format_times(np.array(["2000-01-15"], "M8[s]"), "%Y-%m") == ["2000-01-15"]
     hours = np.array(["2000-01-01", "2000-01-01T06:00"], "M8[s]")
     assert format_times(hours, "%Y-%m") == ["2000-01-01T00:00:00", "2000-01-01T06:00:00"]
+
+
+def test_few_yearly_rows_365_days_apart_forecast_by_a_yearly_run(tmp_path):
+    """A yearly run (history 3) given just its history rows, 2001-12-31 .. 2003-12-31: each
+    difference is 365 days, so the loader keeps that step in seconds, and predict refused the
+    data ('time step is 365 days but the model was trained on a time step of 12 months'). Now
+    such rows are put on the run's calendar-month axis: the forecasts equal those of the
+    whole series up to 2003 (the same history rows), on pandas' next year ends."""
+    import nbqat
+
+    dates = pd.date_range("1950-12-31", periods=60, freq="YE")
+    df = pd.DataFrame({"date": dates.strftime("%Y-%m-%d"), "y": np.sin(np.arange(60.0))})
+    kw = {**TINY, "horizon": 2, "history": 3}
+    fc = nbqat.Forecaster(out=str(tmp_path / "run"), **kw).fit(df, time_col="date", target_col="y")
+    upto = df[df.date < "2004"]
+    tail = upto.iloc[-3:]
+    assert from_dataframe(tail, time_col="date", target_col="y").month_day == 0  # as before
+    got, want = fc.predict(tail, engine="int8"), fc.predict(upto, engine="int8")
+    assert list(got.time) == list(pd.date_range("2003-12-31", periods=3, freq="YE")[1:]
+                                  .strftime("%Y-%m-%d"))  # fmt: skip
+    pd.testing.assert_frame_equal(got, want)

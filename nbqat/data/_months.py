@@ -11,13 +11,14 @@ spells them back).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from nbqat.data._series import DataError
+from nbqat.data._series import DataError, SeriesData
 
-__all__ = ["MONTH_END", "is_month_axis", "month_axis", "month_dates"]
+__all__ = ["MONTH_END", "is_month_axis", "month_axis", "month_dates", "to_month_axis"]
 
 #: ``SeriesData.month_day`` of dates on the last day of their month.
 MONTH_END = -1
@@ -155,3 +156,29 @@ def month_dates(t: np.ndarray, day: int) -> np.ndarray:
     if day == MONTH_END:
         return ((t + 1).astype("datetime64[D]") - 1).astype("datetime64[s]")
     return (t.astype("datetime64[D]") + (max(int(day), 1) - 1)).astype("datetime64[s]")
+
+
+def to_month_axis(data: SeriesData) -> SeriesData:
+    """``data`` on a calendar-month axis, for a run trained on one, when its dates are
+    calendar-month dates that :func:`month_axis` left on their step in seconds (each entity's
+    differences all the same number of seconds: a few rows, e.g. three yearly dates 365 days
+    apart); else ``data`` itself.
+
+    Parameters
+    ----------
+    data : SeriesData
+
+    Returns
+    -------
+    SeriesData
+    """
+    if data.month_day or not data.is_datetime:
+        return data
+    day = _anchor(np.concatenate(data.times).astype("datetime64[s]"))
+    if day == 0:
+        return data
+    months = [t.astype("datetime64[M]") for t in data.times]
+    steps = {int(d) for m in months for d in np.diff(m).astype(np.int64)}
+    if len(steps) != 1:  # single rows only, or not one step in months
+        return data
+    return replace(data, times=months, step=np.timedelta64(steps.pop(), "M"), month_day=day)

@@ -23,6 +23,7 @@ import numpy as np
 
 from nbqat._io import atomic_open
 from nbqat.data import DataError, Scaling, SeriesData
+from nbqat.data._months import to_month_axis
 from nbqat.train.option_table import ENGINES as OPTION_ENGINES
 
 __all__ = ["ENGINES", "check_out", "forecast", "load_run", "q_risk_table", "run_info", "write_csv"]
@@ -178,6 +179,15 @@ def parse_when(value: Any, sc: Scaling, opt: str = "--at") -> Any:
     return t[0]
 
 
+def _when(at: Any, backtest: Any, sc: Scaling) -> tuple[Any, Any]:
+    """``at`` and the backtest's ``(start, stride)`` on the data's axis (:func:`parse_when`)."""
+    when = None if at is None else parse_when(at, sc)
+    if backtest is None:
+        return when, None
+    start = None if backtest[0] is None else parse_when(backtest[0], sc, "--start")
+    return when, (start, int(backtest[1]))
+
+
 def _engine(engine: str, run: Path, qat: Any) -> Any:
     """``forward(fw) -> (B, tau, Q)`` float64 in the target's units, of the chosen engine."""
     if engine == "onnx":
@@ -330,11 +340,9 @@ def forecast(
     info = run_info(run, cfg)
     sc = Scaling.from_json(info["scaling"])
     series = read_data(cfg, data, fill_gaps, run)
-    when = None if at is None else parse_when(at, sc)
-    bt = None
-    if backtest is not None:
-        start = None if backtest[0] is None else parse_when(backtest[0], sc, "--start")
-        bt = (start, int(backtest[1]))
+    if sc.month_day:  # a few calendar-month dates the loader kept on a step in seconds
+        series = to_month_axis(series)
+    when, bt = _when(at, backtest, sc)
     fw = forecast_windows(
         series, sc, history=info["history"], horizon=info["horizon"],
         quantiles=info["quantiles"], at=when, backtest=bt,
