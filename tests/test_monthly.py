@@ -340,3 +340,22 @@ def test_few_yearly_rows_365_days_apart_forecast_by_a_yearly_run(tmp_path):
     assert list(got.time) == list(pd.date_range("2003-12-31", periods=3, freq="YE")[1:]
                                   .strftime("%Y-%m-%d"))  # fmt: skip
     pd.testing.assert_frame_equal(got, want)
+
+
+@pytest.mark.parametrize("tz", ["Europe/Berlin", "America/New_York"])
+def test_local_month_starts_with_an_offset_explained(tz):
+    """Local midnights with a UTC offset are read in UTC (23:00 or 05:00 the day before or
+    after): the hint said only 'all at midnight' of times the user wrote at midnight; it now
+    names the first one not at midnight in UTC and says why. In UTC they are months."""
+    dates = pd.date_range("2000-01-01", periods=30, freq="MS", tz=tz)
+    first = pd.Timestamp(dates[0]).tz_convert("UTC").tz_localize(None).isoformat()
+    with pytest.raises(DataError, match="not a whole number of steps") as e:
+        from_dataframe(_frame(dates), time_col="date", target_col="y", entity_col="site")
+    assert f"({first} is not at midnight; date times with a UTC offset are read in UTC" in str(
+        e.value
+    )
+    utc = from_dataframe(
+        _frame(dates.tz_localize(None).tz_localize("UTC")), time_col="date", target_col="y",
+        entity_col="site",
+    )  # fmt: skip
+    assert utc.month_day == 1

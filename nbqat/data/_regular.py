@@ -208,8 +208,8 @@ def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray |
 
 def _month_hint(step, ta: np.ndarray) -> str:
     """A hint for dates about a month, a quarter or a year apart (``step``) that are not
-    calendar-month dates, naming the first of the entity's dates ``ta`` off its first
-    date's day of month."""
+    calendar-month dates, naming the first of the entity's dates ``ta`` not at midnight (UTC:
+    an aware local midnight is not), else the first off its first date's day of month."""
     if not isinstance(step, np.timedelta64) or step.dtype == np.dtype("timedelta64[M]"):
         return ""
     days = step / np.timedelta64(1, "D")
@@ -221,6 +221,13 @@ def _month_hint(step, ta: np.ndarray) -> str:
     odd = np.flatnonzero(~end if end[0] else dom != dom[0])
     like = "the last day of its month" if end[0] else f"day {dom[0]}"
     where = f" ({ta[odd[0]]} is not on {like} like {ta[0]})" if len(odd) else ""
+    late = np.flatnonzero(day != ta)
+    if len(late):  # a clock time: often local midnights given with a UTC offset
+        where = (
+            f" ({ta[late[0]]} is not at midnight; date times with a UTC offset are read in "
+            "UTC, so a local 2000-01-01T00:00+01:00 is 1999-12-31T23:00: give monthly dates "
+            "without an offset)"
+        )
     return (
         "; monthly, quarterly or yearly dates are read as calendar months when they are all "
         "at midnight and all on the same day of month (at most 28) or all on the last day "
