@@ -399,10 +399,10 @@ class Forecaster:
 
         run, cfg = load_run(self._run())
         info = run_info(run, cfg)
-        if start is None:
-            start = info.get("test_start")
         stride = stride if stride is not None else int(info["horizon"])  # checked by forecast
-        df = forecast(run, data, backtest=(start, stride), engine=engine, fill_gaps=fill_gaps)
+        # the default start, the test split's: each entity from its first row on or after it
+        bt = (start, stride) if start is not None else (info.get("test_start"), stride, True)
+        df = forecast(run, data, backtest=bt, engine=engine, fill_gaps=fill_gaps)
         df.attrs["q_risk"] = q_risk_table(df, info["quantiles"])
         return df
 

@@ -359,3 +359,31 @@ def test_local_month_starts_with_an_offset_explained(tz):
         entity_col="site",
     )  # fmt: skip
     assert utc.month_day == 1
+
+
+def test_default_backtest_of_entities_on_other_quarters(tmp_path):
+    """Quarters from January (s0) and from February (s1): the default backtest start, the
+    run's test split start (a January), is on s0's grid only, and the backtest stopped with
+    "--start ... is not on entity 's1''s time grid" though no --start was given. Now each
+    entity starts at its first quarter on or after it (pandas' dates as the oracle); s0's
+    origins are those of that start given explicitly."""
+    import nbqat
+
+    df = pd.concat(
+        [_frame(pd.date_range(start, periods=100, freq="3MS"), 1).assign(site=f"s{e}")
+         for e, start in enumerate(["2000-01-01", "2000-02-01"])], ignore_index=True,
+    )  # fmt: skip
+    kw = {**TINY, "horizon": 4}
+    fc = nbqat.Forecaster(out=str(tmp_path / "run"), **kw)
+    fc.fit(df, time_col="date", target_col="y", entity_col="site")
+    test_start = pd.Timestamp(fc.metrics["data"]["test_start"])
+    bt = fc.backtest(engine="int8")
+    for e, g in bt.groupby("entity"):
+        dates = pd.to_datetime(df[df.site == e].date)
+        first = dates[dates >= test_start].iloc[0]
+        last = dates.iloc[-4]  # the last origin whose 4 steps have actuals
+        want = pd.date_range(first, last, freq="12MS")  # every horizon (4 quarters)
+        assert list(pd.to_datetime(g.origin.unique())) == list(want)
+    explicit = fc.backtest(start=str(test_start.date()), engine="int8", data=df[df.site == "s0"])
+    pd.testing.assert_frame_equal(explicit, bt[bt.entity == "s0"].reset_index(drop=True),
+                                  check_like=True)  # fmt: skip

@@ -175,7 +175,9 @@ def _origins(t: np.ndarray, n_past: int, name: str, k: int, tau: int, at: Any, b
     """The origin rows of one entity: after its last target value, at ``at``, or the rolling
     origins ``bt = (start, stride)`` whose forecast steps all have a target value (on the grid
     of ``start``: origins of that grid with fewer than ``k`` history rows are skipped, the grid
-    is not moved)."""
+    is not moved); ``bt = (start, stride, True)``: from the entity's first row at or after
+    ``start`` on its own grid (the default start, the run's test split start, which entities
+    on another grid, e.g. quarters from February, do not hold)."""
     lo, hi = k, n_past  # an origin needs k history rows with a target value before it
     if n_past < k:
         raise ShortSeriesError(
@@ -186,8 +188,8 @@ def _origins(t: np.ndarray, n_past: int, name: str, k: int, tau: int, at: Any, b
         return np.array([n_past], dtype=np.int64)
     step = t[1] - t[0] if len(t) > 1 else None
     if bt is not None:
-        start, stride = bt
-        first = lo if start is None else _row_of(t, start, step, name, "--start")
+        start, stride, up = (*bt, False)[:3]
+        first = lo if start is None else _row_of(t, start, step, name, "--start", up)
         if first < lo:  # the first origin of --start's grid with --history rows before it
             first += -(-(lo - first) // stride) * stride
         rows = np.arange(first, hi - tau + 1, stride, dtype=np.int64)
@@ -213,9 +215,12 @@ def _time_at(t: np.ndarray, i: int, step: Any) -> Any:
     return t[i] if i < len(t) else t[-1] + (i - len(t) + 1) * step
 
 
-def _row_of(t: np.ndarray, when: Any, step: Any, name: str, opt: str) -> int:
-    """The row of time ``when`` on the entity's regular axis (it may be past the end)."""
+def _row_of(t: np.ndarray, when: Any, step: Any, name: str, opt: str, up: bool = False) -> int:
+    """The row of time ``when`` on the entity's regular axis (it may be past the end);
+    ``up``: the first row at or after ``when`` (it may be before the start)."""
     d = (when - t[0]) / step if step is not None else 0.0
+    if up:
+        return int(np.ceil(float(d) - 1e-9))
     r = int(np.floor(float(d) + 1e-9))
     if abs(float(d) - r) > 1e-6:
         raise DataError(
@@ -292,9 +297,10 @@ def forecast_windows(
     at : numpy.datetime64 or float, optional
         The origin (first forecast step) of every entity's window; default the step after
         its last target value.
-    backtest : (start, stride), optional
+    backtest : (start, stride) or (start, stride, True), optional
         Rolling origins from ``start`` (None: the first possible) every ``stride`` steps,
-        each with all its forecast steps holding target values.
+        each with all its forecast steps holding target values; with ``True``, each entity's
+        from its first row at or after ``start`` (a ``start`` off its grid is not refused).
 
     Returns
     -------

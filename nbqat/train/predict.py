@@ -185,7 +185,7 @@ def _when(at: Any, backtest: Any, sc: Scaling) -> tuple[Any, Any]:
     if backtest is None:
         return when, None
     start = None if backtest[0] is None else parse_when(backtest[0], sc, "--start")
-    return when, (start, int(backtest[1]))
+    return when, (start, int(backtest[1]), *backtest[2:3])
 
 
 def _engine(engine: str, run: Path, qat: Any) -> Any:
@@ -300,7 +300,7 @@ def forecast(
         empty and the known columns filled, are the steps to forecast); default the run's own.
     at : str, numpy.datetime64 or float, optional
         The origin (first forecast step) of every series; adds the column ``actual``.
-    backtest : (start, stride), optional
+    backtest : (start, stride) or (start, stride, True), optional
         Rolling origins (see :func:`nbqat.data._forecast.forecast_windows`); adds the columns
         ``origin`` and ``actual``.
     engine : {"onnx", "int8", "float"}, default "onnx"
