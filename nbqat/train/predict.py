@@ -285,7 +285,7 @@ def forecast(
     data: Any = None,
     *,
     at: Any = None,
-    backtest: tuple[Any, int] | None = None,
+    backtest: tuple[Any, int] | tuple[Any, int, bool] | None = None,
     engine: str = "onnx",
     fill_gaps: bool | None = None,
 ) -> Any:
