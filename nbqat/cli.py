@@ -66,6 +66,20 @@ def _resume_conflicts(args: argparse.Namespace, argv: Sequence[str]) -> None:
         )
 
 
+def _model(args: argparse.Namespace, argv: Sequence[str] | None) -> str:
+    """The ``--model`` of the run: with ``--resume`` (and no ``--model``) the checkpoint's.
+
+    A resumed LSTM run must refuse ``--heads`` / ``--dropout`` as a new one does: checked
+    against the parser's default (tft), they were taken silently when they matched the
+    checkpoint's unread value.
+    """
+    if args.resume is None or "model" in _given(sys.argv[1:] if argv is None else argv):
+        return str(args.model)
+    from nbqat.train.checkpointing import read_run_state
+
+    return str(read_run_state(args.resume)["config"].get("model", "tft"))
+
+
 def _root() -> bool:
     """True unless this is a rank other than 0 of an MPI run (which prints nothing)."""
     from nbqat.distributed import init_process_group
@@ -102,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             cfg = TrainConfig.from_args(args)
-            check_model_options(args.model, _given(sys.argv[1:] if argv is None else argv))
+            check_model_options(_model(args, argv), _given(sys.argv[1:] if argv is None else argv))
             if args.resume is not None:
                 _resume_conflicts(args, sys.argv[1:] if argv is None else argv)
             fc = Forecaster().train(cfg, resume=args.resume, check=args.check)

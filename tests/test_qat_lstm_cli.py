@@ -87,3 +87,19 @@ def test_lstm_run_resumes_in_the_qat_phase_to_the_same_metrics(runs, tmp_path):
     assert (out / "checkpoint" / "qat.npz").is_file()
     assert main(["train", "--resume", str(out / "checkpoint")]) == 0
     assert (out / "metrics.json").read_bytes() == (full / "metrics.json").read_bytes()
+
+
+def test_resumed_lstm_run_refuses_the_tft_options(tmp_path, capsys):
+    """--resume of an LSTM checkpoint checks --heads / --dropout against the checkpoint's model
+    (they were checked against the parser's default tft, and taken silently when they matched
+    the value the LSTM run stored and never read)."""
+    out = tmp_path / "r"
+    argv = ["train", *TINY, "--model", "lstm", "--out", str(out), "--stop-after-steps", "1"]
+    assert main(argv) == 130
+    ck = str(out / "checkpoint")
+    for extra in (["--heads", "4"], ["--dropout", "0.1"], ["--heads", "2"]):
+        capsys.readouterr()
+        assert main(["train", "--resume", ck, *extra, "--check"]) == 2
+        flag = extra[0]
+        assert f"{flag} is not used by --model lstm" in capsys.readouterr().err
+    assert main(["train", "--resume", ck, "--check"]) == 0
