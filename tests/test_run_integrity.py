@@ -472,3 +472,22 @@ def test_an_out_that_cannot_be_created_is_named(tmp_path, capsys, monkeypatch):
     assert main(["train", *TINY, "--out", str(tmp_path / "new" / "run"), "--check"]) == 2
     err = capsys.readouterr().err
     assert f"{str(tmp_path)!r} is not writable" in err
+
+
+@pytest.mark.parametrize(("steps", "side"), [(7, "qat_start.npz"), (10, "qat_clipped.npz")])
+def test_compare_clipping_state_checked_before_the_phase(tmp_path, capsys, steps, side):
+    """A --compare-clipping checkpoint in QAT (7 steps) or the unclipped QAT (10) without the
+    state that phase loads at its end: --check said OK and the resumed run trained the phase,
+    then failed ('checkpoint ... does not exist'); now refused up front, naming the file."""
+    out = tmp_path / "run"
+    argv = ["train", *TINY, "--compare-clipping", "--out", str(out)]
+    assert main([*argv, "--stop-after-steps", str(steps)]) == 130
+    ck = out / "checkpoint"
+    (ck / side).unlink()
+    (out / side).unlink()
+    capsys.readouterr()
+    assert resume(ck, "--check") == 2
+    assert f"{ck / side}: missing for phase" in capsys.readouterr().err
+    (ck / side).write_bytes(b"PK\x03\x04 truncated")
+    assert resume(ck, "--check") == 2
+    assert "not a readable nbqat checkpoint" in capsys.readouterr().err

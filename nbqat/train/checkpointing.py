@@ -129,6 +129,7 @@ def load_checkpoint(r: Run, ck: Path, meta: dict) -> None:
             r.opt.load_state_dict(opt_state)
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ckpt.CheckpointError(f"{ck / 'float.npz'}: field 'opt': {e}") from None
+    _check_side_file(r, ck, st.phase)
     if (ck / "qat.npz").exists():
         r.reset_qat(ck / "qat.npz")
     elif st.phase in QAT_PHASES:
@@ -140,6 +141,26 @@ def load_checkpoint(r: Run, ck: Path, meta: dict) -> None:
     for side in SIDE_FILES:
         if (ck / side).exists() and (ck / side).resolve() != (r.out / side).resolve():
             shutil.copyfile(ck / side, r.out / side)
+
+
+#: The --compare-clipping state a phase loads when it ends (``phase -> file``): the calibrated
+#: start (the unclipped run's) and the clipped result (the model evaluated).
+_SIDE_NEEDED = {"qat": "qat_start.npz", "qat_noclip": "qat_clipped.npz"}
+
+
+def _check_side_file(r: Run, ck: Path, phase: str) -> None:
+    """Load the --compare-clipping state that ``phase`` needs at its end from ``ck`` once: a
+    missing or damaged one is a CheckpointError now, not after the phase's training (the
+    caller then loads ``qat.npz``, the model's state)."""
+    need = _SIDE_NEEDED.get(phase) if r.cfg.compare_clipping else None
+    if need is None:
+        return
+    if not (ck / need).is_file():
+        raise ckpt.CheckpointError(
+            f"{ck / need}: missing for phase {phase!r} (--compare-clipping loads it after "
+            "that phase)"
+        )
+    r.reset_qat(ck / need)
 
 
 def config_schema() -> dict[str, Any]:
