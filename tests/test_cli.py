@@ -422,6 +422,15 @@ def test_interrupt_and_resume_gives_the_same_metrics(tiny_run, tmp_path, capsys)
     assert (tmp_path / "metrics.json").read_bytes() == (tiny_run / "metrics.json").read_bytes()
 
 
+def test_check_of_a_compare_clipping_checkpoint_writes_nothing(tmp_path):
+    """--check copied the checkpoint's qat_start.npz / qat_clipped.npz into --out."""
+    assert _train(tmp_path, "--compare-clipping", "--no-plots", "--stop-after-steps", "10") == 130
+    for side in ("qat_start.npz", "qat_clipped.npz"):
+        (tmp_path / side).unlink()
+    assert main(["train", "--resume", str(tmp_path / "checkpoint"), "--check"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
 def test_ctrl_c_in_the_evaluation_keeps_the_trained_run(tiny_run, tmp_path, capsys, monkeypatch):
     # Ctrl-C after the last QAT step (in the test-split evaluation) raised a bare
     # KeyboardInterrupt and left no checkpoint: the whole training was lost. The oracle is

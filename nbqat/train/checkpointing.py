@@ -25,6 +25,7 @@ __all__ = [
     "nonfinite_field",
     "read_run_config",
     "read_run_state",
+    "restore_side_files",
     "save_checkpoint",
 ]
 
@@ -138,6 +139,19 @@ def load_checkpoint(r: Run, ck: Path, meta: dict) -> None:
     if "best_params" in z:
         r.best_params = z["best_params"].copy()
     r.st = st
+
+
+def restore_side_files(r: Run, ck: Path) -> None:
+    """Copy the checkpoint's --compare-clipping states into the run folder (where the phases
+    read them); after :func:`load_checkpoint`, once the run goes on (``--check`` writes
+    nothing).
+
+    Parameters
+    ----------
+    r : Run
+    ck : Path
+        The checkpoint folder.
+    """
     for side in SIDE_FILES:
         if (ck / side).exists() and (ck / side).resolve() != (r.out / side).resolve():
             shutil.copyfile(ck / side, r.out / side)

@@ -17,6 +17,7 @@ from nbqat.train.checkpointing import (
     load_checkpoint,
     nonfinite_field,
     read_run_state,
+    restore_side_files,
     save_checkpoint,
 )
 from nbqat.train.config import TrainConfig, TrainingInterrupted
@@ -170,6 +171,8 @@ def _run(cfg: TrainConfig, resume: str | Path | None, check_only: bool, par: Par
         load_checkpoint(r, Path(meta["folder"]), meta)
     if check_only:
         return {"data": w.summary(), "config": cfg.to_json()}
+    if meta is not None:
+        restore_side_files(r, Path(meta["folder"]))
     r.ridge = RidgeBaseline(lam=1.0, quantiles=w.quantiles).fit_split(w.train)
     if meta is None and cfg.linear_skip and getattr(r.model, "linear_skip", None) is not None:
         from nbqat.train.recipe import init_linear_skip_from_ridge
