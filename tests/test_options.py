@@ -267,3 +267,13 @@ def test_a_checkpoint_without_a_later_option_reads_as_before_it(tmp_path):
     _write_state(tmp_path, cfg)
     with pytest.raises(ckpt.CheckpointError, match="config.eval_stride'?: missing"):
         read_run_state(tmp_path)
+
+
+def test_a_hidden_dim_too_large_for_memory_is_a_usage_error(tmp_path, capsys):
+    """--hidden-dim 1000000 (586 TiB of parameters, past any address space) ended in NumPy's
+    _ArrayMemoryError traceback; now 'nbqat train: error:' naming the option."""
+    argv = ["train", "--hidden-dim", "1000000", "--heads", "1", "--out", str(tmp_path / "r")]
+    assert main([*argv, "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "nbqat train: error: --model tft with --hidden-dim 1000000 does not fit" in err
+    assert "Traceback" not in err and not (tmp_path / "r").exists()

@@ -29,10 +29,22 @@ def build_model(cfg: Any, w: Windows) -> Any:
     -------
     TemporalFusionTransformer or LSTMForecaster
         Initialised from ``cfg.seed`` (:func:`nbqat.nn.build_forecaster`).
+
+    Raises
+    ------
+    ValueError
+        When its parameters do not fit in memory (naming ``--hidden-dim``).
     """
     from nbqat.nn.forecasters import build_forecaster
 
-    return build_forecaster(getattr(cfg, "model", "tft"), cfg, w, seed=cfg.seed)
+    name = getattr(cfg, "model", "tft")
+    try:
+        return build_forecaster(name, cfg, w, seed=cfg.seed)
+    except MemoryError as e:  # --hidden-dim 100000: a traceback from NumPy before
+        raise ValueError(
+            f"--model {name} with --hidden-dim {cfg.hidden_dim} does not fit in memory ({e}); "
+            "choose a smaller --hidden-dim"
+        ) from None
 
 
 def make_optimizer(model: Any, lr: float, cfg: Any, qat: bool = False):
