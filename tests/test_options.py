@@ -277,3 +277,15 @@ def test_a_hidden_dim_too_large_for_memory_is_a_usage_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "nbqat train: error: --model tft with --hidden-dim 1000000 does not fit" in err
     assert "Traceback" not in err and not (tmp_path / "r").exists()
+
+
+def test_the_tutorial_quotes_the_registry_quick_defaults():
+    """The tutorial's option table said '--weight-decay ... `--quick` 0.1' (--quick keeps 0.3)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "tutorial.md").read_text()
+    rows = re.findall(r"^\| `--([a-z-]+)`[^|]*\|([^\n]*)$", text, flags=re.M)
+    quoted = {o.replace("-", "_"): float(v) for o, rest in rows
+              for v in re.findall(r"`--quick` (\d+(?:\.\d+)?)", rest)}  # fmt: skip
+    assert all(TrainConfig.QUICK[k] == v for k, v in quoted.items()), quoted
+    assert "smaller network" not in text  # --quick keeps --hidden-dim
