@@ -289,3 +289,16 @@ def test_the_tutorial_quotes_the_registry_quick_defaults():
               for v in re.findall(r"`--quick` (\d+(?:\.\d+)?)", rest)}  # fmt: skip
     assert all(TrainConfig.QUICK[k] == v for k, v in quoted.items()), quoted
     assert "smaller network" not in text  # --quick keeps --hidden-dim
+
+
+def test_an_out_inside_a_checkpoint_folder_is_refused(tmp_path, capsys, monkeypatch):
+    """--out RUN/checkpoint was taken: the run's next checkpoint write moves that folder to
+    checkpoint.old and then removes it, the new run's outputs with it."""
+    ck = tmp_path / "run" / "checkpoint"
+    ck.mkdir(parents=True)
+    (ck / "state.json").write_text("{}")
+    monkeypatch.chdir(tmp_path / "run")
+    for out in (str(ck), str(ck / "sub"), "checkpoint"):
+        assert main(["train", "--out", out, "--check"]) == 2
+        assert f"is inside the checkpoint folder {str(ck)!r}" in capsys.readouterr().err
+    assert sorted(p.name for p in ck.iterdir()) == ["state.json"]

@@ -72,7 +72,8 @@ def check_out(out: str | Path, overwrite: bool, resume: bool = False) -> Path:
     Raises
     ------
     ValueError
-        When ``out`` is a file (or under one), its nearest existing folder is not writable,
+        When ``out`` is a file (or under one), a run's checkpoint folder (or inside one),
+        its nearest existing folder is not writable,
         or it holds a previous run (any of :data:`OUTPUT_NAMES`) and neither ``overwrite``
         nor ``resume`` is set.
     """
@@ -80,6 +81,13 @@ def check_out(out: str | Path, overwrite: bool, resume: bool = False) -> Path:
     for q in (p, *p.parents):
         if q.exists() and not q.is_dir():
             raise ValueError(f"--out {str(out)!r}: {str(q)!r} is a file, not a folder")
+    a = Path(os.path.abspath(p))
+    ck = next((q for q in (a, *a.parents) if _is_checkpoint(q)), None)
+    if ck is not None:  # its next checkpoint write moves the folder aside, this run with it
+        raise ValueError(
+            f"--out {str(out)!r} is inside the checkpoint folder {str(ck)!r} of the run in "
+            f"{str(ck.parent)!r}; choose another --out"
+        )
     base = next(q for q in (p, *p.parents, Path(".")) if q.exists())
     if not os.access(base, os.W_OK | os.X_OK):
         raise ValueError(f"--out {str(out)!r}: {str(base)!r} is not writable; choose another --out")
@@ -92,6 +100,12 @@ def check_out(out: str | Path, overwrite: bool, resume: bool = False) -> Path:
                 "to replace it, or --resume its checkpoint"
             )
     return p
+
+
+def _is_checkpoint(q: Path) -> bool:
+    """A run's checkpoint folder (or its staging / previous copy)."""
+    names = ("checkpoint", "checkpoint.tmp", "checkpoint.old")
+    return q.name in names and (q / "state.json").is_file()
 
 
 def set_aside_outputs(out: Path) -> Path | None:
