@@ -236,6 +236,15 @@ def test_a_skip_learning_rate_without_the_skip_is_refused(capsys):
     TrainConfig(linear_skip=False).resolved()  # the defaults: no error
 
 
+@pytest.mark.parametrize("flag", ["--skip-lr-scale", "--qat-skip-lr-scale"])
+def test_a_skip_option_given_at_its_default_without_the_skip_is_refused(flag, capsys):
+    """--no-linear-skip --skip-lr-scale 0.1 (the default value) was taken and ignored, while
+    --model lstm --skip-lr-scale 0.1 is refused: given on the command line counts."""
+    assert main(["train", "--no-linear-skip", flag, "0.1", "--check"]) == 2
+    assert f"{flag} is an option of the linear skip" in capsys.readouterr().err
+    assert main(["train", flag, "0.1", "--check"]) == 0  # the skip is on by default
+
+
 def test_a_finished_lstm_run_loads_without_the_tft_options(tmp_path, monkeypatch):
     """Forecaster.load passes the run's options back as keywords: an LSTM run's config holds
     the TFT's options at their defaults, which must not count as given."""

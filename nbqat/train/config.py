@@ -15,6 +15,7 @@ from nbqat.train.options import (
     MIN_HISTORY,
     check_model_options,
     check_option,
+    check_skip_options,
     config_options,
     mode_defaults,
 )
@@ -169,11 +170,7 @@ class TrainConfig:
             and getattr(self, f.name) not in (f.default, full.get(f.name, f.default))
         ]
         check_model_options(self.model, changed)
-        skip = [k for k in ("skip_lr_scale", "qat_skip_lr_scale", "skip_history") if k in changed]
-        if skip and not self.linear_skip:  # no skip: its options would be ignored
-            opt = "--" + skip[0].replace("_", "-")
-            raise ValueError(f"{opt} is an option of the linear skip, but --no-linear-skip "
-                             f"removes the skip: drop {opt} or --no-linear-skip")  # fmt: skip
+        check_skip_options(self.linear_skip, changed)  # no skip: its options would be ignored
 
     @classmethod
     def from_args(cls, args: Any) -> TrainConfig:

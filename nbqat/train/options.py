@@ -35,6 +35,7 @@ __all__ = [
     "check_model_options",
     "check_option",
     "check_options",
+    "check_skip_options",
     "config_checks",
     "config_options",
     "expected",
@@ -213,6 +214,28 @@ def check_model_options(model: str, given: Iterable[str]) -> None:
                 f"{o.flag} is not used by --model {model} (only by --model "
                 f"{', '.join(o.models)}): drop {o.flag}, or choose --model {o.models[0]}"
             )
+
+
+def check_skip_options(linear_skip: bool, given: Iterable[str]) -> None:
+    """Raise ValueError for an option of the linear skip in ``given`` without the skip.
+
+    Parameters
+    ----------
+    linear_skip : bool
+        ``--linear-skip`` (False: ``--no-linear-skip``).
+    given : iterable of str
+        The options set explicitly (names; an option given at its default counts).
+
+    Raises
+    ------
+    ValueError
+        Naming the option and ``--no-linear-skip`` (the option would be ignored).
+    """
+    skip = [k for k in ("skip_lr_scale", "qat_skip_lr_scale", "skip_history") if k in given]
+    if skip and not linear_skip:
+        opt = "--" + skip[0].replace("_", "-")
+        raise ValueError(f"{opt} is an option of the linear skip, but --no-linear-skip "
+                         f"removes the skip: drop {opt} or --no-linear-skip")  # fmt: skip
 
 
 def config_checks() -> dict[str, Callable[[Any], str | None]]:
