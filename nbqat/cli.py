@@ -112,7 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from nbqat.data import DataError
         from nbqat.forecaster import Forecaster
         from nbqat.train import TrainConfig, TrainingInterrupted
-        from nbqat.train.options import check_model_options, check_skip_options
+        from nbqat.train.options import (
+            check_model_options,
+            check_qat_options,
+            check_skip_options,
+        )
 
         try:
             cfg = TrainConfig.from_args(args)
@@ -120,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_model_options(_model(args, argv), given)
             if args.resume is None:  # given at its default, as for the model's options
                 check_skip_options(args.linear_skip is not False, given)  # None: not given
+                check_qat_options(args.qat_epochs, given)
             if args.resume is not None:
                 _resume_conflicts(args, sys.argv[1:] if argv is None else argv)
             fc = Forecaster().train(cfg, resume=args.resume, check=args.check)

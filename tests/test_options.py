@@ -311,3 +311,13 @@ def test_an_out_inside_a_checkpoint_folder_is_refused(tmp_path, capsys, monkeypa
         assert main(["train", "--out", out, "--check"]) == 2
         assert f"is inside the checkpoint folder {str(ck)!r}" in capsys.readouterr().err
     assert sorted(p.name for p in ck.iterdir()) == ["state.json"]
+
+
+@pytest.mark.parametrize("extra", [["--qat-lr", "0.01"], ["--compare-clipping"],
+                                   ["--qat-skip-lr-scale", "0.5"]])  # fmt: skip
+def test_a_qat_option_with_no_qat_epochs_is_refused(extra, capsys):
+    """--qat-epochs 0 --qat-lr 0.01 (or --compare-clipping) was taken and ignored."""
+    assert main(["train", "--qat-epochs", "0", *extra, "--check"]) == 2
+    assert f"{extra[0]} is an option of the QAT steps" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--compare-clipping is an option of the QAT steps"):
+        TrainConfig(qat_epochs=0, compare_clipping=True).resolved()

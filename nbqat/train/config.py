@@ -15,6 +15,7 @@ from nbqat.train.options import (
     MIN_HISTORY,
     check_model_options,
     check_option,
+    check_qat_options,
     check_skip_options,
     config_options,
     mode_defaults,
@@ -209,6 +210,7 @@ class TrainConfig:
             )
         if self.compare_clipping and self.max_norm is None:
             raise ValueError("--compare-clipping needs a --max-norm (the clipped run)")
+        check_qat_options(self.qat_epochs, ["compare_clipping"] if self.compare_clipping else [])
         self._validate_weight_format()
 
     def _validate_weight_format(self) -> None:

@@ -177,7 +177,9 @@ OPTIONS: tuple[Option, ...] = (
     # ------------------------------------------------------------------------- train: training
     _opt("epochs", int, None, "maximum float training epochs (early stopping may end sooner)",
          full=20, quick=4, **_POS),
-    _opt("qat_epochs", int, None, "QAT fine-tuning epochs", full=2, quick=1, **_NONNEG),
+    _opt("qat_epochs", int, None, "QAT fine-tuning epochs (0: none; --qat-lr, "
+         "--qat-skip-lr-scale and --compare-clipping are then an error)", full=2, quick=1,
+         **_NONNEG),
     _opt("batch_size", int, None, "training windows per batch", full=64, **_POS),
     _opt("model", str, "tft", "the forecaster: tft (the TFT-like network) or lstm (an LSTM "
          "encoder + MLP quantile head, nbqat.nn.LSTMForecaster)", choices=MODELS),

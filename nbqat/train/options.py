@@ -35,6 +35,7 @@ __all__ = [
     "check_model_options",
     "check_option",
     "check_options",
+    "check_qat_options",
     "check_skip_options",
     "config_checks",
     "config_options",
@@ -236,6 +237,28 @@ def check_skip_options(linear_skip: bool, given: Iterable[str]) -> None:
         opt = "--" + skip[0].replace("_", "-")
         raise ValueError(f"{opt} is an option of the linear skip, but --no-linear-skip "
                          f"removes the skip: drop {opt} or --no-linear-skip")  # fmt: skip
+
+
+def check_qat_options(qat_epochs: int | None, given: Iterable[str]) -> None:
+    """Raise ValueError for an option of the QAT steps in ``given`` with ``--qat-epochs 0``.
+
+    Parameters
+    ----------
+    qat_epochs : int or None
+        ``--qat-epochs`` (None: the mode's default, never 0).
+    given : iterable of str
+        The options set explicitly (names).
+
+    Raises
+    ------
+    ValueError
+        Naming the option and ``--qat-epochs 0`` (the option would be ignored).
+    """
+    opts = [k for k in ("qat_lr", "qat_skip_lr_scale", "compare_clipping") if k in given]
+    if opts and qat_epochs == 0:
+        opt = "--" + opts[0].replace("_", "-")
+        raise ValueError(f"{opt} is an option of the QAT steps, but --qat-epochs 0 runs none: "
+                         f"drop {opt} or raise --qat-epochs")  # fmt: skip
 
 
 def config_checks() -> dict[str, Callable[[Any], str | None]]:
