@@ -120,11 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             cfg = TrainConfig.from_args(args)
-            given = _given(sys.argv[1:] if argv is None else argv)
-            check_model_options(_model(args, argv), given)
+            typed = _given(sys.argv[1:] if argv is None else argv)
+            check_model_options(_model(args, argv), typed)
             if args.resume is None:  # given at its default, as for the model's options
-                check_skip_options(args.linear_skip is not False, given)  # None: not given
-                check_qat_options(args.qat_epochs, given)
+                check_skip_options(args.linear_skip is not False, typed)  # None: not given
+                check_qat_options(args.qat_epochs, typed)
             if args.resume is not None:
                 _resume_conflicts(args, sys.argv[1:] if argv is None else argv)
             fc = Forecaster().train(cfg, resume=args.resume, check=args.check)
