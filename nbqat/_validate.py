@@ -314,15 +314,21 @@ def first_shared_pair(arrays: list) -> tuple[int, int] | None:
     return None
 
 
-def check_out(out: Any, shape: tuple[int, ...], dtype: Any, name: str = "out") -> None:
+def check_out(
+    out: Any, shape: tuple[int, ...], dtype: Any, name: str = "out", contiguous: bool = False
+) -> None:
     """Check a preallocated output: an array of exactly ``shape`` and ``dtype``.
+
+    ``contiguous=True`` also requires a C-contiguous array (a compiled pass that writes it
+    through a flat or reshaped view would otherwise write a copy, leaving ``out`` unwritten).
 
     Raises
     ------
     TypeError
         When it is not an array or has the wrong dtype.
     ValueError
-        When its shape differs, or it is a read-only NumPy array.
+        When its shape differs, it is a read-only NumPy array, or (``contiguous``) it is not
+        C-contiguous.
     """
     if not (isinstance(out, np.ndarray) or is_cuda_array(out)):
         raise TypeError(f"`{name}` must be a preallocated array, got {type(out).__name__}")
@@ -335,6 +341,8 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: Any, name: str = "out") -
         raise ValueError(f"`{name}` must have shape {tuple(shape)}, got {tuple(out.shape)}")
     if isinstance(out, np.ndarray) and not out.flags.writeable:
         raise ValueError(f"`{name}` is read-only; pass a writeable array")
+    if contiguous and not out.flags.c_contiguous:
+        raise ValueError(f"`{name}` must be C-contiguous; pass np.empty(shape, dtype)")
 
 
 def check_mask(

@@ -597,3 +597,28 @@ def test_layers_name_bad_sizes_dtypes_and_shapes(rng):
     _build(vsn)
     with pytest.raises(TypeError, match=r"layer 0 \(VariableSelectionNetwork\) returned a tuple"):
         vsn.forward(x)
+
+
+def test_out_arrays_are_checked_before_the_kernel_writes(rng):
+    """LayerNorm.forward and Dropout.forward wrote their result through a flat view of
+    ``out`` unchecked: a smaller ``out`` (a view into a larger buffer) had the rows past its
+    end written (memory outside the view), a non-contiguous one was written as a copy and
+    returned unwritten. Now a clear error first; a correct ``out`` gives the result."""
+    ln = nn.LayerNorm(3)
+    _build(ln)
+    drop = nn.Dropout(0.5)
+    x = rng.normal(size=(2, 3))
+    for layer in (ln, drop):
+        name = type(layer).__name__
+        ref = layer.forward(x).copy()
+        buf = np.zeros(8)
+        with pytest.raises(ValueError, match=rf"`{name} out` must have shape \(2, 3\)"):
+            layer.forward(x, out=buf[:3].reshape(1, 3))
+        np.testing.assert_array_equal(buf, 0.0)  # nothing written past the view
+        with pytest.raises(ValueError, match=rf"`{name} out` must be C-contiguous"):
+            layer.forward(x, out=np.zeros((2, 6))[:, ::2])
+        with pytest.raises(TypeError, match=rf"`{name} out` must have dtype float64"):
+            layer.forward(x, out=np.zeros((2, 3), np.float32))
+        out = np.empty((2, 3))
+        assert layer.forward(x, out=out) is out
+        np.testing.assert_array_equal(out, ref)

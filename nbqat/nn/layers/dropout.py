@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat import _validate as V
 from nbqat.kernels.dropout_cpu import dropout_forward
 from nbqat.nn.params import Module
 
@@ -113,10 +114,14 @@ class Dropout(Module):
         Raises
         ------
         TypeError
-            In training mode, ``x`` neither float32 nor float64.
+            In training mode, ``x`` neither float32 nor float64; ``out`` not an array of
+            ``x``'s dtype.
         ValueError
-            In training mode, a negative number in ``seed`` (NumPy's SeedSequence's rule).
+            In training mode, a negative number in ``seed`` (NumPy's SeedSequence's rule);
+            ``out`` not of ``x``'s shape, read-only or not C-contiguous.
         """
+        if out is not None:  # the kernel writes x.size values through a flat view of out
+            V.check_out(out, np.shape(x), np.asarray(x).dtype, "Dropout out", contiguous=True)
         self._seen = True
         if not self.active():
             self._cache = None

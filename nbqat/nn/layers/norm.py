@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbqat import _validate as V
 from nbqat._docs import LAYER_BACKWARD_RAISES, fill_doc
 from nbqat.kernels import nn_cpu
 from nbqat.nn.params import Module, constant_init
@@ -52,15 +53,18 @@ class LayerNorm(Module):
         Raises
         ------
         ValueError
-            When the last dimension of ``x`` is not ``normalized_shape``.
+            When the last dimension of ``x`` is not ``normalized_shape``; ``out`` not of
+            ``x``'s shape, read-only or not C-contiguous.
         TypeError
-            When ``x`` is not a float array.
+            When ``x`` is not a float array; ``out`` not an array of its dtype.
         """
         c = self.normalized_shape
         if x.shape[-1] != c:
             raise ValueError(f"LayerNorm input must have last dimension {c}, got {x.shape}")
         if x.dtype.kind != "f":  # an integer x was normalised in integers
             raise TypeError(f"LayerNorm input must be float32 or float64, got {x.dtype}")
+        if out is not None:  # the kernel writes N rows through a flat view: out of bounds
+            V.check_out(out, x.shape, x.dtype, "LayerNorm out", contiguous=True)
         x2 = np.ascontiguousarray(x).reshape(-1, c)  # (N, C)
         n = x2.shape[0]
         y = np.empty(x.shape, dtype=x2.dtype) if out is None else out
