@@ -566,15 +566,22 @@ def test_vsn_casts_its_input_to_the_parameters_dtype_on_both_paths(rng):
 
 def test_layers_name_bad_sizes_dtypes_and_shapes(rng):
     """Unhelpful errors before: LayerNorm normalised integers in integers, ELU raised Numba's
-    typing error, Linear(0, 2) a ZeroDivisionError, the attention 'not enough values to
-    unpack' / a reshape error (and truncated a float offset), a GRN inside a Sequential an
-    AttributeError on its (dx, None) gradient."""
+    typing error (both a bare NotImplementedError 'float16' for float16), Linear(0, 2) a
+    ZeroDivisionError, the attention 'not enough values to unpack' / a reshape error (and
+    truncated a float offset), a GRN inside a Sequential an AttributeError on its (dx, None)
+    gradient."""
     ln = nn.LayerNorm(4)
     _build(ln)
     with pytest.raises(TypeError, match="LayerNorm input must be float32 or float64, got int64"):
         ln.forward(np.arange(8).reshape(2, 4))
     with pytest.raises(TypeError, match="ELU: x must be float32 or float64, got int64"):
         nn.ELU().forward(np.array([-2, -1, 0, 3]))
+    # float16 passed the float-kind checks and reached Numba: NotImplementedError 'float16'
+    x16 = rng.normal(size=(2, 4)).astype(np.float16)
+    with pytest.raises(TypeError, match="LayerNorm input must be float32 or float64, got float16"):
+        ln.forward(x16)
+    with pytest.raises(TypeError, match="ELU: x must be float32 or float64, got float16"):
+        nn.ELU().forward(x16)
     for args in ((0, 2), (-1, 2), (2, 1.5)):
         with pytest.raises(ValueError, match="Linear: .*_features must be a positive int"):
             nn.Linear(*args)

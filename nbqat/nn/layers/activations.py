@@ -49,9 +49,9 @@ class ELU(Module):
             When ``bias`` is not (C,), ``context`` not (B, C), or ``x`` is not C-contiguous
             while one of them is given.
         TypeError
-            When ``x`` is not a float array.
+            When ``x`` is neither float32 nor float64.
         """
-        if np.asarray(x).dtype.kind != "f":  # Numba's typing error otherwise
+        if np.asarray(x).dtype not in (np.float32, np.float64):  # Numba's error otherwise
             raise TypeError(f"ELU: x must be float32 or float64, got {np.asarray(x).dtype}")
         fused = bias is not None or context is not None
         if fused and not x.flags.c_contiguous:

@@ -56,12 +56,12 @@ class LayerNorm(Module):
             When the last dimension of ``x`` is not ``normalized_shape``; ``out`` not of
             ``x``'s shape, read-only or not C-contiguous.
         TypeError
-            When ``x`` is not a float array; ``out`` not an array of its dtype.
+            When ``x`` is neither float32 nor float64; ``out`` not an array of its dtype.
         """
         c = self.normalized_shape
         if x.shape[-1] != c:
             raise ValueError(f"LayerNorm input must have last dimension {c}, got {x.shape}")
-        if x.dtype.kind != "f":  # an integer x was normalised in integers
+        if x.dtype not in (np.float32, np.float64):  # integers; float16: Numba's error
             raise TypeError(f"LayerNorm input must be float32 or float64, got {x.dtype}")
         if out is not None:  # the kernel writes N rows through a flat view: out of bounds
             V.check_out(out, x.shape, x.dtype, "LayerNorm out", contiguous=True)
