@@ -500,7 +500,8 @@ def test_q_risk(rng):
 def test_backward_refuses_a_gradient_of_another_shape(rng):
     """The compiled backward passes index by the forward's sizes: ELU wrote 256 values into a
     4-element buffer (heap corruption), LayerNorm read rows past a shorter dy (garbage in
-    dx and the parameter gradients), the LSTM read dh_n rows it did not have."""
+    dx and the parameter gradients), the LSTM read dh_n rows it did not have, Linear took a
+    dy of another leading shape."""
     elu = nn.ELU()
     elu.forward(np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32))
     for dy in (np.ones((64, 4), np.float32), np.float32(1.0), np.ones(4, np.float32)):
@@ -525,6 +526,15 @@ def test_backward_refuses_a_gradient_of_another_shape(rng):
     with pytest.raises(ValueError, match=r"dout must have shape \(2, 5, 4\)"):
         lstm.backward(np.zeros((2, 4, 4)))
     assert not lstm.weight_ih_grad.any()
+    # Linear took any dy of as many rows: a (L, B, out) gradient for a (B, L, in) input paired
+    # its rows with the wrong inputs (silently wrong weight gradient and dx)
+    lin = nn.Linear(3, 2)
+    _build(lin)
+    lin.forward(rng.normal(size=(2, 5, 3)))
+    for bad in (np.ones((5, 2, 2)), np.ones((10, 2)), np.ones((1, 2, 5, 2))):
+        with pytest.raises(ValueError, match=r"Linear.backward: dy must have shape \(2, 5, 2\)"):
+            lin.backward(bad)
+    assert not lin.weight_grad.any() and not lin.bias_grad.any()
 
 
 def test_dropout_layers_of_a_model_draw_different_masks():

@@ -148,9 +148,15 @@ class Linear(Module):
         RuntimeError
             When called before :meth:`forward`.
         ValueError
-            When the last dimension of ``dy`` is not ``out_features``.
+            When ``dy`` is not ``(..., out_features)`` with the last forward's leading shape
+            (another leading shape of as many rows would pair its rows with the wrong inputs).
         """
         xq, wq, ctx_x, ctx_w, lead = self._require_forward()
+        if np.shape(dy) != (*lead, self.out_features):
+            raise ValueError(
+                f"Linear.backward: dy must have shape {(*lead, self.out_features)} (the last "
+                f"forward's), got {np.shape(dy)}"
+            )
         dy2 = _as_rows(dy, self.out_features, "Linear grad")  # (N, out)
         dwq = dy2.T @ xq  # (out, in)
         if self.weight_fake_quant is not None:
