@@ -639,3 +639,20 @@ def test_out_arrays_are_checked_before_the_kernel_writes(rng):
         out = np.empty((2, 3))
         assert layer.forward(x, out=out) is out
         np.testing.assert_array_equal(out, ref)
+
+
+def test_sequential_backward_after_a_failed_forward_raises(rng):
+    """A Sequential whose forward raised in a later layer kept the earlier forward's flag: its
+    backward ran the failing layer's old cache and the earlier layers' new ones (here Linear's
+    weight gradient accumulated, then ELU refused the mixed-up dy). Now RuntimeError, nothing
+    accumulated; a good forward after it works as before."""
+    seq = nn.Sequential(nn.ELU(), nn.Linear(3, 2))
+    _build(seq)
+    x = rng.normal(size=(4, 3))
+    seq.forward(x)
+    with pytest.raises(ValueError, match="Linear input must have last dimension 3"):
+        seq.forward(rng.normal(size=(4, 5)))  # ELU ran (new cache), Linear raised
+    with pytest.raises(RuntimeError, match="Sequential.backward called before forward"):
+        seq.backward(np.ones((4, 2)))
+    assert not seq[1].weight_grad.any() and not seq[1].bias_grad.any()
+    _check(seq, lambda: (seq.forward(x),), lambda r: (seq.backward(r[0]),), [x])

@@ -65,8 +65,11 @@ class Sequential(Module):
         Returns
         -------
         ndarray
-            The last layer's output.
+            The last layer's output. A forward that raises leaves no forward behind (a
+            :meth:`backward` then raises RuntimeError): the layers before the failing one
+            would hold this call's caches, the rest the last call's.
         """
+        self._cache = None
         for i, layer in enumerate(self._modules.values()):
             x = layer.forward(x)
             if isinstance(x, tuple):  # a VariableSelectionNetwork's (output, weights)
@@ -93,7 +96,7 @@ class Sequential(Module):
         Raises
         ------
         RuntimeError
-            Before any forward.
+            Before any forward, or after a forward that raised.
         """
         self._require_forward()
         for i, layer in reversed(list(enumerate(self._modules.values()))):
