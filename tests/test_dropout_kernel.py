@@ -119,3 +119,17 @@ def test_dropout_bad_input():
     with pytest.raises(ValueError, match="non-negative"):
         d.forward(np.ones(4, np.float32))
     assert d.mask is None  # nothing written
+
+
+def test_dropout_backward_refuses_a_gradient_of_another_shape():
+    """A (C,) or (1, C) dy broadcast against a (B, C) mask into a (B, C) gradient (every row
+    the one row's, silently); now a ValueError naming dy. The mask's shape gives dy * mask."""
+    d = Dropout(0.5)
+    d.training = True
+    x = np.ones((3, 4))
+    d.forward(x)
+    for bad in (np.ones(4), np.ones((1, 4)), np.ones((4, 3))):
+        with pytest.raises(ValueError, match=r"Dropout.backward: dy must have shape \(3, 4\)"):
+            d.backward(bad)
+    dy = np.arange(12.0).reshape(3, 4)
+    np.testing.assert_array_equal(d.backward(dy), dy * d.mask)

@@ -167,10 +167,18 @@ class Dropout(Module):
         ------
         RuntimeError
             Before any forward.
+        ValueError
+            After a masking forward, ``dy`` not of its shape (NumPy broadcast a (C,) or
+            (1, C) ``dy`` against the mask into a gradient of the mask's shape).
         """
         if not self._seen:
             raise RuntimeError("Dropout.backward called before forward")
         m = self._cache
+        if m is not None and np.shape(dy) != m.shape:
+            raise ValueError(
+                f"Dropout.backward: dy must have shape {m.shape} (the last forward's), got "
+                f"{np.shape(dy)}"
+            )
         if out is None:
             return dy if m is None else dy * m
         if m is None:
