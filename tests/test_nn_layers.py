@@ -500,8 +500,8 @@ def test_q_risk(rng):
 def test_backward_refuses_a_gradient_of_another_shape(rng):
     """The compiled backward passes index by the forward's sizes: ELU wrote 256 values into a
     4-element buffer (heap corruption), LayerNorm read rows past a shorter dy (garbage in
-    dx and the parameter gradients), the LSTM read dh_n rows it did not have, Linear took a
-    dy of another leading shape."""
+    dx and the parameter gradients), the LSTM read dh_n rows it did not have, Linear and the
+    VSN took a dy of another leading shape."""
     elu = nn.ELU()
     elu.forward(np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32))
     for dy in (np.ones((64, 4), np.float32), np.float32(1.0), np.ones(4, np.float32)):
@@ -535,6 +535,18 @@ def test_backward_refuses_a_gradient_of_another_shape(rng):
         with pytest.raises(ValueError, match=r"Linear.backward: dy must have shape \(2, 5, 2\)"):
             lin.backward(bad)
     assert not lin.weight_grad.any() and not lin.bias_grad.any()
+    # the VSN reshaped any dy of as many values to (N, d): a (L, B, d) dy was taken
+    for fold in (True, False):
+        vsn = nn.VariableSelectionNetwork(2, 3, fold_embedding=fold)
+        _build(vsn)
+        vsn.forward(rng.normal(size=(2, 5, 2)))
+        for bad in (np.ones((5, 2, 3)), np.ones((10, 3)), np.ones(30)):
+            with pytest.raises(
+                ValueError,
+                match=r"VariableSelectionNetwork.backward: dy must have shape \(2, 5, 3\)",
+            ):
+                vsn.backward(bad)
+        assert not any(g.any() for _, g in vsn.named_grads())
 
 
 def test_dropout_layers_of_a_model_draw_different_masks():

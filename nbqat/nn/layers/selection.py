@@ -270,11 +270,14 @@ class VariableSelectionNetwork(Module):
         ------
         RuntimeError
             When called before :meth:`forward`.
+        ValueError
+            When ``dy`` does not have the last output's shape (a transposed (L, B, d) ``dy``
+            of as many rows would pair its rows with the wrong inputs).
         """
         v, xs, lead, fold = self._require_forward()
         m, d = self.num_vars, self.hidden_size
         n = v.shape[0]
-        dy2 = np.ascontiguousarray(dy, dtype=v.dtype).reshape(n, d)
+        dy2 = self._grad_in(dy, (*lead, d), v.dtype).reshape(n, d)
         dv = np.empty_like(v)
         dxs = np.empty_like(xs)
         nn_cpu.vsn_combine_backward(dy2, v, xs, dv, dxs)
