@@ -607,6 +607,24 @@ def test_layers_name_bad_sizes_dtypes_and_shapes(rng):
     for args in ((0, 2), (-1, 2), (2, 1.5)):
         with pytest.raises(ValueError, match="Linear: .*_features must be a positive int"):
             nn.Linear(*args)
+    # the other layers took int(size): 2.7 made a layer of size 2, LSTM(3, 0) raised a
+    # ZeroDivisionError, LayerNorm(0) was built
+    for make, match in (
+        (lambda: nn.LayerNorm(2.7), "LayerNorm: normalized_shape must be a positive int, got 2.7"),
+        (lambda: nn.LayerNorm(0), "LayerNorm: normalized_shape must be a positive int, got 0"),
+        (lambda: nn.LSTM(3, 0), "LSTM: hidden_size must be a positive int, got 0"),
+        (lambda: nn.LSTM(2.5, 3), "LSTM: input_size must be a positive int, got 2.5"),
+        (lambda: nn.InterpretableMultiHeadAttention(4.5, 2), "d_model must be a positive int"),
+        (lambda: nn.InterpretableMultiHeadAttention(4, 0), "n_head must be a positive int"),
+        (lambda: nn.GatedLinearUnit(3, 1.5), "GatedLinearUnit: output_size must be a positive"),
+        (lambda: nn.GatedResidualNetwork(3, 4, 3, 2.2), "GatedResidualNetwork: context_size"),
+        (lambda: nn.GatedResidualNetwork(3, True, 3), "GatedResidualNetwork: hidden_size"),
+        (lambda: nn.VariableSelectionNetwork(2.9, 4), "VariableSelectionNetwork: num_vars"),
+        (lambda: nn.VariableEmbedding(2, -1), "VariableEmbedding: d must be a positive int"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            make()
+    assert nn.LSTM(np.int64(3), np.int32(2)).hidden_size == 2  # NumPy integers are sizes
     att = nn.InterpretableMultiHeadAttention(4, 2)
     _build(att)
     kv = rng.normal(size=(2, 3, 4))

@@ -102,6 +102,15 @@ def stacked_view(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
     )
 
 
+def layer_size(owner: str, name: str, v: Any) -> int:
+    """``v`` as a Python int when it is a positive int (NumPy integers too), else a ValueError
+    naming ``owner`` and ``name``: ``int()`` would truncate 2.7 to a layer of size 2 and a
+    size 0 fail later (a ZeroDivisionError in the initialiser)."""
+    if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+        raise ValueError(f"{owner}: {name} must be a positive int, got {v!r}")
+    return int(v)
+
+
 #: How many times any module tree gained or lost a child (:meth:`Module.modules_of_type`'s key).
 _TREE_EDITS = [0]
 

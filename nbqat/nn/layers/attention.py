@@ -8,7 +8,7 @@ import numpy as np
 
 from nbqat.kernels import attention_cpu as _k
 from nbqat.nn.layers.linear import Linear, hook_backward
-from nbqat.nn.params import Module
+from nbqat.nn.params import Module, layer_size
 
 
 class InterpretableMultiHeadAttention(Module):
@@ -39,13 +39,14 @@ class InterpretableMultiHeadAttention(Module):
     Raises
     ------
     ValueError
-        When ``n_head < 1`` or ``d_model % n_head != 0``.
+        When ``d_model`` or ``n_head`` is not a positive int, or ``d_model % n_head != 0``.
     """
 
     def __init__(self, d_model: int, n_head: int) -> None:
         super().__init__()
-        d_model, n_head = int(d_model), int(n_head)
-        if n_head < 1 or d_model % n_head != 0:
+        d_model = layer_size("InterpretableMultiHeadAttention", "d_model", d_model)
+        n_head = layer_size("InterpretableMultiHeadAttention", "n_head", n_head)
+        if d_model % n_head != 0:
             raise ValueError(
                 f"hidden size {d_model} must be divisible by the number of heads {n_head}"
             )

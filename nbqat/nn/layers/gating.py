@@ -9,7 +9,7 @@ from nbqat.nn.layers.activations import ELU
 from nbqat.nn.layers.glu import GatedLinearUnit, sigmoid
 from nbqat.nn.layers.linear import Linear, _ones
 from nbqat.nn.layers.norm import LayerNorm
-from nbqat.nn.params import Module
+from nbqat.nn.params import Module, layer_size
 
 __all__ = [
     "FOLD_MIN_ROWS_PER_OUTPUT",
@@ -197,9 +197,13 @@ class GatedResidualNetwork(Module):
         fold_fc2: bool = True,
     ) -> None:
         super().__init__()
-        sizes = (int(input_size), int(hidden_size), int(output_size))
-        self.input_size, self.hidden_size, self.output_size = sizes
-        self.context_size = None if context_size is None else int(context_size)
+        grn = "GatedResidualNetwork"
+        self.input_size = layer_size(grn, "input_size", input_size)
+        self.hidden_size = layer_size(grn, "hidden_size", hidden_size)
+        self.output_size = layer_size(grn, "output_size", output_size)
+        self.context_size = (
+            None if context_size is None else layer_size(grn, "context_size", context_size)
+        )
         self.fold_fc2 = bool(fold_fc2)
         self.fc1 = Linear(self.input_size, self.hidden_size)
         if self.context_size is not None:

@@ -8,7 +8,7 @@ from nbqat._docs import LAYER_BACKWARD_RAISES, fill_doc
 from nbqat.kernels import nn_cpu
 from nbqat.nn.layers.dropout import Dropout
 from nbqat.nn.layers.linear import Linear
-from nbqat.nn.params import Module
+from nbqat.nn.params import Module, layer_size
 
 __all__ = ["GatedLinearUnit", "sigmoid"]
 
@@ -62,8 +62,8 @@ class GatedLinearUnit(Module):
 
     def __init__(self, input_size: int, output_size: int) -> None:
         super().__init__()
-        self.input_size = int(input_size)
-        self.output_size = int(output_size)
+        self.input_size = layer_size("GatedLinearUnit", "input_size", input_size)
+        self.output_size = layer_size("GatedLinearUnit", "output_size", output_size)
         self.fc = Linear(self.input_size, 2 * self.output_size)
         self.dropout: Dropout | None = None
 

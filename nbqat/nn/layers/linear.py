@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.kernels import nn_cpu
-from nbqat.nn.params import Module, uniform_init
+from nbqat.nn.params import Module, layer_size, uniform_init
 from nbqat.quantization.fake_quantize import FakeQuantize
 
 
@@ -68,11 +68,8 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__()
-        for name, v in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
-                raise ValueError(f"Linear: {name} must be a positive int, got {v!r}")
-        self.in_features = int(in_features)
-        self.out_features = int(out_features)
+        self.in_features = layer_size("Linear", "in_features", in_features)
+        self.out_features = layer_size("Linear", "out_features", out_features)
         self.has_bias = bool(bias)
         bound = 1.0 / math.sqrt(self.in_features)
         self.declare("weight", (self.out_features, self.in_features), uniform_init(bound))

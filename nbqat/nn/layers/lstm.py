@@ -9,7 +9,7 @@ import numpy as np
 
 from nbqat.kernels import nn_cpu
 from nbqat.nn.layers.linear import _ones, hook_backward
-from nbqat.nn.params import Module, uniform_init
+from nbqat.nn.params import Module, layer_size, uniform_init
 
 
 def lstm_step(
@@ -105,12 +105,17 @@ class LSTM(Module):
         Size of the last axis of the input sequence.
     hidden_size : int
         d, the size of the hidden and cell states.
+
+    Raises
+    ------
+    ValueError
+        When a size is not a positive int.
     """
 
     def __init__(self, input_size: int, hidden_size: int) -> None:
         super().__init__()
-        self.input_size = int(input_size)
-        self.hidden_size = int(hidden_size)
+        self.input_size = layer_size("LSTM", "input_size", input_size)
+        self.hidden_size = layer_size("LSTM", "hidden_size", hidden_size)
         d, n_in = self.hidden_size, self.input_size
         init = uniform_init(1.0 / math.sqrt(d))
         self.declare("weight_ih", (4 * d, n_in), init)

@@ -7,7 +7,7 @@ import numpy as np
 from nbqat import _validate as V
 from nbqat._docs import LAYER_BACKWARD_RAISES, fill_doc
 from nbqat.kernels import nn_cpu
-from nbqat.nn.params import Module, constant_init
+from nbqat.nn.params import Module, constant_init, layer_size
 
 
 class LayerNorm(Module):
@@ -25,11 +25,16 @@ class LayerNorm(Module):
         have shape (C,).
     eps : float, default 1e-5
         Added to the variance before the square root.
+
+    Raises
+    ------
+    ValueError
+        When ``normalized_shape`` is not a positive int.
     """
 
     def __init__(self, normalized_shape: int, eps: float = 1e-5) -> None:
         super().__init__()
-        self.normalized_shape = int(normalized_shape)
+        self.normalized_shape = layer_size("LayerNorm", "normalized_shape", normalized_shape)
         self.eps = float(eps)
         self.declare("weight", (self.normalized_shape,), constant_init(1.0))
         self.declare("bias", (self.normalized_shape,), constant_init(0.0))

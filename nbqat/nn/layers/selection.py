@@ -8,7 +8,7 @@ from nbqat.kernels import nn_cpu
 from nbqat.nn.layers.gating import GatedResidualNetwork
 from nbqat.nn.layers.grn_stack import GRNStack
 from nbqat.nn.layers.linear import Linear, _ones
-from nbqat.nn.params import Module, ModuleList, uniform_init
+from nbqat.nn.params import Module, ModuleList, layer_size, uniform_init
 
 
 class VariableEmbedding(Module):
@@ -30,8 +30,8 @@ class VariableEmbedding(Module):
 
     def __init__(self, num_vars: int, d: int) -> None:
         super().__init__()
-        self.num_vars = int(num_vars)
-        self.d = int(d)
+        self.num_vars = layer_size("VariableEmbedding", "num_vars", num_vars)
+        self.d = layer_size("VariableEmbedding", "d", d)
         self.declare("weight", (self.num_vars, self.d), uniform_init(1.0))
         self.declare("bias", (self.num_vars, self.d), uniform_init(1.0))
 
@@ -147,8 +147,8 @@ class VariableSelectionNetwork(Module):
         fold_embedding: bool = True,
     ) -> None:
         super().__init__()
-        self.num_vars = int(num_vars)
-        self.hidden_size = int(hidden_size)
+        self.num_vars = layer_size("VariableSelectionNetwork", "num_vars", num_vars)
+        self.hidden_size = layer_size("VariableSelectionNetwork", "hidden_size", hidden_size)
         self.fold_embedding = bool(fold_embedding)
         m, d = self.num_vars, self.hidden_size
         self.embedding = VariableEmbedding(m, d)
