@@ -686,3 +686,27 @@ def test_sequential_backward_after_a_failed_forward_raises(rng):
         seq.backward(np.ones((4, 2)))
     assert not seq[1].weight_grad.any() and not seq[1].bias_grad.any()
     _check(seq, lambda: (seq.forward(x),), lambda r: (seq.backward(r[0]),), [x])
+
+
+def test_selection_and_attention_weights_are_read_only_views(rng):
+    """The VSN's returned ``weights`` and the attention's ``attention_weights`` /
+    ``attention_probs`` were the very arrays backward reads: an in-place edit by the caller
+    (``w *= 100`` for percents) silently changed every gradient. Now read-only views (the
+    values and the gradients unchanged; the cache itself stays writeable)."""
+    vsn = nn.VariableSelectionNetwork(3, 4)
+    _build(vsn)
+    x = rng.normal(size=(2, 5, 3))
+    _, w = vsn.forward(x)
+    assert w is vsn.weights and not w.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        w *= 100.0
+    np.testing.assert_allclose(w.sum(axis=-1), 1.0)
+    _check(vsn, lambda: (vsn.forward(x)[0],), lambda r: (vsn.backward(r[0])[0],), [x])
+    att = nn.InterpretableMultiHeadAttention(4, 2)
+    _build(att)
+    q, kv = rng.normal(size=(2, 2, 4)), rng.normal(size=(2, 3, 4))
+    att.forward(q, kv, 1)
+    for name in ("attention_weights", "attention_probs"):
+        with pytest.raises(ValueError, match="read-only"):
+            getattr(att, name)[...] = 0.5
+    _check(att, lambda: (att.forward(q, kv, 1),), lambda r: att.backward(r[0]), [q, kv])

@@ -111,6 +111,15 @@ def layer_size(owner: str, name: str, v: Any) -> int:
     return int(v)
 
 
+def read_only_view(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (``a`` itself stays writeable): how a layer hands out an array
+    its backward reads (selection / attention weights), so an in-place edit by the caller
+    raises instead of silently changing the gradients."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 #: How many times any module tree gained or lost a child (:meth:`Module.modules_of_type`'s key).
 _TREE_EDITS = [0]
 

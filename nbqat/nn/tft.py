@@ -215,7 +215,8 @@ class TemporalFusionTransformer(BufferedModel):
     attention_weights : ndarray (B, tau, T) or None
         After forward: attention probabilities averaged over heads (T = k + tau).
     static_weights, encoder_weights, decoder_weights : ndarray or None
-        After forward: variable-selection weights (B, m_s), (B, k, m_z), (B, tau, m_x).
+        After forward: variable-selection weights (B, m_s), (B, k, m_z), (B, tau, m_x). These
+        four are read-only views of arrays backward reads (copy them to edit).
     output_head : str
         ``"output_layer"``: the quantile head, kept in float by :func:`~nbqat.nn.prepare_qat`
         unless ``QATConfig.quantize_output_head`` (the linear skip, which also writes the

@@ -8,7 +8,7 @@ import numpy as np
 
 from nbqat.kernels import attention_cpu as _k
 from nbqat.nn.layers.linear import Linear, hook_backward
-from nbqat.nn.params import Module, layer_size
+from nbqat.nn.params import Module, layer_size, read_only_view
 
 
 class InterpretableMultiHeadAttention(Module):
@@ -27,7 +27,8 @@ class InterpretableMultiHeadAttention(Module):
     ``attention_fake_quant`` (optional hook) is applied to the probabilities (B, H, tq, T)
     before they multiply V; softmax backward uses the unquantized probabilities. After forward,
     ``attention_probs`` holds the (unquantized) per-head probabilities (B, H, tq, T) and
-    ``attention_weights`` their mean over the heads (B, tq, T).
+    ``attention_weights`` their mean over the heads (B, tq, T), read-only (views of what
+    backward reads).
 
     Parameters
     ----------
@@ -119,9 +120,10 @@ class InterpretableMultiHeadAttention(Module):
         pbar = np.empty((nb, tq, tk), dtype=q.dtype)  # (B, tq, T) heads averaged
         o = np.empty((nb, tq, self.d_head), dtype=q.dtype)  # (B, tq, d_h)
         _k.attn_apply_forward(pq, vt, pbar, o)
-        self.attention_probs = p
+        # read-only views where backward reads the array itself (an edit would change dq, dk)
+        self.attention_probs = read_only_view(p)
         # heads averaged (unquantized): the forecaster's interpretable attention weights
-        self.attention_weights = pbar if pq is p else p.mean(axis=1)
+        self.attention_weights = read_only_view(pbar) if pq is p else p.mean(axis=1)
         self._cache = (qh, kt, vt, p, pbar, ctx, offset)
         return self.out_proj.forward(o)
 

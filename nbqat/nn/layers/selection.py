@@ -8,7 +8,7 @@ from nbqat.kernels import nn_cpu
 from nbqat.nn.layers.gating import GatedResidualNetwork
 from nbqat.nn.layers.grn_stack import GRNStack
 from nbqat.nn.layers.linear import Linear, _ones
-from nbqat.nn.params import Module, ModuleList, layer_size, uniform_init
+from nbqat.nn.params import Module, ModuleList, layer_size, read_only_view, uniform_init
 
 
 class VariableEmbedding(Module):
@@ -174,7 +174,7 @@ class VariableSelectionNetwork(Module):
             ``sum_j v_j xi~_j``, same leading shape as ``x``.
         weights : ndarray (..., num_vars)
             The selection weights ``v`` (softmax over the variables); also kept in
-            ``self.weights``.
+            ``self.weights``. Read-only: a view of what :meth:`backward` reads.
 
         Raises
         ------
@@ -211,7 +211,7 @@ class VariableSelectionNetwork(Module):
         out = np.empty((n, d), dtype=xs.dtype)  # (N, d)
         nn_cpu.vsn_combine_forward(v, xs, out)
         self._cache = (v, xs, lead, fold)
-        self.weights = v.reshape(*lead, m)
+        self.weights = read_only_view(v.reshape(*lead, m))  # v is backward's: no edits
         return out.reshape(*lead, d), self.weights
 
     def _foldable(self) -> bool:
