@@ -710,3 +710,25 @@ def test_selection_and_attention_weights_are_read_only_views(rng):
         with pytest.raises(ValueError, match="read-only"):
             getattr(att, name)[...] = 0.5
     _check(att, lambda: (att.forward(q, kv, 1),), lambda r: att.backward(r[0]), [q, kv])
+
+
+def test_variable_embedding_checks_its_arrays(rng):
+    """VariableEmbedding embedded an integer x in integers (truncated values), reshaped an x of
+    another last dimension into rows of num_vars, and its compiled backward read a smaller
+    dflat / dpervar out of bounds (garbage, NaN gradients). Now ValueErrors naming the array;
+    a good call matches finite differences."""
+    emb = nn.VariableEmbedding(2, 3)
+    _build(emb)
+    for bad in (np.array([[1, 2]]), np.ones((3, 4)), np.ones((3, 2), np.float16), [[1.0, 2.0]]):
+        with pytest.raises(ValueError, match=r"VariableEmbedding: x must be a float32/float64"):
+            emb.forward(bad)
+    x = rng.normal(size=(5, 2))
+    emb.forward(x)
+    for dflat, dpervar, name in (
+        (np.ones((1, 6)), np.ones((2, 5, 3)), r"dflat must have shape \(5, 6\)"),
+        (np.ones((5, 6)), np.ones((5, 2, 3)), r"dpervar must have shape \(2, 5, 3\)"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            emb.backward(dflat, dpervar)
+    assert not emb.weight_grad.any() and not emb.bias_grad.any()
+    _check(emb, lambda: emb.forward(x), lambda r: (emb.backward(*r),), [x])

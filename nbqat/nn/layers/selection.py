@@ -49,8 +49,24 @@ class VariableEmbedding(Module):
             Row ``n`` holds the m embeddings of row ``n`` one after the other.
         pervar : ndarray (num_vars, N, d)
             The same values, variable-major.
+
+        Raises
+        ------
+        ValueError
+            When ``x`` is not a float32 / float64 array with last dimension ``num_vars``
+            (an integer ``x`` was embedded in integers, another last dimension reshaped).
         """
         m, d = self.num_vars, self.d
+        if (
+            not isinstance(x, np.ndarray)
+            or x.dtype not in (np.float32, np.float64)
+            or x.ndim < 1
+            or x.shape[-1] != m
+        ):
+            raise ValueError(
+                f"VariableEmbedding: x must be a float32/float64 array (..., {m}), got "
+                f"{getattr(x, 'shape', type(x))} {getattr(x, 'dtype', '')}"
+            )
         x2 = np.ascontiguousarray(x).reshape(-1, m)  # (N, m)
         n = x2.shape[0]
         flat = np.empty((n, m * d), dtype=x2.dtype)  # (N, m*d)
@@ -78,20 +94,18 @@ class VariableEmbedding(Module):
         ------
         RuntimeError
             When called before :meth:`forward`.
+        ValueError
+            When ``dflat`` or ``dpervar`` does not have its output's shape (the compiled pass
+            indexes by the forward's N: a smaller array was read out of bounds).
         """
         x2, shape = self._require_forward()
+        m, d, n = self.num_vars, self.d, x2.shape[0]
+        dflat = self._grad_in(dflat, (n, m * d), x2.dtype, "dflat")
+        dpervar = self._grad_in(dpervar, (m, n, d), x2.dtype, "dpervar")
         dx = np.empty_like(x2)
         dw = np.empty_like(self.weight)
         db = np.empty_like(self.bias)
-        nn_cpu.embed_backward(
-            x2,
-            self.weight,
-            np.ascontiguousarray(dflat, dtype=x2.dtype),
-            np.ascontiguousarray(dpervar, dtype=x2.dtype),
-            dx,
-            dw,
-            db,
-        )
+        nn_cpu.embed_backward(x2, self.weight, dflat, dpervar, dx, dw, db)
         self.weight_grad += dw
         self.bias_grad += db
         return dx.reshape(shape)
