@@ -314,6 +314,13 @@ def test_grn_context_errors(rng):
         grn.forward(rng.normal(size=(2, 4)))
     with pytest.raises(ValueError, match="context"):
         grn.forward(rng.normal(size=(2, 4)), rng.normal(size=(3, 3)))
+    # a 4-D (or 1-D) input with a context: the forward ran, its backward then failed in the
+    # context Linear after the gate's and fc2's gradients had accumulated (4-D), or the ELU
+    # named a context shape the caller never passed (1-D)
+    for a, c in ((rng.normal(size=(2, 3, 5, 4)), rng.normal(size=(2, 3))),
+                 (rng.normal(size=(3,)), rng.normal(size=(3, 3)))):  # fmt: skip
+        with pytest.raises(ValueError, match=r"the GRN input must be \(B, in\) or \(B, L, in\)"):
+            grn.forward(a, c)
 
 
 @pytest.mark.parametrize("fold", [True, False], ids=["folded", "materialised"])

@@ -237,8 +237,9 @@ class GatedResidualNetwork(Module):
         Raises
         ------
         ValueError
-            When ``c`` is given without ``context_size`` (or missing with it), or ``c`` does not
-            have shape ``(B, context_size)``.
+            When ``c`` is given without ``context_size`` (or missing with it), ``c`` does not
+            have shape ``(B, context_size)``, or ``c`` is given with an ``a`` neither 2-D nor
+            3-D (its backward, which sums the context's gradient over time, failed).
         """
         self._check_context(a, c)
         z = self.fc1.forward(a, add_bias=False)  # (..., h); the bias goes in with the ELU
@@ -249,6 +250,10 @@ class GatedResidualNetwork(Module):
         if (c is None) != (self.context_size is None):
             raise ValueError(
                 "context c must be given exactly when the GRN was built with context_size"
+            )
+        if c is not None and a.ndim not in (2, 3):  # backward sums the context over axis 1
+            raise ValueError(
+                f"with a context, the GRN input must be (B, in) or (B, L, in), got {a.shape}"
             )
         if c is not None and (c.ndim != 2 or c.shape != (a.shape[0], self.context_size)):
             raise ValueError(
