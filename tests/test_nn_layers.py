@@ -439,6 +439,32 @@ def test_attention_rejects_negative_offset(rng):
         att.forward(x, x, offset=-1)
 
 
+def test_attention_checks_d_model_before_any_projection(rng):
+    """A key_value of another last dimension was refused by k_proj only after q_proj had
+    cached the new query: the next backward then paired the old forward's gradients with the
+    new query (a silently wrong q_proj gradient). Now refused first; backward is the old
+    forward's, as finite differences give."""
+    att = nn.InterpretableMultiHeadAttention(4, 2)
+    _build(att)
+    q, kv = rng.normal(size=(2, 2, 4)), rng.normal(size=(2, 3, 4))
+    _check(att, lambda: (att.forward(q, kv, 1),), lambda r: att.backward(r[0]), [q, kv])
+    att.forward(q, kv, 1)
+    dy = rng.normal(size=(2, 2, 4))
+    for _, g in att.named_grads():
+        g[...] = 0
+    att.backward(dy)
+    ref = {n: g.copy() for n, g in att.named_grads()}
+    for _, g in att.named_grads():
+        g[...] = 0
+    for qb, kvb in ((rng.normal(size=(2, 2, 4)), rng.normal(size=(2, 3, 5))),
+                    (rng.normal(size=(2, 2, 3)), kv)):  # fmt: skip
+        with pytest.raises(ValueError, match=r"must be \(B, tq, 4\) and \(B, T, 4\)"):
+            att.forward(qb, kvb, 1)
+    att.backward(dy)
+    for n, g in att.named_grads():
+        np.testing.assert_array_equal(g, ref[n], err_msg=n)
+
+
 def test_attention_matches_reference(rng):
     att = nn.InterpretableMultiHeadAttention(6, 3)
     _build(att)
@@ -636,7 +662,7 @@ def test_layers_name_bad_sizes_dtypes_and_shapes(rng):
     _build(att)
     kv = rng.normal(size=(2, 3, 4))
     for q, off, match in (
-        (rng.normal(size=(2, 4)), 1, r"must be \(B, tq, d_model\).*got \(2, 4\) and \(2, 3, 4\)"),
+        (rng.normal(size=(2, 4)), 1, r"must be \(B, tq, 4\).*got \(2, 4\) and \(2, 3, 4\)"),
         (rng.normal(size=(1, 2, 4)), 1, r"with one B, got \(1, 2, 4\) and \(2, 3, 4\)"),
         (rng.normal(size=(2, 2, 4)), 1.7, r"offset must be an int >= 0.*got 1.7"),
     ):

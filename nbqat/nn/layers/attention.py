@@ -85,7 +85,9 @@ class InterpretableMultiHeadAttention(Module):
         ------
         ValueError
             When ``offset`` is not an integer >= 0 (a query would see no key), or ``query``
-            and ``key_value`` are not 3-D with one batch size.
+            and ``key_value`` are not 3-D with one batch size and last dimension ``d_model``
+            (checked first: a ``key_value`` refused by ``k_proj`` after ``q_proj`` had cached
+            the new query left the next backward mixing two forwards).
         """
         if isinstance(offset, bool) or not isinstance(offset, int | np.integer) or offset < 0:
             raise ValueError(
@@ -94,10 +96,11 @@ class InterpretableMultiHeadAttention(Module):
             )
         offset = int(offset)
         qs, ks = np.shape(query), np.shape(key_value)
-        if len(qs) != 3 or len(ks) != 3 or qs[0] != ks[0]:
+        d = self.d_model
+        if len(qs) != 3 or len(ks) != 3 or qs[0] != ks[0] or qs[2] != d or ks[2] != d:
             raise ValueError(
-                f"query and key_value must be (B, tq, d_model) and (B, T, d_model) with one B, "
-                f"got {qs} and {ks}"
+                f"query and key_value must be (B, tq, {d}) and (B, T, {d}) (d_model = {d}) "
+                f"with one B, got {qs} and {ks}"
             )
         q = self.q_proj.forward(query)  # (B, tq, d)
         k = self.k_proj.forward(key_value)  # (B, T, d)
