@@ -248,6 +248,26 @@ def test_layernorm(rng):
     np.testing.assert_allclose(ln.bias_grad, dy.sum((0, 1)), rtol=1e-12)
 
 
+def test_gate_add_norm_bad_skip_leaves_the_last_forward(rng):
+    """A skip of another shape was refused inside the GLU after its Linear had cached the new
+    input: the next backward paired the old forward's gate with the new input (a silently
+    wrong GLU weight gradient). Now refused first; backward is the last good forward's."""
+    gan = nn.GateAddNorm(3, 4)
+    _build(gan)
+    x, skip, dy = rng.normal(size=(2, 3)), rng.normal(size=(2, 4)), rng.normal(size=(2, 4))
+    gan.forward(x, skip)
+    gan.backward(dy)
+    ref = {n: g.copy() for n, g in gan.named_grads()}
+    for _, g in gan.named_grads():
+        g[...] = 0
+    gan.forward(x, skip)
+    with pytest.raises(ValueError, match=r"residual must have shape \(2, 4\), got \(2, 5\)"):
+        gan.forward(rng.normal(size=(2, 3)), rng.normal(size=(2, 5)))
+    gan.backward(dy)
+    for n, g in gan.named_grads():
+        np.testing.assert_array_equal(g, ref[n], err_msg=n)
+
+
 def test_gate_add_norm(rng):
     g = nn.GateAddNorm(3, 4)
     _build(g)

@@ -89,8 +89,13 @@ class GatedLinearUnit(Module):
         Raises
         ------
         ValueError
-            When ``residual`` does not have the output's shape.
+            When ``residual`` does not have the output's shape (checked before ``fc`` runs:
+            refused after it, ``fc`` kept the new input for the next backward while the GLU
+            kept the old forward).
         """
+        shape = (*np.shape(x)[:-1], self.output_size)
+        if residual is not None and np.shape(residual) != shape:
+            raise ValueError(f"residual must have shape {shape}, got {np.shape(residual)}")
         if self.dropout is not None:
             x = self.dropout.forward(x)
         z = self.fc.forward(x, add_bias=False)  # (..., 2C); the kernel adds the bias
