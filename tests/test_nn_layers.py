@@ -785,3 +785,38 @@ def test_variable_embedding_checks_its_arrays(rng):
             emb.backward(dflat, dpervar)
     assert not emb.weight_grad.any() and not emb.bias_grad.any()
     _check(emb, lambda: emb.forward(x), lambda r: (emb.backward(*r),), [x])
+
+
+@pytest.mark.parametrize("layer", ["gan", "grn", "grn_ctx"])
+def test_bad_out_is_refused_before_the_sub_layers_run(rng, layer):
+    """GateAddNorm / GRN passed ``out`` to their final LayerNorm only: a bad ``out`` was
+    refused there, after the GLU (and fc1, fc2, ELU) had cached this call's arrays, so the
+    next backward mixed two forwards (silently wrong gradients). Now refused first."""
+    mod = {
+        "gan": lambda: nn.GateAddNorm(3, 4),
+        "grn": lambda: nn.GatedResidualNetwork(3, 5, 4),
+        "grn_ctx": lambda: nn.GatedResidualNetwork(3, 5, 4, 2),
+    }[layer]()
+    _build(mod)
+    args = [rng.normal(size=(2, 6, 3))]
+    args.append(rng.normal(size=(2, 6, 4)) if layer == "gan" else None)
+    if layer == "grn_ctx":
+        args[1] = rng.normal(size=(2, 2))
+    dy = rng.normal(size=(2, 6, 4))
+    mod.forward(*args)
+    mod.backward(dy)
+    ref = {n: g.copy() for n, g in mod.named_grads()}
+    for _, g in mod.named_grads():
+        g[...] = 0
+    mod.forward(*args)
+    new = [rng.normal(size=a.shape) if a is not None else None for a in args]
+    for bad, err in ((np.empty((2, 6, 4), np.float32), TypeError),
+                     (np.empty((2, 6, 5)), ValueError),
+                     (np.empty((2, 6, 8))[..., ::2], ValueError)):  # fmt: skip
+        with pytest.raises(err, match="LayerNorm out"):
+            mod.forward(*new, out=bad)
+    mod.backward(dy)
+    for n, g in mod.named_grads():
+        np.testing.assert_array_equal(g, ref[n], err_msg=n)
+    out = np.empty((2, 6, 4))
+    assert mod.forward(*args, out=out) is out

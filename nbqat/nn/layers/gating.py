@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbqat import _validate as V
 from nbqat.nn.layers.activations import ELU
 from nbqat.nn.layers.glu import GatedLinearUnit, sigmoid
 from nbqat.nn.layers.linear import Linear, _ones
@@ -18,6 +19,22 @@ __all__ = [
     "GatedResidualNetwork",
     "sigmoid",
 ]
+
+
+def _check_out_first(out: np.ndarray | None, x: np.ndarray, c: int, first: object) -> None:
+    """``out`` checked as the final LayerNorm would, before any sub-layer runs: refused only
+    there, the sub-layers would keep this call's caches and the LayerNorm the last one's (a
+    backward mixing two forwards). The result's dtype is that of ``x`` times the first
+    matmul's weight (``first``: that Linear, or an array); a layer without a float ``weight``
+    (the int8 model's QuantizedLinear) leaves the dtype to the LayerNorm."""
+    if out is None:
+        return
+    w = first if isinstance(first, np.ndarray) else getattr(first, "weight", None)
+    if w is None:
+        dtype = getattr(out, "dtype", None)
+    else:
+        dtype = np.result_type(x.dtype, w.dtype)
+    V.check_out(out, (*x.shape[:-1], c), dtype, "LayerNorm out", contiguous=True)
 
 
 class GateAddNorm(Module):
@@ -48,7 +65,8 @@ class GateAddNorm(Module):
         skip : ndarray (..., output_size)
             The residual, same leading shape as ``x``.
         out : ndarray (..., output_size), optional
-            A C-contiguous array to write the result into (a new array when None).
+            A C-contiguous array to write the result into (a new array when None); checked
+            before anything runs (TypeError / ValueError naming it).
 
         Returns
         -------
@@ -60,6 +78,7 @@ class GateAddNorm(Module):
         ValueError
             When ``skip`` does not have the GLU output's shape.
         """
+        _check_out_first(out, x, self.norm.normalized_shape, self.glu.fc)
         return self.norm.forward(self.glu.forward(x, skip), out=out)
 
     def forward_projected(
@@ -90,6 +109,7 @@ class GateAddNorm(Module):
             :meth:`GatedLinearUnit.forward_projected`) or ``skip`` does not have the GLU
             output's shape.
         """
+        _check_out_first(out, z, self.norm.normalized_shape, z)
         return self.norm.forward(self.glu.forward_projected(z, skip, bias), out=out)
 
     def backward(self, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -227,7 +247,8 @@ class GatedResidualNetwork(Module):
             The static context, broadcast over the L time steps of a 3-D ``a``. Required
             exactly when the GRN was built with ``context_size``.
         out : ndarray (..., output_size), optional
-            A C-contiguous array to write the result into (a new array when None).
+            A C-contiguous array to write the result into (a new array when None); checked
+            before anything runs (TypeError / ValueError naming it).
 
         Returns
         -------
@@ -242,6 +263,7 @@ class GatedResidualNetwork(Module):
             3-D (its backward, which sums the context's gradient over time, failed).
         """
         self._check_context(a, c)
+        _check_out_first(out, a, self.output_size, self.fc1)
         z = self.fc1.forward(a, add_bias=False)  # (..., h); the bias goes in with the ELU
         skip = self.skip.forward(a) if self.input_size != self.output_size else a
         return self._body(z, skip, c, out, self.fc1.bias, projected=False)
@@ -284,7 +306,8 @@ class GatedResidualNetwork(Module):
         c : ndarray (B, context_size), optional
             The static context, as in :meth:`forward`.
         out : ndarray (..., output_size), optional
-            A C-contiguous array to write the result into (a new array when None).
+            A C-contiguous array to write the result into (a new array when None); checked
+            before anything runs (TypeError / ValueError naming it).
         bias : ndarray (hidden_size,), optional
             The bias added to ``z`` before the ELU; ``fc1.bias`` when None.
 
@@ -299,6 +322,7 @@ class GatedResidualNetwork(Module):
             As :meth:`forward` for the context; when ``skip`` does not have the output's shape.
         """
         self._check_context(z, c)
+        _check_out_first(out, z, self.output_size, self.fc2)
         return self._body(z, skip, c, out, self.fc1.bias if bias is None else bias, True)
 
     def _body(
