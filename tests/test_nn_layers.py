@@ -820,3 +820,25 @@ def test_bad_out_is_refused_before_the_sub_layers_run(rng, layer):
         np.testing.assert_array_equal(g, ref[n], err_msg=n)
     out = np.empty((2, 6, 4))
     assert mod.forward(*args, out=out) is out
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_vsn_bad_context_leaves_the_last_forward(rng, fold):
+    """The VSN checked its context only inside flat_grn, after the embedding had cached the new
+    x (unfolded path): the next backward paired the old forward with the new x (a silently
+    wrong embedding gradient). Now the context is checked first."""
+    vsn = nn.VariableSelectionNetwork(3, 4, 2, fold_embedding=fold)
+    _build(vsn)
+    x, c, dy = rng.normal(size=(2, 5, 3)), rng.normal(size=(2, 2)), rng.normal(size=(2, 5, 4))
+    vsn.forward(x, c)
+    vsn.backward(dy)
+    ref = {n: g.copy() for n, g in vsn.named_grads()}
+    for _, g in vsn.named_grads():
+        g[...] = 0
+    vsn.forward(x, c)
+    for bad in (rng.normal(size=(3, 2)), None):
+        with pytest.raises(ValueError, match="context"):
+            vsn.forward(rng.normal(size=(2, 5, 3)), bad)
+    vsn.backward(dy)
+    for n, g in vsn.named_grads():
+        np.testing.assert_array_equal(g, ref[n], err_msg=n)

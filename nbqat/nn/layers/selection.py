@@ -208,6 +208,9 @@ class VariableSelectionNetwork(Module):
                 f"x must be a float32/float64 array (..., {m}), got "
                 f"{getattr(x, 'shape', type(x))} {getattr(x, 'dtype', '')}"
             )
+        # the context before any sub-layer runs (refused by flat_grn after the embedding had
+        # cached this x, the next backward mixed two forwards)
+        self.flat_grn._check_context(x, c)
         x = np.asarray(x, dtype=self.embedding.weight.dtype)  # both paths in the parameters'
         lead = x.shape[:-1]
         if self._foldable():
