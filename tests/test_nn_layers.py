@@ -842,3 +842,27 @@ def test_vsn_bad_context_leaves_the_last_forward(rng, fold):
     vsn.backward(dy)
     for n, g in vsn.named_grads():
         np.testing.assert_array_equal(g, ref[n], err_msg=n)
+
+
+def test_assigning_a_parameter_attribute_is_refused(rng):
+    """``layer.weight = w`` (torch's habit) rebound the attribute to a new array: forward read
+    it while the optimizer kept updating the flat buffer, so the layer silently never trained
+    (and gradients went to the buffer's view). Now an AttributeError naming the in-place
+    spelling, which works; ``+=`` on the view (every backward) still works."""
+    from nbqat import SGD
+
+    lin = nn.Linear(2, 1)
+    buf = _build(lin)
+    for name in ("weight", "bias", "weight_grad"):
+        with pytest.raises(AttributeError, match=rf"Linear.{name} is a view .* {name}\[\.\.\.\]"):
+            setattr(lin, name, np.ones(getattr(lin, name).shape))
+    with pytest.raises(AttributeError, match="LSTM.weight_hh is a view"):
+        nn.LSTM(2, 3).weight_hh = np.zeros((12, 3))  # before any buffer too
+    lin.weight[...] = 1.0
+    assert np.shares_memory(lin.weight, buf.params)
+    opt = SGD(buf.params, lr=0.5)
+    x = rng.normal(size=(4, 2))
+    buf.zero_grad()
+    lin.backward(np.ones((4, 1)) + 0 * lin.forward(x))
+    opt.step(buf.grads)
+    np.testing.assert_allclose(lin.weight, 1.0 - 0.5 * x.sum(axis=0)[None, :])

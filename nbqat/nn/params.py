@@ -112,9 +112,8 @@ def layer_size(owner: str, name: str, v: Any) -> int:
 
 
 def read_only_view(a: np.ndarray) -> np.ndarray:
-    """A read-only view of ``a`` (``a`` itself stays writeable): how a layer hands out an array
-    its backward reads (selection / attention weights), so an in-place edit by the caller
-    raises instead of silently changing the gradients."""
+    """A read-only view of ``a`` (``a`` stays writeable), for an array backward reads that a
+    layer hands out: a caller's in-place edit raises instead of changing the gradients."""
     v = a.view()
     v.flags.writeable = False
     return v
@@ -204,6 +203,17 @@ class Module:
         if name == "_cache":  # set by every forward: skip the registry checks
             object.__setattr__(self, name, value)
             return
+        specs = self.__dict__.get("_param_specs", {})
+        if (
+            value is not self.__dict__.get(name, value)
+            and (  # `+=` sets the same view
+                name in specs or (name.endswith("_grad") and name[:-5] in specs)
+            )
+        ):
+            raise AttributeError(  # a new array: forward reads it, the optimizer the buffer
+                f"{type(self).__name__}.{name} is a view into the model's flat buffer: assign "
+                f"in place, {name}[...] = value"
+            )
         if isinstance(value, Module):
             self._modules[name] = value
             _TREE_EDITS[0] += 1
@@ -215,7 +225,8 @@ class Module:
     def declare(self, name: str, shape: tuple[int, ...], init: Init) -> None:
         """Declare parameter ``name`` of ``shape``; bound to views by :class:`ParameterBuffer`.
 
-        Until then ``self.<name>`` and ``self.<name>_grad`` are None.
+        Until then ``self.<name>`` and ``self.<name>_grad`` are None. Assigning either
+        attribute raises AttributeError (set the values in place, ``layer.weight[...] = w``).
 
         Parameters
         ----------
