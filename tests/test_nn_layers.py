@@ -248,6 +248,22 @@ def test_layernorm(rng):
     np.testing.assert_allclose(ln.bias_grad, dy.sum((0, 1)), rtol=1e-12)
 
 
+def _refused_forwards_keep_the_last(mod, forward, dy, refused):
+    """``forward(); mod.backward(dy)`` gives the reference gradients; then ``forward()``, the
+    refused calls (``refused()`` asserts they raise) and ``mod.backward(dy)`` must give them
+    again: a refused forward leaves the caches of the last good one."""
+    forward()
+    mod.backward(dy)
+    ref = {n: g.copy() for n, g in mod.named_grads()}
+    for _, g in mod.named_grads():
+        g[...] = 0
+    forward()
+    refused()
+    mod.backward(dy)
+    for n, g in mod.named_grads():
+        np.testing.assert_array_equal(g, ref[n], err_msg=n)
+
+
 def test_gate_add_norm_bad_skip_leaves_the_last_forward(rng):
     """A skip of another shape was refused inside the GLU after its Linear had cached the new
     input: the next backward paired the old forward's gate with the new input (a silently
@@ -255,17 +271,12 @@ def test_gate_add_norm_bad_skip_leaves_the_last_forward(rng):
     gan = nn.GateAddNorm(3, 4)
     _build(gan)
     x, skip, dy = rng.normal(size=(2, 3)), rng.normal(size=(2, 4)), rng.normal(size=(2, 4))
-    gan.forward(x, skip)
-    gan.backward(dy)
-    ref = {n: g.copy() for n, g in gan.named_grads()}
-    for _, g in gan.named_grads():
-        g[...] = 0
-    gan.forward(x, skip)
-    with pytest.raises(ValueError, match=r"residual must have shape \(2, 4\), got \(2, 5\)"):
-        gan.forward(rng.normal(size=(2, 3)), rng.normal(size=(2, 5)))
-    gan.backward(dy)
-    for n, g in gan.named_grads():
-        np.testing.assert_array_equal(g, ref[n], err_msg=n)
+
+    def refused():
+        with pytest.raises(ValueError, match=r"residual must have shape \(2, 4\), got \(2, 5\)"):
+            gan.forward(rng.normal(size=(2, 3)), rng.normal(size=(2, 5)))
+
+    _refused_forwards_keep_the_last(gan, lambda: gan.forward(x, skip), dy, refused)
 
 
 def test_gate_add_norm(rng):
@@ -468,21 +479,17 @@ def test_attention_checks_d_model_before_any_projection(rng):
     _build(att)
     q, kv = rng.normal(size=(2, 2, 4)), rng.normal(size=(2, 3, 4))
     _check(att, lambda: (att.forward(q, kv, 1),), lambda r: att.backward(r[0]), [q, kv])
-    att.forward(q, kv, 1)
     dy = rng.normal(size=(2, 2, 4))
+
+    def refused():
+        for qb, kvb in ((rng.normal(size=(2, 2, 4)), rng.normal(size=(2, 3, 5))),
+                        (rng.normal(size=(2, 2, 3)), kv)):  # fmt: skip
+            with pytest.raises(ValueError, match=r"must be \(B, tq, 4\) and \(B, T, 4\)"):
+                att.forward(qb, kvb, 1)
+
     for _, g in att.named_grads():
         g[...] = 0
-    att.backward(dy)
-    ref = {n: g.copy() for n, g in att.named_grads()}
-    for _, g in att.named_grads():
-        g[...] = 0
-    for qb, kvb in ((rng.normal(size=(2, 2, 4)), rng.normal(size=(2, 3, 5))),
-                    (rng.normal(size=(2, 2, 3)), kv)):  # fmt: skip
-        with pytest.raises(ValueError, match=r"must be \(B, tq, 4\) and \(B, T, 4\)"):
-            att.forward(qb, kvb, 1)
-    att.backward(dy)
-    for n, g in att.named_grads():
-        np.testing.assert_array_equal(g, ref[n], err_msg=n)
+    _refused_forwards_keep_the_last(att, lambda: att.forward(q, kv, 1), dy, refused)
 
 
 def test_attention_matches_reference(rng):
@@ -803,21 +810,16 @@ def test_bad_out_is_refused_before_the_sub_layers_run(rng, layer):
     if layer == "grn_ctx":
         args[1] = rng.normal(size=(2, 2))
     dy = rng.normal(size=(2, 6, 4))
-    mod.forward(*args)
-    mod.backward(dy)
-    ref = {n: g.copy() for n, g in mod.named_grads()}
-    for _, g in mod.named_grads():
-        g[...] = 0
-    mod.forward(*args)
     new = [rng.normal(size=a.shape) if a is not None else None for a in args]
-    for bad, err in ((np.empty((2, 6, 4), np.float32), TypeError),
-                     (np.empty((2, 6, 5)), ValueError),
-                     (np.empty((2, 6, 8))[..., ::2], ValueError)):  # fmt: skip
-        with pytest.raises(err, match="LayerNorm out"):
-            mod.forward(*new, out=bad)
-    mod.backward(dy)
-    for n, g in mod.named_grads():
-        np.testing.assert_array_equal(g, ref[n], err_msg=n)
+
+    def refused():
+        for bad, err in ((np.empty((2, 6, 4), np.float32), TypeError),
+                         (np.empty((2, 6, 5)), ValueError),
+                         (np.empty((2, 6, 8))[..., ::2], ValueError)):  # fmt: skip
+            with pytest.raises(err, match="LayerNorm out"):
+                mod.forward(*new, out=bad)
+
+    _refused_forwards_keep_the_last(mod, lambda: mod.forward(*args), dy, refused)
     out = np.empty((2, 6, 4))
     assert mod.forward(*args, out=out) is out
 
@@ -830,18 +832,13 @@ def test_vsn_bad_context_leaves_the_last_forward(rng, fold):
     vsn = nn.VariableSelectionNetwork(3, 4, 2, fold_embedding=fold)
     _build(vsn)
     x, c, dy = rng.normal(size=(2, 5, 3)), rng.normal(size=(2, 2)), rng.normal(size=(2, 5, 4))
-    vsn.forward(x, c)
-    vsn.backward(dy)
-    ref = {n: g.copy() for n, g in vsn.named_grads()}
-    for _, g in vsn.named_grads():
-        g[...] = 0
-    vsn.forward(x, c)
-    for bad in (rng.normal(size=(3, 2)), None):
-        with pytest.raises(ValueError, match="context"):
-            vsn.forward(rng.normal(size=(2, 5, 3)), bad)
-    vsn.backward(dy)
-    for n, g in vsn.named_grads():
-        np.testing.assert_array_equal(g, ref[n], err_msg=n)
+
+    def refused():
+        for bad in (rng.normal(size=(3, 2)), None):
+            with pytest.raises(ValueError, match="context"):
+                vsn.forward(rng.normal(size=(2, 5, 3)), bad)
+
+    _refused_forwards_keep_the_last(vsn, lambda: vsn.forward(x, c), dy, refused)
 
 
 def test_assigning_a_parameter_attribute_is_refused(rng):
