@@ -232,11 +232,10 @@ def check_skip_options(linear_skip: bool, given: Iterable[str]) -> None:
     ValueError
         Naming the option and ``--no-linear-skip`` (the option would be ignored).
     """
-    skip = [k for k in ("skip_lr_scale", "qat_skip_lr_scale", "skip_history") if k in given]
-    if skip and not linear_skip:
-        opt = "--" + skip[0].replace("_", "-")
-        raise ValueError(f"{opt} is an option of the linear skip, but --no-linear-skip "
-                         f"removes the skip: drop {opt} or --no-linear-skip")  # fmt: skip
+    _refuse_unused(
+        given, ("skip_lr_scale", "qat_skip_lr_scale", "skip_history"), linear_skip,
+        "the linear skip", "--no-linear-skip removes the skip", "--no-linear-skip",
+    )  # fmt: skip
 
 
 def check_qat_options(qat_epochs: int | None, given: Iterable[str]) -> None:
@@ -254,11 +253,21 @@ def check_qat_options(qat_epochs: int | None, given: Iterable[str]) -> None:
     ValueError
         Naming the option and ``--qat-epochs 0`` (the option would be ignored).
     """
-    opts = [k for k in ("qat_lr", "qat_skip_lr_scale", "compare_clipping") if k in given]
-    if opts and qat_epochs == 0:
-        opt = "--" + opts[0].replace("_", "-")
-        raise ValueError(f"{opt} is an option of the QAT steps, but --qat-epochs 0 runs none: "
-                         f"drop {opt} or raise --qat-epochs")  # fmt: skip
+    _refuse_unused(
+        given, ("qat_lr", "qat_skip_lr_scale", "compare_clipping"), qat_epochs != 0,
+        "the QAT steps", "--qat-epochs 0 runs none", "raise --qat-epochs",
+    )  # fmt: skip
+
+
+def _refuse_unused(
+    given: Iterable[str], names: tuple[str, ...], used: bool, what: str, why: str, fix: str
+) -> None:
+    """ValueError naming the first of ``names`` in ``given`` when the run will not use them
+    (``used`` False): ``--OPT is an option of WHAT, but WHY: drop --OPT or FIX``."""
+    found = [k for k in names if k in given]
+    if found and not used:
+        opt = "--" + found[0].replace("_", "-")
+        raise ValueError(f"{opt} is an option of {what}, but {why}: drop {opt} or {fix}")
 
 
 def config_checks() -> dict[str, Callable[[Any], str | None]]:

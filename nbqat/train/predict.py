@@ -254,14 +254,9 @@ def _onnx_engine(run: Path) -> Any:
 
 
 def onnx_inputs(fw: Any) -> dict:
-    """The self-contained graph's inputs of forecast windows ``fw`` (raw values)."""
-    from nbqat.data._months import is_month_axis
-
-    t = fw.time
-    if is_month_axis(t):  # a calendar-month axis: months since 1970-01
-        secs = t.astype(np.int64)
-    else:
-        secs = t.astype("datetime64[s]").astype(np.int64) if t.dtype.kind == "M" else t
+    """The self-contained graph's inputs of forecast windows ``fw`` (raw values; times as
+    numbers on the run's stored axis, :meth:`Scaling.seconds`)."""
+    secs = fw.split.parent.scaling.seconds(fw.time)
     return {
         "entity": fw.run_entity.astype(np.int64),
         "time": np.asarray(np.round(secs), np.int64),
