@@ -248,6 +248,24 @@ def test_layernorm(rng):
     np.testing.assert_allclose(ln.bias_grad, dy.sum((0, 1)), rtol=1e-12)
 
 
+def test_layernorm_eps_must_be_finite_and_positive():
+    """A negative eps was taken (torch too: it silently rescales every row, a constant row gave
+    NaN), so were 0, NaN and inf; now a ValueError naming eps. A positive eps is used as given
+    (torch's output as the oracle)."""
+    torch = pytest.importorskip("torch")
+    for eps in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"`LayerNorm eps` must be finite and > 0"):
+            nn.LayerNorm(4, eps=eps)
+    for eps in (True, "1e-5", None):
+        with pytest.raises(TypeError, match=r"`LayerNorm eps` must be a real number"):
+            nn.LayerNorm(4, eps=eps)
+    ln = nn.LayerNorm(4, eps=np.float32(0.5))
+    _build(ln)
+    x = np.array([[1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 3.0, 4.0]])
+    ref = torch.nn.functional.layer_norm(torch.from_numpy(x), (4,), eps=0.5).numpy()
+    np.testing.assert_allclose(ln.forward(x), ref, rtol=1e-12, atol=1e-12)
+
+
 def _refused_forwards_keep_the_last(mod, forward, dy, refused):
     """``forward(); mod.backward(dy)`` gives the reference gradients; then ``forward()``, the
     refused calls (``refused()`` asserts they raise) and ``mod.backward(dy)`` must give them

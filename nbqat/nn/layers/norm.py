@@ -24,18 +24,21 @@ class LayerNorm(Module):
         C, the size of the normalised last axis; ``weight`` (init 1) and ``bias`` (init 0)
         have shape (C,).
     eps : float, default 1e-5
-        Added to the variance before the square root.
+        Added to the variance before the square root; finite and > 0 (torch takes any float,
+        but a negative ``eps`` silently rescales every row and 0 or NaN gives NaN rows).
 
     Raises
     ------
     ValueError
-        When ``normalized_shape`` is not a positive int.
+        When ``normalized_shape`` is not a positive int, or ``eps`` not finite and > 0.
+    TypeError
+        When ``eps`` is not a real number.
     """
 
     def __init__(self, normalized_shape: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.normalized_shape = layer_size("LayerNorm", "normalized_shape", normalized_shape)
-        self.eps = float(eps)
+        self.eps = V.check_positive_finite(eps, "LayerNorm eps")
         self.declare("weight", (self.normalized_shape,), constant_init(1.0))
         self.declare("bias", (self.normalized_shape,), constant_init(0.0))
 
