@@ -282,6 +282,32 @@ def _refused_forwards_keep_the_last(mod, forward, dy, refused):
         np.testing.assert_array_equal(g, ref[n], err_msg=n)
 
 
+def test_linear_and_attention_refuse_non_float_input(rng):
+    """Linear took an integer or bool x (a float64 y from a float32 layer: NumPy's promotion,
+    where LayerNorm and ELU refuse it), so did the attention's query and key_value; an integer
+    key_value came after q_proj had cached the new query. Now a TypeError naming the argument,
+    before anything is cached; float input as before (plain NumPy as the oracle)."""
+    lin = nn.Linear(3, 2)
+    nn.ParameterBuffer(lin, np.float32, 0)
+    for x in (np.arange(6).reshape(2, 3), np.ones((2, 3), bool)):
+        with pytest.raises(TypeError, match=r"`x` must be a floating-point array.*astype"):
+            lin.forward(x)
+    x = rng.normal(size=(2, 3)).astype(np.float32)
+    np.testing.assert_allclose(lin.forward(x), x @ lin.weight.T + lin.bias, rtol=1e-6)
+    att = nn.InterpretableMultiHeadAttention(4, 2)
+    _build(att)
+    q, kv, dy = rng.normal(size=(2, 2, 4)), rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 2, 4))
+
+    def refused():
+        qi = np.ones((2, 2, 4), np.int64)
+        with pytest.raises(TypeError, match="`key_value` must be a floating-point array"):
+            att.forward(rng.normal(size=(2, 2, 4)), qi[:, :1].repeat(3, 1), 0)
+        with pytest.raises(TypeError, match="`query` must be a floating-point array"):
+            att.forward(qi, kv, 0)
+
+    _refused_forwards_keep_the_last(att, lambda: att.forward(q, kv, 1), dy, refused)
+
+
 def test_gate_add_norm_bad_skip_leaves_the_last_forward(rng):
     """A skip of another shape was refused inside the GLU after its Linear had cached the new
     input: the next backward paired the old forward's gate with the new input (a silently

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat import _validate as V
 from nbqat.kernels import attention_cpu as _k
 from nbqat.nn.layers.linear import Linear, hook_backward
 from nbqat.nn.params import Module, layer_size, read_only_view
@@ -88,6 +89,8 @@ class InterpretableMultiHeadAttention(Module):
             and ``key_value`` are not 3-D with one batch size and last dimension ``d_model``
             (checked first: a ``key_value`` refused by ``k_proj`` after ``q_proj`` had cached
             the new query left the next backward mixing two forwards).
+        TypeError
+            When ``query`` or ``key_value`` is not floating point (checked first too).
         """
         if isinstance(offset, bool) or not isinstance(offset, int | np.integer) or offset < 0:
             raise ValueError(
@@ -95,6 +98,8 @@ class InterpretableMultiHeadAttention(Module):
                 f"{offset!r}"
             )
         offset = int(offset)
+        query = V.check_float_array(query, "query")
+        key_value = V.check_float_array(key_value, "key_value")
         qs, ks = np.shape(query), np.shape(key_value)
         d = self.d_model
         if len(qs) != 3 or len(ks) != 3 or qs[0] != ks[0] or qs[2] != d or ks[2] != d:

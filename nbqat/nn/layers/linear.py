@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat import _validate as V
 from nbqat.kernels import nn_cpu
 from nbqat.nn.params import Module, layer_size, uniform_init
 from nbqat.quantization.fake_quantize import FakeQuantize
@@ -107,7 +108,11 @@ class Linear(Module):
         ------
         ValueError
             When the last dimension of ``x`` is not ``in_features``.
+        TypeError
+            When ``x`` is not floating point (an integer or bool ``x`` gave a float64 ``y``
+            from a float32 layer).
         """
+        x = V.check_float_array(x, "x")
         lead = x.shape[:-1]
         x2 = _as_rows(x, self.in_features, "Linear input")  # (N, in)
         ctx_x = ctx_w = None
