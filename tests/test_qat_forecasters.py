@@ -117,6 +117,23 @@ def test_prepare_forecaster_lstm_keeps_the_head_float(rng):
         prepare_forecaster(m, {"calibration_batches": 1})
 
 
+def test_lstm_forecaster_backward_names_grad_out(rng):
+    """A grad_out of another shape was refused by the head's Linear.backward ('Linear.backward:
+    dy must have shape ...'), naming neither the forecaster's method nor its argument (the
+    TFT names grad_out); now the TFT's ValueError, for the float and the prepared model, with
+    no gradient accumulated."""
+    s, h, f, _ = _batch(rng)
+    for model in (LSTMForecaster(_SIZES), prepare_qat(LSTMForecaster(_SIZES))):
+        model.forward(s, h, f)
+        model.zero_grad()
+        for g in (np.ones((5, 3, 2)), np.ones((4, 3, 3)), np.ones((5, 3, 3)).tolist()):
+            with pytest.raises(ValueError, match=r"grad_out must be an ndarray of the last "):
+                model.backward(g)
+        assert not model.grads.any()
+        model.backward(np.ones((5, 3, 3)))  # float64 for a float32 model: cast
+        assert model.grads.any()
+
+
 # ----------------------------------------------------------- checkpoints of a generic model
 @pytest.mark.parametrize("lsq", [False, True])
 def test_lstm_qat_checkpoint_reproduces_the_next_step(tmp_path, rng, lsq):

@@ -140,9 +140,20 @@ class LSTMForecaster(BufferedModel):
         Returns
         -------
         (dstatic, dhistorical, dfuture), shapes of the inputs
+
+        Raises
+        ------
+        RuntimeError
+            Before any forward.
+        ValueError
+            When ``grad_out`` is not an ndarray of the last forward's output shape.
         """
+        from nbqat.nn.tft import _check_grad_out
+
         nb, d, mx, k = self._require_forward()
-        dz = self.fc.backward(self.act.backward(self.head.backward(np.asarray(grad_out))))
+        shape = (nb, self.config.prediction_horizon, self.config.num_quantiles)
+        g = _check_grad_out(grad_out, shape, self.dtype)
+        dz = self.fc.backward(self.act.backward(self.head.backward(g)))
         dh_k = dz[:, :, :d].sum(axis=1)
         dfuture = np.ascontiguousarray(dz[:, :, d : d + mx])
         dstatic = dz[:, :, d + mx :].sum(axis=1)

@@ -183,6 +183,17 @@ def _check_input(x: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> 
     return np.ascontiguousarray(x, dtype=dtype)
 
 
+def _check_grad_out(grad_out: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A forecaster's ``grad_out`` C-contiguous in ``dtype`` when it is an ndarray of the last
+    output's ``shape``, else a ValueError naming ``grad_out`` (not the layer that reads it)."""
+    if not isinstance(grad_out, np.ndarray) or grad_out.shape != shape:
+        got = getattr(grad_out, "shape", type(grad_out))
+        raise ValueError(
+            f"grad_out must be an ndarray of the last output's shape {shape}, got {got}"
+        )
+    return np.ascontiguousarray(grad_out, dtype=dtype)
+
+
 def _fmt(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join("B" if s == -1 else str(s) for s in shape) + ")"
 
@@ -433,14 +444,8 @@ class TemporalFusionTransformer(BufferedModel):
         ValueError
             When ``grad_out`` does not have the last forward's output shape.
         """
-        shape = self._require_forward()
-        if not isinstance(grad_out, np.ndarray) or grad_out.shape != shape:
-            raise ValueError(
-                f"grad_out must be an ndarray of the last output's shape {shape}, got "
-                f"{getattr(grad_out, 'shape', type(grad_out))}"
-            )
+        g = _check_grad_out(grad_out, self._require_forward(), self.dtype)
         k = self.config.sequence_length
-        g = np.ascontiguousarray(grad_out, dtype=self.dtype)
         dpsi_t = self.output_layer.backward(g)  # (B, tau, d)
         dpsi, dphi_dec = self.pre_output_gate.backward(dpsi_t)
         ddelta, _ = self.pos_wise_ff.backward(dpsi)
