@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,9 +33,32 @@ def _given(argv: Sequence[str]) -> set[str]:
     return set(vars(p.parse_args(list(argv)))) - {"command"}
 
 
+def _same_as_saved(k: str, v: object, was: object) -> bool:
+    """Whether option ``k`` given as ``v`` restates the checkpoint's resolved value ``was``.
+
+    Paths compare resolved; a float compares to 1e-9 relative (``--qat-lr 0.0003`` restates
+    the ``--lr / 10`` the run stored, 0.00030000000000000003); a word (``--history auto``)
+    restates the value the run resolved it to (the checkpoint keeps the value, not the word,
+    so a run started with that value given as a number is taken too: it continues with it).
+    """
+    from nbqat.train.options import options
+
+    o = options("train").get(k)
+    if k == "out":
+        return Path(str(v)).resolve() == Path(str(was)).resolve()
+    if k == "csv":
+        return was is not None and Path(str(v)).resolve() == Path(str(was))
+    if o is not None and isinstance(v, str) and v in o.words:
+        return v == was or (was is not None and not isinstance(was, str))
+    if o is not None and o.type is float and isinstance(v, float) and isinstance(was, float):
+        return math.isclose(v, was, rel_tol=1e-9)
+    return v == was
+
+
 def _resume_conflicts(args: argparse.Namespace, argv: Sequence[str]) -> None:
     """Raise ValueError for options given with --resume that differ from the checkpoint's."""
     from nbqat.train.checkpointing import read_run_state
+    from nbqat.train.options import options
 
     explicit = _given(argv) - set(_RESUME_FREE)
     given = [k for k in vars(args) if k in explicit]  # in --help's order
@@ -47,17 +71,14 @@ def _resume_conflicts(args: argparse.Namespace, argv: Sequence[str]) -> None:
         v = getattr(args, k)
         if k == "no_plots":
             k, v = "plots", not v
-        if k == "out":
-            same = Path(v).resolve() == Path(saved["out"]).resolve()
-        elif k == "csv":
-            same = saved["csv"] is not None and Path(v).resolve() == Path(saved["csv"])
-        else:
-            same = saved.get(k) == v
-        if not same:
-            opt, was = "--" + k.replace("_", "-"), saved.get(k)
+        was = saved.get(k)
+        if not _same_as_saved(k, v, was):
+            opt, o = "--" + k.replace("_", "-"), options("train").get(k)
+            null = o.none_words[0] if o is not None and o.none_words else None
             if isinstance(v, bool):  # the flag as typed: --no-plots, --compare-clipping
                 bad.append(f"{opt if v else '--no-' + opt[2:]} (the checkpoint has {k}={was})")
-            else:
+            else:  # a missing value as typed: --max-norm none
+                v, was = (null if x is None and null else x for x in (v, was))
                 bad.append(f"{opt} {v!r} (the checkpoint has {was!r})")
     if bad:
         raise ValueError(

@@ -183,6 +183,28 @@ def test_resume_refuses_an_option_given_at_its_default(tmp_path, capsys):
     assert main(["train", "--resume", str(ck), "--model", "lstm", "--seed", "3", "--check"]) == 0
 
 
+def test_resume_takes_a_restated_word_or_float_and_names_none(tmp_path, capsys):
+    # The checkpoint keeps resolved values: --history auto as the chosen number and the
+    # default --qat-lr (--lr / 10) as 0.00030000000000000003, so restating `--history auto`
+    # or `--qat-lr 0.0003` was refused as a conflict; --max-norm inf was shown as None. The
+    # oracle is the checkpoint's own state.json.
+    i = TINY.index("--history")
+    auto = [*TINY[:i], "--history", "auto", *TINY[i + 2 :]]
+    assert main(["train", *auto, "--out", str(tmp_path), "--max-norm", "inf",
+                 "--stop-after-steps", "1"]) == 130  # fmt: skip
+    ck = tmp_path / "checkpoint"
+    saved = json.loads((ck / "state.json").read_text())["config"]
+    assert isinstance(saved["history"], int) and saved["max_norm"] is None
+    assert saved["qat_lr"] == saved["lr"] / 10 != float(f"{saved['qat_lr']:.6g}")  # the noise
+    capsys.readouterr()
+    restated = ["--history", "auto", "--qat-lr", f"{saved['qat_lr']:.6g}", "--max-norm", "inf"]
+    assert main(["train", "--resume", str(ck), *restated, "--check"]) == 0, capsys.readouterr()
+    assert main(["train", "--resume", str(ck), "--max-norm", "1", "--qat-lr", "1e-3"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-norm 1.0 (the checkpoint has 'none')" in err, err
+    assert "--qat-lr 0.001 (the checkpoint has 0.00030000000000000003)" in err, err
+
+
 # ------------------------------------------------------------------------------ --csv errors
 
 
