@@ -116,9 +116,10 @@ class Forecaster:
     TypeError
         For an option ``nbqat train`` does not have (the message lists them).
     ValueError
-        For a value out of the option's range, or an option that the ``model`` does not read
-        (``Forecaster(model="lstm", heads=2)``); the message names the option (the checks of
-        :mod:`nbqat.train.options`, the same as ``nbqat train``'s).
+        For a value out of the option's range, or an option that the run does not read
+        (``Forecaster(model="lstm", heads=2)``, ``Forecaster(qat_epochs=0, qat_lr=1e-4)``); the
+        message names the option (the checks of :mod:`nbqat.train.options`, the same as
+        ``nbqat train``'s).
     """
 
     def __init__(self, **options: Any) -> None:
@@ -321,14 +322,14 @@ class Forecaster:
         FileNotFoundError, ValueError
             No such folder, or no finished run in it (:func:`nbqat.train.predict.load_run`).
         """
-        from nbqat.train.options import config_options
+        from nbqat.train.options import unused_options
         from nbqat.train.predict import load_run
 
         run, cfg = load_run(run_dir)
-        names, opts = set(_option_names()) - {"overwrite"}, config_options()
-        model = cfg.get("model", opts["model"].default)  # its options only (an LSTM run's
-        # config holds the TFT's --heads at its default: not an option of this model)
-        fc = cls(**{k: v for k, v in cfg.items() if k in names and model in opts[k].models})
+        # the options its run reads only (an LSTM run's config holds the TFT's --heads at its
+        # default, a --qat-epochs 0 run's the --qat-lr it resolved: refused as keywords)
+        names = set(_option_names()) - {"overwrite"} - unused_options(cfg)
+        fc = cls(**{k: v for k, v in cfg.items() if k in names})
         fc.run_dir = run
         return fc
 

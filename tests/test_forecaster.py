@@ -655,6 +655,34 @@ def test_predict_names_its_data_argument(demand, data):
         nbqat.Forecaster.load(demand[4]).predict(data)
 
 
+@pytest.mark.parametrize(
+    "opt,kw",
+    [("--qat-lr", {"qat_lr": 1e-4}), ("--qat-skip-lr-scale", {"qat_skip_lr_scale": 2.0}),
+     ("--compare-clipping", {"compare_clipping": True})],
+)  # fmt: skip
+def test_forecaster_refuses_qat_options_with_qat_epochs_0_as_the_cli(opt, kw, capsys, monkeypatch):
+    """Forecaster(qat_epochs=0, qat_lr=...) was taken (the option silently unused) where
+    nbqat train refuses it; now the CLI's check and message. A run with qat_epochs 0 still
+    loads: its resolved config holds the --lr / 10 qat_lr it never used (and a run without
+    the skip the skip's options), left out as another model's options are."""
+    import nbqat
+    from nbqat.train import TrainConfig, predict
+
+    msg = f"{opt} is an option of the QAT steps, but --qat-epochs 0 runs none"
+    with pytest.raises(ValueError, match=msg):
+        nbqat.Forecaster(qat_epochs=0, **kw)
+    value = [] if opt == "--compare-clipping" else [str(next(iter(kw.values())))]
+    assert main(["train", "--check", "--qat-epochs", "0", opt, *value]) == 2
+    assert msg in capsys.readouterr().err
+    nbqat.Forecaster(qat_epochs=0, qat_lr=None, compare_clipping=False)  # neither given
+    cfg = TrainConfig(qat_epochs=0, linear_skip=False).resolved().to_json()
+    assert cfg["qat_lr"] is not None and cfg["skip_lr_scale"] is not None
+    monkeypatch.setattr(predict, "load_run", lambda d: (Path(d), cfg))
+    fc = nbqat.Forecaster.load("run")
+    assert fc.options["qat_epochs"] == 0 and fc.options["linear_skip"] is False
+    assert not {"qat_lr", "skip_lr_scale", "skip_history"} & set(fc.options)
+
+
 def test_loaded_forecaster_does_not_inherit_overwrite(demand, tmp_path):
     """A run written with --overwrite loads without it: fit() on the loaded forecaster
     replaced the run it was loaded from, without being asked (and only for such runs)."""

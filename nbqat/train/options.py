@@ -44,6 +44,7 @@ __all__ = [
     "mode_defaults",
     "options",
     "problem",
+    "unused_options",
 ]
 __all__ += option_table.__all__  # the table's names, read through this module
 
@@ -171,15 +172,18 @@ def check_option(name: str, v: Any, command: str = "train") -> None:
 
 
 def check_options(given: Mapping[str, Any], command: str = "train") -> None:
-    """:func:`check_option` of every ``{name: value}`` in ``given``, then
-    :func:`check_model_options` for the ``model`` (given, or the default) and the given names.
+    """:func:`check_option` of every ``{name: value}`` in ``given``, then the run's checks of
+    options it would not use, as ``nbqat train`` makes them: :func:`check_model_options` for
+    the ``model`` (given, or the default), :func:`check_skip_options` and
+    :func:`check_qat_options`. A name counts as given unless its value is None (the default)
+    or False for a switch (``compare_clipping=False``: the switch not given).
 
     Raises
     ------
     TypeError
         For a name that is not an option of ``command`` (the message lists them).
     ValueError
-        For an invalid value or an option that the model does not read (naming it).
+        For an invalid value or an option that the run does not read (naming it).
     """
     known = options(command)
     bad = sorted(set(given) - set(known))
@@ -187,9 +191,12 @@ def check_options(given: Mapping[str, Any], command: str = "train") -> None:
         raise TypeError(f"unknown option(s) {bad}; {command}'s options: {', '.join(known)}")
     for k, v in given.items():
         check_option(k, v, command)
+    names = [k for k, v in given.items() if v is not None and (known[k].cli != "flag" or v)]
     if "model" in known:
-        model = given.get("model", known["model"].default)
-        check_model_options(model, [k for k, v in given.items() if v is not None])
+        check_model_options(given.get("model", known["model"].default), names)
+    if "linear_skip" in known and "qat_epochs" in known:
+        check_skip_options(given.get("linear_skip") is not False, names)
+        check_qat_options(given.get("qat_epochs"), names)
 
 
 def check_model_options(model: str, given: Iterable[str]) -> None:
@@ -217,6 +224,37 @@ def check_model_options(model: str, given: Iterable[str]) -> None:
             )
 
 
+#: The options of the linear skip (an error with ``--no-linear-skip``).
+SKIP_OPTIONS = ("skip_lr_scale", "qat_skip_lr_scale", "skip_history")
+#: The options of the QAT steps (an error with ``--qat-epochs 0``).
+QAT_OPTIONS = ("qat_lr", "qat_skip_lr_scale", "compare_clipping")
+
+
+def unused_options(config: Mapping[str, Any]) -> set[str]:
+    """The options a (resolved) configuration ``config`` holds but its run does not read:
+    another model's, the linear skip's without the skip, the QAT steps' with ``qat_epochs``
+    0 (what :meth:`nbqat.Forecaster.load` leaves out of a run's options, which
+    :func:`check_options` would refuse).
+
+    Parameters
+    ----------
+    config : mapping
+        ``{option: value}``, e.g. a run's ``state.json`` / ``metrics.json`` config.
+
+    Returns
+    -------
+    set of str
+    """
+    opts = config_options()
+    model = config.get("model", opts["model"].default)
+    out = {k for k in config if k in opts and model not in opts[k].models}
+    if config.get("linear_skip") is False:
+        out.update(SKIP_OPTIONS)
+    if config.get("qat_epochs") == 0:
+        out.update(QAT_OPTIONS)
+    return out
+
+
 def check_skip_options(linear_skip: bool, given: Iterable[str]) -> None:
     """Raise ValueError for an option of the linear skip in ``given`` without the skip.
 
@@ -233,7 +271,7 @@ def check_skip_options(linear_skip: bool, given: Iterable[str]) -> None:
         Naming the option and ``--no-linear-skip`` (the option would be ignored).
     """
     _refuse_unused(
-        given, ("skip_lr_scale", "qat_skip_lr_scale", "skip_history"), linear_skip,
+        given, SKIP_OPTIONS, linear_skip,
         "the linear skip", "--no-linear-skip removes the skip", "--no-linear-skip",
     )  # fmt: skip
 
@@ -254,7 +292,7 @@ def check_qat_options(qat_epochs: int | None, given: Iterable[str]) -> None:
         Naming the option and ``--qat-epochs 0`` (the option would be ignored).
     """
     _refuse_unused(
-        given, ("qat_lr", "qat_skip_lr_scale", "compare_clipping"), qat_epochs != 0,
+        given, QAT_OPTIONS, qat_epochs != 0,
         "the QAT steps", "--qat-epochs 0 runs none", "raise --qat-epochs",
     )  # fmt: skip
 
