@@ -103,6 +103,35 @@ def test_day_steps_keep_their_seconds_axis(freq):
     assert s.step == pd.Timedelta(freq).to_timedelta64()
 
 
+@pytest.mark.parametrize("spell", [str, lambda p: p])  # strings 2000Q1, or Period values
+def test_quarter_periods_name_the_fix_that_loads(spell, tmp_path):
+    """Quarters such as 2000Q1 (pandas' quarterly Period, and its str) were refused as 'neither
+    a number nor an ISO 8601 date time', naming no fix; now the message gives the quarter's
+    start date and pandas' conversion, and the converted column loads as a 3-month axis
+    (oracle: pandas' period_range start dates)."""
+    from types import SimpleNamespace
+
+    from nbqat.train.predict import parse_when
+
+    periods = pd.period_range("1999Q3", periods=12, freq="Q")
+    df = _frame([spell(p) for p in periods], 2)
+    with pytest.raises(DataError, match=r"row 0: time value '1999Q3' is a quarter, not a date "
+                       r"time; give each quarter as the date it starts \(1999-07-01\), e.g. "
+                       r"with pandas df\['date'\] = pd.PeriodIndex\(df\['date'\], freq='Q'\)"
+                       r".to_timestamp\(\)"):  # fmt: skip
+        from_dataframe(df, time_col="date", target_col="y", entity_col="site")
+    df["date"] = pd.PeriodIndex(df["date"], freq="Q").to_timestamp()  # the fix as written
+    s = from_dataframe(df, time_col="date", target_col="y", entity_col="site")
+    assert s.times[0].dtype == np.dtype("datetime64[M]") and int(s.step.astype(int)) == 3
+    assert s.month_day == 1
+    want = periods.to_timestamp().to_numpy().astype("M8[s]")
+    assert list(month_dates(s.times[0], s.month_day)) == list(want)
+    sc = SimpleNamespace(is_datetime=True, month_day=1)
+    with pytest.raises(DataError, match=r"--at '2001Q4' is not a time.*a quarter.*2001-10-01"):
+        parse_when("2001Q4", sc)
+    assert parse_when("2001-10-01", sc) == np.datetime64("2001-10", "M")
+
+
 def test_two_rows_a_month_apart_on_the_first():
     """Every difference equal in seconds (one difference): the seconds axis, as before."""
     dates = pd.to_datetime(["2000-01-01", "2000-02-01"])

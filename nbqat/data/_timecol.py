@@ -14,6 +14,15 @@ from nbqat.data._series import DataError
 __all__ = ["parse_time_column"]
 
 _OFFSET = r"(?:Z|[+-]\d{2}(?::?\d{2})?)$"
+_QUARTER = re.compile(r"(\d{4})-?[Qq]([1-4])")  # 2000Q1, 2000-Q1: pandas' quarter periods
+
+
+def quarter_start(v: str) -> str | None:
+    """The date a quarter ``v`` such as ``2000Q3`` (pandas' ``str`` of a quarterly
+    ``Period``) starts on, ``2000-07-01``; None when ``v`` is not one. The loader reads dates,
+    not periods (pandas' own parsing of quarter strings is deprecated): a message's fix."""
+    m = _QUARTER.fullmatch(str(v).strip())
+    return None if m is None else f"{m.group(1)}-{3 * int(m.group(2)) - 2:02d}-01"
 
 
 def parse_time_column(s: Any, col: str, where: Callable[[int], str]) -> np.ndarray:
@@ -89,6 +98,14 @@ def _diagnose(st: Any, col: str, where: Callable[[int], str]) -> np.ndarray:
                 f"{where(i)}: column {col!r} mixes date times and plain numbers ({st.iloc[i]!r})"
             )
         i = int(np.argmax(bad))
+        date = quarter_start(st.iloc[i])
+        if date is not None:
+            raise DataError(
+                f"{where(i)}: time value {st.iloc[i]!r} is a quarter, not a date time; give "
+                f"each quarter as the date it starts ({date}), e.g. with pandas df[{col!r}] = "
+                f"pd.PeriodIndex(df[{col!r}], freq='Q').to_timestamp(): quarterly dates step "
+                "by 3 calendar months"
+            )
         raise DataError(
             f"{where(i)}: time value {st.iloc[i]!r} is neither a number nor an ISO 8601 date "
             "time (e.g. 2001-01-31T23:00); fix the value or choose another --time-col"

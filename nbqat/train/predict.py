@@ -156,7 +156,7 @@ def parse_when(value: Any, sc: Scaling, opt: str = "--at") -> Any:
     ``datetime64[M]``; or a float)."""
     import pandas as pd
 
-    from nbqat.data._timecol import parse_time_column
+    from nbqat.data._timecol import parse_time_column, quarter_start
 
     def where(i: int) -> str:
         return opt
@@ -164,10 +164,12 @@ def parse_when(value: Any, sc: Scaling, opt: str = "--at") -> Any:
     try:
         t = parse_time_column(pd.Series([value]), opt, where)
     except DataError:  # its messages speak of a --time-col and its rows
+        date = quarter_start(value) if sc.is_datetime else None
         raise DataError(
             f"{opt} {value!r} is not a time: give "
             + ("an ISO 8601 date time (e.g. 2024-03-20T00:00)" if sc.is_datetime else "a number")
             + " on the run's time axis"
+            + ("" if date is None else f" (a quarter: the date it starts, {date})")
         ) from None
     if (t.dtype.kind == "M") != sc.is_datetime:
         raise ValueError(
