@@ -1,4 +1,11 @@
-"""Layers of nbqat's graph: each a forward / hand-written backward pair (see nbqat.nn)."""
+"""Layers of nbqat's graph: each a forward / hand-written backward pair (see nbqat.nn).
+
+A layer keeps its forward input for backward by reference, not as a copy (``Linear`` and
+``LayerNorm`` read it back for their gradients, ``ELU`` for its mask): an input edited in place
+between ``forward`` and ``backward`` silently changes the gradients, where torch's autograd
+raises an error. Pass a copy (``layer.forward(x.copy())``) when you reuse the array; nbqat's
+models never do (a copy per layer call would slow every training step).
+"""
 
 from nbqat.nn.layers.activations import ELU
 from nbqat.nn.layers.attention import InterpretableMultiHeadAttention

@@ -29,9 +29,11 @@ class ELU(Module):
         Parameters
         ----------
         x : ndarray (..., C) float32 or float64
-            Any leading shape (made C-contiguous). With ``bias`` or ``context`` it must be
-            C-contiguous and is OVERWRITTEN with the pre-activation ``x + bias + context``
-            (the :class:`GatedResidualNetwork` hands over its ``fc1`` output this way).
+            Any leading shape (made C-contiguous; kept by reference for :meth:`backward`'s
+            mask, so an in-place edit before then changes ``dx``). With ``bias`` or
+            ``context`` it must be C-contiguous and is OVERWRITTEN with the pre-activation
+            ``x + bias + context`` (the :class:`GatedResidualNetwork` hands over its ``fc1``
+            output this way).
         bias : ndarray (C,), optional
             Added to every row before the activation, in the same compiled pass.
         context : ndarray (B, C), optional

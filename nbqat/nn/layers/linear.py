@@ -92,7 +92,9 @@ class Linear(Module):
         Parameters
         ----------
         x : ndarray (..., in_features) float32 or float64
-            Any leading shape (time-distributed); normally in the dtype of ``weight``.
+            Any leading shape (time-distributed); normally in the dtype of ``weight``. Kept by
+            reference for :meth:`backward`'s weight gradient (edit it in place before then and
+            that gradient changes).
         add_bias : bool, default True
             False leaves the bias out of ``y`` for a caller that adds it inside its own compiled
             pass (:class:`GatedResidualNetwork` into its ELU). :meth:`backward` is the same

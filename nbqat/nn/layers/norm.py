@@ -48,7 +48,8 @@ class LayerNorm(Module):
         Parameters
         ----------
         x : ndarray (..., C) float32 or float64
-            Any leading shape; in the dtype of the parameters.
+            Any leading shape; in the dtype of the parameters. Kept by reference for
+            :meth:`backward` (edit it in place before then and the gradients change).
         out : ndarray (..., C), optional
             A C-contiguous array of ``x``'s shape and dtype to write the result into
             (a new array when None).
