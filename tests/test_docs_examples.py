@@ -92,3 +92,23 @@ def test_int4_rule_keeps_the_documented_layers_at_8_bits():
         and not (isinstance(fq, GroupFakeQuantize) and fq.per_channel_fallback is False)
     }
     assert eight_bit == {"multihead_attn.out_proj"}
+
+
+def test_getting_started_states_pyprojects_requirements():
+    """docs/getting-started.md: the Python floor, every dependency and the extras' packages are
+    pyproject.toml's."""
+    import tomllib
+
+    project = tomllib.loads((DOCS.parent / "pyproject.toml").read_text())["project"]
+    text = " ".join((DOCS / "getting-started.md").read_text().split())
+    floor = project["requires-python"].removeprefix(">=")
+    assert f"nbqat needs Python {floor} or newer" in text
+    names = {"numpy": "NumPy", "numba": "Numba", "scipy": "SciPy", "threadpoolctl": "threadpoolctl"}
+    install = text[text.index("its dependencies are") : text.index("for the versions")]
+    for dep in project["dependencies"]:
+        name = re.split(r"[<>=\[ ]", dep)[0]
+        assert names.get(name, name).lower() in install.lower(), name
+    rows = dict(re.findall(r"\| `(\w+)` \| ([^|]+) \|", text))
+    for extra in ("cuda", "oracle", "distributed"):
+        for dep in project["optional-dependencies"][extra]:
+            assert re.split(r"[<>\[ ]", dep)[0].split("==")[0] in rows[extra], (extra, dep)
