@@ -131,7 +131,8 @@ class Forecaster:
                 f"Forecaster got unknown option(s) {bad}; the options are nbqat train's: "
                 f"{', '.join(_option_names())}"
             )
-        check_options(options)  # explicit keywords: ranges, and options the model ignores
+        # explicit keywords: ranges, and options the model ignores; out=None is the default
+        check_options({k: v for k, v in options.items() if k != "out" or v is not None})
         self.options = dict(options)
         self._config()  # and the rules between options, as nbqat train's
         self.run_dir: Path | None = None

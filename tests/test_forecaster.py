@@ -502,10 +502,12 @@ def test_aware_datetime_column_is_spelled_in_utc_with_its_offset():
 
 def test_forecaster_without_out_fits_again():
     """A Forecaster without ``out`` refits into a new temporary folder (the second fit was
-    refused: its temporary ``--out`` 'holds a previous run'); a refused refit keeps the run."""
+    refused: its temporary ``--out`` 'holds a previous run'); a refused refit keeps the run.
+    ``out=None`` spelled out is the default (README; it was refused: "--out must be a
+    string")."""
     import nbqat
 
-    opts = TINY_KW
+    opts = {**TINY_KW, "out": None}
     df = _demand(days=12)
     cols = COLS_KW
     fc = nbqat.Forecaster(**opts).fit(df, **cols)
