@@ -121,3 +121,98 @@ def test_architecture_page_names_every_module(package):
     folder = DOCS.parent / "nbqat" / package
     modules = sorted(p for p in folder.rglob("*.py") if p.name != "__init__.py")
     assert [str(p.relative_to(folder)) for p in modules if p.stem not in text] == []
+
+
+def _blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def test_getting_started_page_runs_and_prints_what_it_says(capsys):
+    blocks = _blocks(DOCS / "getting-started.md")
+    assert len(blocks) == 3
+    ns: dict = {}
+    for code in blocks:
+        exec(compile(code, "docs/getting-started.md", "exec"), ns)  # noqa: S102
+    scale, zero_point, err = capsys.readouterr().out.split()
+    text = " ".join((DOCS / "getting-started.md").read_text().split())
+    claim = re.search(r"scale of about ([\d.]+), the zero point (\d+) and a largest error of "
+                      r"about ([\d.]+)", text)  # fmt: skip
+    assert claim, "docs/getting-started.md no longer states the printed values"
+    assert float(scale) == pytest.approx(float(claim[1]), abs=1e-5)
+    assert int(zero_point) == int(claim[2])
+    assert float(err) == pytest.approx(float(claim[3]), abs=1e-5)
+    assert float(err) <= float(scale) / 2  # "half a quantization step"
+
+
+def test_readme_examples_run(tmp_path, monkeypatch):
+    """README's python blocks: the first example, the forecaster and the Forecaster API (on the
+    synthetic demand table of tests/test_forecaster.py, written as demand.csv)."""
+    import numpy as np
+    from test_forecaster import _demand
+
+    blocks = _blocks(DOCS.parent / "README.md")
+    assert len(blocks) == 3
+    monkeypatch.chdir(tmp_path)
+    full = _demand(days=30)  # 2024-03-01 .. 2024-03-30: README's at= is inside
+    last = full.groupby("site").cumcount(ascending=False) < 24
+    full[~last].to_csv("demand.csv", index=False)
+    future = full.copy()
+    future.loc[last, ["demand", "temp"]] = np.nan  # the next 24 rows: demand and temp empty
+    ns: dict = {"df_with_future_rows": future}
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), ns)  # noqa: S102
+    assert ns["qat"].model is not ns["model"]
+    assert set(ns["future"].columns) == {"entity", "time", "step", "p10", "p50", "p90"}
+    assert len(ns["future"]) == 3 * 24 and "actual" in ns["past"].columns
+    assert set(ns["bt"].attrs["q_risk"]) == {"P10", "P50", "P90"}
+    assert (tmp_path / "demand.onnx").is_file() and (
+        tmp_path / "demand-run" / "metrics.json"
+    ).is_file()
+
+
+def test_fragments_of_concepts_distributed_and_export_run(tmp_path, monkeypatch):
+    """The code fragments of docs/concepts.md, docs/distributed.md and docs/export.md, given the
+    model and batches they assume (a small QAT TFT); concepts' fused clip gives
+    clip_grad_norm_'s bits."""
+    import numpy as np
+
+    import nbqat
+    from nbqat.nn import TemporalFusionTransformer, TFTConfig
+    from nbqat.nn.qat import QATTemporalFusionTransformer
+
+    cfg = TFTConfig(
+        num_static_features=2,
+        num_known_features=4,
+        num_unknown_features=3,
+        hidden_dim=8,
+        sequence_length=6,
+        prediction_horizon=3,
+    )
+    rng = np.random.default_rng(0)
+    shapes = [(8, 2), (8, 6, 3), (8, 3, 4), (8, 3)]
+    batches = [tuple(rng.standard_normal(s).astype(np.float32) for s in shapes) for _ in range(3)]
+
+    def qat_model():
+        return QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(cfg, seed=0))
+
+    (dist_code,) = _blocks(DOCS / "distributed.md")
+    ns: dict = {"qat": qat_model(), "batches": batches, "nbqat": nbqat}
+    exec(compile(dist_code, "docs/distributed.md", "exec"), ns)  # noqa: S102
+    assert np.isfinite(ns["loss"]) and np.isfinite(ns["norm"])
+
+    (concepts_code,) = _blocks(DOCS / "concepts.md")
+    a, b = ns["qat"], qat_model()
+    b.params[:] = a.params
+    b.grads[:] = a.grads
+    exec(compile(concepts_code, "docs/concepts.md", "exec"), {"model": a, "nbqat": nbqat})  # noqa: S102
+    nbqat.clip_grad_norm_(b.grads, 1.0)
+    nbqat.AdamW(b.params, lr=1e-3).step(b.grads)
+    np.testing.assert_array_equal(a.params, b.params)  # "gives the same bits"
+
+    export_code = _blocks(DOCS / "export.md")[0]
+    monkeypatch.chdir(tmp_path)
+    static, historical, future = batches[0][:3]
+    ns = {"qat": qat_model(), "batches": batches, "static": static, "historical": historical,
+          "future": future}  # fmt: skip
+    exec(compile(export_code, "docs/export.md", "exec"), ns)  # noqa: S102
+    assert (tmp_path / "model.onnx").is_file() and "pairs" in ns["report"]
