@@ -216,3 +216,9 @@ def test_fragments_of_concepts_distributed_and_export_run(tmp_path, monkeypatch)
           "future": future}  # fmt: skip
     exec(compile(export_code, "docs/export.md", "exec"), ns)  # noqa: S102
     assert (tmp_path / "model.onnx").is_file() and "pairs" in ns["report"]
+
+
+def test_api_index_links_every_api_page():
+    text = (DOCS / "api" / "index.md").read_text()
+    pages = sorted(p.name for p in (DOCS / "api").glob("*.md") if p.name != "index.md")
+    assert [p for p in pages if f"]({p})" not in text] == []
