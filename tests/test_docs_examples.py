@@ -222,3 +222,9 @@ def test_api_index_links_every_api_page():
     text = (DOCS / "api" / "index.md").read_text()
     pages = sorted(p.name for p in (DOCS / "api").glob("*.md") if p.name != "index.md")
     assert [p for p in pages if f"]({p})" not in text] == []
+
+
+def test_home_page_links_every_page():
+    text = (DOCS / "index.md").read_text()
+    pages = sorted(p.name for p in DOCS.glob("*.md") if p.name != "index.md")
+    assert [p for p in pages if f"]({p})" not in text] == []
