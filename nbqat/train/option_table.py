@@ -230,8 +230,8 @@ OPTIONS: tuple[Option, ...] = (
          "machine 1 is often fastest", nullable=True, default_doc="all cores", **_POS),
     _opt("compare_clipping", bool, False, "also run QAT without clipping from the same start "
          "and seed and compare", cli="flag"),
-    _opt("quick", bool, False, "a small configuration that finishes in about a minute",
-         cli="flag"),
+    _opt("quick", bool, False, "a small smoke configuration (about 10-20 s with a warm Numba "
+         "cache)", cli="flag"),
     _opt("progress", bool, True, "no progress bars", cli="negated"),
     _opt("stop_after_steps", int, None, "testing: behave as if Ctrl-C came after N steps",
          nullable=True, cli="hidden", **_POS),
