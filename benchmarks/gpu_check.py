@@ -38,6 +38,7 @@ CUDA_TESTS = (
     "tests/test_histogram_cuda.py",
     "tests/test_clip_cuda.py",
     "tests/test_optim_cuda.py",
+    "tests/test_lowbit_cuda.py",
 )
 #: Benchmarks: name -> bytes moved per float32 element.
 BENCHES = {

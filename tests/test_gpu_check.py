@@ -38,6 +38,10 @@ def test_plan_names_existing_tests(gpu_check):
     cmd = gpu_check.test_command()
     assert cmd[1:3] == ["-m", "pytest"] and set(gpu_check.CUDA_TESTS) <= set(cmd)
     assert "fake_quant per channel" in gpu_check.BENCHES
+    # every CUDA test module runs on the device (README, docs/semantics.md); the compile check
+    # needs no device (test_lowbit_cuda.py was missing)
+    on_sim = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*cuda*.py")}
+    assert on_sim - set(gpu_check.CUDA_TESTS) == {"tests/test_cuda_compile.py"}
 
 
 def test_table(gpu_check):
