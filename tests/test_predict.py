@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -298,3 +299,24 @@ def test_forecast_files_keep_every_digit_and_tiny_q_risks_print(tmp_path):
     assert back.p50.tolist() == df.p50.tolist() and back.p10.tolist() == df.p10.tolist()
     assert q_text(8.812e-8, 9) == " 8.81e-08" and q_text(0.34326, 9) == "   0.3433"
     assert q_text(0.0) == "0.0000"
+
+
+def test_backtest_q_risk_is_undefined_for_all_zero_actuals():
+    """A backtest over an all-zero target printed a q-risk of 0 or about 1e300 (sum |y| was
+    floored at 1e-300); the definition (2 sum pinball / sum |y|) is undefined there: NaN.
+    Elsewhere the table is the definition, computed here directly (a NaN actual is left out)."""
+    import pandas as pd
+
+    from nbqat.train.predict import q_risk_table
+
+    qs = (0.1, 0.5, 0.9)
+    zero = pd.DataFrame({"actual": [0.0, 0.0, np.nan], "p10": [-1.0, 0.0, 1.0],
+                         "p50": [0.5, 0.0, 1.0], "p90": [2.0, 1.0, 1.0]})  # fmt: skip
+    got = q_risk_table(zero, qs)
+    assert list(got) == ["P10", "P50", "P90"] and all(math.isnan(v) for v in got.values())
+    df = zero.assign(actual=[1.0, -3.0, np.nan])
+    y = np.array([1.0, -3.0])
+    for q, col in zip(qs, ("p10", "p50", "p90")):
+        e = y - df[col].to_numpy()[:2]
+        want = 2 * sum(q * v if v >= 0 else (q - 1) * v for v in e) / 4.0
+        assert q_risk_table(df, qs)[col.upper()] == pytest.approx(want, rel=1e-15)

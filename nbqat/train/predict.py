@@ -399,16 +399,19 @@ def _frame(fw: Any, data: SeriesData, pred: np.ndarray, quantiles, actual: bool,
 
 
 def q_risk_table(df: Any, quantiles) -> dict:
-    """The q-risk per quantile of a backtest frame: ``2 sum pinball_q / sum |actual|``."""
+    """The q-risk per quantile of a backtest frame: ``2 sum pinball_q / sum |actual|``
+    (:func:`nbqat.nn.loss.q_risk` over the rows with an actual value), keyed ``P10``, ...;
+    NaN for every quantile where those actuals are all 0 (the q-risk is undefined there: a
+    floor on the denominator made it 0 or about 1e300)."""
+    from nbqat.nn.loss import q_risk
+
     y = df["actual"].to_numpy(np.float64)
     ok = np.isfinite(y)
-    out = {}
-    for q in quantiles:
-        p = df[qname(q)].to_numpy(np.float64)[ok]
-        d = y[ok] - p
-        out[qname(q).upper()] = float(2 * np.sum(np.maximum(q * d, (q - 1) * d)) /
-                                      max(np.sum(np.abs(y[ok])), 1e-300))  # fmt: skip
-    return out
+    keys = [qname(q).upper() for q in quantiles]
+    if not np.abs(y[ok]).sum() > 0:
+        return dict.fromkeys(keys, float("nan"))
+    pred = np.stack([df[qname(q)].to_numpy(np.float64)[ok] for q in quantiles], axis=-1)
+    return dict(zip(keys, (float(v) for v in q_risk(pred, y[ok], quantiles))))
 
 
 def check_out(out: str | os.PathLike, overwrite: bool) -> Path:
