@@ -144,6 +144,28 @@ def test_exactly_periodic_target_is_refused_before_training(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("extra", [[], ["--history", "auto"]])
+def test_all_zero_validation_target_is_refused_by_name(tmp_path, capsys, extra):
+    """The q-risk (2 sum pinball / sum |y|) of an all-zero validation target is undefined:
+    early stopping (or --history auto's ridge search) failed on it with q_risk's bare
+    "undefined"; now the validation pass names the split, as it does the test split's."""
+    n = 24 * 28
+    cut_val, cut_test = round((n - 1) * 0.7), round((n - 1) * 0.85)  # the default split
+    p = tmp_path / "z.csv"
+    rows = [
+        f"2020-01-{1 + i // 24:02d}T{i % 24:02d}:00,"
+        f"{0.0 if cut_val <= i < cut_test else 5 + math.sin(i) + (i % 7) / 3:.6f}"
+        for i in range(n)
+    ]
+    p.write_text("t,y\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "o"
+    rc = main(["train", *TINY, *extra, "--csv", str(p), "--time-col", "t", "--target-col", "y",
+               "--out", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "'y' is zero on every validation window" in err, err
+    assert not out.exists()
+
+
 def test_version(capsys):
     from nbqat import __version__
 

@@ -239,6 +239,7 @@ def load_data(cfg: Any) -> Windows:
         quantiles=QUANTILES,
         calendar=[c.strip() for c in cfg.calendar.split(",") if c.strip()],
     )
+    preflight.check_targets(w)  # before any q-risk: the auto choices read validation's
     # the normalisation first: the auto choices below tune the ridge on the run's windows
     norm_record = choose_window_norm(cfg.window_norm, w)  # sets the shared scaling's mode
     record = None

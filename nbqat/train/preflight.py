@@ -1,9 +1,9 @@
 """The main job's validation pass: everything knowable before training is checked first.
 
-:func:`check_out` checks the output folder (without creating it); :func:`check_windows`
-checks the options against the data and the degenerate cases that would otherwise fail after
-training (a seasonal-naive error of zero, an all-zero test target). :func:`finite_metrics`
-makes metrics.json strict JSON.
+:func:`check_out` checks the output folder (without creating it); :func:`check_targets` (an
+all-zero validation or test target) and :func:`check_windows` check the options against the
+data and the degenerate cases that would otherwise fail after training (a seasonal-naive error
+of zero). :func:`finite_metrics` makes metrics.json strict JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ __all__ = [
     "FORECAST_NAMES",
     "OUTPUT_NAMES",
     "check_out",
+    "check_targets",
     "check_windows",
     "drop_set_aside",
     "finite_metrics",
@@ -176,6 +177,30 @@ def drop_set_aside(aside: Path | None) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def check_targets(w: Windows) -> None:
+    """Refuse a validation or test split whose target is 0 on every window: the q-risk
+    (normalised by sum |y|) that early stopping, the ridge's tuning and ``--history auto``
+    read on validation, and every row reads on test, is undefined there (a zero validation
+    target was found only by the first of them, as ``q_risk``'s bare "undefined").
+
+    Parameters
+    ----------
+    w : Windows
+        The windows as cut (their validation and test forecast starts are those of the run).
+
+    Raises
+    ------
+    DataError
+        Naming the split.
+    """
+    for split, name in ((w.val, "validation"), (w.test, "test")):
+        if not np.abs(split.target_raw()).sum() > 0:
+            raise DataError(
+                f"the target {w.target_name!r} is zero on every {name} window: the q-risk "
+                "(normalised by sum |y|) is undefined; use other data or split fractions"
+            )
+
+
 def check_windows(cfg: Any, w: Windows) -> None:
     """Options against the data, and the degenerate data found only after training otherwise.
 
@@ -189,9 +214,8 @@ def check_windows(cfg: Any, w: Windows) -> None:
     Raises
     ------
     DataError
-        Fewer training windows than ``--batch-size``; an all-zero test target (q-risk
-        undefined); a seasonal-naive forecast without error on the test split (the
-        comparison against it is undefined).
+        Fewer training windows than ``--batch-size``; a seasonal-naive forecast without error
+        on the test split (the comparison against it is undefined).
     ValueError
         ``--windows-per-epoch`` below ``--batch-size`` (an epoch without a batch).
     """
@@ -210,11 +234,6 @@ def check_windows(cfg: Any, w: Windows) -> None:
         )
     test = w.test
     y = test.target_raw()
-    if not np.abs(y).sum() > 0:
-        raise DataError(
-            f"the target {w.target_name!r} is zero on every test window: the q-risk "
-            "(normalised by sum |y|) is undefined; use other data or split fractions"
-        )
     naive = test.seasonal_naive()[..., None] + w.naive_residual_quantiles[test.entity][:, None, :]
     qr = q_risk(naive, y, w.quantiles)
     if qr.get("P50", 1.0) == 0.0:
