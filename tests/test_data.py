@@ -151,6 +151,46 @@ def test_split_by_time_no_leakage(windows):
         assert np.all(s.times()[:, -1] - first_hist == np.timedelta64(59, "h"))
 
 
+def test_late_entity_windows_stay_on_the_split_grid_as_backtest_origins():
+    """An entity starting within ``history`` rows of the test split's start had its test
+    windows on a grid of its own (from its history-th row), so ``nbqat backtest`` at the
+    eval stride (the test start's grid, "not moved") scored other origins than the test table.
+    Oracle: the origins ``test start + k * stride`` with ``history`` earlier rows in the
+    entity and all ``horizon`` steps in its data, by time arithmetic."""
+    import pandas as pd
+
+    from nbqat.data import from_dataframe
+    from nbqat.data._forecast import forecast_windows
+
+    rng = np.random.default_rng(0)
+    hours = pd.date_range("2021-01-01", periods=1000, freq="h")
+    parts = [("a", hours), ("b", hours[690:])]  # b: 9 training rows, 168 ~ 159 + 9 rows
+    df = pd.concat(pd.DataFrame({"time": t, "id": e, "y": 5 + rng.normal(size=len(t))})
+                   for e, t in parts)  # fmt: skip
+    data = from_dataframe(df, time_col="time", target_col="y", entity_col="id")
+    k, tau, stride = 168, 24, 6
+    w = make_windows(data, history=k, horizon=tau, eval_stride=stride)
+    start = pd.Timestamp(w.cutoffs[1])
+    got = w.test.times()[:, 0]
+    for e, t in parts:
+        want = [
+            o
+            for o in pd.date_range(start, t[-1], freq=f"{stride}h")
+            if o - t[0] >= pd.Timedelta(hours=k) and o + pd.Timedelta(hours=tau - 1) <= t[-1]
+        ]
+        assert [pd.Timestamp(x) for x in got[w.test.entity == int(e == "b")]] == want, e
+    fw = forecast_windows(
+        data,
+        w.scaling,
+        history=k,
+        horizon=tau,
+        quantiles=w.quantiles,
+        backtest=(w.cutoffs[1], stride, True),
+    )  # the default backtest
+    np.testing.assert_array_equal(fw.time[:, k], got)
+    np.testing.assert_array_equal(fw.split.entity, w.test.entity)
+
+
 def test_statistics_use_training_rows_only(tmy3):
     w = make_windows(tmy3, history=48, horizon=12)
     # oracle: the level/scale of each entity from the training rows with the statistics module

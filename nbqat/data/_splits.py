@@ -298,9 +298,11 @@ class Windows:
         }
 
     def make_split(self, name: str) -> SplitWindows:
-        """The windows of split ``name``: every forecast start at ``eval_stride`` (``train_stride``
-        for ``"train"``) from the split's first row, or from ``history`` rows into the entity
-        when that is later, to the last start whose ``horizon`` steps all lie in the split.
+        """The windows of split ``name``: every forecast start at ``eval_stride`` from the
+        split's first row (``train_stride`` from ``history`` rows into the entity for
+        ``"train"``) that has ``history`` earlier rows in its entity (the grid is not moved: the
+        rolling origins of ``nbqat backtest`` from the test split's start are these), to the
+        last start whose ``horizon`` steps all lie in the split.
 
         The one rule that cuts the windows (:func:`make_windows` and :meth:`with_history`).
 
@@ -326,7 +328,9 @@ class Windows:
         first = self.split_bounds["train"][:, 0]  # each entity's first global row
         rows, ent = [], []
         for e, (lo, hi) in enumerate(self.split_bounds[name]):
-            starts = np.arange(max(lo, first[e] + self.history), hi - self.horizon + 1, stride)
+            grid = first[e] + self.history if name == "train" else lo  # the first start's row
+            start = grid + max(0, -(-(first[e] + self.history - grid) // stride)) * stride
+            starts = np.arange(start, hi - self.horizon + 1, stride)
             rows.append(starts.astype(np.int64))
             ent.append(np.full(len(starts), e, dtype=np.int64))
         return SplitWindows(name, np.concatenate(rows), np.concatenate(ent), self)
