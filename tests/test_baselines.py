@@ -113,6 +113,32 @@ def test_seasonal_naive_forecast_by_index():
             )
 
 
+def test_seasonal_naive_spread_per_seasons_back():
+    """A step k seasons after the last observed one (horizon longer than the season) took the
+    one-season residual's quantiles: too narrow a band (daily random walk, season 7: P10-P90
+    held 60 % of the actuals three weeks back). Oracle: pandas' diff(k * season) on the
+    training rows (dates before the validation cut) and its quantiles."""
+    import pandas as pd
+
+    from nbqat.data import from_dataframe
+
+    rng = np.random.default_rng(0)
+    n = 400
+    t = pd.date_range("2000-01-01", periods=n, freq="D")
+    df = pd.DataFrame({"t": t, "y": 100 + np.cumsum(rng.normal(size=n))})
+    w = make_windows(from_dataframe(df, time_col="t", target_col="y"), history=28, horizon=17,
+                     eval_stride=4)  # fmt: skip
+    assert w.season == 7
+    train = df.y[t < w.cutoffs[0]]
+    q, point = seasonal_naive_forecast(w.test)
+    for i, row in enumerate(w.test.rows):
+        for hh in range(17):
+            k = hh // 7 + 1
+            assert point[i, hh] == df.y[row + hh - 7 * k]
+            want = point[i, hh] + train.diff(7 * k).dropna().quantile([0.1, 0.5, 0.9]).to_numpy()
+            np.testing.assert_allclose(q[i, hh], want, rtol=1e-12)
+
+
 # --------------------------------------------------------------------- the tuned ridge
 
 

@@ -200,7 +200,9 @@ class Windows:
     entity_names, static_names, historical_names, future_names : list of str
     naive_residual_quantiles : ndarray float64 (n_entities, Q)
         Empirical quantiles of the seasonal-naive residual ``y[t] - y[t - season]`` on the
-        training rows of each entity (see :func:`seasonal_naive_quantiles`).
+        training rows of each entity (see :func:`seasonal_naive_quantiles`; the baseline's
+        steps further back than a season use their own lag's,
+        :func:`nbqat.train.baselines.seasonal_naive_forecast`).
     cutoffs : tuple
         The first time of the validation split and of the test split.
     target_name, source : str

@@ -38,6 +38,8 @@ def seasonal_naive_quantiles(
     y_train : ndarray (N,)
         The training rows of one entity's target.
     season : int
+        The lag: one season, or ``k`` seasons for the steps ``k`` seasons after the last
+        observed one (:func:`nbqat.train.baselines.seasonal_naive_forecast`).
     quantiles : sequence of float
 
     Returns

@@ -80,22 +80,37 @@ def flatten_window(static: np.ndarray, historical: np.ndarray, future: np.ndarra
 def seasonal_naive_forecast(split: Any) -> tuple[np.ndarray, np.ndarray]:
     """The seasonal-naive quantile forecast of a split, unscaled.
 
-    ``P_q = y[t - season] + r_q`` with ``r_q`` the q-quantile of the seasonal residual on each
-    entity's training rows (:func:`nbqat.data.seasonal_naive_quantiles`).
+    ``P_q = y[t - k season] + r_{q,k}`` for a step ``k`` seasons after the last observed
+    season (``k = h // season + 1`` at step ``h``, 0-based: 1 unless the horizon is longer
+    than a season), with ``r_{q,k}`` the q-quantile of the residual ``y[t] - y[t - k season]``
+    on each entity's training rows (:func:`nbqat.data.seasonal_naive_quantiles`). The one-season
+    residual's spread under-covered the steps further back (a daily random walk, season 7,
+    horizon 21: P10-P90 held 82 %, 72 %, 60 % of the actuals one, two, three weeks back).
 
     Parameters
     ----------
     split : nbqat.data.SplitWindows
+        A split of :func:`nbqat.data.make_windows`' windows (their ``split_bounds`` name the
+        training rows).
 
     Returns
     -------
     quantiles : ndarray float64 (n, tau, Q)
     point : ndarray float64 (n, tau)
-        ``y[t - season]`` (the plotted naive line).
+        ``y[t - k season]`` (the plotted naive line).
     """
+    from nbqat.data import seasonal_naive_quantiles
+
+    p = split.parent
     point = split.seasonal_naive()
-    res = split.parent.naive_residual_quantiles[split.entity]  # (n, Q)
-    return point[..., None] + res[:, None, :], point
+    back = np.arange(p.horizon) // p.season + 1  # seasons back of each step
+    # (entities, seasons back, Q): each entity's training rows [a, b)
+    res = np.array([
+        [seasonal_naive_quantiles(p.target_raw[a:b], k * p.season, p.quantiles)
+         for k in range(1, int(back[-1]) + 1)]
+        for a, b in p.split_bounds["train"]
+    ])  # fmt: skip
+    return point[..., None] + res[split.entity][:, back - 1], point
 
 
 def _chunks(n: int) -> list[np.ndarray]:

@@ -45,8 +45,9 @@ FORMAT_NOTE = (
     "their role names (int8: this run's engine model, ptq_int8: its PTQ)"
 )
 BASELINE_NOTE = (
-    "seasonal naive: P_q = y[t - season] + r_q, r_q the empirical q-quantile of the "
-    "residual y[t] - y[t - season] on each entity's training rows"
+    "seasonal naive: P_q = y[t - k season] + r_q,k at a step k seasons after the last observed "
+    "one (k = 1 unless the horizon is longer than a season), r_q,k the empirical q-quantile of "
+    "the residual y[t] - y[t - k season] on each entity's training rows"
 )
 RIDGE_NOTE = (
     "ridge: the tuned linear baseline every comparison, target and Diebold-Mariano test uses: "

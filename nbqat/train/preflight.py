@@ -220,6 +220,7 @@ def check_windows(cfg: Any, w: Windows) -> None:
         ``--windows-per-epoch`` below ``--batch-size`` (an epoch without a batch).
     """
     from nbqat.nn.loss import q_risk_table as q_risk
+    from nbqat.train.baselines import seasonal_naive_forecast
 
     if len(w.train) < cfg.batch_size:
         raise DataError(
@@ -234,8 +235,7 @@ def check_windows(cfg: Any, w: Windows) -> None:
         )
     test = w.test
     y = test.target_raw()
-    naive = test.seasonal_naive()[..., None] + w.naive_residual_quantiles[test.entity][:, None, :]
-    qr = q_risk(naive, y, w.quantiles)
+    qr = q_risk(seasonal_naive_forecast(test)[0], y, w.quantiles)
     if qr.get("P50", 1.0) == 0.0:
         raise DataError(
             f"the seasonal-naive forecast (the value {w.season} steps earlier) is exact on the "
