@@ -253,3 +253,35 @@ def test_non_finite_forecasts_keep_the_clear_metrics_error(tmp_path, monkeypatch
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "metrics.json: q_risk_test.float." in err and "predictions are not finite" in err, err
+
+
+@pytest.mark.parametrize("offset, overlap", [(0, 4), (3, 8)])
+def test_entities_are_averaged_per_forecast_origin_in_time_order(offset, overlap):
+    # Two entities' test windows (horizon 24, stride 6), stored one entity after the other:
+    # the test runs on the loss differentials averaged per origin in time order (pandas'
+    # groupby the oracle), never across the join of two entities' windows. An entity whose
+    # origins sit `offset` steps off the other's grid halves the gap: 8 origins share a step.
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from nbqat.train import evaluate as ev
+
+    rng = np.random.default_rng(3)
+    n, horizon, stride = 60, 24, 6
+    t0 = np.concatenate([np.arange(n) * stride, np.arange(10, n) * stride + offset])
+    y = rng.normal(size=(len(t0), horizon))
+    p = {k: y[..., None] + rng.normal(size=(*y.shape, 3)) for k in ("float", "naive")}
+    p["int8"] = p["float"] + 0.1
+    p["ridge"] = y[..., None] + 1.3 * rng.normal(size=(*y.shape, 3))
+    times = np.datetime64("2020-01-01T00", "h") + (t0[:, None] + np.arange(horizon))
+    test = SimpleNamespace(times=lambda: times)
+    w = SimpleNamespace(quantiles=(0.1, 0.5, 0.9), horizon=horizon, eval_stride=stride,
+                        step=np.timedelta64(1, "h"), test=test)  # fmt: skip
+    sig = ev._significance(p, y, w)["float_vs_ridge_P50"]
+    loss = {k: np.mean(np.abs(y - p[k][..., 1]), axis=1) / 2 for k in ("float", "ridge")}
+    by_origin = pd.DataFrame({"t": t0, **loss}).groupby("t").mean().sort_index()
+    dm, pv, lags = _slow_dm(by_origin["float"], by_origin["ridge"], overlap)
+    assert sig["n"] == len(by_origin) and sig["lags"] == lags
+    assert sig["dm"] == pytest.approx(dm, rel=1e-9)
+    assert sig["p_value"] == pytest.approx(pv, rel=1e-7, abs=1e-12)

@@ -9,6 +9,7 @@ and ``model.onnx``.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace as dataclass_replace
 from typing import Any
@@ -144,19 +145,34 @@ def _comparisons(p50: dict, pred_int8: np.ndarray, pred_qat: np.ndarray) -> dict
     }
 
 
+def _per_origin(loss: dict, w: Any) -> tuple[dict, int]:
+    """The per-window losses averaged over the entities that share a forecast origin, in time
+    order (one value per origin: the test's lags then pair consecutive origins, never one
+    entity's last window with the next entity's first), and how many consecutive origins share
+    a forecast step (``ceil(horizon / gap)``, the gap the closest origins' distance in steps:
+    ``eval_stride`` on the split's grid)."""
+    origins, which = np.unique(w.test.times()[:, 0], return_inverse=True)
+    count = np.bincount(which)
+    means = {k: np.bincount(which, weights=v) / count for k, v in loss.items()}
+    gap = float(np.min(np.diff(origins)) / w.step) if len(origins) > 1 else w.eval_stride
+    return means, math.ceil(w.horizon / gap)
+
+
 def _significance(p: dict, y: np.ndarray, w: Any) -> dict:
     """Diebold-Mariano tests of the float and int8 models against both baselines (P50; the
-    tuned ridge)."""
+    tuned ridge), on the per-window P50 losses averaged per forecast origin."""
     qi = list(w.quantiles).index(0.5)
-    loss = {
-        k: np.mean(np.abs(y - p[k][..., qi]), axis=1) / 2
-        for k in ("float", "int8", "naive", "ridge")
-    }
-    overlap = -(-w.horizon // w.eval_stride)  # windows sharing a forecast step
-    n = len(y)
+    loss, overlap = _per_origin(
+        {
+            k: np.mean(np.abs(y - p[k][..., qi]), axis=1) / 2
+            for k in ("float", "int8", "naive", "ridge")
+        },
+        w,
+    )
+    n = len(loss["float"])
 
     def test(a: np.ndarray, b: np.ndarray) -> dict:
-        if n < 2 or not np.all(np.isfinite(a - b)):  # one test window: no variance to test
+        if n < 2 or not np.all(np.isfinite(a - b)):  # one test origin: no variance to test
             # with; a non-finite forecast: metrics' finite check names it (dm, p_value null)
             return {"dm": None, "p_value": None, "dm_hln": None, "p_value_hln": None,
                     "mean_diff": float(np.mean(a - b)), "lags": 0, "n": n,
@@ -164,11 +180,12 @@ def _significance(p: dict, y: np.ndarray, w: Any) -> dict:
         return diebold_mariano(a, b, overlap)
 
     return {
-        "note": "Diebold-Mariano test on the per-window P50 pinball loss (long-run variance "
+        "note": "Diebold-Mariano test on the per-window P50 pinball loss averaged over the "
+        "entities at each forecast origin, in time order (n: the origins; long-run variance "
         "with the overlapping windows' lags at full weight, then a Bartlett taper; "
         "two-sided normal p-value; dm_hln / p_value_hln: Harvey-Leybourne-Newbold's "
         "small-sample correction against Student's t, what the summary reports); negative dm: "
-        "the model's loss is smaller; null with fewer than 2 test windows; small_sample: fewer "
+        "the model's loss is smaller; null with fewer than 2 test origins; small_sample: fewer "
         "than 20 windows per estimated lag (+1), the p-values are indicative only",
         **{
             f"{m}_vs_{b}_P50": test(loss[m], loss[b])
