@@ -274,3 +274,43 @@ def device_scalar_helpers() -> dict[str, Any]:
 
     jit = c.jit(device=True, inline="always")
     return {"f32_bits": jit(f32_bits), "bits_f32": jit(bits_f32), "mul_rn": jit(mul_rn)}
+
+
+def device_span(x: Any) -> tuple[int, int]:
+    """The byte range ``[lo, hi)`` that a CUDA array's elements span (``lo == hi`` when
+    empty); the simulator's arrays, which have no ``__cuda_array_interface__``, by their host
+    buffer."""
+    if type(x).__name__ == "FakeCUDAArray":
+        a = x._ary
+        lo, shape, strides, item = a.__array_interface__["data"][0], a.shape, a.strides, a.itemsize
+    else:
+        cai = x.__cuda_array_interface__
+        lo, shape, strides = cai["data"][0], tuple(cai["shape"]), cai.get("strides")
+        item = np.dtype(cai["typestr"]).itemsize
+        strides = strides or tuple(int(np.prod(shape[k + 1 :])) * item for k in range(len(shape)))
+    if 0 in shape:
+        return int(lo), int(lo)
+    low = sum(min(0, (n - 1) * st) for n, st in zip(shape, strides))
+    high = sum(max(0, (n - 1) * st) for n, st in zip(shape, strides))
+    return int(lo) + low, int(lo) + high + item
+
+
+def shares_bytes(a: Any, b: Any) -> bool:
+    """Whether the byte ranges of two CUDA arrays intersect (empty arrays share none)."""
+    (a0, a1), (b0, b1) = device_span(a), device_span(b)
+    return a0 < b1 and b0 < a1 and a0 < a1 and b0 < b1
+
+
+def unaliased(src: Any, *written: Any) -> Any:
+    """``src``, or a device copy of it when a buffer in ``written`` (what a kernel writes while
+    it reads ``src``, element ``i`` of each by one thread) shares bytes with it other than as
+    the very same buffer: a write would then overwrite an element another thread has not read
+    yet (``out=x`` itself, element for element in place, needs no copy). ``src`` and the
+    ``written`` buffers are C-contiguous and flat."""
+    for w in written:
+        same = device_span(w) == device_span(src) and np.dtype(w.dtype) == np.dtype(src.dtype)
+        if shares_bytes(src, w) and not same:
+            tmp = _load().device_array(src.shape, src.dtype)
+            tmp.copy_to_device(src)
+            return tmp
+    return src

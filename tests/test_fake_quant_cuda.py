@@ -145,3 +145,53 @@ def test_cuda_bad_input(dev):
     with pytest.raises(TypeError, match="astype"):
         F.fake_quantize_per_tensor_affine(dev.to_device(np.ones(3, np.int32)), 0.1, 0, -8, 7)
     assert (host(out) == 9.0).all()
+
+
+def _shifted(dev, x, k):
+    """Device views ``(src, dst)`` of one buffer holding ``x``: ``dst`` starts ``k`` elements
+    after ``src`` (before it for negative ``k``), so the two overlap without being one array."""
+    n, a = x.size, abs(k)
+    buf = dev.to_device(np.concatenate([np.zeros(a, x.dtype), x, np.zeros(a, x.dtype)]))
+    return buf[a : a + n], buf[a + k : a + k + n]
+
+
+@pytest.mark.parametrize("k", [1, -1, 5])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_outputs_overlapping_the_input_on_device(dev, rng, k, dtype):
+    # an out= (or STE out=) shifted against the input it is computed from: each thread wrote
+    # out[i] over an x element another thread had not read yet (the host path computes through
+    # a temporary, and so must the device: the CPU results)
+    x = np.concatenate([EDGE, (rng.standard_normal(29) * 3).astype(np.float32)]).astype(dtype)
+    src, dst = _shifted(dev, x, k)
+    y = F.fake_quantize_per_tensor_affine(src, 0.1, 3, -8, 7, out=dst)
+    assert bits_equal(host(y), F.fake_quantize_per_tensor_affine(x, 0.1, 3, -8, 7))
+    src, dst = _shifted(dev, x, k)
+    scale, zp = np.float32([0.1, 0.3, 0.05]), np.int32([0, 2, -1])
+    y = F.fake_quantize_per_channel_affine(
+        src.reshape(3, 14), scale, zp, 0, -8, 7, out=dst.reshape(3, 14)
+    )
+    ref = F.fake_quantize_per_channel_affine(x.reshape(3, 14), scale, zp, 0, -8, 7)
+    assert bits_equal(host(y), ref)
+    src, dst = _shifted(dev, x, k)
+    mask = x > 0
+    g = F.fake_quantize_backward(src, dev.to_device(mask), out=dst)
+    assert bits_equal(host(g), F.fake_quantize_backward(x, mask))
+
+
+def test_mask_over_the_input_bytes_on_device(dev):
+    # a mask written into x's bytes (x[8:12] as 16 bools) must not change what x reads
+    x = np.resize(EDGE, 16)
+    dx = dev.to_device(x)
+    mask = dx.view(np.uint8)[32:48].view(np.bool_)
+    y, m = F.fake_quantize_per_tensor_affine_cachemask(dx, 0.1, 3, 0, 127, mask=mask)
+    ry, rm = F.fake_quantize_per_tensor_affine_cachemask(x, 0.1, 3, 0, 127)
+    assert bits_equal(host(y), ry) and np.array_equal(host(m), rm)
+
+
+def test_out_and_mask_sharing_bytes_on_device_refused(dev):
+    dx = dev.to_device(np.resize(EDGE, 16))
+    out = dev.to_device(np.full(16, 9.0, np.float32))
+    mask = out.view(np.uint8)[:16].view(np.bool_)
+    with pytest.raises(ValueError, match="share memory"):
+        F.fake_quantize_per_tensor_affine_cachemask(dx, 0.1, 3, 0, 127, out=out, mask=mask)
+    assert (host(out) == 9.0).all()

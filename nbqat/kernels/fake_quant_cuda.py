@@ -230,10 +230,10 @@ def _forward(x, out, mask, with_mask, launch):
     n = int(x.size)
     if n:
         t = _compute_dtype(x.dtype)
-        xf = _as_t(_flat(x), t)
         of_final = _flat(out)
         of = of_final if of_final.dtype == t else cuda.device_array(n, t)
         mf = _flat(mask) if with_mask else cuda.device_array(1, np.bool_)
+        xf = _cuda.unaliased(_as_t(_flat(x), t), of, mf)
         launch(n, xf, of, mf, t)
         if of is not of_final:
             _launch(cast_kernel, n, of, of_final)
@@ -277,14 +277,15 @@ def ste_backward(g, mask, out):
     n = int(g.size)
     if not n:
         return out
-    gflat, oflat = _flat(g), _flat(out)
+    oflat = _flat(out)
+    gflat = _cuda.unaliased(_flat(g), oflat)
     if mask is None:
         _launch(cast_kernel, n, gflat, oflat)
         return out
-    mflat = _flat(_dev(mask, "mask"))
     t = _compute_dtype(g.dtype)
     gt = _as_t(gflat, t)
     ot = oflat if oflat.dtype == t else cuda.device_array(n, t)
+    mflat = _cuda.unaliased(_flat(_dev(mask, "mask")), ot)
     _launch(ste_backward_kernel, n, gt, mflat, ot, t.type(1), t.type(0))
     if ot is not oflat:
         _launch(cast_kernel, n, ot, oflat)

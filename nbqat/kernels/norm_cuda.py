@@ -143,9 +143,7 @@ def _is_sim(x) -> bool:
 
 
 def _addr(x) -> int:
-    if _is_sim(x):
-        return x._ary.__array_interface__["data"][0]
-    return x.__cuda_array_interface__["data"][0]
+    return _cuda.device_span(x)[0]
 
 
 def _contiguous(x) -> bool:

@@ -79,13 +79,20 @@ def _outputs_on_gpu(x: Any, out: Any, mask: Any, with_mask: bool) -> bool:
         V.check_out(out, x.shape, x.dtype, "out")
     if with_mask and mask is not None:
         V.check_mask(mask, x.shape, "mask")
-        if isinstance(out, np.ndarray) and isinstance(mask, np.ndarray):
-            if np.may_share_memory(out, mask) and np.shares_memory(out, mask):
-                raise ValueError(
-                    "out and mask share memory: both are written (the one written last "
-                    "would overwrite the other's bytes); pass separate buffers"
-                )
-    return _is_gpu(x=x, out=out, mask=mask if with_mask else None)
+    on_gpu = _is_gpu(x=x, out=out, mask=mask if with_mask else None)
+    if with_mask and out is not None and mask is not None:
+        if on_gpu:
+            from nbqat import _cuda
+
+            shared = _cuda.shares_bytes(out, mask)
+        else:
+            shared = np.may_share_memory(out, mask) and np.shares_memory(out, mask)
+        if shared:
+            raise ValueError(
+                "out and mask share memory: both are written (the one written last "
+                "would overwrite the other's bytes); pass separate buffers"
+            )
+    return on_gpu
 
 
 def _gpu():
