@@ -59,3 +59,27 @@ def test_float8_twins(tiny, name):
     dy, dm = nbqat.fake_quantize_float8_cachemask(cuda.to_device(x), s, name)
     assert_same_bits(dy.copy_to_host(), y, "y")
     np.testing.assert_array_equal(dm.copy_to_host(), m)
+
+
+def test_device_out_overlapping_the_input(tiny):
+    # out= one row after x in one device buffer: each thread wrote out[i] over an x element
+    # another thread had not read yet; the CPU twin computes through a temporary, so the device
+    # must give its bits
+    cuda = tiny
+    x = _x((4, 6), 3)
+    s = np.float32([0.5, 0.25, 1.0, 0.125])[:, None]
+    z = np.zeros((4, 1), np.int32)
+    for k in (6, -6):
+        buf = cuda.to_device(
+            np.concatenate([np.zeros(6, np.float32), x.ravel(), np.zeros(6, np.float32)])
+        )
+        xd, od = buf[6:30].reshape(4, 6), buf[6 + k : 30 + k].reshape(4, 6)
+        got = nbqat.fake_quantize_affine(xd, (1, 6), s, z, -8, 7, out=od)
+        want = nbqat.fake_quantize_affine(x, (1, 6), s, z, -8, 7)
+        assert_same_bits(got.copy_to_host(), want, "affine y")
+        buf = cuda.to_device(
+            np.concatenate([np.zeros(6, np.float32), x.ravel(), np.zeros(6, np.float32)])
+        )
+        xd, od = buf[6:30].reshape(4, 6), buf[6 + k : 30 + k].reshape(4, 6)
+        got = nbqat.fake_quantize_float8(xd, s, out=od)
+        assert_same_bits(got.copy_to_host(), nbqat.fake_quantize_float8(x, s), "float8 y")

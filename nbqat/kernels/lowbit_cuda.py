@@ -191,18 +191,27 @@ def _outputs(x, out, mask, with_mask):
     return out, mask
 
 
+def _buffers(x, out, mask, with_mask):
+    """Flat device ``x``, ``out`` and mask (a dummy without one); ``x`` copied when ``out`` or
+    the mask overlaps it (:func:`nbqat._cuda.unaliased`): a thread must not overwrite an
+    element another thread has yet to read."""
+    mf = _dev(mask, "mask") if with_mask else cuda.device_array(1, np.bool_)
+    od = _dev(out, "out")
+    return _cuda.unaliased(_dev(x, "x"), od, mf), od, mf
+
+
 def affine_forward(x, b, s, inv, z, qmin, qmax, out, mask, with_mask):
     """Launch the block-wise affine forward; s, inv, z host or device (nblocks,) float32."""
     out, mask = _outputs(x, out, mask, with_mask)
     n = int(x.size)
     if n:
         L, G, nseg = b.geo[:3]
-        mf = _dev(mask, "mask") if with_mask else cuda.device_array(1, np.bool_)
+        xd, od, mf = _buffers(x, out, mask, with_mask)
         args = (_vec(s, np.float32), _vec(inv, np.float32), _vec(z, np.float32))
         rm = cuda.to_device(b.rows_map)
         T = np.float32
         _launch(
-            affine_forward_kernel, n, _dev(x, "x"), _dev(out, "out"), mf, rm, *args,
+            affine_forward_kernel, n, xd, od, mf, rm, *args,
             L, G, nseg, T(qmin), T(qmax), with_mask,
         )  # fmt: skip
     return (out, mask) if with_mask else out
@@ -214,11 +223,11 @@ def float8_forward(x, b, s, fmt, out, mask, with_mask):
     n = int(x.size)
     if n:
         L, G, nseg = b.geo[:3]
-        mf = _dev(mask, "mask") if with_mask else cuda.device_array(1, np.bool_)
-        rm = cuda.to_device(b.rows_map)
+        xd, od, mf = _buffers(x, out, mask, with_mask)
         sd = _vec(s, np.float32)
+        rm = cuda.to_device(b.rows_map)
         _launch(
-            float8_forward_kernel, n, _dev(x, "x"), _dev(out, "out"), mf, rm, sd,
+            float8_forward_kernel, n, xd, od, mf, rm, sd,
             L, G, nseg, fmt, with_mask,
         )  # fmt: skip
     return (out, mask) if with_mask else out
