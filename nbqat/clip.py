@@ -149,14 +149,46 @@ def _plan(grads: list, write: bool) -> _Plan:
         for i, g in enumerate(grads):
             if not g.flags.writeable:
                 raise ValueError(f"grads[{i}] is read-only; clipping writes in place")
-        if plan.overlap is not None:  # torch counts and scales the shared elements twice
-            i, j = plan.overlap
-            raise ValueError(
-                f"grads[{i}] and grads[{j}] share memory (the same array twice, or overlapping "
-                "views): clipping would count and scale those elements twice; pass each "
-                "gradient once"
-            )
+        _refuse_overlap(plan.overlap)
     return plan
+
+
+def _refuse_overlap(pair: tuple[int, int] | None) -> None:
+    """ValueError naming ``pair``, two gradients that share memory (torch counts and scales
+    the shared elements twice); nothing for None."""
+    if pair is not None:
+        i, j = pair
+        raise ValueError(
+            f"grads[{i}] and grads[{j}] share memory (the same array twice, or overlapping "
+            "views): clipping would count and scale those elements twice; pass each "
+            "gradient once"
+        )
+
+
+def _device_overlap(grads: list) -> tuple[int, int] | None:
+    """The first pair ``(i, j)``, ``i < j``, of CUDA arrays whose byte ranges intersect (the
+    CUDA path takes C-contiguous arrays only, for which that is sharing an element), or None."""
+    spans = sorted((*_cuda.device_span(g), i) for i, g in enumerate(grads))
+    hi, owner = None, -1
+    for lo, end, i in spans:
+        if lo == end:
+            continue
+        if hi is not None and lo < hi:
+            return (min(owner, i), max(owner, i))
+        if hi is None or end > hi:
+            hi, owner = end, i
+    return None
+
+
+def _writable(grads: list, what: str) -> bool:
+    """Validate gradients that ``what`` writes in place: their kinds (True for CUDA arrays),
+    NumPy ones writable, none sharing memory with another (NumPy or CUDA); before anything
+    runs."""
+    if _split(grads, what):
+        _refuse_overlap(_device_overlap(grads))
+        return True
+    _plan(grads, write=True)
+    return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -343,7 +375,7 @@ def clip_grad_norm_(
     ------
     TypeError, ValueError, RuntimeError
         As :func:`get_total_norm`; ValueError also for a negative ``max_norm``, a read-only
-        array, or two NumPy arrays sharing memory (torch would count and scale the shared
+        array, or two arrays (NumPy or CUDA) sharing memory (torch would count and scale the shared
         elements twice). Nothing is written before the checks pass.
 
     References
@@ -353,8 +385,8 @@ def clip_grad_norm_(
     grads = _as_list(grads)
     m = _nonneg(max_norm, "max_norm")
     _norm_kind(norm_type)
-    if grads and not _split(grads, "clip_grad_norm_"):
-        _plan(grads, write=True)  # validates writability before anything runs
+    if grads:
+        _writable(grads, "clip_grad_norm_")
     total, ctx, rdtype = _total_norm(grads, norm_type, error_if_nonfinite)
     if grads:
         _scale(grads, ctx, clip_coef(total, m, rdtype))
@@ -390,12 +422,12 @@ def clip_grads_with_norm_(grads: Any, max_norm: float, total_norm: float) -> Non
         raise TypeError(f"total_norm must be a float, got {type(total_norm).__name__}") from None
     if not grads:
         return
-    if _split(grads, "clip_grads_with_norm_"):
+    if _writable(grads, "clip_grads_with_norm_"):
         from nbqat.kernels import norm_cuda
 
         ctx, rdtype = norm_cuda.plan(grads)
     else:
-        ctx = _plan(grads, write=True)
+        ctx = _plan(grads, write=False)
         rdtype = ctx.rdtype
     _scale(grads, ctx, clip_coef(t, m, rdtype))
 
@@ -423,13 +455,13 @@ def clip_grad_value_(grads: Any, clip_value: float) -> None:
     c = _nonneg(clip_value, "clip_value")
     if not grads:
         return
-    if _split(grads, "clip_grad_value_"):
+    if _writable(grads, "clip_grad_value_"):
         from nbqat.kernels import norm_cuda
 
         ctx, _ = norm_cuda.plan(grads)
         norm_cuda.apply(grads, ctx, _k.OP_CLAMP, -c, c)
         return
-    plan = _plan(grads, write=True)
+    plan = _plan(grads, write=False)
     with threads_for(plan.size), np.errstate(over="ignore"):  # c past the dtype: Inf, no clip
         for dt, proto, table, _ in plan.groups:
             hi = float(dt.type(c))

@@ -118,3 +118,21 @@ def test_cuda_validation(dev, rng):
     with pytest.raises(ValueError, match="contiguous"):
         nbqat.get_total_norm([base[:, ::2]])
     assert nbqat.get_total_norm([]) == 0.0
+
+
+def test_device_shared_memory_rejected_before_anything_written(dev, rng):
+    # the host's refusal on the device too: [d, d] or overlapping views were counted and scaled
+    # twice (norm sqrt(2) times too large, gradients scaled by its square); adjacent views clip
+    buf = rng.standard_normal(12).astype(np.float32) * 100
+    d = dev.to_device(buf)
+    other = dev.to_device(buf[:3])
+    for grads, pair in (([d, d], "grads\\[0\\] and grads\\[1\\]"),
+                        ([d[:6], other, d[4:]], "grads\\[0\\] and grads\\[2\\]")):  # fmt: skip
+        for clip in (lambda g: nbqat.clip_grad_norm_(g, 1.0),
+                     lambda g: nbqat.clip_grads_with_norm_(g, 1.0, 1e3),
+                     lambda g: nbqat.clip_grad_value_(g, 0.1)):  # fmt: skip
+            with pytest.raises(ValueError, match=pair + " share memory"):
+                clip(grads)
+            assert np.array_equal(d.copy_to_host(), buf)
+    want = np.sqrt(np.sum(buf.astype(np.float64) ** 2))
+    assert nbqat.clip_grad_norm_([d[:5], d[5:]], 1.0) == pytest.approx(want, rel=1e-6)
