@@ -284,6 +284,35 @@ def test_out_and_mask_sharing_memory_are_refused(rng):
     assert bits_equal(y, fake_quant_ref(x, 0.1, 0, -128, 127)[0])
 
 
+def test_out_over_the_qparams():
+    """A per-channel / per-block scale (or zero point) stored in ``out``'s first row: the
+    kernel read the caller's array while writing ``out``, so rows after the first were computed
+    with the overwritten values (per channel, -0.5 came out 4.0); the qparams as given."""
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    s, z = np.float32([0.1, 0.2, 0.3]), np.float32([0.0, 1.0, -1.0])
+    s4, z4 = np.float32([[0.1], [0.2], [0.3], [0.05]]), np.float32([[0], [1], [-1], [2]])
+
+    def per_channel(s, z, out):
+        return F.fake_quantize_per_channel_affine(x, s, z, 1, -8, 7, out=out)
+
+    def affine(s, z, out):
+        return nbqat.fake_quantize_affine(x, (1, 3), s, z, -8, 7, out=out)
+
+    def float8(s, z, out):
+        return nbqat.fake_quantize_float8(x, s, out=out)
+
+    cases = ((per_channel, s, z, "s"), (affine, s4, z4, "s"), (affine, s4, z4, "z"),
+             (float8, s4, z4, "s"))  # fmt: skip
+    for f, sv, zv, where in cases:
+        want = f(sv, zv, None)
+        out = np.zeros(12, np.float32)
+        n = sv.size
+        out[:n] = (sv if where == "s" else zv).ravel()
+        view = out[:n].reshape(sv.shape)
+        args = (view, zv) if where == "s" else (sv, view)
+        assert bits_equal(f(*args, out.reshape(4, 3)), want)
+
+
 def test_zero_d_and_empty(torch):
     x0 = np.array(1.55, np.float32)
     y, m = F.fake_quantize_per_tensor_affine_cachemask(x0, 0.1, 0, -128, 127)

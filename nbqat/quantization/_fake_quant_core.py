@@ -111,13 +111,16 @@ def _tensor_scalars(t: np.dtype, s32: np.float32, zp: float, qmin: int, qmax: in
     return T(s32), T(inv32), T(zp), T(qmin), T(qmax)
 
 
+def _param_copy(a: Any, t: Any) -> np.ndarray:
+    """A private flat C-contiguous ``t`` copy of a per-channel / per-block parameter (scale,
+    zero point: one value per channel or block, so cheap): the kernels read it while they write
+    ``out`` and ``mask``, which may be the caller's array it views (``scale=out[0]``)."""
+    return np.array(a, dtype=t, order="C").reshape(-1)
+
+
 def _channel_arrays(t: np.dtype, s32: np.ndarray, zp: np.ndarray) -> tuple:
     inv32 = np.float32(1.0) / s32
-    return (
-        np.ascontiguousarray(s32, dtype=t),
-        np.ascontiguousarray(inv32, dtype=t),
-        np.ascontiguousarray(zp, dtype=t),
-    )
+    return _param_copy(s32, t), np.ascontiguousarray(inv32, dtype=t), _param_copy(zp, t)
 
 
 def _by_outer(outer: int, inner: int) -> bool:

@@ -39,6 +39,7 @@ from nbqat.quantization._fake_quant_core import (
     _flat_in,
     _is_gpu,
     _outputs_on_gpu,
+    _param_copy,
     _run_forward,
 )
 
@@ -92,13 +93,13 @@ def _qparams(x: Any, block_size: Any, scale: Any, zero_point: Any) -> tuple:
     b = blocks_of(tuple(x.shape), check_block_size(block_size, tuple(x.shape)))
     s_arr = _host_param(scale, "scale", False)
     check_grid_shape(s_arr, b, "scale")
-    s = np.ascontiguousarray(s_arr, np.float32).reshape(-1)
+    s = _param_copy(s_arr, np.float32)
     if zero_point is None:
         z = np.zeros(b.nblocks, np.float32)
     else:
         z_arr = _host_param(zero_point, "zero_point", True)
         check_grid_shape(z_arr, b, "zero_point")
-        z = np.ascontiguousarray(z_arr, np.float32).reshape(-1)
+        z = _param_copy(z_arr, np.float32)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         inv = np.float32(1.0) / s
     return x, b, s, inv, z

@@ -41,6 +41,7 @@ from nbqat.quantization._fake_quant_core import (
     _flat_in,
     _is_gpu,
     _outputs_on_gpu,
+    _param_copy,
     _run_forward,
 )
 from nbqat.quantization.affine import MASK_IO_F32, _gpu, _host_param, _reduce_blocks, check_x32
@@ -125,7 +126,7 @@ def _forward(x, scale, dtype, out, mask, with_mask):
     s_arr = _host_param(scale, "scale", False)
     block = float8_block_of(tuple(int(v) for v in s_arr.shape), tuple(x.shape))
     b = blocks_of(tuple(x.shape), check_block_size(block, tuple(x.shape)))
-    s = np.ascontiguousarray(s_arr, np.float32).reshape(-1)
+    s = _param_copy(s_arr, np.float32)
     if _outputs_on_gpu(x, out, mask, with_mask):
         return _gpu().float8_forward(x, b, s, fmt, out, mask, with_mask)
 
