@@ -195,3 +195,19 @@ def test_out_and_mask_sharing_bytes_on_device_refused(dev):
     with pytest.raises(ValueError, match="share memory"):
         F.fake_quantize_per_tensor_affine_cachemask(dx, 0.1, 3, 0, 127, out=out, mask=mask)
     assert (host(out) == 9.0).all()
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0), (2, 0, 3)])
+def test_lsq_backward_of_an_empty_batch_on_device(dev, shape):
+    # an empty multi-dimensional batch raised "cannot reshape array of size 0 into shape (1,)"
+    # on the device (its flat grad_x view); the host's result: empty grad_x, zero sums
+    x = np.zeros(shape, np.float32)
+    C = shape[-1]
+    scale, zp = np.ones(C, np.float32), np.zeros(C, np.float32)
+    for f, args in (
+        (F.fake_quantize_learnable_per_tensor_affine_backward, (0.5, 1.0, -8, 7)),
+        (F.fake_quantize_learnable_per_channel_affine_backward, (scale, zp, -1, -8, 7)),
+    ):
+        got = f(dev.to_device(x), dev.to_device(x), *args)
+        for a, b in zip(got, f(x, x, *args)):
+            assert bits_equal(host(a), b)

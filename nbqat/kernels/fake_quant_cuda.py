@@ -193,7 +193,8 @@ def _dev(a, name):
 
 
 def _flat(d):
-    return d.reshape(max(int(d.size), 1)) if d.ndim != 1 else d
+    """``d`` as a 1-D view of its ``d.size`` elements (an empty one for an empty array)."""
+    return d.reshape(int(d.size)) if d.ndim != 1 else d
 
 
 def _compute_dtype(dt):
