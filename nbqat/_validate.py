@@ -78,7 +78,8 @@ def as_array(x: Any, name: str) -> Any:
     ----------
     x : array_like or CUDA array
         Anything with ``__array__`` (lists, scalars, torch CPU tensors: ``np.asarray``, no copy
-        where possible) or only ``__dlpack__`` (``np.from_dlpack``, no copy).
+        where possible) or only ``__dlpack__`` (``np.from_dlpack``, no copy); an ``np.matrix``
+        as its plain ndarray view.
     name : str
         The argument name used in error messages.
 
@@ -93,7 +94,8 @@ def as_array(x: Any, name: str) -> Any:
         converted to an array.
     """
     if isinstance(x, np.ndarray):
-        return x
+        # np.matrix stays 2-D under reshape(-1) and indexing: its plain ndarray view
+        return x.view(np.ndarray) if isinstance(x, np.matrix) else x
     if x is None:
         raise TypeError(f"`{name}` must be an array, got None")
     if getattr(x, "requires_grad", False) is True:

@@ -88,6 +88,30 @@ def test_requires_grad_says_detach(torch, rng):
     assert y.shape == tuple(t.shape)
 
 
+def test_np_matrix_input_is_its_ndarray():
+    """An ``np.matrix`` (it stays 2-D under ``reshape(-1)``) reached the compiled kernels
+    and failed there with a Numba TypingError; it is computed as its plain ndarray view."""
+    a = np.array([[0.33, -1.27, 2.5], [0.05, 1.55, -0.45]], np.float32)
+    m = np.asmatrix(a)
+    s, z = np.float32([0.1, 0.2, 0.3]), np.int32([0, 1, -1])
+
+    def observed(v):
+        obs = nbqat.PerChannelMinMaxObserver(ch_axis=1)
+        obs(v)
+        return obs.calculate_qparams()
+
+    for f in (
+        lambda v: (nbqat.fake_quantize_per_tensor_affine(v, 0.1, 0, -8, 7),),
+        lambda v: (nbqat.fake_quantize_per_channel_affine(v, s, z, 1, -8, 7),),
+        lambda v: (nbqat.fake_quantize_backward(v, a > 0),),
+        lambda v: nbqat.fake_quantize_learnable_per_tensor_affine_backward(v, v, 0.1, 0.4, -8, 7),
+        lambda v: (nbqat.fake_quantize_affine(v, (1, 3), s[:2, None], None, -8, 7),),
+        observed,
+    ):
+        for got, want in zip(f(m), f(a), strict=True):
+            assert type(got) is np.ndarray and np.array_equal(got, want)
+
+
 def test_not_an_array_is_a_type_error():
     with pytest.raises(TypeError, match="`x` must be an array"):
         V.as_array(None, "x")
