@@ -11,7 +11,7 @@ def _small_sample(tests: list) -> str:
     if t is None:
         return ""
     return (
-        f"; n = {t['n']} test windows is too few for a reliable test with {t['lags']} lags "
+        f"; n = {t['n']} test origins is too few for a reliable test with {t['lags']} lags "
         "(p-values indicative only)"
     )
 
