@@ -511,3 +511,14 @@ def test_out_of_range_limits_clip_quietly_as_torch(torch, dtype):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert np.isnan(nbqat.clip.clip_coef(float("inf"), float("inf"), dtype))
+
+
+def test_an_empty_gradient_in_the_inf_norm(torch, rng):
+    # torch's foreach inf norm refuses an empty tensor (no identity for the maximum); nbqat
+    # counts it as nothing: the norm of the others, torch's own on them (the oracle)
+    g = [rng.normal(size=5).astype(np.float32), np.zeros(0, np.float32)]
+    total, ref = torch_clip(torch, g[:1], 0.5, math.inf)
+    a = [x.copy() for x in g]
+    assert nbqat.clip_grad_norm_(a, 0.5, norm_type=math.inf) == total
+    np.testing.assert_array_equal(a[0], ref[0])
+    assert nbqat.clip_grad_norm_([np.zeros(0, np.float32)], 0.5, norm_type=math.inf) == 0.0
