@@ -158,7 +158,9 @@ class Forecaster:
             A long-format table (one row per entity and time step), a ``.csv`` /
             ``.csv.gz`` / ``.parquet`` path, or loaded :class:`~nbqat.data.SeriesData` (then
             the column arguments come from it). A DataFrame or SeriesData is stored in the
-            run folder as ``data.parquet`` (``predict()`` without data reads it).
+            run folder as ``data.parquet`` (``predict()`` without data reads it). A
+            DataFrame's time and entity columns may be index levels (a ``DatetimeIndex``
+            named ``time_col``, an ``(entity, time)`` MultiIndex).
         time_col, target_col : str
             The time column (ISO 8601 date times, naive ones read as UTC, or numbers) and the
             column to forecast.
@@ -219,16 +221,20 @@ class Forecaster:
         if time_col is None or target_col is None:
             raise ValueError(
                 "fit needs time_col= and target_col= (the --time-col and --target-col)"
+                + _index_hint(data)
             )
         frame = None
         if not isinstance(data, (str, os.PathLike)):
             import pandas as pd
+
+            from nbqat.data._reader import index_columns
 
             if not isinstance(data, pd.DataFrame):
                 raise TypeError(
                     f"data must be a pandas DataFrame, a path or a SeriesData, got "
                     f"{type(data).__name__}"
                 )
+            data = index_columns(data, time_col, entity_col)  # a DatetimeIndex named time_col
             _check_columns(data, time_col=time_col, target_col=target_col,
                            entity_col=entity_col, observed_cols=observed_cols,
                            known_cols=known_cols, static_cols=static_cols)  # fmt: skip
@@ -452,6 +458,17 @@ class Forecaster:
         with atomic_open(path, "wb", prefix=".nbqat-onnx-") as f:
             f.write(data)
         return Path(path)
+
+
+def _index_hint(data: Any) -> str:
+    """For a DataFrame whose times are its (unnamed) index: how to name them as ``time_col``."""
+    import pandas as pd
+
+    if not isinstance(data, pd.DataFrame) or data.index.dtype.kind != "M":
+        return ""
+    name = data.index.name if isinstance(data.index.name, str) else "time"
+    return (f"; the DataFrame's times are its index: pass time_col={name!r}"
+            + ("" if name == data.index.name else f" after df.index.name = {name!r}"))  # fmt: skip
 
 
 def _series_frame(data: Any) -> Any:

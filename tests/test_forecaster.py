@@ -744,3 +744,25 @@ def test_fit_takes_a_path_out_and_numpy_option_values(tmp_path):
     fc.fit(_demand(days=12), **COLS_KW)
     cfg = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["config"]
     assert cfg["out"] == str(tmp_path / "run") and cfg["history"] == K and cfg["lr"] == 3e-3
+
+
+def test_time_and_entity_columns_may_be_index_levels(demand):
+    """A pandas time series keeps its times in a DatetimeIndex (often an (entity, time)
+    MultiIndex): fit and predict read an index level that time_col / entity_col names (they
+    were refused: "'ts' is not a column of the DataFrame"), with the same forecasts, and a
+    fit without time_col on a DatetimeIndex says which name to pass."""
+    import nbqat
+
+    fc = nbqat.Forecaster.load(demand[4])
+    fut = pd.read_csv(demand[3])
+    plain = fc.predict(fut)
+    pd.testing.assert_frame_equal(fc.predict(fut.set_index(["site", "ts"])), plain)
+    pd.testing.assert_frame_equal(fc.predict(fut.set_index("ts")), plain)
+    one = _hourly().set_index("ts")
+    fit = nbqat.Forecaster(**{**TINY_KW, "eval_stride": 6})
+    with pytest.raises(ValueError, match=r"its index: pass time_col='ts'"):
+        fit.fit(one, target_col="demand")
+    with pytest.raises(ValueError, match=r"time_col='time' after df.index.name = 'time'"):
+        fit.fit(one.rename_axis(None), target_col="demand")
+    fit.fit(one, time_col="ts", target_col="demand")
+    assert fit.predict().time.iloc[0] == "2024-01-06T00:00:00"  # after the last of 120 hours

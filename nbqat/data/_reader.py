@@ -325,7 +325,8 @@ def from_dataframe(
     ----------
     df : pandas.DataFrame
         One row per (entity, time step); the time column may be ``datetime64`` (naive or
-        time-zone-aware), ISO 8601 strings or numbers.
+        time-zone-aware), ISO 8601 strings or numbers. The time and entity columns may be
+        index levels (a ``DatetimeIndex`` named ``time_col``).
     time_col, target_col, entity_col, known_cols, static_cols, observed_cols, fill_gaps
         As in :func:`load_csv`.
     source : str, default "DataFrame"
@@ -348,6 +349,7 @@ def from_dataframe(
 
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"df must be a pandas DataFrame, got {type(df).__name__}")
+    df = index_columns(df, time_col, entity_col)
     header = [str(c) for c in df.columns]
     observed, known, static, cols = _columns(
         source, header, time_col, target_col, entity_col, known_cols, static_cols, observed_cols
@@ -366,6 +368,15 @@ def from_dataframe(
         static,
         (fill_gaps, future_rows),
     )
+
+
+def index_columns(df: Any, *names: str | None) -> Any:
+    """``df`` with the index levels that ``names`` name (and no column does) as columns: a
+    time series' ``DatetimeIndex`` named ``time_col`` (``df.index.name``), the levels of a
+    ``(entity, time)`` MultiIndex. ``df`` itself when there are none; row positions stay."""
+    levels = [n for n in dict.fromkeys(names) if n is not None and n not in df.columns
+              and n in df.index.names]  # fmt: skip
+    return df.reset_index(level=levels) if levels else df
 
 
 def _opt(c: str | None) -> list[str]:
