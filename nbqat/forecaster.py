@@ -464,7 +464,9 @@ def _index_hint(data: Any) -> str:
     """For a DataFrame whose times are its (unnamed) index: how to name them as ``time_col``."""
     import pandas as pd
 
-    if not isinstance(data, pd.DataFrame) or data.index.dtype.kind != "M":
+    if not isinstance(data, pd.DataFrame) or not isinstance(
+        data.index, (pd.DatetimeIndex, pd.PeriodIndex)
+    ):
         return ""
     name = data.index.name if isinstance(data.index.name, str) else "time"
     return (f"; the DataFrame's times are its index: pass time_col={name!r}"

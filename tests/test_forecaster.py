@@ -766,3 +766,22 @@ def test_time_and_entity_columns_may_be_index_levels(demand):
         fit.fit(one.rename_axis(None), target_col="demand")
     fit.fit(one, time_col="ts", target_col="demand")
     assert fit.predict().time.iloc[0] == "2024-01-06T00:00:00"  # after the last of 120 hours
+
+
+def test_a_period_time_column_reads_as_its_start_times(demand):
+    """A pandas Period column (``df.index.to_period("M")``, statsmodels' quarterly data) was
+    refused as "neither a number nor an ISO 8601 date time"; it reads as its periods' start
+    times: monthly periods on the calendar-month axis, hourly ones as the same hours."""
+    import nbqat
+    from nbqat.data import from_dataframe
+
+    fut = pd.read_csv(demand[3])
+    plain = nbqat.Forecaster.load(demand[4]).predict(fut)
+    hourly = fut.assign(ts=pd.to_datetime(fut.ts).dt.to_period("h"))
+    got = nbqat.Forecaster.load(demand[4]).predict(hourly)
+    pd.testing.assert_frame_equal(got.drop(columns="time"), plain.drop(columns="time"))
+    assert (pd.to_datetime(got.time) == pd.to_datetime(plain.time)).all()
+    q = pd.period_range("1959Q1", periods=8, freq="Q")
+    data = from_dataframe(pd.DataFrame({"q": q, "gdp": np.arange(8.0)}).set_index("q"),
+                          time_col="q", target_col="gdp")  # fmt: skip
+    assert data.month_day == 1 and data.times[0][1] == np.datetime64("1959-04", "M")

@@ -326,7 +326,8 @@ def from_dataframe(
     df : pandas.DataFrame
         One row per (entity, time step); the time column may be ``datetime64`` (naive or
         time-zone-aware), ISO 8601 strings or numbers. The time and entity columns may be
-        index levels (a ``DatetimeIndex`` named ``time_col``).
+        index levels (a ``DatetimeIndex`` named ``time_col``); a ``Period`` time column reads
+        as its periods' start times.
     time_col, target_col, entity_col, known_cols, static_cols, observed_cols, fill_gaps
         As in :func:`load_csv`.
     source : str, default "DataFrame"
@@ -370,13 +371,25 @@ def from_dataframe(
     )
 
 
-def index_columns(df: Any, *names: str | None) -> Any:
-    """``df`` with the index levels that ``names`` name (and no column does) as columns: a
-    time series' ``DatetimeIndex`` named ``time_col`` (``df.index.name``), the levels of a
-    ``(entity, time)`` MultiIndex. ``df`` itself when there are none; row positions stay."""
-    levels = [n for n in dict.fromkeys(names) if n is not None and n not in df.columns
-              and n in df.index.names]  # fmt: skip
-    return df.reset_index(level=levels) if levels else df
+def index_columns(df: Any, time_col: str | None, *names: str | None) -> Any:
+    """``df`` with the index levels that ``time_col`` and ``names`` name (and no column does)
+    as columns (a time series' ``DatetimeIndex`` named ``time_col``, the levels of an
+    ``(entity, time)`` MultiIndex), and a pandas ``Period`` time column as the periods' start
+    times (``1959Q1``: 1959-01-01, a calendar-month axis). ``df`` itself when there is
+    nothing to change; row positions stay."""
+    import pandas as pd
+
+    levels = [n for n in dict.fromkeys((time_col, *names)) if n is not None
+              and n not in df.columns and n in df.index.names]  # fmt: skip
+    if levels:
+        df = df.reset_index(level=levels)
+    if (
+        time_col is not None
+        and time_col in df.columns
+        and isinstance(df[time_col].dtype, pd.PeriodDtype)
+    ):
+        df = df.assign(**{time_col: df[time_col].dt.to_timestamp()})
+    return df
 
 
 def _opt(c: str | None) -> list[str]:
