@@ -199,7 +199,8 @@ def _predict(args: argparse.Namespace) -> int:
             raise ValueError("--start and --stride need --backtest (or nbqat backtest)")
         default = "backtest.csv" if backtest else "forecasts.csv"  # predict, then backtest
         out = Path(args.out) if args.out is not None else Path(args.run_dir) / default
-        if Path(args.run_dir).is_dir():
+        stdout = args.out == "-"  # the CSV on standard output, the messages on stderr
+        if Path(args.run_dir).is_dir() and not stdout:
             check_out(out, args.overwrite)  # before anything is computed
         if args.csv is not None and not Path(args.csv).is_file():
             raise FileNotFoundError(f"--csv {args.csv!r} does not exist")
@@ -209,14 +210,18 @@ def _predict(args: argparse.Namespace) -> int:
                              engine=args.engine, fill_gaps=args.fill_gaps)  # fmt: skip
         else:
             df = fc.predict(args.csv, at=args.at, engine=args.engine, fill_gaps=args.fill_gaps)
-        path = write_csv(df, out, args.overwrite)
+        path = None if stdout else write_csv(df, out, args.overwrite)
     except (DataError, ValueError, FileNotFoundError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
+    msg = sys.stderr if stdout else sys.stdout
     if backtest:
         qr = df.attrs["q_risk"]
         n = df[["entity", "origin"]].drop_duplicates().shape[0]
         print(f"backtest q-risk over {n} windows: "
-              + ", ".join(f"{k} {q_text(v)}" for k, v in qr.items()))  # fmt: skip
-    print(f"wrote {path}")
+              + ", ".join(f"{k} {q_text(v)}" for k, v in qr.items()), file=msg)  # fmt: skip
+    if path is None:
+        df.to_csv(sys.stdout, index=False, lineterminator="\n")
+    else:
+        print(f"wrote {path}")
     return 0

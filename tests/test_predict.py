@@ -320,3 +320,19 @@ def test_backtest_q_risk_is_undefined_for_all_zero_actuals():
         e = y - df[col].to_numpy()[:2]
         want = 2 * sum(q * v if v >= 0 else (q - 1) * v for v in e) / 4.0
         assert q_risk_table(df, qs)[col.upper()] == pytest.approx(want, rel=1e-15)
+
+
+def test_out_dash_writes_the_csv_to_standard_output(run, tmp_path, capsys, monkeypatch):
+    """``--out -`` is standard output (the CSV only; messages on stderr), as in most command
+    line tools: it wrote a file named '-' in the working folder."""
+    monkeypatch.chdir(tmp_path)
+    file = tmp_path / "f.csv"
+    assert main(["predict", str(run), *AT, "--out", str(file)]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(run), *AT, "--out", "-"]) == 0
+    out = capsys.readouterr()
+    assert out.out == file.read_text() and "wrote" not in out.err
+    assert list(tmp_path.iterdir()) == [file]
+    assert main(["backtest", str(run), "--stride", "24", "--out", "-"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("entity,origin,time,") and "backtest q-risk" in out.err

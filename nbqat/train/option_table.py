@@ -308,9 +308,9 @@ OPTIONS: tuple[Option, ...] = (
     _opt("engine", str, "onnx", "onnxruntime on RUN_DIR/model.onnx, the nbqat int8 reference, "
          "or the best float weights", group="predict", commands=_PREDICT, field=False,
          choices=ENGINES),
-    _opt("out", str, None, "output CSV", group="predict", commands=_PREDICT, field=False,
-         nullable=True, default_doc="RUN_DIR/forecasts.csv; backtest: RUN_DIR/backtest.csv",
-         path=True),
+    _opt("out", str, None, "output CSV ('-': standard output)", group="predict",
+         commands=_PREDICT, field=False, nullable=True,
+         default_doc="RUN_DIR/forecasts.csv; backtest: RUN_DIR/backtest.csv", path=True),
     _opt("overwrite", bool, False, "replace an existing --out", group="predict",
          commands=_PREDICT, field=False, cli="flag"),
     _opt("fill_gaps", bool, None, "repair gaps before the last target value as nbqat train "
