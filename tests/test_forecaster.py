@@ -785,3 +785,23 @@ def test_a_period_time_column_reads_as_its_start_times(demand):
     data = from_dataframe(pd.DataFrame({"q": q, "gdp": np.arange(8.0)}).set_index("q"),
                           time_col="q", target_col="gdp")  # fmt: skip
     assert data.month_day == 1 and data.times[0][1] == np.datetime64("1959-04", "M")
+
+
+@pytest.mark.parametrize("role", ["static_cols", "known_cols"])
+def test_a_category_named_as_an_input_gets_its_fix(role):
+    """A string category named as a static or known column (a region, a weather label) was
+    told to "choose the input columns with ... --static-cols", the option it was given in;
+    the message names that option and how to code the category as numbers."""
+    from nbqat.data import from_dataframe
+
+    df = _hourly().assign(region="north")
+    opt = "--" + role.replace("_", "-")
+    with pytest.raises(DataError) as ei:
+        from_dataframe(df, time_col="ts", target_col="demand", **{role: ["region"]})
+    msg = str(ei.value)
+    assert msg.startswith(f"DataFrame, row 0: column 'region' has a non-numeric value 'north' "
+                          f"({opt}); inputs must hold numbers"), msg  # fmt: skip
+    assert "pandas.get_dummies(df, columns=['region'], dtype=int)" in msg
+    assert f"leave 'region' out of {opt}" in msg and "choose the input columns" not in msg
+    with pytest.raises(DataError, match=r"'warm' \(--target-col\); the target must hold"):
+        from_dataframe(df.assign(demand="warm"), time_col="ts", target_col="demand")

@@ -444,16 +444,18 @@ def _frame_to_series(
     target = [np.empty(n) for n in sizes]
     obs = [np.empty((n, len(observed))) for n in sizes]
     kno = [np.empty((n, len(known))) for n in sizes]
-    for cols_k, dest in (
-        ([target_col], [a[:, None] for a in target]),
-        (observed, obs),
-        (known, kno),
+    for role, cols_k, dest in (
+        ("--target-col", [target_col], [a[:, None] for a in target]),
+        ("", observed, obs),
+        ("--known-cols", known, kno),
     ):
-        place([numeric_pieces(df, c, where, fill_gaps or future_rows) for c in cols_k], per, dest)
+        place([numeric_pieces(df, c, where, fill_gaps or future_rows, role) for c in cols_k],
+              per, dest)  # fmt: skip
     statics = np.zeros((len(names), len(static)))
     changes = []
     for j, c in enumerate(static):
-        statics[:, j], change = static_values(numeric_pieces(df, c, where, False, True), per)
+        pieces = numeric_pieces(df, c, where, False, "--static-cols")
+        statics[:, j], change = static_values(pieces, per)
         changes.append(change)
     data = regularise(
         t, per, names, target, obs, kno, statics, changes, where, src, target_col, observed,

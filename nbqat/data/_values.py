@@ -19,11 +19,18 @@ __all__ = ["numeric_column", "numeric_pieces", "place", "static_values"]
 
 
 def numeric_column(
-    s: Any, col: str, where: Callable[[int], str], allow_missing: bool, static: bool = False
+    s: Any, col: str, where: Callable[[int], str], allow_missing: bool, role: str = ""
 ) -> np.ndarray:
-    """One column (a pandas Series) as float64, with the first bad value reported by line
-    (``static``: a static column's missing value, which ``fill_gaps`` does not fill)."""
+    """One column (a pandas Series) as float64, with the first bad value reported by line.
+
+    ``role`` is the option that named the column (``"--static-cols"``, ``"--known-cols"``,
+    ``"--target-col"``; ``""`` for an observed input): a non-numeric value of a column named
+    so gets that option's fix, and a static column's missing value, which ``fill_gaps`` does
+    not fill, its own message.
+    """
     import pandas as pd
+
+    static = role == "--static-cols"
 
     if s.dtype == bool:
         s = s.astype(np.float64)
@@ -33,13 +40,7 @@ def numeric_column(
         x = pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
         bad = np.flatnonzero(np.isnan(x) & ~s.isna().to_numpy())
         if len(bad):
-            i = int(bad[0])
-            raise DataError(
-                f"{where(i)}: column {col!r} has a non-numeric value {s.iloc[i]!r}; every input "
-                "column must hold numbers (choose the input columns with --observed-cols / "
-                "--known-cols / --static-cols; a column that names the series is the "
-                "--entity-col)"
-            )
+            raise DataError(_non_numeric(where(int(bad[0])), col, s.iloc[int(bad[0])], role))
     nan = np.isnan(x)
     if not allow_missing and nan.any():
         i = int(np.argmax(nan))
@@ -65,14 +66,33 @@ def numeric_column(
     return x
 
 
+def _non_numeric(place: str, col: str, value: Any, role: str) -> str:
+    """The message for a non-numeric ``value`` of column ``col`` (``role``: see
+    :func:`numeric_column`)."""
+    head = f"{place}: column {col!r} has a non-numeric value {value!r}"
+    if role == "--target-col":
+        return f"{head} (--target-col); the target must hold numbers: choose a numeric one"
+    if role:  # a category the user named as an input
+        return (
+            f"{head} ({role}); inputs must hold numbers: code a category as numbers (one 0/1 "
+            f"column per category: pandas.get_dummies(df, columns=[{col!r}], dtype=int), and "
+            f"name those columns in {role}) or leave {col!r} out of {role}"
+        )
+    return (
+        f"{head}; every input column must hold numbers (choose the input columns with "
+        "--observed-cols / --known-cols / --static-cols; a column that names the series is "
+        "the --entity-col)"
+    )
+
+
 def numeric_pieces(
-    df: Any, col: str, where: Callable[[int], str], allow_missing: bool, static: bool = False
+    df: Any, col: str, where: Callable[[int], str], allow_missing: bool, role: str = ""
 ) -> list[np.ndarray]:
     """Column ``col`` of ``df`` (a pandas DataFrame or :class:`~nbqat.data._arrow.ArrowColumns`),
     checked, as pieces that follow each other row by row. An Arrow column of plain numbers
     gives its chunks, each checked with two reductions (NaN fails both comparisons); any other
     column, or one that fails that check, goes through :func:`numeric_column`, which raises
-    naming the row (or, ``allow_missing``, lets its missing values through; ``static``: as
+    naming the row (or, ``allow_missing``, lets its missing values through; ``role``: as
     :func:`numeric_column`'s)."""
     from nbqat.data._arrow import ArrowColumns
 
@@ -84,8 +104,8 @@ def numeric_pieces(
             import pandas as pd
 
             x = np.concatenate(pieces, dtype=np.float64)
-            return [numeric_column(pd.Series(x), col, where, allow_missing, static)]
-    return [numeric_column(df[col], col, where, allow_missing, static)]
+            return [numeric_column(pd.Series(x), col, where, allow_missing, role)]
+    return [numeric_column(df[col], col, where, allow_missing, role)]
 
 
 def _segments(lengths: list[int], per: list[Any]) -> Iterator[tuple[int, int, int, int, int]]:
