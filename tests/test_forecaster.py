@@ -472,6 +472,11 @@ def test_fill_gaps_carries_whole_number_columns(tmp_path):
         ("2024-03-01", "2024-03-01T05:00:00"),  # a date cannot hold 05:00: spelled in full
         ("2024-03-01T00:00Z", "2024-03-01T05:00Z"),
         ("2024-03-01T00:00:00+01:00", "2024-03-01T05:00:00+00:00"),  # read as UTC
+        # slashes and dots kept (the forecasts were dated 2024-03-01 05:00, which a join on
+        # the data's own time strings never matches)
+        ("2024/03/01 00:00", "2024/03/01 05:00"),
+        ("2024/03/01", "2024/03/01T05:00:00"),
+        ("2024.03.01T00:00:00Z", "2024.03.01T05:00:00Z"),
     ],
 )
 def test_times_are_spelled_as_the_data_spells_them(raw, spelled):

@@ -137,7 +137,8 @@ def time_spelling(s: Any) -> str:
     -------
     str
         A :meth:`datetime.strftime` format (``%Y-%m-%dT%H:%M``, ``%Y-%m-%d %H:%M:%S``,
-        ``%Y-%m-%d``, ``%Y-%m`` for year-month values such as ``2024-03``; with ``Z`` or
+        ``%Y-%m-%d``, ``%Y/%m/%d`` or ``%Y.%m.%d`` for dates spelled so, ``%Y-%m`` for
+        year-month values such as ``2024-03``; with ``Z`` or
         ``+00:00`` appended when the values carry a UTC offset, since they are read as UTC: a
         time-zone-aware ``datetime64`` column too, so that its times, converted to UTC, are
         not read back as local times), ``"integer"`` for whole
@@ -165,11 +166,12 @@ def time_spelling(s: Any) -> str:
     tz = re.search(_OFFSET, v[10:]) if len(v) > 10 else None
     zone = "" if tz is None else ("Z" if tz.group(0) == "Z" else "+00:00")
     clock = v[11 : len(v) - (len(tz.group(0)) if tz else 0)]
+    d = v[4] if re.match(r"\d{4}([/.])\d{2}\1\d{2}", v) else "-"  # 2024/03/01, 2024.03.01
     if len(v) <= 10 or not clock:
-        return "%Y-%m-%d" + zone
+        return f"%Y{d}%m{d}%d" + zone
     sep = v[10]
     fmt = "%H:%M:%S" if clock.count(":") >= 2 else ("%H:%M" if ":" in clock else "%H")
-    return f"%Y-%m-%d{sep}{fmt}{zone}"
+    return f"%Y{d}%m{d}%d{sep}{fmt}{zone}"
 
 
 def format_times(t: np.ndarray, spelling: str, month_day: int = 0) -> list[str]:
@@ -200,5 +202,5 @@ def format_times(t: np.ndarray, spelling: str, month_day: int = 0) -> list[str]:
                  spelling), 1)  # fmt: skip
     if unit > 1 and np.any(secs.astype(np.int64) % unit):
         zone = next((z for z in ("Z", "+00:00") if spelling.endswith(z)), "")
-        spelling = "%Y-%m-%dT%H:%M:%S" + zone
+        spelling = spelling[:8] + "T%H:%M:%S" + zone  # the date as spelled
     return list(pd.DatetimeIndex(secs).strftime(spelling))
