@@ -273,3 +273,24 @@ def test_from_dataframe_with_aware_datetimes_and_an_index():
     df.loc[df.index[5], "y"] = np.nan
     with pytest.raises(DataError, match="DataFrame, row 5: column 'y' has a missing value"):
         from_dataframe(df, time_col="ts", target_col="y")
+
+
+@pytest.mark.parametrize(
+    ("times", "spelled"),
+    [
+        (pd.date_range("2012-01-01", periods=60, freq="D").strftime("%Y%m%d"), "YYYYMMDD"),
+        (pd.date_range("2012-01-01", periods=30, freq="MS").strftime("%Y%m"), "YYYYMM"),
+    ],
+)
+@pytest.mark.parametrize("fill_gaps", [False, True])
+def test_dates_spelled_as_numbers_are_named(times, spelled, fill_gaps):
+    """Dates written as numbers (20120131, 201201) read as a numeric axis whose month or year
+    ends are gaps of 69 or 88 steps: the error said to add the missing rows or pass
+    --fill-gaps (which then refused to invent most of the values); it names the dates'
+    spelling and how to convert them, with --fill-gaps too (no repair of such gaps is right)."""
+    df = pd.DataFrame({"t": times.astype(np.int64), "y": np.arange(len(times), dtype=float)})
+    with pytest.raises(DataError, match=f"dates spelled {spelled}: give it as dates") as ei:
+        from_dataframe(df, time_col="t", target_col="y", fill_gaps=fill_gaps)
+    assert "pass --fill-gaps" not in str(ei.value)
+    years = pd.DataFrame({"t": np.arange(1700, 1760), "y": np.arange(60.0)})
+    assert from_dataframe(years, time_col="t", target_col="y").step == 1.0  # plain numbers

@@ -195,15 +195,40 @@ def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray |
             "series must be regular" + _month_hint(step, ta)
         )
     gaps = np.flatnonzero(nsteps > 1)
-    if len(gaps) and not fill_gaps:
+    hint = "" if is_dt or not len(gaps) else _compact_date_hint(ta)
+    if len(gaps) and (hint or not fill_gaps):  # compact dates: no repair is right
         i = int(gaps[0])
         raise DataError(
             f"{where(_row(rows, i + 1))}: gap in entity {name!r}: {int(nsteps[i]) - 1} "
             f"missing step(s) of {step} between {ta[i]} and {ta[i + 1]} "
-            f"({len(gaps)} gap(s) in this entity); add the rows of the missing steps, or pass "
-            "--fill-gaps (fill_gaps=True) to insert them by linear interpolation"
-        )
+            f"({len(gaps)} gap(s) in this entity); "
+            + (hint or "add the rows of the missing steps, or pass --fill-gaps "
+               "(fill_gaps=True) to insert them by linear interpolation")
+        )  # fmt: skip
     return np.concatenate([[0], np.cumsum(nsteps)])
+
+
+def _compact_date_hint(ta: np.ndarray) -> str:
+    """The fix for numeric times that are dates spelled as numbers (``20120131``: YYYYMMDD,
+    ``201201``: YYYYMM), whose month and year ends read as gaps of 69 or 88 steps; ``""`` for
+    other numbers."""
+    if not np.all(np.mod(ta, 1.0) == 0):
+        return ""
+    for digits, fmt, name, example in ((8, "%Y%m%d", "YYYYMMDD", "2012-01-31"),
+                                       (6, "%Y%m", "YYYYMM", "2012-01")):  # fmt: skip
+        lo, hi = 10 ** (digits - 1), 10**digits
+        if np.all((ta >= lo) & (ta < hi)):
+            v = ta.astype(np.int64)
+            month = v // 100 % 100 if digits == 8 else v % 100
+            day = v % 100 if digits == 8 else np.ones_like(v)
+            if np.all((month >= 1) & (month <= 12) & (day >= 1) & (day <= 31)):
+                return (
+                    f"the time column holds numbers such as {int(v[0])}, dates spelled "
+                    f"{name}: give it as dates (pandas.to_datetime(df[col]"
+                    f".astype(str), format={fmt!r}), or ISO 8601 such as {example}) and they "
+                    "step by days or calendar months"
+                )
+    return ""
 
 
 def _month_hint(step, ta: np.ndarray) -> str:
