@@ -416,3 +416,30 @@ def test_default_backtest_of_entities_on_other_quarters(tmp_path):
     explicit = fc.backtest(start=str(test_start.date()), engine="int8", data=df[df.site == "s0"])
     pd.testing.assert_frame_equal(explicit, bt[bt.entity == "s0"].reset_index(drop=True),
                                   check_like=True)  # fmt: skip
+
+
+def test_weekly_data_reads_the_time_of_year_not_a_constant_weekday(tmp_path):
+    """Weekly dates all fall on one weekday: the default calendar (hour, dow) gave the decoder
+    one constant input, so an LSTM forecast the same value for every week of its horizon (the
+    co2 weekly set: 13 identical rows, test P50 0.0050 against 0.0027 with doy). The weekday
+    is left out at whole weeks as the hour is at whole days, and weekly data defaults to the
+    time of year, as monthly data does."""
+    from nbqat.train import TrainConfig
+    from nbqat.train.model import load_data
+
+    t = pd.date_range("2000-01-01", periods=400, freq="7D")
+    y = 10 + np.sin(2 * np.pi * t.day_of_year / 365.25) + np.arange(400) * 1e-3
+    p = tmp_path / "weekly.csv"
+    pd.DataFrame({"t": t.strftime("%Y-%m-%d"), "y": y}).to_csv(p, index=False)
+    cfg = TrainConfig(csv=str(p), time_col="t", target_col="y", history=8, horizon=4,
+                      eval_stride=2).resolved()  # fmt: skip
+    w = load_data(cfg)
+    assert cfg.calendar == "doy" and w.future_names == ["doy_sin", "doy_cos"]
+    weekly = load_csv(p, time_col="t", target_col="y")
+    with pytest.raises(DataError, match="add doy or time_index to --calendar"):
+        make_windows(weekly, history=8, horizon=4, calendar=["hour", "dow"])
+    daily = from_dataframe(pd.DataFrame({"t": pd.date_range("2000-01-01", periods=400),
+                                         "y": y}), time_col="t", target_col="y")  # fmt: skip
+    assert make_windows(daily, history=8, horizon=4, calendar=["hour", "dow"]).future_names == [
+        "day_of_week"
+    ]

@@ -201,15 +201,25 @@ class Scaling:
         return list(self.calendar_names) + ti + list(self.known)
 
 
+def constant_calendar(data: SeriesData) -> set[str]:
+    """The ``--calendar`` groups that cannot vary on the data's time axis, left out of the
+    features: ``hour`` at a step of a day or more, ``dow`` too at a whole number of weeks
+    (weekly data: a constant input that told the decoder's steps nothing)."""
+    if not data.is_datetime or data.month_day:  # a month axis has only its month of year
+        return set()
+    step_s = axis_step(data)
+    dropped = {"hour"} if step_s >= 86400 else set()
+    if step_s % (7 * 86400) == 0:
+        dropped.add("dow")
+    return dropped
+
+
 def _calendar_names(data: SeriesData, calendar: tuple) -> list[str]:
     if not data.is_datetime:
         return []
-    step_s = axis_step(data) if not data.month_day else np.inf  # a month is more than a day
+    dropped = constant_calendar(data)
     _, names = calendar_features(data.times[0][:1])
-    return [
-        c for c in names if _CAL_GROUP[c] in calendar and not (step_s >= 86400 and
-                                                             _CAL_GROUP[c] == "hour")
-    ]  # fmt: skip
+    return [c for c in names if _CAL_GROUP[c] in calendar and _CAL_GROUP[c] not in dropped]
 
 
 def _static(data: SeriesData, level: np.ndarray, scale: np.ndarray) -> np.ndarray:

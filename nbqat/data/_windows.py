@@ -14,7 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from nbqat.data._calendar import CALENDAR_FEATURES, season_of
-from nbqat.data._scaling import Scaling, entity_features, fit_scaling, zscore_fit
+from nbqat.data._scaling import (
+    Scaling,
+    constant_calendar,
+    entity_features,
+    fit_scaling,
+    zscore_fit,
+)
 from nbqat.data._series import DataError, SeriesData
 from nbqat.data._splits import SplitWindows, Windows
 
@@ -315,10 +321,11 @@ def make_windows(
     rows = _split_rows(data, cuts, history, horizon, split)
     sc = fit_scaling(data, [r[0] for r in rows], cuts, tuple(calendar))
     if not sc.future_names:
+        useful = [c for c in ("doy", "dow", "time_index") if c not in constant_calendar(data)]
         raise DataError(
             f"the decoder has no known input: --calendar {','.join(calendar)!r} gives no "
-            f"feature for a time step of {data.step}; add doy, dow or time_index to "
-            "--calendar or pass --known-cols"
+            f"feature for a time step of {data.step}; add {', '.join(useful[:-1])} or "
+            f"{useful[-1]} to --calendar or pass --known-cols"
         )
     parts = [
         _entity_part(data, e, sc, *rows[e], season, quantiles)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.data import TMY3_COLUMNS, Windows, load_csv, load_tmy3, make_windows
+from nbqat.data._scaling import constant_calendar
 from nbqat.optim_groups import inner_attribute
 from nbqat.train import preflight
 from nbqat.train.config import MIN_HISTORY, QUANTILES
@@ -224,8 +225,8 @@ def load_data(cfg: Any) -> Windows:
         data = load_csv(cfg.csv, fill_gaps=cfg.fill_gaps, **column_roles(vars(cfg)))
     else:
         data = load_tmy3()
-    if data.month_day and cfg.calendar == DEFAULT_CALENDAR:  # no hour or weekday in months
-        cfg.calendar = "doy"  # the month of year
+    if cfg.calendar == DEFAULT_CALENDAR and (data.month_day or "dow" in constant_calendar(data)):
+        cfg.calendar = "doy"  # no hour or weekday in months or weeks: the time of year
     auto = cfg.history == "auto"
     if cfg.history is None or auto:  # one day of hours, and at least one season (the naive
         from nbqat.data._calendar import default_season  # reads it)
