@@ -294,3 +294,15 @@ def test_dates_spelled_as_numbers_are_named(times, spelled, fill_gaps):
     assert "pass --fill-gaps" not in str(ei.value)
     years = pd.DataFrame({"t": np.arange(1700, 1760), "y": np.arange(60.0)})
     assert from_dataframe(years, time_col="t", target_col="y").step == 1.0  # plain numbers
+
+
+@pytest.mark.parametrize("sep", [";", "\t"])
+def test_a_file_separated_otherwise_than_by_commas_is_named(tmp_path, sep):
+    """A semicolon-separated file (a European spreadsheet's export, decimal commas) or a
+    tab-separated one reads as one column: the error listed that one column and said no
+    more; it names the separator and how to convert the file."""
+    p = tmp_path / "semi.csv"
+    rows = [f"2024-01-{d:02d}{sep}1,5" for d in range(1, 20)]
+    p.write_text("\n".join([f"t{sep}y", *rows]) + "\n")
+    with pytest.raises(DataError, match=f"its header is separated by {re.escape(repr(sep))}"):
+        load_csv(p, time_col="t", target_col="y")

@@ -105,6 +105,14 @@ def _check_columns(
             hint = ""
             if any(h.startswith("\ufeff") for h in header):
                 hint = " (the header starts with a byte-order mark)"
+            sep = next((d for d in (";", "\t", "|") if len(header) == 1 and d in header[0]), None)
+            if sep is not None:  # a European or tab-separated file read as one column
+                hint = (
+                    f" (the file reads as one column: its header is separated by {sep!r}, and "
+                    "nbqat reads comma-separated files; convert it, e.g. pandas.read_csv(path, "
+                    f"sep={sep!r}{', decimal=' + repr(',') if sep == ';' else ''})"
+                    ".to_csv('data.csv', index=False))"
+                )
             raise DataError(
                 f"{src}: {opt} names column(s) {missing} that the header does not have{hint}; "
                 f"the header's columns are {header}"
