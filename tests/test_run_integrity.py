@@ -378,6 +378,10 @@ def test_plots_take_dollar_names_and_label_units(tmp_path):
         assert p.read_bytes()[:4] == b"\x89PNG"
     assert plots.step_unit(np.timedelta64(3600, "s")) == "hours"
     assert plots.step_unit(np.timedelta64(86400, "s")) == "days"
+    # weekly and half-hourly data were labelled "steps of 604800 seconds" / "... 1800 seconds"
+    assert plots.step_unit(np.timedelta64(604800, "s")) == "weeks"
+    assert plots.step_unit(np.timedelta64(1800, "s")) == "steps of 30 minutes"
+    assert plots.step_unit(np.timedelta64(2 * 86400, "s")) == "steps of 2 days"
     assert plots.step_unit(0.5) == "steps"
     assert plots.target_label("temp_air", "nbqat/data/tmy3_two_stations.csv.gz") == (
         "temp_air (deg C)"

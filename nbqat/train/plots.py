@@ -39,7 +39,8 @@ def _esc(text: object) -> str:
 
 
 def step_unit(step: object) -> str:
-    """Axis unit of a time step: ``"hours"`` for 1 h, ``"days"``, ``"minutes"``, else steps.
+    """Axis unit of a time step: ``"hours"`` for 1 h, ``"days"``, ``"weeks"``, ``"minutes"``,
+    else steps (``"steps of 30 minutes"``, ``"steps of 3 months"``).
 
     Parameters
     ----------
@@ -54,10 +55,13 @@ def step_unit(step: object) -> str:
         return "months" if int(step.astype(np.int64)) == 1 else f"steps of {step}"
     if isinstance(step, np.timedelta64):
         secs = step / np.timedelta64(1, "s")
-        for n, name in ((3600, "hours"), (86400, "days"), (60, "minutes"), (1, "seconds")):
+        units = ((604800, "weeks"), (86400, "days"), (3600, "hours"), (60, "minutes"),
+                 (1, "seconds"))  # fmt: skip
+        for n, name in units:
             if secs == n:
                 return name
-        return f"steps of {step}"
+        n, name = next(((n, name) for n, name in units if secs % n == 0), (1, "seconds"))
+        return f"steps of {secs / n:g} {name}"  # 30 minutes, not 1800 seconds
     return "steps"
 
 
