@@ -306,3 +306,32 @@ def test_a_file_separated_otherwise_than_by_commas_is_named(tmp_path, sep):
     p.write_text("\n".join([f"t{sep}y", *rows]) + "\n")
     with pytest.raises(DataError, match=f"its header is separated by {re.escape(repr(sep))}"):
         load_csv(p, time_col="t", target_col="y")
+
+
+def test_fill_gaps_does_not_extend_the_target_past_its_last_value():
+    """A training table with the rows to forecast at its end (target empty, known columns
+    filled: the file nbqat predict reads) was repaired by --fill-gaps with the last target
+    value carried over those rows: invented actuals in the test split (and rows before the
+    first value got the first one). Those rows are refused, named, and the fix said; a gap
+    inside the series is still filled."""
+    t = pd.date_range("2024-01-01", periods=200, freq="h")
+    df = pd.DataFrame({"t": t, "y": np.sin(np.arange(200) / 5.0), "k": np.arange(200) % 2})
+    df.loc[190:, "y"] = np.nan  # the last 10 hours: rows to forecast
+    with pytest.raises(
+        DataError,
+        match=r"10 row\(s\) after its last 'y' value, from "
+        r"2024-01-08T22:00:00 .* train on the rows from 2024-01-01T00:00:00 to "
+        r"2024-01-08T21:00:00",
+    ):
+        from_dataframe(df, time_col="t", target_col="y", known_cols=["k"], fill_gaps=True)
+    late = df.iloc[:190].copy()
+    late.loc[:2, "y"] = np.nan  # a series that starts later (a wide table melted): the same
+    with pytest.raises(DataError, match=r"3 row\(s\) before its first 'y' value, from "
+                       r"2024-01-01T00:00:00 to 2024-01-01T02:00:00"):  # fmt: skip
+        from_dataframe(late, time_col="t", target_col="y", fill_gaps=True)
+    inner = df.iloc[:190].copy()
+    inner.loc[50, "y"] = np.nan
+    assert from_dataframe(inner, time_col="t", target_col="y", fill_gaps=True).n_filled == 1
+    future = from_dataframe(df, time_col="t", target_col="y", known_cols=["k"],
+                            future_rows=True)  # fmt: skip
+    assert len(future.times[0]) == 200  # predict still reads them

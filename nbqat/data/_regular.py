@@ -91,7 +91,10 @@ def regularise(
             target[e], obs[e], kno[e] = (_spread(a, pos, n) for a in (target[e], obs[e], kno[e]))
         times_e = t[rows][0] + np.arange(n) * step
         if fill_gaps or future_rows:
-            m = _n_past(target[e], names[e], src, target_col) if future_rows else n
+            m = _n_past(target[e], names[e], src, target_col)
+            first = int(np.argmax(np.isfinite(target[e])))
+            if (m < n or first > 0) and not future_rows:  # training: no extrapolation
+                raise _unbounded(names[e], times_e, first, m, src, target_col)
             columns = [target[e][:m]] + [obs[e][:m, j] for j in range(obs[e].shape[1])]
             columns += [kno[e][:m, j] for j in range(kno[e].shape[1])]
             if fill_gaps:
@@ -129,6 +132,26 @@ def _n_past(y: np.ndarray, entity: str, src: str, col: str) -> int:
     if not len(ok):
         raise DataError(f"{src}: entity {entity!r} has no value of the target {col!r} at all")
     return int(ok[-1]) + 1
+
+
+def _unbounded(entity: str, times: np.ndarray, first: int, m: int, src: str, col: str
+               ) -> DataError:  # fmt: skip
+    """The error for training rows before an entity's first target value (rows ``:first``) or
+    after its last (row ``m`` on), which ``fill_gaps`` filled with that value: invented
+    actuals (at the end: the rows to forecast that nbqat predict reads)."""
+    if m < len(times):
+        where = (
+            f"{len(times) - m} row(s) after its last {col!r} value, from {times[m]} to "
+            f"{times[-1]}: rows to forecast (nbqat predict reads them), not training data"
+        )
+    else:
+        where = (f"{first} row(s) before its first {col!r} value, from {times[0]} to "
+                 f"{times[first - 1]}")  # fmt: skip
+    return DataError(
+        f"{src}: entity {entity!r} has {where}, and --fill-gaps interpolates between values, "
+        f"it does not extend the series; train on the rows from {times[first]} to "
+        f"{times[m - 1]} (drop the rows at the ends whose {col!r} is empty)"
+    )
 
 
 def _check_missing(columns, cols, entity, times, src) -> None:
