@@ -810,3 +810,17 @@ def test_a_category_named_as_an_input_gets_its_fix(role):
     assert f"leave 'region' out of {opt}" in msg and "choose the input columns" not in msg
     with pytest.raises(DataError, match=r"'warm' \(--target-col\); the target must hold"):
         from_dataframe(df.assign(demand="warm"), time_col="ts", target_col="demand")
+
+
+def test_a_missing_history_value_counts_the_missing_values_in_words(demand):
+    """The count after a missing history value read as a step offset ("at 2024-03-30T20:00
+    (1 before the entity's last target value)" for the last row itself); it says what it
+    counts."""
+    import nbqat
+
+    fut = pd.read_csv(demand[3])
+    last = fut[fut.site == "north"].demand.last_valid_index()
+    fut.loc[last, "temp"] = np.nan
+    want = r"'temp' of entity 'north' has a missing value at \S+ \(1 missing value\(s\) up to"
+    with pytest.raises(DataError, match=want):
+        nbqat.Forecaster.load(demand[4]).predict(fut)

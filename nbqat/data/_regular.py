@@ -161,8 +161,8 @@ def _check_missing(columns, cols, entity, times, src) -> None:
         if len(bad):
             raise DataError(
                 f"{src}: column {c!r} of entity {entity!r} has a missing value at {times[bad[0]]} "
-                f"({len(bad)} before the entity's last target value); fill it, or pass "
-                "--fill-gaps (fill_gaps=True) to repair it"
+                f"({len(bad)} missing value(s) up to the entity's last target value, the rows "
+                "a forecast reads); fill it, or pass --fill-gaps (fill_gaps=True) to repair it"
             )
 
 
