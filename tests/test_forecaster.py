@@ -702,8 +702,9 @@ def test_loaded_forecaster_does_not_inherit_overwrite(demand, tmp_path):
     before = (run / "model.onnx").read_bytes()
     fc = nbqat.Forecaster.load(run)
     assert not fc.options.get("overwrite")
-    with pytest.raises(ValueError, match="holds a previous run"):
+    with pytest.raises(ValueError, match="holds a previous run") as ei:
         fc.fit(pd.read_csv(demand[2]), **COLS_KW)
+    assert "(a Forecaster: out=, overwrite=True)" in str(ei.value)  # its spelling of the fix
     assert (run / "model.onnx").read_bytes() == before
 
 

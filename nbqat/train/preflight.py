@@ -98,7 +98,7 @@ def check_out(out: str | Path, overwrite: bool, resume: bool = False) -> Path:
             raise ValueError(
                 f"--out {str(out)!r} holds a previous run ({', '.join(old[:4])}"
                 f"{', ...' if len(old) > 4 else ''}); choose another --out, pass --overwrite "
-                "to replace it, or --resume its checkpoint"
+                "to replace it, or --resume its checkpoint (a Forecaster: out=, overwrite=True)"
             )
     return p
 
