@@ -103,18 +103,18 @@ def test_day_steps_keep_their_seconds_axis(freq):
     assert s.step == pd.Timedelta(freq).to_timedelta64()
 
 
-@pytest.mark.parametrize("spell", [str, lambda p: p])  # strings 2000Q1, or Period values
-def test_quarter_periods_name_the_fix_that_loads(spell, tmp_path):
-    """Quarters such as 2000Q1 (pandas' quarterly Period, and its str) were refused as 'neither
-    a number nor an ISO 8601 date time', naming no fix; now the message gives the quarter's
-    start date and pandas' conversion, and the converted column loads as a 3-month axis
-    (oracle: pandas' period_range start dates)."""
+def test_quarter_strings_name_the_fix_that_loads(tmp_path):
+    """Quarters spelled as strings such as 2000Q1 (the str of pandas' quarterly Period) were
+    refused as 'neither a number nor an ISO 8601 date time', naming no fix; now the message
+    gives the quarter's start date and pandas' conversion, and the converted column loads as
+    a 3-month axis (oracle: pandas' period_range start dates), as a Period column itself does
+    (read as its periods' start times)."""
     from types import SimpleNamespace
 
     from nbqat.train.predict import parse_when
 
     periods = pd.period_range("1999Q3", periods=12, freq="Q")
-    df = _frame([spell(p) for p in periods], 2)
+    df = _frame([str(p) for p in periods], 2)
     with pytest.raises(DataError, match=r"row 0: time value '1999Q3' is a quarter, not a date "
                        r"time; give each quarter as the date it starts \(1999-07-01\), e.g. "
                        r"with pandas df\['date'\] = pd.PeriodIndex\(df\['date'\], freq='Q'\)"
@@ -126,6 +126,9 @@ def test_quarter_periods_name_the_fix_that_loads(spell, tmp_path):
     assert s.month_day == 1
     want = periods.to_timestamp().to_numpy().astype("M8[s]")
     assert list(month_dates(s.times[0], s.month_day)) == list(want)
+    df["date"] = periods.append(periods)  # a Period column: its start times, the same axis
+    p = from_dataframe(df, time_col="date", target_col="y", entity_col="site")
+    assert list(month_dates(p.times[0], p.month_day)) == list(want)
     sc = SimpleNamespace(is_datetime=True, month_day=1)
     with pytest.raises(DataError, match=r"--at '2001Q4' is not a time.*a quarter.*2001-10-01"):
         parse_when("2001Q4", sc)
