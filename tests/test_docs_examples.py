@@ -56,35 +56,26 @@ def test_tft_page_states_the_linear_skips_defaults():
     assert not [k for k in qat.fake_quants if k.startswith("linear_skip.")]
 
 
-def test_int4_rule_keeps_the_documented_layers_at_8_bits():
+def test_int4_rule_keeps_the_documented_layers_at_8_bits(tmp_path):
     """docs/qat-own-model.md: with --group-size 16 on the shipped data's shapes the rule's only
-    8-bit layer is the attention's output projection (the linear skip stays float)."""
-    import numpy as np
-
-    from nbqat.nn import TemporalFusionTransformer, TFTConfig
-    from nbqat.nn.qat import QATTemporalFusionTransformer
+    8-bit layer is the attention's output projection (the linear skip stays float). The model,
+    its sizes and its qconfig are the main job's (``nbqat train --weight-bits 4 --group-size
+    16`` on the shipped data), not a copy of them."""
+    from nbqat.nn.forecasters import build_forecaster, prepare_forecaster
     from nbqat.quantization.lowbit_quantize import GroupFakeQuantize
-    from nbqat.quantization.qconfig import int4_weight_qconfig
+    from nbqat.quantization.qconfig import QATConfig
+    from nbqat.train import TrainConfig, load_data
 
     text = " ".join(DOC.read_text().split())
     assert (
         "On the shipped data with `--group-size 16` this is the attention's output projection"
         in text
     )
-    cfg = TFTConfig(
-        num_static_features=6,
-        num_known_features=4,
-        num_unknown_features=11,
-        hidden_dim=16,
-        num_heads=4,
-        sequence_length=24,
-        prediction_horizon=24,
-        linear_skip=True,
-    )
-    qconfig = int4_weight_qconfig(16, int8_fallback=True)
-    qat = QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(cfg, seed=0), qconfig)
-    rng = np.random.default_rng(0)
-    qat(*(rng.standard_normal(s).astype(np.float32) for s in [(2, 6), (2, 24, 11), (2, 24, 4)]))
+    cfg = TrainConfig(out=str(tmp_path), weight_bits=4, group_size=16).resolved()
+    windows = load_data(cfg)
+    model = build_forecaster("tft", cfg, windows)
+    qat = prepare_forecaster(model, QATConfig(qconfig=cfg.qconfig()))
+    qat(*windows.train.batch(slice(0, 2))[:3])
     eight_bit = {
         name.rsplit(".", 1)[0]
         for name, fq in qat.fake_quants.items()
