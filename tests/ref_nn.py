@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbqat.nn import TFTConfig
+
+#: The small TFT of the tests: 2 static, 3 known, 4 unknown features, hidden size 8, history 5,
+#: horizon 3, 2 heads (variants: ``dataclasses.replace(SMALL_TFT, linear_skip=True)``).
+SMALL_TFT = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)  # m_s, m_x, m_z, d, k, tau
+
 
 def fd_grad(loss, x: np.ndarray, eps: float = 1e-4, indices=None) -> np.ndarray:
     """Finite-difference gradient of ``loss()`` w.r.t. the array ``x`` (perturbed in place).

@@ -3,10 +3,12 @@ in order, in one namespace, and the claims of the other pages that a test can pi
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
+from ref_nn import SMALL_TFT, forecast_batch
 
 DOCS = Path(__file__).parent.parent / "docs"
 DOC = DOCS / "qat-own-model.md"
@@ -30,7 +32,7 @@ def test_qat_own_model_page_runs(capsys):
 def test_tft_page_states_the_linear_skips_defaults():
     """docs/tft.md: the skip's learning rate relative to the body's is --skip-lr-scale's default,
     and QAT keeps the skip in float unless QATConfig.quantize_linear_skip."""
-    from nbqat.nn import TemporalFusionTransformer, TFTConfig
+    from nbqat.nn import TemporalFusionTransformer
     from nbqat.nn.qat import QATTemporalFusionTransformer
     from nbqat.train.options import options
 
@@ -42,15 +44,7 @@ def test_tft_page_states_the_linear_skips_defaults():
     scale = options("train")["skip_lr_scale"].full
     assert float(m[2]) == scale and int(m[1]) == round(1 / scale)
     assert "QAT keeps it in float by default (`QATConfig.quantize_linear_skip=False`" in text
-    cfg = TFTConfig(
-        num_static_features=2,
-        num_known_features=2,
-        num_unknown_features=2,
-        hidden_dim=4,
-        sequence_length=3,
-        prediction_horizon=2,
-        linear_skip=True,
-    )
+    cfg = dataclasses.replace(SMALL_TFT, linear_skip=True)
     qat = QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(cfg, seed=0))
     assert "linear_skip" in qat.float_fallback
     assert not [k for k in qat.fake_quants if k.startswith("linear_skip.")]
@@ -168,23 +162,14 @@ def test_fragments_of_concepts_distributed_and_export_run(tmp_path, monkeypatch)
     import numpy as np
 
     import nbqat
-    from nbqat.nn import TemporalFusionTransformer, TFTConfig
+    from nbqat.nn import TemporalFusionTransformer
     from nbqat.nn.qat import QATTemporalFusionTransformer
 
-    cfg = TFTConfig(
-        num_static_features=2,
-        num_known_features=4,
-        num_unknown_features=3,
-        hidden_dim=8,
-        sequence_length=6,
-        prediction_horizon=3,
-    )
     rng = np.random.default_rng(0)
-    shapes = [(8, 2), (8, 6, 3), (8, 3, 4), (8, 3)]
-    batches = [tuple(rng.standard_normal(s).astype(np.float32) for s in shapes) for _ in range(3)]
+    batches = [forecast_batch(rng, SMALL_TFT, 8) for _ in range(3)]
 
     def qat_model():
-        return QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(cfg, seed=0))
+        return QATTemporalFusionTransformer.from_float(TemporalFusionTransformer(SMALL_TFT, seed=0))
 
     (dist_code,) = _blocks(DOCS / "distributed.md")
     ns: dict = {"qat": qat_model(), "batches": batches, "nbqat": nbqat}

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from ref_nn import SMALL_TFT as TCFG
 from ref_nn import forecast_batch
 
 import nbqat
@@ -20,7 +21,6 @@ from nbqat.nn import (
     QATModel,
     QATTemporalFusionTransformer,
     TemporalFusionTransformer,
-    TFTConfig,
     prepare_qat,
 )
 from nbqat.nn.forecasters import (
@@ -34,8 +34,6 @@ from nbqat.nn.qat import tft_qconfig_mapping
 from nbqat.nn.quantize import QAT_MODULE_MAPPINGS
 from nbqat.npz_state import CheckpointError, load_state, save_state
 from nbqat.quantization.fake_quantize import FakeQuantize
-
-TCFG = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)
 
 
 def _windows():

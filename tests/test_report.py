@@ -8,14 +8,13 @@ import math
 
 import numpy as np
 import pytest
+from ref_nn import SMALL_TFT as CFG
 from ref_nn import forecast_batch
 
 import nbqat
-from nbqat.nn import TemporalFusionTransformer, TFTConfig
+from nbqat.nn import TemporalFusionTransformer
 from nbqat.nn.qat import QATTemporalFusionTransformer
 from nbqat.train import report
-
-CFG = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)
 
 
 def _batch(rng, nb=4):

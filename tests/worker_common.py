@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import numpy as np
+from ref_nn import SMALL_TFT as CFG
 from ref_nn import forecast_batch
 
 import nbqat
 from nbqat import distributed as dist
-from nbqat.nn import TemporalFusionTransformer, TFTConfig
+from nbqat.nn import TemporalFusionTransformer
 from nbqat.nn.qat import QATTemporalFusionTransformer
 
-CFG = TFTConfig(2, 3, 4, 8, 5, 3, num_heads=2)  # m_s, m_x, m_z, d, k, tau
 GLOBAL_BATCH = 6
 
 
