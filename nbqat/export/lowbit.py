@@ -119,7 +119,7 @@ def quantize_input(g: GraphBuilder, x: str, lin: Any, qname: str, hint: str) -> 
     """
     mode = getattr(lin, "input_mode", "per_tensor")
     if hasattr(lin, "weight_dequant"):  # float8
-        fq = lin._in
+        fq = lin.input_fq
         if fq is None:
             return x
         if fq.dtype not in _F8:  # the run's per-tensor int8 activations beside float8 weights
@@ -134,7 +134,7 @@ def quantize_input(g: GraphBuilder, x: str, lin: Any, qname: str, hint: str) -> 
     if mode == "float":
         return x
     if mode == "per_token":
-        return _per_token(g, x, lin._input_fq, hint)
+        return _per_token(g, x, lin.input_fq, hint)
     qp = QParams(
         qname,
         np.float32(lin.input_scale),

@@ -97,6 +97,8 @@ class GroupedLinear:
     input_mode : {"per_tensor", "per_token", "float"}
     input_scale, input_zero_point, input_quant_min, input_quant_max
         The per-tensor input qparams (per_tensor mode only; None otherwise).
+    input_fq : PerTokenFakeQuantize or None
+        The per-token input quantizer (per_token mode only; None otherwise).
     bias : ndarray (N,) float32
     """
 
@@ -132,7 +134,7 @@ class GroupedLinear:
         )
         if self.input_mode == "?":
             raise ValueError(f"{name}: unsupported input quantizer {type(input_fq).__name__}")
-        self._input_fq: Any = input_fq if self.input_mode == "per_token" else None
+        self.input_fq: Any = input_fq if self.input_mode == "per_token" else None
         self.input_scale: Any = None
         self.input_zero_point: Any = None
         self.input_quant_min: Any = None
@@ -167,7 +169,7 @@ class GroupedLinear:
             return (q - self.input_zero_point).astype(np.float64), sx
         if x32.shape[0] == 0:  # no token: no per-token qparams to choose
             return np.zeros(x32.shape, np.float64), np.zeros((0, 1), np.float64)
-        fq = self._input_fq
+        fq = self.input_fq
         s, z, block = fq.qparams_of(x32)
         y = np.asarray(fake_quantize_affine(x32, block, s, z, fq.quant_min, fq.quant_max))
         qc = np.rint(y / s[:, None])  # the code minus its zero point, exactly
@@ -216,7 +218,13 @@ def _weight_qparams(fq: Any, w: np.ndarray, name: str) -> tuple[np.ndarray, np.n
 
 class FakeQuantLinear:
     """A float8 layer: the float8-rounded weights, frozen float8 input fake quantization, a
-    float32 matmul (the QAT forward with its observers off)."""
+    float32 matmul (the QAT forward with its observers off).
+
+    Attributes
+    ----------
+    input_fq : quantizer or None
+        A frozen copy of the input quantizer (observer off, fake quant on); None: float inputs.
+    """
 
     def __init__(self, weight: np.ndarray, bias: Any, weight_fq: Any, input_fq: Any, name: str):
         import copy
@@ -229,10 +237,10 @@ class FakeQuantLinear:
         self.weight_dequant = np.asarray(wfq.forward(np.ascontiguousarray(weight, np.float32)))
         self.weight_scale = np.asarray(wfq.scale, np.float32)
         self.weight_dtype = getattr(wfq, "dtype", "float8_e4m3fn")
-        self._in = None if input_fq is None else copy.deepcopy(input_fq)
-        if self._in is not None:
-            self._in.enable_observer(False)
-            self._in.enable_fake_quant(True)
+        self.input_fq = None if input_fq is None else copy.deepcopy(input_fq)
+        if self.input_fq is not None:
+            self.input_fq.enable_observer(False)
+            self.input_fq.enable_fake_quant(True)
         self.bias = (
             np.zeros(self.out_features, np.float32)
             if bias is None
@@ -242,7 +250,7 @@ class FakeQuantLinear:
     def quantize_input(self, x: np.ndarray) -> np.ndarray:
         """The frozen input fake quantization of ``x`` (float32)."""
         x32 = np.ascontiguousarray(x, np.float32)
-        return x32 if self._in is None else np.asarray(self._in.forward(x32))
+        return x32 if self.input_fq is None else np.asarray(self.input_fq.forward(x32))
 
     def matmul_codes(self, xq: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         """``xq @ weight_dequant.T + bias`` in float32."""
