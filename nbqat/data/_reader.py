@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 
 from nbqat.data._arrow import ArrowColumns, read_table
+from nbqat.data._months import month_axis
 from nbqat.data._regular import entity_rows, regularise
 from nbqat.data._series import DataError, SeriesData, _names
+from nbqat.data._timecol import parse_time_column, time_spelling
 from nbqat.data._values import numeric_pieces, place, static_values
 
 __all__ = ["from_dataframe", "load_csv"]
@@ -259,8 +261,6 @@ def _columns(
 def _csv_time_spelling(path: Path, j: int, parsed: str) -> str:
     """The time spelling of a CSV's first data row (column ``j``; pyarrow parsed the times, so
     the parsed column no longer shows it); ``parsed`` when there is no such cell."""
-    from nbqat.data._timecol import time_spelling
-
     row = next((r for _, r in _csv_rows(path)), None)
     if row is not None and len(row) > j:
         return time_spelling(_pd_series([row[j]]))
@@ -422,9 +422,6 @@ def _roles(time_col, target_col, entity_col, known, static, observed_cols) -> di
 def _frame_to_series(
     df, where, src, time_col, target_col, entity_col, observed, known, static, modes
 ) -> SeriesData:
-    from nbqat.data._months import month_axis
-    from nbqat.data._timecol import parse_time_column, time_spelling
-
     fill_gaps, future_rows = modes
     if len(df) == 0:  # a file's is refused in _read_checked: a DataFrame's
         raise DataError(f"{src}: no data rows (the table is empty)")

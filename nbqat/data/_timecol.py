@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat.data._months import month_dates
 from nbqat.data._series import DataError
 
 __all__ = ["parse_time_column"]
@@ -185,8 +186,6 @@ def format_times(t: np.ndarray, spelling: str, month_day: int = 0) -> list[str]:
     year-month spelling (``%Y-%m``) of times not all on the 1st at midnight is widened the same
     way (through ``%Y-%m-%d``)."""
     import pandas as pd
-
-    from nbqat.data._months import month_dates
 
     t = month_dates(t, month_day)
     if spelling == "integer" and np.all(np.mod(np.asarray(t, np.float64), 1.0) == 0):
