@@ -14,7 +14,7 @@ import numpy as np
 from nbqat._io import atomic_open
 from nbqat.export._check import check_int8, check_qat
 from nbqat.export._graph import GraphBuilder, QParams
-from nbqat.export.emitters import emit, register
+from nbqat.export.emitters import EMITTERS, emit, register
 from nbqat.nn.tft import TemporalFusionTransformer
 
 #: The opset written by default (int16/uint16 QDQ types exist from 21 on).
@@ -139,8 +139,6 @@ _CONFIG_FIELDS = (
 def _check_network(net: Any) -> None:
     """TypeError unless ``net`` is a forecaster (the graph's inputs static / historical /
     future come from its ``config``) whose type has an emitter."""
-    from nbqat.export.emitters import EMITTERS
-
     cfg = getattr(net, "config", None)
     missing = [f for f in _CONFIG_FIELDS if not hasattr(cfg, f)]
     has_emitter = any(isinstance(net, cls) for cls in EMITTERS)
