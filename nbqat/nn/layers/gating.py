@@ -262,13 +262,28 @@ class GatedResidualNetwork(Module):
             have shape ``(B, context_size)``, or ``c`` is given with an ``a`` neither 2-D nor
             3-D (its backward, which sums the context's gradient over time, failed).
         """
-        self._check_context(a, c)
+        self.check_context(a, c)
         _check_out_first(out, a, self.output_size, self.fc1)
         z = self.fc1.forward(a, add_bias=False)  # (..., h); the bias goes in with the ELU
         skip = self.skip.forward(a) if self.input_size != self.output_size else a
         return self._body(z, skip, c, out, self.fc1.bias, projected=False)
 
-    def _check_context(self, a: np.ndarray, c: np.ndarray | None) -> None:
+    def check_context(self, a: np.ndarray, c: np.ndarray | None) -> None:
+        """Refuse a context ``c`` that :meth:`forward` would refuse for the input ``a``, before
+        anything runs (a layer that feeds this GRN checks first, so that no sub-layer caches
+        its input for a forward that then fails).
+
+        Parameters
+        ----------
+        a : ndarray (B, in) or (B, L, in)
+            The GRN's input (its shape only).
+        c : ndarray (B, context_size) or None
+
+        Raises
+        ------
+        ValueError
+            As :meth:`forward` for the context.
+        """
         if (c is None) != (self.context_size is None):
             raise ValueError(
                 "context c must be given exactly when the GRN was built with context_size"
@@ -321,7 +336,7 @@ class GatedResidualNetwork(Module):
         ValueError
             As :meth:`forward` for the context; when ``skip`` does not have the output's shape.
         """
-        self._check_context(z, c)
+        self.check_context(z, c)
         _check_out_first(out, z, self.output_size, self.fc2)
         return self._body(z, skip, c, out, self.fc1.bias if bias is None else bias, True)
 

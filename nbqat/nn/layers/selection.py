@@ -210,7 +210,7 @@ class VariableSelectionNetwork(Module):
             )
         # the context before any sub-layer runs (refused by flat_grn after the embedding had
         # cached this x, the next backward mixed two forwards)
-        self.flat_grn._check_context(x, c)
+        self.flat_grn.check_context(x, c)
         x = np.asarray(x, dtype=self.embedding.weight.dtype)  # both paths in the parameters'
         lead = x.shape[:-1]
         if self._foldable():
