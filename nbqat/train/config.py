@@ -236,8 +236,12 @@ class TrainConfig:
         from nbqat.quantization.qconfig import weight_format_qconfig
         from nbqat.train.report import activation_qconfig
 
-        obs = self.observer if self.observer != "all" else "minmax"
-        return weight_format_qconfig(activation_qconfig(obs), self)
+        return weight_format_qconfig(activation_qconfig(self.qat_observer()), self)
+
+    def qat_observer(self) -> str:
+        """The activation observer of the main QAT run: ``--observer``; ``all`` (every observer
+        compared after PTQ) trains with min/max."""
+        return self.observer if self.observer != "all" else "minmax"
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

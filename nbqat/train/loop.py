@@ -224,7 +224,7 @@ class Run:
 
     def observer_name(self) -> str:
         """The activation observer of the main QAT run (``all`` runs min/max there)."""
-        return self.cfg.observer if self.cfg.observer != "all" else "minmax"
+        return self.cfg.qat_observer()
 
     def activation_quantizers(self) -> dict:
         """The QAT model's quantizers that observe activations (the ones to sync over ranks).
