@@ -196,6 +196,22 @@ class Run:
         bar.close()
         return np.concatenate(outs)
 
+    def q_risk(self, fwd: Callable, split: SplitWindows) -> dict[str, float]:
+        """q-risks (``{"P10": ..., "P50": ..., "P90": ...}``) of ``fwd``'s forecasts of
+        ``split`` (:meth:`predict`), unscaled to the target's units, against its raw target.
+
+        Parameters
+        ----------
+        fwd : callable (static, historical, future) -> (B, tau, Q)
+        split : SplitWindows
+
+        Returns
+        -------
+        dict
+        """
+        pred = split.unscale(self.predict(fwd, split))
+        return q_risk(pred, split.target_raw(), self.w.quantiles)
+
     def val_loss(self, fwd: Callable) -> tuple[float, float]:
         """(mean pinball loss, P50 q-risk on the unscaled target) of the validation split."""
         val = self.w.val

@@ -273,7 +273,7 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
     Parameters
     ----------
     run : nbqat.train.loop.Run
-        The finished run (``cfg``, ``w``, ``best_params``, the batch generators, ``_predict``).
+        The finished run (``cfg``, ``w``, ``best_params``, the batch generators, ``q_risk``).
     build_model : callable () -> TemporalFusionTransformer
         A fresh model of the run's configuration.
     make_optimizer : callable model -> optimizer
@@ -285,10 +285,8 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
         ``{"float_finetuned": q-risks, "ptq_int8": q-risks}`` (P10/P50/P90 on the test split).
     """
     from nbqat.nn import set_dropout
-    from nbqat.nn.loss import q_risk_table as q_risk
 
     cfg, w, test = run.cfg, run.w, run.w.test
-    y = test.target_raw()
     out = {}
     ft = build_model()
     ft.params[...] = run.best_params
@@ -303,7 +301,7 @@ def fair_rows(run: Any, build_model: Any, make_optimizer: Any) -> dict:
         dropout_seed=lambda i: (cfg.seed, 3, i),  # the QAT phase's masks
     )
     set_dropout(ft, False)
-    out["float_finetuned"] = q_risk(test.unscale(run.predict(ft.forward, test)), y, w.quantiles)
+    out["float_finetuned"] = run.q_risk(ft.forward, test)
     out["ptq_int8"] = ptq_row(run, build_model)
     return out
 
@@ -323,9 +321,8 @@ def ptq_row(run: Any, build_model: Any) -> dict:
         P10/P50/P90.
     """
     from nbqat.nn.forecasters import prepare_forecaster
-    from nbqat.nn.loss import q_risk_table as q_risk
 
-    w, test = run.w, run.w.test
+    test = run.w.test
     base = build_model()
     base.params[...] = run.best_params
     ptq = prepare_forecaster(base, run.qat_config(), inplace=True)  # the TFT's or the LSTM's
@@ -334,7 +331,7 @@ def ptq_row(run: Any, build_model: Any) -> dict:
         ptq.forward(s, h, f)
     ptq.disable_calibration()
     int8 = ptq.to_int8()
-    return q_risk(test.unscale(run.predict(int8.forward, test)), test.target_raw(), w.quantiles)
+    return run.q_risk(int8.forward, test)
 
 
 def baseline_comparisons(p50: dict) -> dict:

@@ -422,15 +422,12 @@ def from_run(r: Any, test: Any) -> dict:
     dict
         A summary for metrics.json (the full report is in ``quant_report.json``).
     """
-    from nbqat.nn.loss import q_risk_table as q_risk
-
     cfg, w = r.cfg, r.w
-    y = test.target_raw()
     order = r.epoch_order(2, 0)[: max(1, min(cfg.calibration_batches, 8))]
     batches = [w.train.batch(i) for i in order]
 
     def evaluate(predict: Callable) -> float:
-        return q_risk(test.unscale(r.predict(predict, test)), y, w.quantiles)["P50"]
+        return r.q_risk(predict, test)["P50"]
 
     report: dict[str, Any] = {
         "observer": cfg.observer,
