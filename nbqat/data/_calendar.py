@@ -1,4 +1,5 @@
-"""Calendar features (hour of day, day of year, day of week) and the default seasonal period."""
+"""Calendar features (hour of day, day of year, day of week), the time axis's step and the
+default seasonal period."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import numpy as np
 from nbqat.data._months import is_month_axis
 from nbqat.data._series import SeriesData
 
-__all__ = ["CALENDAR_FEATURES", "calendar_features", "default_season", "month_features"]
+__all__ = [
+    "CALENDAR_FEATURES",
+    "axis_step",
+    "calendar_features",
+    "default_season",
+    "month_features",
+]
 
 #: Derived known inputs (``calendar`` option of :func:`make_windows`).
 CALENDAR_FEATURES = ("hour", "doy", "dow", "time_index")
@@ -18,6 +25,16 @@ _CAL_GROUP = {
     "doy_cos": "doy",
     "day_of_week": "dow",
 }
+
+
+def axis_step(data: SeriesData) -> float:
+    """The time step on the stored axis (``Scaling.seconds``'s units): in seconds (date
+    times), in months (a calendar-month axis) or in the time column's units (numbers)."""
+    if is_month_axis(data.times[0]):
+        return float(data.step.astype(np.int64))  # type: ignore[union-attr]
+    if data.is_datetime:
+        return float(data.step / np.timedelta64(1, "s"))  # type: ignore[operator]
+    return float(data.step)
 
 
 def default_season(data: SeriesData, horizon: int) -> int:
@@ -35,7 +52,7 @@ def season_of(data: SeriesData, horizon: int) -> tuple[int, str]:
             return 12 // k, "one year"
         return horizon, "one horizon"
     if data.is_datetime:
-        step_s = int(data.step / np.timedelta64(1, "s"))  # type: ignore[operator]
+        step_s = int(axis_step(data))
         if step_s > 0 and 86400 % step_s == 0 and step_s < 86400:
             return 86400 // step_s, "one day"
         if step_s == 86400:

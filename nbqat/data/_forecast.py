@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from nbqat.data._scaling import Scaling, axis_step, entity_features
+from nbqat.data._calendar import axis_step
+from nbqat.data._scaling import Scaling, entity_features
 from nbqat.data._series import DataError, SeriesData
 from nbqat.data._splits import SplitWindows, Windows
 

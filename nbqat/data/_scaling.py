@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nbqat.data._calendar import _CAL_GROUP, calendar_features
+from nbqat.data._calendar import _CAL_GROUP, axis_step, calendar_features
 from nbqat.data._months import is_month_axis
 from nbqat.data._series import SeriesData
 
@@ -29,16 +29,6 @@ def zscore_fit(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sd = x.std(axis=0)
     sd = np.where(sd > 1e-12 * np.maximum(1.0, np.abs(mu)), sd, 1.0)
     return mu, sd
-
-
-def axis_step(data: SeriesData) -> float:
-    """The time step on the stored axis (:meth:`Scaling.seconds`): in seconds (date times),
-    in months (a calendar-month axis) or in the time column's units (numbers)."""
-    if is_month_axis(data.times[0]):
-        return float(data.step.astype(np.int64))  # type: ignore[union-attr]
-    if data.is_datetime:
-        return float(data.step / np.timedelta64(1, "s"))  # type: ignore[operator]
-    return float(data.step)
 
 
 @dataclass
