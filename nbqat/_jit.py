@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -66,6 +67,27 @@ def cpu_kernel(
         return disp
 
     return decorate
+
+
+def renamed(f: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A copy of the plain function ``f`` under the name (and qualname) ``name``, sharing its
+    code, globals, defaults and closure: the way to compile one kernel twice with other options
+    (``cpu_kernel(parallel=False)(renamed(f, "f_serial"))``), since Numba's on-disk cache is
+    keyed by qualname.
+
+    Parameters
+    ----------
+    f : function
+    name : str
+
+    Returns
+    -------
+    function
+    """
+    g = types.FunctionType(f.__code__, f.__globals__, name, f.__defaults__, f.__closure__)
+    g.__qualname__ = name
+    g.__doc__ = f.__doc__
+    return g
 
 
 # ---------------------------------------------------------------------------- on-disk cache keys

@@ -26,14 +26,12 @@ Integer min/max are exact, so the result does not depend on the chunking either.
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 from numba import prange
 from numba import types as nbtypes
 from numba.extending import overload
 
-from nbqat._jit import cpu_kernel
+from nbqat._jit import cpu_kernel, renamed
 
 #: Elements per chunk of the per-tensor reduction (fixed: results never depend on threads).
 CHUNK = 1 << 16
@@ -272,19 +270,11 @@ def _minmax_keys_3d(b, outer, nchan, inner):  # pragma: no cover
     return kmin, kmax
 
 
-def _renamed(f, name):
-    """A copy of ``f`` under another name (Numba's on-disk cache is keyed by qualname)."""
-    g = types.FunctionType(f.__code__, f.__globals__, name, f.__defaults__, f.__closure__)
-    g.__qualname__ = name
-    g.__doc__ = f.__doc__
-    return g
-
-
-minmax_keys_3d = cpu_kernel(parallel=True)(_renamed(_minmax_keys_3d, "minmax_keys_3d"))
+minmax_keys_3d = cpu_kernel(parallel=True)(renamed(_minmax_keys_3d, "minmax_keys_3d"))
 #: The same kernel compiled without threads, for small inputs (``size < _jit.PARALLEL_MIN``),
 #: where waking the thread pool costs more than the whole reduction (results are identical).
 minmax_keys_3d_serial = cpu_kernel(parallel=False)(
-    _renamed(_minmax_keys_3d, "minmax_keys_3d_serial")
+    renamed(_minmax_keys_3d, "minmax_keys_3d_serial")
 )
 
 

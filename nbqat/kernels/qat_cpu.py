@@ -15,11 +15,9 @@ public path.
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 
-from nbqat._jit import cpu_kernel
+from nbqat._jit import cpu_kernel, renamed
 from nbqat.kernels import fake_quant_cpu as _fqk
 from nbqat.kernels.fake_quant_formula import qparams_ok
 from nbqat.kernels.observe_cpu import KEY_NEG_INF, KEY_POS_INF, order_key, row_keys
@@ -191,21 +189,13 @@ def fq_channel_fused(
     return True
 
 
-def _renamed(f, name):
-    """A copy of ``f`` under another name (Numba's on-disk cache is keyed by qualname)."""
-    g = types.FunctionType(f.__code__, f.__globals__, name, f.__defaults__, f.__closure__)
-    g.__qualname__ = name
-    g.__doc__ = f.__doc__
-    return g
-
-
 #: Serial build of the STE kernel (:func:`nbqat.kernels.fake_quant_cpu.ste_backward_kernel`) for
 #: the small tensors of a QAT step: launching a parallel region costs more than the work there.
 ste_backward_serial = cpu_kernel(parallel=False)(
-    _renamed(_fqk.ste_backward_kernel.py_func, "ste_backward_serial")
+    renamed(_fqk.ste_backward_kernel.py_func, "ste_backward_serial")
 )
 #: Serial build of :func:`nbqat.kernels.fake_quant_cpu.ste_backward_inplace_kernel`
 #: (``FakeQuantize.backward(g, ctx, out=g)``).
 ste_backward_inplace = cpu_kernel(parallel=False)(
-    _renamed(_fqk.ste_backward_inplace_kernel.py_func, "ste_backward_inplace")
+    renamed(_fqk.ste_backward_inplace_kernel.py_func, "ste_backward_inplace")
 )
