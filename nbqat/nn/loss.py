@@ -35,6 +35,13 @@ def _errors(
     return np.asarray(target, dtype=dt)[..., None] - y_pred, q.astype(dt)
 
 
+def _pinball_terms(e: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The pinball terms ``QL = max(q * e, (q - 1) * e)`` of the errors ``e = y - yhat``
+    (..., Q) at the levels ``q`` (Q,), in ``e``'s dtype: ``q * max(e, 0) + (1 - q) *
+    max(-e, 0)``."""
+    return np.maximum(q * e, (q - e.dtype.type(1)) * e)
+
+
 def quantile_loss(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -> float:
     """Mean pinball loss over every element and quantile.
 
@@ -62,7 +69,7 @@ def quantile_loss(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[fl
         included) or an empty ``target``.
     """
     e, qq = _errors(y_pred, target, quantiles)
-    terms = np.maximum(qq * e, (qq - e.dtype.type(1)) * e)
+    terms = _pinball_terms(e, qq)
     return float(np.sum(terms, dtype=np.float64) / terms.size)
 
 
@@ -125,7 +132,7 @@ def q_risk(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -
     q = _check(y_pred, target, quantiles)
     y = np.asarray(target, dtype=np.float64)
     e = y[..., None] - np.asarray(y_pred, dtype=np.float64)
-    terms = np.maximum(q * e, (q - 1.0) * e)
+    terms = _pinball_terms(e, q)
     denom = np.sum(np.abs(y))
     if denom == 0:
         raise ValueError("q_risk is undefined when sum(|target|) == 0")
