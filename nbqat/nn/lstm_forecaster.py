@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from nbqat._docs import FORECAST_IO, fill_doc
+from nbqat.nn.forecast_inputs import check_forecast_inputs, check_grad_out
 from nbqat.nn.layers import ELU, LSTM, Linear
 from nbqat.nn.params import BufferedModel, ParameterBuffer
 from nbqat.nn.tft import ForecasterSizes
@@ -103,19 +104,8 @@ class LSTMForecaster(BufferedModel):
             An input that is not a float32/float64 array of its shape (B >= 1), or batch
             sizes that differ.
         """
-        from nbqat.nn.tft import _check_input
-
-        dt, c = self.dtype, self.config
-        s = _check_input(static, "static", (-1, c.num_static_features), dt)
-        h = _check_input(
-            historical, "historical", (-1, c.sequence_length, c.num_unknown_features), dt
-        )
-        f = _check_input(future, "future", (-1, c.prediction_horizon, c.num_known_features), dt)
-        if h.shape[0] != s.shape[0] or f.shape[0] != s.shape[0]:
-            raise ValueError(
-                f"static, historical and future must share the batch size, got {s.shape[0]}, "
-                f"{h.shape[0]} and {f.shape[0]}"
-            )
+        dt = self.dtype
+        s, h, f = check_forecast_inputs(self.config, static, historical, future, dt)
         nb, d, tau = s.shape[0], self.config.hidden_dim, self.config.prediction_horizon
         zeros = np.zeros((nb, d), dt)
         _, (h_k, _) = self.encoder.forward(h, zeros, zeros)
@@ -148,11 +138,9 @@ class LSTMForecaster(BufferedModel):
         ValueError
             When ``grad_out`` is not an ndarray of the last forward's output shape.
         """
-        from nbqat.nn.tft import _check_grad_out
-
         nb, d, mx, k = self._require_forward()
         shape = (nb, self.config.prediction_horizon, self.config.num_quantiles)
-        g = _check_grad_out(grad_out, shape, self.dtype)
+        g = check_grad_out(grad_out, shape, self.dtype)
         dz = self.fc.backward(self.act.backward(self.head.backward(g)))
         dh_k = dz[:, :, :d].sum(axis=1)
         dfuture = np.ascontiguousarray(dz[:, :, d : d + mx])

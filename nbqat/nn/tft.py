@@ -12,6 +12,7 @@ import numpy as np
 from nbqat._docs import BACKWARD_IO, fill_doc
 from nbqat._validate import check_positive_int_fields, check_quantiles
 from nbqat.nn import layers
+from nbqat.nn.forecast_inputs import check_forecast_inputs, check_grad_out
 from nbqat.nn.layers.grn_stack import GRNStack
 from nbqat.nn.params import BufferedModel, ParameterBuffer
 
@@ -165,37 +166,6 @@ class TFTConfig(ForecasterSizes):
             + self.prediction_horizon * self.num_known_features
             + self.num_static_features
         )
-
-
-def _check_input(x: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """Validate ``x`` against ``shape`` (-1 = any batch) and return it C-contiguous in dtype."""
-    if not isinstance(x, np.ndarray):
-        raise ValueError(f"{name} must be a NumPy array of shape {_fmt(shape)}, got {type(x)}")
-    if x.dtype not in (np.float32, np.float64):
-        raise ValueError(
-            f"{name} must be float32 or float64 of shape {_fmt(shape)}, got dtype {x.dtype}: "
-            f"use {name}.astype(np.float32)"
-        )
-    if x.ndim != len(shape) or any(s != -1 and a != s for a, s in zip(x.shape, shape)):
-        raise ValueError(f"{name} must have shape {_fmt(shape)}, got {x.shape}")
-    if x.shape[0] < 1:
-        raise ValueError(f"{name} must have a batch of at least 1, got {x.shape}")
-    return np.ascontiguousarray(x, dtype=dtype)
-
-
-def _check_grad_out(grad_out: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A forecaster's ``grad_out`` C-contiguous in ``dtype`` when it is an ndarray of the last
-    output's ``shape``, else a ValueError naming ``grad_out`` (not the layer that reads it)."""
-    if not isinstance(grad_out, np.ndarray) or grad_out.shape != shape:
-        got = getattr(grad_out, "shape", type(grad_out))
-        raise ValueError(
-            f"grad_out must be an ndarray of the last output's shape {shape}, got {got}"
-        )
-    return np.ascontiguousarray(grad_out, dtype=dtype)
-
-
-def _fmt(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join("B" if s == -1 else str(s) for s in shape) + ")"
 
 
 class TemporalFusionTransformer(BufferedModel):
@@ -376,19 +346,10 @@ class TemporalFusionTransformer(BufferedModel):
             batch sizes differ.
         """
         cfg = self.config
-        k, tau = cfg.sequence_length, cfg.prediction_horizon
-        static = _check_input(static, "static", (-1, cfg.num_static_features), self.dtype)
-        n_in = cfg.input_length
-        historical = _check_input(
-            historical, "historical", (-1, n_in, cfg.num_unknown_features), self.dtype
+        static, historical, future = check_forecast_inputs(
+            cfg, static, historical, future, self.dtype
         )
-        future = _check_input(future, "future", (-1, tau, cfg.num_known_features), self.dtype)
-        nb = static.shape[0]
-        if historical.shape[0] != nb or future.shape[0] != nb:
-            raise ValueError(
-                f"static, historical and future must share the batch size, got "
-                f"{static.shape[0]}, {historical.shape[0]}, {future.shape[0]}"
-            )
+        k, n_in, nb = cfg.sequence_length, cfg.input_length, static.shape[0]
         xi_s, self.static_weights = self.static_vsn.forward(static)  # (B, d), (B, m_s)
         contexts = self._contexts = GRNStack.of(
             [self.static_context_variable_selection, self.static_context_enrichment,
@@ -444,7 +405,7 @@ class TemporalFusionTransformer(BufferedModel):
         ValueError
             When ``grad_out`` does not have the last forward's output shape.
         """
-        g = _check_grad_out(grad_out, self._require_forward(), self.dtype)
+        g = check_grad_out(grad_out, self._require_forward(), self.dtype)
         k = self.config.sequence_length
         dpsi_t = self.output_layer.backward(g)  # (B, tau, d)
         dpsi, dphi_dec = self.pre_output_gate.backward(dpsi_t)
