@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nbqat.nn.loss import q_risk_table as q_risk
+from nbqat.nn.loss import quantile_loss, quantile_loss_grad
 
 __all__ = ["diebold_mariano", "grad_stats", "loss_stats", "pinball_loss", "q_risk"]
 
@@ -38,8 +39,6 @@ def pinball_loss(
         ``-q / n`` where ``y > yhat``, ``(1 - q) / n`` where ``y < yhat``, and ``0`` on a tie
         (a subgradient), ``n = B * tau * Q``.
     """
-    from nbqat.nn import quantile_loss, quantile_loss_grad
-
     t = target.astype(pred.dtype, copy=False)
     return quantile_loss(pred, t, quantiles), quantile_loss_grad(pred, t, quantiles)
 
