@@ -35,15 +35,8 @@ from nbqat._docs import fill_doc
 from nbqat._jit import threads_for
 from nbqat.kernels import lowbit_cpu as _k
 from nbqat.kernels.lowbit_formula import E4M3FN, E5M2
+from nbqat.quantization import _fake_quant_core as core
 from nbqat.quantization._blocks import blocks_of, check_block_size, float8_block_of
-from nbqat.quantization._fake_quant_core import (
-    _F32,
-    _flat_in,
-    _is_gpu,
-    _outputs_on_gpu,
-    _param_copy,
-    _run_forward,
-)
 from nbqat.quantization.affine import MASK_IO_F32, _gpu, _host_param, _reduce_blocks, check_x32
 
 __all__ = ["choose_scale_float8", "fake_quantize_float8", "fake_quantize_float8_cachemask"]
@@ -110,9 +103,9 @@ def choose_scale_float8(
     lo = _bound(hp_value_lb, "hp_value_lb", -np.inf)
     hi = _bound(hp_value_ub, "hp_value_ub", np.inf)
     x, b = _reduce_blocks(x, block_size, "choose_scale_float8")
-    if _is_gpu(x=x):
+    if core._is_gpu(x=x):
         return _gpu().choose_scale_float8(x, b, lo, hi, fmt).reshape(b.grid)
-    xf = _flat_in(x, _F32)
+    xf = core._flat_in(x, core._F32)
     scale = np.empty(b.nblocks, np.float32)
     with threads_for(x.size):
         mm = _k.merge_minmax(_k.unit_minmax_kernel(xf, b.geo, True), b.rows_map, b.geo, b.nblocks)
@@ -126,14 +119,14 @@ def _forward(x, scale, dtype, out, mask, with_mask):
     s_arr = _host_param(scale, "scale", False)
     block = float8_block_of(tuple(int(v) for v in s_arr.shape), tuple(x.shape))
     b = blocks_of(tuple(x.shape), check_block_size(block, tuple(x.shape)))
-    s = _param_copy(s_arr, np.float32)
-    if _outputs_on_gpu(x, out, mask, with_mask):
+    s = core._param_copy(s_arr, np.float32)
+    if core._outputs_on_gpu(x, out, mask, with_mask):
         return _gpu().float8_forward(x, b, s, fmt, out, mask, with_mask)
 
     def launch(xf, of, mf, t):
         _k.float8_forward_kernel(xf, of, mf, b.rows_map, s, b.geo, fmt, with_mask)
 
-    return _run_forward(x, out, mask, with_mask, launch)
+    return core._run_forward(x, out, mask, with_mask, launch)
 
 
 def fake_quantize_float8(x: Any, scale: Any, dtype: Any = "float8_e4m3fn", *, out: Any = None):
