@@ -262,6 +262,35 @@ def test_averaged_optimizer_is_torch_ema_averaged_model(torch, rng):
         AveragedOptimizer(AdamW(p, lr=1e-2), 1.0)
 
 
+@pytest.mark.parametrize("decay", [0.995, 0.9, 0.3])
+def test_averaged_optimizer_bits_are_torch_ema(torch, rng, decay):
+    """The EMA is torch's ``lerp_`` bit for bit (one rounding; the ``1 - w`` form below
+    weight 0.5), over an SGD whose parameters are torch's exactly; ``average += w * (p -
+    average)`` (two roundings) differed in up to half the elements."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    from nbqat.optim import SGD
+    from nbqat.train.recipe import AveragedOptimizer
+
+    n = 200
+    p0 = rng.normal(size=n).astype(np.float32)
+    p = p0.copy()
+    opt = AveragedOptimizer(SGD(p, lr=0.1, momentum=0.9), decay)
+    lin = torch.nn.Linear(n, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor(p0.copy())[None])
+    topt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9, foreach=False)
+    ema = AveragedModel(lin, multi_avg_fn=get_ema_multi_avg_fn(decay))
+    for _ in range(6):
+        g = rng.normal(size=n).astype(np.float32)
+        opt.step(g)
+        lin.weight.grad = torch.tensor(g.copy())[None]
+        topt.step()
+        ema.update_parameters(lin)
+    assert np.array_equal(p, lin.weight.detach().numpy()[0])
+    assert np.array_equal(opt.average, ema.module.weight.detach().numpy()[0])
+
+
 def test_averaged_optimizer_state_round_trip():
     from nbqat.train.recipe import AveragedOptimizer
 

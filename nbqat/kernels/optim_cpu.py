@@ -36,6 +36,25 @@ def fma(typingctx, a, b, c):
     return sig, codegen
 
 
+@cpu_kernel(parallel=False, inline="always")
+def lerp(a, b, w, one_minus_w):
+    """torch's ``lerp(a, b, w)`` of one element as ATen's vectorised kernel computes it:
+    ``fma(w, b - a, a)`` for ``|w| < 0.5``, else ``fma(-(b - a), one_minus_w, b)``
+    (``one_minus_w``: ``1 - w`` rounded to the dtype)."""
+    d = b - a
+    if abs(w) < 0.5:
+        return fma(w, d, a)
+    return fma(-d, one_minus_w, b)
+
+
+@cpu_kernel(parallel=True)
+def lerp_(a, b, w, one_minus_w):
+    """In place ``a.lerp_(b, w)`` (torch) of two (n,) contiguous arrays of one float dtype;
+    ``w`` and ``one_minus_w`` (``1 - w``) scalars of that dtype (see :func:`lerp`)."""
+    for i in prange(a.size):
+        a[i] = lerp(a[i], b[i], w, one_minus_w)
+
+
 @cpu_kernel(parallel=True)
 def sgd_step(p, g, buf, gs, lr_neg, momentum, one_minus_damp, wd, nesterov, first, scale):
     """In-place SGD step (torch ``_single_tensor_sgd``).
@@ -93,12 +112,7 @@ def adam_step(p, g, m, v, gs, w1, one_minus_w1, beta2, one_minus_beta2, wd, deca
             pi = pi * decay  # param.mul_(1 - lr * wd)
         elif wd != 0:
             gi = fma(wd, pi, gi)  # grad.add(param, alpha=wd)
-        mi = m[i]
-        d = gi - mi
-        if abs(w1) < 0.5:  # exp_avg.lerp_(grad, 1 - beta1)
-            mi = fma(w1, d, mi)
-        else:
-            mi = fma(-d, one_minus_w1, gi)
+        mi = lerp(m[i], gi, w1, one_minus_w1)  # exp_avg.lerp_(grad, 1 - beta1)
         vi = fma(one_minus_beta2 * gi, gi, v[i] * beta2)  # v.mul_(b2).addcmul_(g, g, 1 - b2)
         m[i] = mi
         v[i] = vi

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from nbqat._jit import threads_for
+from nbqat.kernels.optim_cpu import lerp_
 from nbqat.optim_groups import inner_attribute
 
 __all__ = [
@@ -370,7 +372,7 @@ class AveragedOptimizer:
     """An optimizer that also keeps an exponential moving average (EMA) of its parameters.
 
     After every step of ``optimizer``: ``average = params`` on the first update, then
-    ``average = average + (1 - decay) * (params - average)`` in float32 -- exactly
+    ``average = lerp(average, params, 1 - decay)`` (torch's ``lerp_``: one rounding) -- exactly
     ``torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))``
     with ``update_parameters(model)`` after each ``optimizer.step()`` (Polyak & Juditsky,
     "Acceleration of stochastic approximation by averaging", 1992; the EMA form of Tarvainen &
@@ -432,7 +434,8 @@ class AveragedOptimizer:
             self.average = p.copy()
         else:
             w = p.dtype.type(1.0 - self.decay)  # torch's lerp weight, in the params' dtype
-            self.average += w * (p - self.average)
+            with threads_for(p.shape[0]):  # average.lerp_(p, w): one rounding, as torch's
+                lerp_(self.average, p, w, p.dtype.type(1.0) - w)
         self.n_averaged += 1
 
     def state_dict(self) -> dict:
