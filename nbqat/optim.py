@@ -256,8 +256,10 @@ class _Optimizer(ParamGroups):
         TypeError, ValueError
             ``grads`` on another device, of another shape/dtype, or not contiguous; a
             ``grad_scale`` that is not a number, negative or infinite; ``params`` made
-            read-only since the construction. Nothing changes then.
+            read-only since the construction; a hyper-parameter set since to a value the
+            constructor refuses (``opt.lr = float("inf")``, a string). Nothing changes then.
         """
+        self._validate(**self.hparams())  # opt.lr = ... since (a schedule), as the groups'
         gs = self._check_grads(grads, grad_scale)
         groups = self._step_groups(gs)
         self._update(grads, gs)

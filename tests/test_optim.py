@@ -278,6 +278,32 @@ def test_params_made_read_only_after_construction_are_refused_at_step():
     np.testing.assert_array_equal(p, np.float32(1) - np.float32(0.1) * np.float32(0.5))
 
 
+@pytest.mark.parametrize(
+    ("name", "attr", "value", "exc", "match"),
+    [
+        ("Adam", "lr", float("inf"), ValueError, "learning rate"),
+        ("AdamW", "lr", "1e-3", TypeError, "learning rate must be a float, got str"),
+        ("AdamW", "betas", (0.9, 1.0), ValueError, "beta parameter at index 1"),
+        ("Adam", "eps", float("nan"), ValueError, "epsilon"),
+        ("SGD", "lr", -0.1, ValueError, "learning rate"),
+        ("SGD", "weight_decay", float("inf"), ValueError, "weight_decay"),
+    ],
+)
+def test_hyper_parameters_set_after_construction_are_checked_at_step(name, attr, value, exc, match):
+    # the constructor refused them, but opt.lr = inf (a schedule) was taken: the step wrote
+    # -inf / NaN into every parameter (the extra groups' values were checked, group 0's not);
+    # a string failed inside the update with "can't multiply sequence by non-int"
+    p = np.ones(4, np.float32)
+    opt = (
+        getattr(nbqat, name)(p, lr=0.1, momentum=0.9) if name == "SGD" else getattr(nbqat, name)(p)
+    )
+    setattr(opt, attr, value)
+    with pytest.raises(exc, match=match):
+        opt.step(np.full(4, 0.5, np.float32))
+    np.testing.assert_array_equal(p, 1.0)
+    assert opt.step_count == 0 and opt.state_dict().keys().isdisjoint(opt._state_names)
+
+
 def test_adam_state_past_step_zero_without_its_moments_is_refused(rng):
     # {"step": 5, ...} without exp_avg / exp_avg_sq loaded zero moments at step 5: the next
     # update was neither the saved run's nor a fresh start's (torch starts such a state afresh)
