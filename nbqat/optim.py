@@ -259,12 +259,32 @@ class _Optimizer(ParamGroups):
             read-only since the construction; a hyper-parameter set since to a value the
             constructor refuses (``opt.lr = float("inf")``, a string). Nothing changes then.
         """
-        self._validate(**self.hparams())  # opt.lr = ... since (a schedule), as the groups'
-        gs = self._check_grads(grads, grad_scale)
+        gs = self.check_step(grads, grad_scale)
         groups = self._step_groups(gs)
         self._update(grads, gs)
         self.step_count += 1
         groups()
+
+    def check_step(self, grads: Any, grad_scale: Any = 1.0) -> float:
+        """Check :meth:`step`'s arguments and the hyper-parameters; nothing is updated.
+
+        Parameters
+        ----------
+        grads, grad_scale
+            As :meth:`step`.
+
+        Returns
+        -------
+        float
+            ``grad_scale`` as a float.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`step` (the extra parameter groups are checked there).
+        """
+        self._validate(**self.hparams())  # opt.lr = ... since (a schedule), as the groups'
+        return self._check_grads(grads, grad_scale)
 
     def _update(self, grads: Any, gs: float) -> None:  # pragma: no cover - overridden
         """The subclass's fused kernel launch for step ``step_count + 1`` (validated inputs)."""

@@ -101,6 +101,24 @@ def test_grouped_adamw_state_round_trip(rng):
         GroupedAdamW(np.zeros(4, np.float32), lr=1e-3, offset=2, skip_lr_scale=0.0)
 
 
+def test_grouped_adamw_step_is_checked_whole_before_either_group():
+    # grads one too long: the body took grads[:6] and was updated, then the skip refused
+    # grads[6:] ("shape (4,) ... got shape (5,)"): a half-applied step (body at step 1, skip at
+    # step 0); likewise a skip rate set to inf after the body had been updated
+    for grads, setup, match in (
+        (np.ones(11, np.float32), None, r"parameters' shape \(10,\), got \(11,\)"),
+        (np.ones(10, np.float32), ("lr", float("inf")), "learning rate"),
+    ):
+        p = np.ones(10, np.float32)
+        opt = GroupedAdamW(p, lr=0.1, offset=6)
+        if setup is not None:
+            setattr(opt.skip, *setup)
+        with pytest.raises(ValueError, match=match):
+            opt.step(grads)
+        np.testing.assert_array_equal(p, 1.0)
+        assert opt.body.step_count == opt.skip.step_count == 0
+
+
 def test_ridge_started_model_outputs_the_ridge_forecast(rng):
     class Split:
         def __init__(self, arrays):

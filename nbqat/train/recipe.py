@@ -157,10 +157,17 @@ class GroupedAdamW:
         return self.body.step_count
 
     def step(self, grads: Any, grad_scale: float = 1.0) -> None:
-        """One update of both groups with the gradient views of ``grads`` (n,)."""
-        self.body.step(grads[: self.offset], grad_scale=grad_scale)
-        if self.skip is not None:
-            self.skip.step(grads[self.offset :], grad_scale=grad_scale)
+        """One update of both groups with the gradient views of ``grads`` (n,), both checked
+        before either is updated (ValueError / TypeError as :meth:`nbqat.optim.AdamW.step`)."""
+        n = tuple(self.params.shape)
+        if tuple(getattr(grads, "shape", ())) != n:
+            raise ValueError(f"grads must have the parameters' shape {n}, got {np.shape(grads)}")
+        parts = [(opt, grads[: self.offset] if k == "body" else grads[self.offset :])
+                 for k, opt in self._groups().items()]  # fmt: skip
+        for opt, g in parts:
+            opt.check_step(g, grad_scale)
+        for opt, g in parts:
+            opt.step(g, grad_scale=grad_scale)
 
     def _groups(self) -> dict[str, Any]:
         """The AdamW of each group by its state key: ``body``, then ``skip`` when there is one."""
