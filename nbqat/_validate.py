@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
-from nbqat._cuda import is_cuda_array
+from nbqat._cuda import device_span, is_cuda_array
 
 #: Floating dtypes nbqat's kernels accept.
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -314,6 +314,15 @@ def first_shared_pair(arrays: list) -> tuple[int, int] | None:
             if np.shares_memory(arrays[i], arrays[j]):
                 return (min(i, j), max(i, j))
     return None
+
+
+def partial_overlap(a: Any, b: Any, cuda: bool) -> bool:
+    """Whether two contiguous 1-D arrays of one size (NumPy, or CUDA when ``cuda``) share
+    memory without being the same elements (for contiguous arrays, intersecting byte ranges)."""
+    (lo, hi), (lo2, hi2) = (
+        (device_span(x) for x in (a, b)) if cuda else (byte_bounds(x) for x in (a, b))
+    )
+    return lo != lo2 and lo < hi2 and lo2 < hi
 
 
 def check_out(

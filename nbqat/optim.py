@@ -31,7 +31,7 @@ import numpy as np
 
 from nbqat import _cuda
 from nbqat._jit import threads_for
-from nbqat._validate import check_int
+from nbqat._validate import check_int, partial_overlap
 from nbqat.kernels import optim_cpu as _k
 from nbqat.optim_groups import ArrayGroup, ParamGroups, ParamSource, _Group
 
@@ -128,6 +128,12 @@ class _Optimizer(ParamGroups):
         contiguous = grads.is_c_contiguous() if self._cuda else grads.flags.c_contiguous
         if not contiguous:
             raise ValueError("grads must be contiguous (np.ascontiguousarray)")
+        if partial_overlap(grads, self.params, self._cuda):  # a race in the parallel pass
+            raise ValueError(
+                "grads overlaps params without being the same array (views of one buffer at "
+                "different offsets): the update would read gradients it has overwritten; pass "
+                "a copy (grads.copy()), as torch refuses such an in-place update"
+            )
         if not (self._cuda or self.params.flags.writeable):  # made read-only since: a Numba
             raise ValueError(  # TypingError in the kernel, after the state buffers were made
                 "params is read-only (it was writeable at construction); the optimizer updates "
