@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from nbqat._validate import first_shared_pair
+
 __all__ = ["ArrayGroup", "ParamGroups", "ParamSource"]
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -69,8 +71,9 @@ class ArrayGroup:
     TypeError
         A non-array or another dtype.
     ValueError
-        A different count or shape of gradients; a read-only parameter array (here, or at a
-        step's :meth:`gather`, before anything is updated).
+        A different count or shape of gradients; two parameter arrays that share memory; a
+        read-only parameter array (here, or at a step's :meth:`gather`, before anything is
+        updated).
     """
 
     def __init__(self, params: Any, grads: Any) -> None:
@@ -85,6 +88,12 @@ class ArrayGroup:
                     f"ArrayGroup: params[{i}] {p.dtype}{p.shape} and grads[{i}] "
                     f"{g.dtype}{g.shape} must match (one dtype for the group)"
                 )
+        pair = first_shared_pair(params)
+        if pair is not None:  # gather copies both, scatter keeps the last one's update
+            raise ValueError(
+                f"ArrayGroup: params[{pair[0]}] and params[{pair[1]}] share memory; list each "
+                "parameter once (torch updates a listed-twice parameter twice)"
+            )
         self.params, self.grads = params, grads
         self._check_writeable()
 

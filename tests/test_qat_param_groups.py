@@ -268,3 +268,15 @@ def test_a_read_only_group_array_is_refused_before_any_update(rng):
         opt.step(g)
     np.testing.assert_array_equal(p, 1.0)
     assert opt.step_count == 0 and "momentum_buffer" not in opt.state_dict()
+
+
+def test_a_parameter_listed_twice_in_one_group_is_refused():
+    # ArrayGroup([x[:4], x[2:]], ...) was accepted: gather copied both views, the step updated
+    # each copy, and scatter wrote the second over the first, so x[2:4] moved once where torch
+    # moves a listed-twice parameter twice (0.9 everywhere, torch 0.8 there)
+    x = np.ones(6, np.float32)
+    g = np.ones(4, np.float32)
+    for params in ([x[:4], x[2:]], [x, np.zeros(2, np.float32), x]):
+        with pytest.raises(ValueError, match=r"params\[0\] and params\[(1|2)\] share memory"):
+            ArrayGroup(params, [g if p.size == 4 else np.zeros_like(p) for p in params])
+    ArrayGroup([x[:3], x[3:]], [g[:3], g[:3]])  # adjacent views are disjoint
