@@ -58,3 +58,37 @@ def test_lstm_forecaster_checks_its_config_and_input_shapes():
     with pytest.raises(ValueError, match="share the batch size"):
         model(s[:3], h, f)
     assert model(s, h, f).shape == (4, 3, 3)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_an_optimizer_refusing_the_step_is_asked_before_the_forward_pass(rng, grouped):
+    # opt.lr = inf (a schedule) or read-only parameters: the optimizer refused the update
+    # only after the forward pass, whose observers had already taken in the batch (a
+    # half-applied step: the observers moved, the parameters and step count did not)
+    from nbqat.train.recipe import AveragedOptimizer, GroupedAdamW
+
+    model = prepare_qat(LSTMForecaster(CFG, seed=0), config=nbqat.QATConfig(calibration_batches=1))
+    model(*_batch(rng)[:3])
+    model.disable_calibration()
+    n = model.params.size
+    opt = (
+        AveragedOptimizer(GroupedAdamW(model.params, lr=1e-2, offset=n - 3), 0.9)
+        if grouped
+        else nbqat.Adam(model.params, lr=1e-2)
+    )
+    train_step(model, _batch(rng), opt)
+
+    def observers():
+        return [np.array(v) for fq in model.fake_quants.values() for v in fq.state_dict().values()]
+
+    spoils = [(lambda: setattr(opt, "lr", float("inf")), "learning rate")]
+    if not grouped:
+        spoils.append((lambda: setattr(model.params.flags, "writeable", False), "read-only"))
+    for spoil, match in spoils:
+        before, p0 = observers(), model.params.copy()
+        spoil()
+        with pytest.raises(ValueError, match=match):
+            train_step(model, _batch(rng), opt)
+        assert all(np.array_equal(a, b) for a, b in zip(before, observers()))
+        assert np.array_equal(model.params, p0) and model.step == 1
+        opt.lr, model.params.flags.writeable = 1e-2, True

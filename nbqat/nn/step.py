@@ -67,8 +67,9 @@ def train_step(
     Raises
     ------
     ValueError
-        A malformed batch, a NaN / Inf in the batch, a negative or NaN ``max_norm``, or an
-        optimizer over other parameters; raised before any state changes.
+        A malformed batch, a NaN / Inf in the batch, a negative or NaN ``max_norm``, an
+        optimizer over other parameters or one its ``check_step`` refuses (``opt.lr =
+        float("inf")``, read-only parameters); raised before any state changes.
 
     Notes
     -----
@@ -161,7 +162,8 @@ def check_step_args(model: Any, batch: Any, optimizer: Any, max_norm: Any) -> tu
     ------
     ValueError
         A malformed batch or target, a NaN / Inf in the batch, a negative or NaN ``max_norm``,
-        an optimizer over other parameters.
+        an optimizer over other parameters; what the optimizer's ``check_step`` refuses (a
+        hyper-parameter set to an invalid value, read-only parameters).
     """
     static, historical, future, target = _check_batch(batch)
     cfg = float_network(model).config
@@ -191,4 +193,7 @@ def check_step_args(model: Any, batch: Any, optimizer: Any, max_norm: Any) -> tu
             f"optimizer does not update this model's parameters: build it over {name}.params "
             f"(e.g. nbqat.Adam({name}.params, lr=1e-3))"
         )
+    check = getattr(optimizer, "check_step", None)
+    if callable(check):  # its hyper-parameters (opt.lr = ...), params, grads: before the forward
+        check(model.grads)  # pass updates a QAT model's observers
     return static, historical, future, target, max_norm

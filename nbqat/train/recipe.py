@@ -156,9 +156,9 @@ class GroupedAdamW:
     def step_count(self) -> int:
         return self.body.step_count
 
-    def step(self, grads: Any, grad_scale: float = 1.0) -> None:
-        """One update of both groups with the gradient views of ``grads`` (n,), both checked
-        before either is updated (ValueError / TypeError as :meth:`nbqat.optim.AdamW.step`)."""
+    def check_step(self, grads: Any, grad_scale: float = 1.0) -> list:
+        """Both groups' :meth:`nbqat.optim.AdamW.check_step`; returns ``[(AdamW, grads view)]``
+        (ValueError / TypeError as :meth:`nbqat.optim.AdamW.step`)."""
         n = tuple(self.params.shape)
         if tuple(getattr(grads, "shape", ())) != n:
             raise ValueError(f"grads must have the parameters' shape {n}, got {np.shape(grads)}")
@@ -166,7 +166,12 @@ class GroupedAdamW:
                  for k, opt in self._groups().items()]  # fmt: skip
         for opt, g in parts:
             opt.check_step(g, grad_scale)
-        for opt, g in parts:
+        return parts
+
+    def step(self, grads: Any, grad_scale: float = 1.0) -> None:
+        """One update of both groups with the gradient views of ``grads`` (n,), both checked
+        (:meth:`check_step`) before either is updated."""
+        for opt, g in self.check_step(grads, grad_scale):
             opt.step(g, grad_scale=grad_scale)
 
     def _groups(self) -> dict[str, Any]:
