@@ -325,6 +325,17 @@ def partial_overlap(a: Any, b: Any, cuda: bool) -> bool:
     return lo != lo2 and lo < hi2 and lo2 < hi
 
 
+def writeable(a: np.ndarray) -> bool:
+    """Whether ``a`` and every array it views are writeable (a view made before its base was
+    set read-only keeps its own flag)."""
+    x: Any = a
+    while isinstance(x, np.ndarray):
+        if not x.flags.writeable:
+            return False
+        x = x.base
+    return True
+
+
 def check_out(
     out: Any, shape: tuple[int, ...], dtype: Any, name: str = "out", contiguous: bool = False
 ) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from nbqat import _cuda
 from nbqat._jit import threads_for
-from nbqat._validate import check_int, partial_overlap
+from nbqat._validate import check_int, partial_overlap, writeable
 from nbqat.kernels import optim_cpu as _k
 from nbqat.optim_groups import ArrayGroup, ParamGroups, ParamSource, _Group
 
@@ -134,10 +134,10 @@ class _Optimizer(ParamGroups):
                 "different offsets): the update would read gradients it has overwritten; pass "
                 "a copy (grads.copy()), as torch refuses such an in-place update"
             )
-        if not (self._cuda or self.params.flags.writeable):  # made read-only since: a Numba
+        if not (self._cuda or writeable(self.params)):  # made read-only since: a Numba
             raise ValueError(  # TypingError in the kernel, after the state buffers were made
-                "params is read-only (it was writeable at construction); the optimizer updates "
-                "it in place: params.flags.writeable = True"
+                "params is read-only (it, or the buffer it views, was made so since the "
+                "construction); the optimizer updates it in place: .flags.writeable = True"
             )
         gs = _real(grad_scale, "grad_scale")
         if gs < 0 or gs == math.inf:  # NaN passes: clip_coef of a non-finite norm, as in torch

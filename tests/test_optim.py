@@ -325,6 +325,21 @@ def test_grads_overlapping_params_at_another_offset_are_refused(shift):
     np.testing.assert_array_equal(q, np.float32(1) - np.float32(0.1))
 
 
+def test_a_view_of_a_buffer_made_read_only_since_is_refused_at_step():
+    # the view keeps its own writeable flag: SGD over buf[:4] (GroupedAdamW's groups are such
+    # views) wrote into buf after buf.flags.writeable = False
+    from nbqat.train.recipe import GroupedAdamW
+
+    buf = np.ones(6, np.float32)
+    for opt, g in ((nbqat.SGD(buf[:4], lr=0.1), np.ones(4, np.float32)),
+                   (GroupedAdamW(buf, lr=0.1, offset=4), np.ones(6, np.float32))):  # fmt: skip
+        buf.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            opt.step(g)
+        np.testing.assert_array_equal(buf, 1.0)
+        buf.flags.writeable = True
+
+
 def test_adam_state_past_step_zero_without_its_moments_is_refused(rng):
     # {"step": 5, ...} without exp_avg / exp_avg_sq loaded zero moments at step 5: the next
     # update was neither the saved run's nor a fresh start's (torch starts such a state afresh)

@@ -81,10 +81,10 @@ def test_an_optimizer_refusing_the_step_is_asked_before_the_forward_pass(rng, gr
     def observers():
         return [np.array(v) for fq in model.fake_quants.values() for v in fq.state_dict().values()]
 
-    spoils = [(lambda: setattr(opt, "lr", float("inf")), "learning rate")]
-    if not grouped:
-        spoils.append((lambda: setattr(model.params.flags, "writeable", False), "read-only"))
-    for spoil, match in spoils:
+    for spoil, match in (
+        (lambda: setattr(opt, "lr", float("inf")), "learning rate"),
+        (lambda: setattr(model.params.flags, "writeable", False), "read-only"),
+    ):
         before, p0 = observers(), model.params.copy()
         spoil()
         with pytest.raises(ValueError, match=match):
