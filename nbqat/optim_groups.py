@@ -179,6 +179,28 @@ class _Group:
         self.source.scatter(inner.params)
 
 
+class _MainGroup(dict):
+    """Group 0's ``param_groups`` dict: setting a hyper-parameter sets the optimizer's
+    attribute (a plain copy dropped ``opt.param_groups[0]["lr"] = ...`` silently)."""
+
+    def __init__(self, owner: Any, items: dict[str, Any]) -> None:
+        super().__init__(items)
+        self._owner = owner
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self._owner._hparam_names:
+            raise KeyError(
+                f"param_groups[0][{key!r}] cannot be set: group 0's entries are the flat buffer "
+                f"and the hyper-parameters {list(self._owner._hparam_names)}"
+            )
+        setattr(self._owner, key, value)
+        super().__setitem__(key, value)
+
+    def update(self, *args: Any, **kw: Any) -> None:  # type: ignore[override]
+        for k, v in dict(*args, **kw).items():
+            self[k] = v
+
+
 class ParamGroups:
     """The parameter-group half of nbqat's optimizers (mixed into ``nbqat.optim._Optimizer``)."""
 
@@ -199,10 +221,10 @@ class ParamGroups:
     def param_groups(self) -> list[dict[str, Any]]:
         """``[{"params": flat buffer, **hparams}, {"params": source, **hparams}, ...]``.
 
-        Group 0's dict is a copy (its hyper-parameters are the optimizer's attributes:
-        ``opt.lr = ...``); the extra groups' dicts are live, as torch's:
-        ``opt.param_groups[1]["lr"] = 1e-4`` takes effect at the next step (checked then)."""
-        main = {"params": self.params, **self.hparams()}
+        The dicts are live, as torch's: ``for g in opt.param_groups: g["lr"] = 1e-4`` takes
+        effect at the next step (checked then); group 0's hyper-parameters are the optimizer's
+        attributes (``opt.lr``), which its dict reads and writes."""
+        main = _MainGroup(self, {"params": self.params, **self.hparams()})
         return [main] + [g.group for g in self._groups]
 
     def add_param_group(self, group: dict[str, Any]) -> None:

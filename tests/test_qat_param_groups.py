@@ -280,3 +280,29 @@ def test_a_parameter_listed_twice_in_one_group_is_refused():
         with pytest.raises(ValueError, match=r"params\[0\] and params\[(1|2)\] share memory"):
             ArrayGroup(params, [g if p.size == 4 else np.zeros_like(p) for p in params])
     ArrayGroup([x[:3], x[3:]], [g[:3], g[:3]])  # adjacent views are disjoint
+
+
+def test_every_group_learning_rate_set_through_param_groups_applies(torch, rng):
+    # torch's schedule idiom, for g in opt.param_groups: g["lr"] = lr, changed the extra
+    # groups but not group 0 (its dict was a copy): the flat buffer kept the old rate
+    p0, a0 = rng.standard_normal(5).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    p, a, ga = p0.copy(), a0.copy(), np.zeros(3, np.float32)
+    opt = nbqat.SGD(p, lr=0.1, momentum=0.9)
+    opt.add_param_group({"params": ArrayGroup([a], [ga])})
+    tp, ta = (torch.tensor(x.copy(), requires_grad=True) for x in (p0, a0))
+    topt = torch.optim.SGD([{"params": [tp]}, {"params": [ta]}], lr=0.1, momentum=0.9)
+    for lr in (0.1, 0.02, 0.0):
+        for groups in (opt.param_groups, topt.param_groups):
+            for grp in groups:
+                grp["lr"] = lr
+        g = rng.standard_normal(5).astype(np.float32)
+        ga[...] = rng.standard_normal(3).astype(np.float32)
+        tp.grad, ta.grad = torch.tensor(g.copy()), torch.tensor(ga.copy())
+        opt.step(g)
+        topt.step()
+        assert opt.lr == opt.param_groups[0]["lr"] == lr
+    assert np.array_equal(p, tp.detach().numpy()) and np.array_equal(a, ta.detach().numpy())
+    opt.param_groups[0].update(momentum=0.5)
+    assert opt.momentum == 0.5
+    with pytest.raises(KeyError, match="cannot be set"):
+        opt.param_groups[0]["params"] = np.zeros(5, np.float32)
