@@ -201,7 +201,12 @@ class _Optimizer(ParamGroups):
             raise ValueError(f"state_dict is for {state.get('type')}, not {type(self).__name__}")
         missing = [k for k in ("step", *self._hparam_names) if k not in state]
         if missing:
-            raise ValueError(f"state_dict lacks {missing}")
+            torch_fmt = "state" in state and "param_groups" in state  # torch.optim's layout
+            raise ValueError(
+                f"state_dict lacks {missing}"
+                + (": it is a torch.optim state_dict ({'state', 'param_groups'}); load one "
+                   f"from {type(self).__name__}.state_dict()" if torch_fmt else "")
+            )  # fmt: skip
         try:  # 2.7 was truncated to 2 (and "3" or True taken as steps)
             step = check_int(state["step"], "state_dict step")
         except TypeError as e:
