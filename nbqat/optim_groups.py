@@ -18,7 +18,7 @@ import numpy as np
 
 from nbqat._validate import first_shared_pair
 
-__all__ = ["ArrayGroup", "ParamGroups", "ParamSource"]
+__all__ = ["ArrayGroup", "ParamGroups", "ParamSource", "load_together"]
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -43,6 +43,38 @@ def inner_attribute(name: str) -> Any:
         setattr(self.inner, name, value)
 
     return property(get, set_, doc=f"The wrapped optimizer's ``{name}`` (read and written).")
+
+
+def load_together(parts: dict[str, tuple[Any, Any]], what: str, then: Any = None) -> None:
+    """``opt.load_state_dict(state)`` for each ``name: (opt, state)`` part, then ``then()``:
+    all of it or, on an error, none (every optimizer gets its previous state back).
+
+    Parameters
+    ----------
+    parts : dict of str to (optimizer, dict or None)
+        ``None``: the part is missing from the saved state.
+    what : str
+        Names the state in the error, e.g. ``"GroupedAdamW state_dict"``.
+    then : callable, optional
+        The rest of the caller's loading (a KeyError, TypeError or ValueError rolls back too).
+
+    Raises
+    ------
+    ValueError
+        ``what`` does not fit (a missing or malformed part), naming the first problem.
+    """
+    before = {name: opt.state_dict() for name, (opt, _) in parts.items()}
+    try:
+        for name, (opt, st) in parts.items():
+            if not isinstance(st, dict):
+                raise ValueError(f"its {name!r} is {type(st).__name__}, not a state_dict")
+            opt.load_state_dict(st)
+        if then is not None:
+            then()
+    except (KeyError, TypeError, ValueError) as e:
+        for name, (opt, _) in parts.items():
+            opt.load_state_dict(before[name])
+        raise ValueError(f"{what} does not fit ({type(e).__name__}: {e}); nothing loaded") from e
 
 
 class ParamSource(Protocol):

@@ -119,6 +119,30 @@ def test_grouped_adamw_step_is_checked_whole_before_either_group():
         assert opt.body.step_count == opt.skip.step_count == 0
 
 
+def test_grouped_adamw_loads_both_groups_or_neither():
+    # a state without "skip" (or with a skip of another size, or no "lr") loaded the body and
+    # then failed with a bare KeyError / the skip's error: body at the saved step, skip not
+    p = np.linspace(-1, 1, 10, dtype=np.float32)
+    opt = GroupedAdamW(p, lr=0.1, offset=6)
+    opt.step(np.ones(10, np.float32))
+    saved = opt.state_dict()
+    opt.step(np.ones(10, np.float32))
+    now = opt.state_dict()
+    small = GroupedAdamW(np.zeros(9, np.float32), lr=0.1, offset=6)
+    small.step(np.ones(9, np.float32))
+    for bad, match in (
+        ({k: v for k, v in saved.items() if k != "skip"}, "'skip' is NoneType"),
+        ({**saved, "skip": small.state_dict()["skip"]}, "exp_avg"),
+        ({k: v for k, v in saved.items() if k != "lr"}, "KeyError: 'lr'"),
+    ):
+        with pytest.raises(ValueError, match=f"GroupedAdamW state_dict does not fit .*{match}"):
+            opt.load_state_dict(bad)
+        after = opt.state_dict()
+        assert opt.body.step_count == opt.skip.step_count == 2 and after["lr"] == now["lr"]
+        for k in ("body", "skip"):
+            assert all(np.array_equal(after[k][n], now[k][n]) for n in now[k])
+
+
 def test_ridge_started_model_outputs_the_ridge_forecast(rng):
     class Split:
         def __init__(self, arrays):

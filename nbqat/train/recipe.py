@@ -32,7 +32,7 @@ import numpy as np
 
 from nbqat._jit import threads_for
 from nbqat.kernels.optim_cpu import lerp_
-from nbqat.optim_groups import inner_attribute
+from nbqat.optim_groups import inner_attribute, load_together
 
 __all__ = [
     "AveragedOptimizer",
@@ -183,10 +183,9 @@ class GroupedAdamW:
         return {**{k: opt.state_dict() for k, opt in self._groups().items()}, "lr": self._lr}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        for k, opt in self._groups().items():
-            opt.load_state_dict(state[k])
-        self.lr = float(state["lr"])
+        """Restore what :meth:`state_dict` returned: both groups and lr, or none (ValueError)."""
+        parts = {k: (opt, state.get(k)) for k, opt in self._groups().items()}
+        load_together(parts, "GroupedAdamW state_dict", lambda: setattr(self, "lr", state["lr"]))
 
 
 def init_linear_skip_from_ridge(model: Any, ridge: Any) -> None:
