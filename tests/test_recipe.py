@@ -353,6 +353,25 @@ def test_averaged_optimizer_state_round_trip():
     assert not np.array_equal(whole[0], whole[1])
 
 
+def test_averaged_optimizer_state_without_its_count_loads_nothing():
+    # {"inner", "average"} without "n_averaged": the inner optimizer was loaded (step 1), then
+    # a KeyError left the live average and count (2) beside it
+    from nbqat.train.recipe import AveragedOptimizer
+
+    p = np.ones(10, np.float32)
+    opt = AveragedOptimizer(AdamW(p, lr=0.1), 0.9)
+    opt.step(np.ones(10, np.float32))
+    saved = opt.state_dict()
+    opt.step(np.ones(10, np.float32))
+    for n in ("missing", 1.5):
+        bad = {k: v for k, v in saved.items() if k != "n_averaged"}
+        if n != "missing":
+            bad["n_averaged"] = n
+        with pytest.raises(TypeError, match="n_averaged"):
+            opt.load_state_dict(bad)
+        assert opt.inner.step_count == opt.n_averaged == 2
+
+
 _TINY = ["train", "--epochs", "2", "--qat-epochs", "1", "--batch-size", "16", "--hidden-dim",
          "4", "--heads", "1", "--history", "24", "--horizon", "6", "--windows-per-epoch", "48",
          "--calibration-batches", "2", "--eval-stride", "96", "--no-progress", "--no-plots",

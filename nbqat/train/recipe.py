@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from nbqat._jit import threads_for
+from nbqat._validate import check_int
 from nbqat.kernels.optim_cpu import lerp_
 from nbqat.optim_groups import inner_attribute, load_together
 
@@ -461,8 +462,8 @@ class AveragedOptimizer:
 
         Raises
         ------
-        ValueError
-            When the saved average does not match the parameter buffer's size.
+        ValueError, TypeError
+            A saved average of another size than the buffer; no integer ``n_averaged``.
         """
         if "inner" not in state:  # a checkpoint written without the average
             self.inner.load_state_dict(state)
@@ -472,9 +473,10 @@ class AveragedOptimizer:
         p = self.inner.params
         if avg is not None and np.shape(avg) != p.shape:
             raise ValueError(f"the saved average has shape {np.shape(avg)}, params {p.shape}")
-        self.inner.load_state_dict(state["inner"])
+        n = check_int(state.get("n_averaged"), "AveragedOptimizer state's n_averaged")
+        self.inner.load_state_dict(state["inner"])  # checked before it changes anything
         self.average = None if avg is None else np.array(avg, dtype=p.dtype)
-        self.n_averaged = int(state["n_averaged"])
+        self.n_averaged = n
 
 
 def swap_average(optimizer: Any) -> bool:
