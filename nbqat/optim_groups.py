@@ -333,6 +333,13 @@ class ParamGroups:
 
     def _step_groups(self, grad_scale: float) -> Any:
         """Validate every extra group now; returns the callable that updates them."""
+        for i, grp in enumerate(self._groups, 1):  # a key set since (e.g. a torch scheduler's
+            extra = sorted(set(grp.hparams) - set(self._hparam_names))  # "initial_lr")
+            if extra:
+                raise ValueError(
+                    f"param_groups[{i}] has unknown hyper-parameters {extra} for "
+                    f"{type(self).__name__} (it has {list(self._hparam_names)}): delete them"
+                )
         ready = [(grp, *grp.prepare(self)) for grp in self._groups]
 
         def run() -> None:

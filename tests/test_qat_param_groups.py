@@ -306,3 +306,18 @@ def test_every_group_learning_rate_set_through_param_groups_applies(torch, rng):
     assert opt.momentum == 0.5
     with pytest.raises(KeyError, match="cannot be set"):
         opt.param_groups[0]["params"] = np.zeros(5, np.float32)
+
+
+def test_an_unknown_key_set_in_a_group_is_named_at_the_step():
+    # param_groups[1]["initial_lr"] = 0.1 (a torch scheduler's key) failed at the step with
+    # "SGD._validate() got an unexpected keyword argument 'initial_lr'"
+    p, a = np.ones(3, np.float32), np.ones(2, np.float32)
+    opt = nbqat.SGD(p, lr=0.1)
+    opt.add_param_group({"params": ArrayGroup([a], [np.ones(2, np.float32)])})
+    opt.param_groups[1]["initial_lr"] = 0.1
+    with pytest.raises(ValueError, match=r"param_groups\[1\] has unknown .*'initial_lr'"):
+        opt.step(np.ones(3, np.float32))
+    assert (p == 1).all() and (a == 1).all() and opt.step_count == 0
+    del opt.param_groups[1]["initial_lr"]
+    opt.step(np.ones(3, np.float32))
+    assert (a < 1).all()
