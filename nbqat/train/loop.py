@@ -356,9 +356,10 @@ class Run:
         The start (the ridge forecast, with the linear skip) is the first candidate, so the
         kept model is never worse on validation than where it began. At the first plateau
         (``patience`` epochs without a better validation P50) training goes back to the best
-        weights and goes on at ``plateau_factor`` times the scheduled rate (torch's
-        ``ReduceLROnPlateau(factor=...)`` with the best weights restored); the second plateau
-        stops.
+        weights and goes on at ``plateau_factor`` times the scheduled rate (like torch's
+        ``ReduceLROnPlateau(factor=...)`` with the best weights restored, but torch reduces after
+        more than ``patience`` bad epochs and counts an improvement only past its relative
+        ``threshold`` 1e-4, where any lower P50 counts here); the second plateau stops.
         """
         cfg, st, model = self.cfg, self.st, self.model
         curves = self._curves("float")
