@@ -21,7 +21,7 @@ The transform is computed in float64, with the formulas of
 :func:`nbqat.data._calendar.calendar_features` in the same operation order, then cast to
 float32 where the QDQ graph starts; so the graph's inputs equal nbqat's up to the float32
 rounding of the raw values. The QDQ part is the one :func:`nbqat.export.to_onnx` writes (its
-parity report is measured on it). Calendar features need times from 1900 to 2399.
+parity report is measured on it).
 """
 
 from __future__ import annotations
@@ -32,14 +32,6 @@ from typing import Any
 import numpy as np
 
 __all__ = ["self_contained"]
-
-_FIRST_YEAR, _N_YEARS = 1900, 500
-
-
-def _year_starts() -> np.ndarray:
-    """Days since the epoch of 1 January of each year from 1900 (one more entry at the end)."""
-    y = (np.arange(_FIRST_YEAR, _FIRST_YEAR + _N_YEARS + 2) - 1970).astype("datetime64[Y]")
-    return y.astype("datetime64[D]").astype(np.int64)
 
 
 class _G:
@@ -78,6 +70,23 @@ class _G:
         return self.op("Unsqueeze", [g, self.c([1] if rank == 3 else [1, 2], np.int64)])
 
 
+def _floor_div(g: _G, a: str, b: int) -> str:
+    """``a // b`` of int64 ``a`` and a positive constant ``b`` (floor, as numpy's; ONNX's
+    integer ``Div`` truncates toward zero)."""
+    i64 = np.int64
+    return g.op("Div", [g.op("Sub", [a, g.op("Mod", [a, g.c(b, i64)], fmod=0)]), g.c(b, i64)])
+
+
+def _year_start(g: _G, year: str) -> str:
+    """Days since the epoch of 1 January of the int64 (proleptic Gregorian) ``year``."""
+    i64 = np.int64
+    y1 = g.op("Sub", [year, g.c(1, i64)])
+    d = g.op("Mul", [y1, g.c(365, i64)])
+    for div, sign in ((4, "Add"), (100, "Sub"), (400, "Add")):
+        d = g.op(sign, [d, _floor_div(g, y1, div)])
+    return g.op("Sub", [d, g.c(719162, i64)])  # 1970-01-01 is day 719162 from 0001-01-01
+
+
 def _calendar(g: _G, secs: str, names: list[str]) -> dict[str, str]:
     """The calendar features (B, n) float64 of int64 seconds ``secs``."""
     i64 = np.int64
@@ -90,19 +99,15 @@ def _calendar(g: _G, secs: str, names: list[str]) -> dict[str, str]:
         ang = g.op("Mul", [two_pi, frac])
         out["hour_sin"], out["hour_cos"] = g.op("Sin", [ang]), g.op("Cos", [ang])
     if {"doy_sin", "doy_cos"} & set(names):
-        ys = _year_starts()
-        q = g.op("Div", [g.op("Mul", [g.op("Sub", [day, g.c(ys[0], i64)]), g.c(400, i64)]),
-                         g.c(146097, i64)])  # fmt: skip
-        q = g.op("Clip", [q, g.c(0, i64), g.c(_N_YEARS - 1, i64)])
-        table = g.c(ys, i64)
-        below = g.op("Cast", [g.op("Less", [day, g.op("Gather", [table, q], axis=0)])], to=7)
-        q = g.op("Sub", [q, below])
-        q1 = g.op("Add", [q, g.c(1, i64)])
-        above = g.op("Cast", [g.op("GreaterOrEqual", [day, g.op("Gather", [table, q1])])], to=7)
-        q = g.op("Add", [q, above])
-        start = g.op("Mul", [g.op("Gather", [table, q], axis=0), g.c(86400, i64)])
-        end = g.op("Mul", [g.op("Gather", [table, g.op("Add", [q, g.c(1, i64)])], axis=0),
-                           g.c(86400, i64)])  # fmt: skip
+        # the year: an estimate from the mean Gregorian year (146097 days per 400 years), off
+        # by at most one, corrected against the exact start of the year (any year)
+        y = g.op("Add", [_floor_div(g, g.op("Mul", [day, g.c(400, i64)]), 146097), g.c(1970, i64)])
+        below = g.op("Cast", [g.op("Less", [day, _year_start(g, y)])], to=7)
+        y = g.op("Sub", [y, below])
+        above = g.op("GreaterOrEqual", [day, _year_start(g, g.op("Add", [y, g.c(1, i64)]))])
+        y = g.op("Add", [y, g.op("Cast", [above], to=7)])
+        start = g.op("Mul", [_year_start(g, y), g.c(86400, i64)])
+        end = g.op("Mul", [_year_start(g, g.op("Add", [y, g.c(1, i64)])), g.c(86400, i64)])
         frac = g.op("Div", [g.op("Cast", [g.op("Sub", [secs, start])], to=11),
                             g.op("Cast", [g.op("Sub", [end, start])], to=11)])  # fmt: skip
         ang = g.op("Mul", [two_pi, frac])
