@@ -618,3 +618,22 @@ def test_error_network_that_is_not_a_forecaster(tmp_path, rng):
         with pytest.raises(TypeError, match="Sequential.*nbqat.export.emitters.register"):
             to_onnx(model, tmp_path / "m.onnx")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("skip", [False, True], ids=["plain", "linear_skip"])
+def test_empty_batch_runs(tmp_path, rng, skip):
+    """A batch of 0 windows (the graph's dynamic batch axis; a server's empty request) gives a
+    (0, tau, Q) output in both onnxruntime optimisation levels with the linear skip too (the
+    main job's default), as without it: the skip's flattening Reshape (0, -1) failed on it
+    ('cannot be reshaped to the requested shape')."""
+    m = TemporalFusionTransformer(_cfg(linear_skip=skip), seed=8)
+    q = QATTemporalFusionTransformer.from_float(m, config=QATConfig(calibration_batches=2))
+    q.calibrate([_batch(rng, 16) for _ in range(2)])
+    q.freeze_observers()
+    path = to_onnx(q, tmp_path / "m.onnx")
+    s, h, f = _batch(rng, 0)
+    for optimize in (False, True):
+        got = ort_session(onnx.load(str(path)), optimize=optimize).run(
+            None, {"static": s, "historical": h, "future": f}
+        )[0]
+        assert got.shape == (0, TAU, m.config.num_quantiles)

@@ -109,12 +109,16 @@ def emit_tft(g: GraphBuilder, name: str, tft: Any, static: str, hist: str, fut: 
     phi_dec = g.node("Slice", [phi, start, end, axis], "phi_dec")
     psi_t = emit(g, "pre_output_gate", tft.pre_output_gate, psi, phi_dec)
     out = emit(g, "output_layer", tft.output_layer, psi_t)  # (B, tau, Q)
-    if getattr(cfg, "linear_skip", False):
+    if getattr(cfg, "linear_skip", False):  # sizes given: a (0, -1) reshape fails at batch 0
         flat = g.node(
             "Concat",
             [
-                g.reshape(last_steps(cfg.skip_steps, "hist_skip"), [0, -1], "skip"),
-                g.reshape(fut, [0, -1], "skip"),
+                g.reshape(
+                    last_steps(cfg.skip_steps, "hist_skip"),
+                    [-1, cfg.skip_steps * cfg.num_unknown_features],
+                    "skip",
+                ),
+                g.reshape(fut, [-1, tau * cfg.num_known_features], "skip"),
                 static,
             ],
             "skip",
