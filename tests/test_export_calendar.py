@@ -1,6 +1,6 @@
-"""The self-contained model.onnx's calendar features (computed inside the graph from int64
-seconds) against nbqat's :func:`nbqat.data._calendar.calendar_features`, the int8 and float
-engines' features."""
+"""The self-contained model.onnx's time features (calendar features computed inside the graph
+from int64 seconds, the time index) against nbqat's (:func:`nbqat.data._calendar.calendar_features`,
+:meth:`nbqat.data.Scaling.known_features`), the int8 and float engines' features."""
 
 import numpy as np
 import pytest
@@ -55,3 +55,49 @@ def test_calendar_matches_nbqat_in_any_year(lo, hi):
     assert names == NAMES
     got = _onnx_calendar(t.astype(np.int64))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def _numeric_scaling():
+    """A one-entity :class:`Scaling` of a numeric time axis with a time index only."""
+    from nbqat.data import Scaling
+
+    return Scaling(
+        entities=["a"], target="y", observed=[], known=[], static_columns=[], level=[2.0],
+        scale=[3.0], obs_mu=[[0.0]], obs_sd=[[1.0]], known_mu=[[]], known_sd=[[]],
+        static=[[0.0]], calendar=["time_index"], calendar_names=[], is_datetime=False,
+        t0=0.0, t_span=69.75, step=0.25,
+    )  # fmt: skip
+
+
+def test_numeric_time_axis_keeps_fractional_times():
+    """On a numeric time axis with a step of 0.25 the graph's time index is nbqat's: the
+    ``time`` input was int64 and ``predict --engine onnx`` rounded the times to whole numbers,
+    so 100.25 read as 100 (time index off by 0.014, steps repeated). Oracle: a wrapper around
+    an inner graph that returns its ``future`` input (the time index) as its one quantile."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from nbqat.export.preprocess import self_contained
+
+    sc, k, tau = _numeric_scaling(), 3, 4
+    vi = helper.make_tensor_value_info
+    inner = helper.make_graph(
+        [helper.make_node("Identity", ["future"], ["quantiles"])],
+        "inner",
+        [vi("static", TensorProto.FLOAT, ["batch", 1]),
+         vi("historical", TensorProto.FLOAT, ["batch", k, 1]),
+         vi("future", TensorProto.FLOAT, ["batch", tau, 1])],
+        [vi("quantiles", TensorProto.FLOAT, ["batch", tau, 1])],
+    )  # fmt: skip
+    info = {"history": k, "horizon": tau, "history_columns": ["y"], "quantiles": [0.5],
+            "scaling": sc.to_json()}  # fmt: skip
+    model = self_contained(
+        helper.make_model(inner, opset_imports=[helper.make_opsetid("", 21)]), info
+    )
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    t = 100.0 + 0.25 * np.arange(k + tau)
+    zeros = np.zeros((1, k, 1), np.float32), np.zeros((1, tau, 0), np.float32)
+    x = {"entity": np.zeros(1, np.int64), "time": t[None], "history": zeros[0], "future": zeros[1]}
+    got = sess.run(None, x)[0][0, :, 0]
+    want = sc.known_features(0, t[k:], np.zeros((tau, 0)))[:, 0].astype(np.float32) * 3.0 + 2.0
+    np.testing.assert_allclose(got, want, rtol=1e-6)

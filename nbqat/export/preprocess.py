@@ -7,9 +7,10 @@
 * inputs ``entity`` int64 (B,) (index into the run's entity list), ``time`` int64 (B, k + tau)
   (seconds since the Unix epoch of every history and forecast step; naive timestamps read as
   UTC, as the loader does; on a calendar-month axis, ``Scaling.month_day`` non-zero: months
-  since 1970-01), ``history`` float32 (B, k, n_h) (the raw CSV columns
-  ``history_columns``: target, observed, known), ``future`` float32 (B, tau, n_f) (the raw
-  known CSV columns ``future_columns``);
+  since 1970-01; on a numeric time axis: double, the times themselves, :func:`time_type`),
+  ``history`` float32 (B, k, n_h) (the raw CSV columns ``history_columns``: target,
+  observed, known), ``future`` float32 (B, tau, n_f) (the raw known CSV columns
+  ``future_columns``);
 * output ``quantiles`` float32 (B, tau, Q) in the target's units.
 
 With ``Scaling.window_norm = "last"`` the graph also takes the standardised target relative
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["self_contained"]
+__all__ = ["self_contained", "time_type"]
 
 
 class _G:
@@ -180,6 +181,21 @@ def _model_inputs(g: _G, sc: Any, k: int, tau: int, n_h: int) -> str | None:
     return off
 
 
+def time_type(sc: Any) -> int:
+    """The ``time`` input's ONNX element type for :class:`~nbqat.data.Scaling` ``sc``: int64
+    (seconds, or months on a calendar-month axis), or double on a numeric time axis, whose
+    times need not be whole numbers (a step of 0.25: ``time_index`` of the exact times).
+
+    Parameters
+    ----------
+    sc : nbqat.data.Scaling
+    """
+    from onnx import TensorProto
+
+    numeric = not sc.is_datetime and not getattr(sc, "month_day", 0)
+    return int(TensorProto.DOUBLE if numeric else TensorProto.INT64)
+
+
 def self_contained(inner: Any, info: dict) -> Any:
     """The QDQ model ``inner`` (inputs static / historical / future) wrapped with the run's
     transform: raw rows in, target units out (see the module docstring).
@@ -221,7 +237,7 @@ def self_contained(inner: Any, info: dict) -> Any:
     nq = len(info["quantiles"])
     inputs = [
         helper.make_tensor_value_info("entity", TensorProto.INT64, ["batch"]),
-        helper.make_tensor_value_info("time", TensorProto.INT64, ["batch", k + tau]),
+        helper.make_tensor_value_info("time", time_type(sc), ["batch", k + tau]),
         helper.make_tensor_value_info("history", TensorProto.FLOAT, ["batch", k, n_h]),
         helper.make_tensor_value_info("future", TensorProto.FLOAT, ["batch", tau, n_f]),
     ]

@@ -252,16 +252,18 @@ def _onnx_engine(run: Path) -> Any:
         return lambda fw: fw.split.unscale(
             sess.run(None, dict(zip(("static", "historical", "future"), fw.split.batch()[:3])))[0]
         )
-    return lambda fw: np.asarray(sess.run(None, onnx_inputs(fw))[0], np.float64)
+    exact = proto.graph.input[1].type.tensor_type.elem_type == 11  # TensorProto.DOUBLE
+    return lambda fw: np.asarray(sess.run(None, onnx_inputs(fw, exact))[0], np.float64)
 
 
-def onnx_inputs(fw: Any) -> dict:
+def onnx_inputs(fw: Any, exact: bool = False) -> dict:
     """The self-contained graph's inputs of forecast windows ``fw`` (raw values; times as
-    numbers on the run's stored axis, :meth:`Scaling.seconds`)."""
+    numbers on the run's stored axis, :meth:`Scaling.seconds`: float64 with ``exact`` (a
+    numeric axis' graph, :func:`nbqat.export.preprocess.time_type`), else rounded to int64)."""
     secs = fw.split.parent.scaling.seconds(fw.time)
     return {
         "entity": fw.run_entity.astype(np.int64),
-        "time": np.asarray(np.round(secs), np.int64),
+        "time": np.asarray(secs, np.float64) if exact else np.asarray(np.round(secs), np.int64),
         "history": fw.history_raw.astype(np.float32),
         "future": fw.future_raw.astype(np.float32),
     }
