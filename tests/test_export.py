@@ -637,3 +637,22 @@ def test_empty_batch_runs(tmp_path, rng, skip):
             None, {"static": s, "historical": h, "future": f}
         )[0]
         assert got.shape == (0, TAU, m.config.num_quantiles)
+
+
+def test_newest_opset_runs_in_onnxruntime_or_is_refused(qat_float_head, tmp_path, rng):
+    """``opset=`` the installed onnx's newest: the file runs in onnxruntime, or to_onnx refuses
+    it before writing. onnx 1.23 knows opset 28, whose QuantizeLinear onnxruntime 1.32 does not
+    implement: to_onnx wrote a file that no session could load ('Could not find an
+    implementation for QuantizeLinear(28)')."""
+    top = onnx.defs.onnx_opset_version()
+    try:
+        path = to_onnx(qat_float_head, tmp_path / "m.onnx", opset=top)
+    except ValueError as e:
+        assert f"cannot run the graph at opset {top}" in str(e) and "onnxruntime" in str(e)
+        _nothing_written(tmp_path)
+        return
+    s, h, f = _batch(rng, 4)
+    out = ort_session(onnx.load(str(path)), optimize=False).run(
+        None, {"static": s, "historical": h, "future": f}
+    )[0]
+    assert out.shape == (4, TAU, 3)

@@ -100,3 +100,27 @@ def check_int8(int8: Any) -> None:
         int8.output_quant_min,
         int8.output_quant_max,
     )
+
+
+def check_graph(proto: Any, opset: int) -> None:
+    """``onnx.checker.check_model(full_check=True)``, then raise ValueError unless the
+    installed onnxruntime loads ``proto`` (its CPU provider, no graph optimisation): an opset
+    the onnx package knows but onnxruntime does not implement yet (QuantizeLinear of onnx
+    1.23's opset 28 in onnxruntime 1.32) would write a file that no ``nbqat predict --engine
+    onnx`` or parity check can run."""
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as NotImpl
+
+    onnx.checker.check_model(proto, full_check=True)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4
+    try:
+        ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except NotImpl as e:
+        why = str(e).split(": ", 2)[-1][:200]
+        raise ValueError(
+            f"onnxruntime {ort.__version__} cannot run the graph at opset {opset} ({why}): "
+            "export with a lower opset (default 21)"
+        ) from None

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from nbqat._io import atomic_open
-from nbqat.export._check import check_int8, check_qat
+from nbqat.export._check import check_graph, check_int8, check_qat
 from nbqat.export._graph import GraphBuilder, QParams
 from nbqat.export.emitters import EMITTERS, emit, register
 from nbqat.nn.tft import TemporalFusionTransformer
@@ -165,7 +165,6 @@ def build_model(model: Any, *, opset: int | None = None, metadata: Mapping[str, 
         The checked model and the builder (``quantize_inputs`` names every QuantizeLinear's
         float input, for :func:`nbqat.export.division_study`).
     """
-    import onnx
     from onnx import TensorProto, helper
 
     from nbqat._version import __version__
@@ -233,7 +232,7 @@ def build_model(model: Any, *, opset: int | None = None, metadata: Mapping[str, 
             f"metadata {clash} would replace nbqat's own props ({sorted(props)}); rename them"
         )
     helper.set_model_props(proto, {**props, **extra})
-    onnx.checker.check_model(proto, full_check=True)
+    check_graph(proto, opset)
     return proto, g
 
 
@@ -303,7 +302,8 @@ def to_onnx(
         file in the same folder, fsynced, then renamed).
     opset : int, optional
         Default-domain opset, 13 to the installed onnx's newest; default 21. Below 17 the
-        LayerNorm is decomposed; int16/uint16 activation ranges need 21.
+        LayerNorm is decomposed; int16/uint16 activation ranges need 21. A graph the installed
+        onnxruntime cannot load at this opset is a ValueError.
     metadata : Mapping, optional
         Extra metadata props (values strict JSON unless str), e.g. feature names, the
         target's per-entity scaling, the training run's q-risk; str keys other than nbqat's
@@ -322,7 +322,8 @@ def to_onnx(
         Before anything is written: an uncalibrated quantizer, an unfrozen observer or a model
         still in calibration (the message names the quantizer), a quant range that no
         QuantizeLinear type of ``opset`` holds, a bad scale or zero point, an opset out of
-        range, a folder of ``path`` that does not exist, or ``metadata`` naming one of nbqat's
+        range or one whose graph onnxruntime cannot run, a folder of ``path`` that does not
+        exist, or ``metadata`` naming one of nbqat's
         own props or holding a value strict JSON cannot (NaN, Inf).
 
     Notes
