@@ -69,17 +69,14 @@ def _numeric_scaling():
     )  # fmt: skip
 
 
-def test_numeric_time_axis_keeps_fractional_times():
-    """On a numeric time axis with a step of 0.25 the graph's time index is nbqat's: the
-    ``time`` input was int64 and ``predict --engine onnx`` rounded the times to whole numbers,
-    so 100.25 read as 100 (time index off by 0.014, steps repeated). Oracle: a wrapper around
-    an inner graph that returns its ``future`` input (the time index) as its one quantile."""
+def _wrapped_identity(sc, k: int, tau: int):
+    """An onnxruntime session of :func:`self_contained` around an inner graph that returns its
+    ``future`` input (the known features: the time index) as its one quantile."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
     from nbqat.export.preprocess import self_contained
 
-    sc, k, tau = _numeric_scaling(), 3, 4
     vi = helper.make_tensor_value_info
     inner = helper.make_graph(
         [helper.make_node("Identity", ["future"], ["quantiles"])],
@@ -91,13 +88,37 @@ def test_numeric_time_axis_keeps_fractional_times():
     )  # fmt: skip
     info = {"history": k, "horizon": tau, "history_columns": ["y"], "quantiles": [0.5],
             "scaling": sc.to_json()}  # fmt: skip
-    model = self_contained(
-        helper.make_model(inner, opset_imports=[helper.make_opsetid("", 21)]), info
-    )
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    t = 100.0 + 0.25 * np.arange(k + tau)
+    opset = [helper.make_opsetid("", 21)]
+    model = self_contained(helper.make_model(inner, opset_imports=opset), info)
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _inputs(t: np.ndarray, k: int, tau: int, entity: int = 0) -> dict:
     zeros = np.zeros((1, k, 1), np.float32), np.zeros((1, tau, 0), np.float32)
-    x = {"entity": np.zeros(1, np.int64), "time": t[None], "history": zeros[0], "future": zeros[1]}
-    got = sess.run(None, x)[0][0, :, 0]
+    e = np.full(1, entity, np.int64)
+    return {"entity": e, "time": t[None], "history": zeros[0], "future": zeros[1]}
+
+
+def test_numeric_time_axis_keeps_fractional_times():
+    """On a numeric time axis with a step of 0.25 the graph's time index is nbqat's: the
+    ``time`` input was int64 and ``predict --engine onnx`` rounded the times to whole numbers,
+    so 100.25 read as 100 (time index off by 0.014, steps repeated)."""
+    sc, k, tau = _numeric_scaling(), 3, 4
+    t = 100.0 + 0.25 * np.arange(k + tau)
+    got = _wrapped_identity(sc, k, tau).run(None, _inputs(t, k, tau))[0][0, :, 0]
     want = sc.known_features(0, t[k:], np.zeros((tau, 0)))[:, 0].astype(np.float32) * 3.0 + 2.0
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("entity", [-1, 1])
+def test_entity_index_out_of_range_is_an_error(entity):
+    """An entity index outside [0, E) fails in onnxruntime; -1 (what pandas' ``get_indexer``
+    gives a name it does not know) was read by Gather as the last entity, whose scaling and
+    static features then forecast silently."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+    sc, k, tau = _numeric_scaling(), 3, 4
+    sess = _wrapped_identity(sc, k, tau)
+    t = 100.0 + 0.25 * np.arange(k + tau)
+    with pytest.raises(InvalidArgument, match="out of data bounds"):
+        sess.run(None, _inputs(t, k, tau, entity))

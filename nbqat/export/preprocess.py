@@ -4,13 +4,13 @@
 ``static``, ``historical``, ``future``: standardised features) with the run's input transform
 (:class:`nbqat.data.Scaling`) and the output's unscaling, all inside the graph:
 
-* inputs ``entity`` int64 (B,) (index into the run's entity list), ``time`` int64 (B, k + tau)
-  (seconds since the Unix epoch of every history and forecast step; naive timestamps read as
-  UTC, as the loader does; on a calendar-month axis, ``Scaling.month_day`` non-zero: months
-  since 1970-01; on a numeric time axis: double, the times themselves, :func:`time_type`),
-  ``history`` float32 (B, k, n_h) (the raw CSV columns ``history_columns``: target,
-  observed, known), ``future`` float32 (B, tau, n_f) (the raw known CSV columns
-  ``future_columns``);
+* inputs ``entity`` int64 (B,) (index into the run's entity list; a negative one is out of
+  range, not counted from the end), ``time`` int64 (B, k + tau) (seconds since the Unix
+  epoch of every history and forecast step; naive timestamps read as UTC, as the loader does;
+  on a calendar-month axis, ``Scaling.month_day`` non-zero: months since 1970-01; on a
+  numeric time axis: double, the times themselves, :func:`time_type`), ``history`` float32
+  (B, k, n_h) (the raw CSV columns ``history_columns``: target, observed, known), ``future``
+  float32 (B, tau, n_f) (the raw known CSV columns ``future_columns``);
 * output ``quantiles`` float32 (B, tau, Q) in the target's units.
 
 With ``Scaling.window_norm = "last"`` the graph also takes the standardised target relative
@@ -33,6 +33,9 @@ from typing import Any
 import numpy as np
 
 __all__ = ["self_contained", "time_type"]
+
+#: The ``entity`` input with negative indices made out of range (``_model_inputs``).
+_ENTITY = "pre.entity"
 
 
 class _G:
@@ -158,15 +161,19 @@ def _model_inputs(g: _G, sc: Any, k: int, tau: int, n_h: int) -> str | None:
     ``entity``, ``time``, ``history`` and ``future``; returns the (B, 1, 1) float32 value that
     ``Scaling.window_norm = "last"`` subtracted from the target's history (None without)."""
     n_obs = 1 + len(sc.observed)
+    # a negative entity index is out of range, as one >= E (Gather would read -1 as the last
+    # entity: pandas' get_indexer gives -1 for a name it does not know)
+    neg = g.op("Less", ["entity", g.c(0, np.int64)])
+    g.op("Where", [neg, g.c(len(sc.entities), np.int64), "entity"], out=_ENTITY)
     hist = g.op("Cast", ["history"], to=11)
     fut = g.op("Cast", ["future"], to=11)
     obs = g.slice(hist, 0, n_obs, 2)
-    mu = g.per_entity(np.asarray(sc.obs_mu), "entity", 3)
-    sd = g.per_entity(np.asarray(sc.obs_sd), "entity", 3)
+    mu = g.per_entity(np.asarray(sc.obs_mu), _ENTITY, 3)
+    sd = g.per_entity(np.asarray(sc.obs_sd), _ENTITY, 3)
     obs_std = g.op("Div", [g.op("Sub", [obs, mu]), sd])
     t_hist, t_fut = g.slice("time", 0, k, 1), g.slice("time", k, k + tau, 1)
-    kh = _known(g, sc, "entity", t_hist, g.slice(hist, n_obs, n_h, 2))
-    kf = _known(g, sc, "entity", t_fut, fut)
+    kh = _known(g, sc, _ENTITY, t_hist, g.slice(hist, n_obs, n_h, 2))
+    kf = _known(g, sc, _ENTITY, t_fut, fut)
     last = sc.window_norm == "last"
     hist32 = g.op("Cast", [g.op("Concat", [obs_std, kh], axis=2)], to=1,
                   out=None if last else "historical")  # fmt: skip
@@ -177,7 +184,7 @@ def _model_inputs(g: _G, sc: Any, k: int, tau: int, n_h: int) -> str | None:
         g.op("Concat", [tgt, g.slice(hist32, 1, 2**62, 2)], out="historical", axis=2)
     g.op("Cast", [kf], out="future_features", to=1)
     static = np.asarray(sc.static, np.float64).astype(np.float32)
-    g.op("Gather", [g.c(static, np.float32), "entity"], out="static", axis=0)
+    g.op("Gather", [g.c(static, np.float32), _ENTITY], out="static", axis=0)
     return off
 
 
@@ -231,8 +238,8 @@ def self_contained(inner: Any, info: dict) -> Any:
     post.n = g.n
     y32 = "pre.quantiles_std" if off is None else post.op("Add", ["pre.quantiles_std", off])
     y = post.op("Cast", [y32], to=11)
-    scl = post.per_entity(np.asarray(sc.scale), "entity", 2)
-    lvl = post.per_entity(np.asarray(sc.level), "entity", 2)
+    scl = post.per_entity(np.asarray(sc.scale), _ENTITY, 2)
+    lvl = post.per_entity(np.asarray(sc.level), _ENTITY, 2)
     post.op("Cast", [post.op("Add", [post.op("Mul", [y, scl]), lvl])], out="quantiles", to=1)
     nq = len(info["quantiles"])
     inputs = [
