@@ -194,10 +194,10 @@ def test_a_diverged_epoch_is_a_clear_error_not_a_plateau(tmp_path, monkeypatch, 
     assert not out.exists()
 
 
-def test_the_plateau_restarts_the_weight_average_at_the_best_weights(tmp_path, monkeypatch):
+def test_the_plateau_restarts_the_weight_average_at_the_best_weights(torch, tmp_path, monkeypatch):
     # --ema-decay with the plateau: the best weights are the average (what was evaluated);
     # going back sets both the live weights and the average to them, so epoch 3's kept
-    # average is the EMA from there (computed here by hand in float32 from every step's
+    # average is the EMA from there (torch's lerp_, AveragedModel's update, from every step's
     # weights), with nothing of epoch 2's rejected weights in it.
     from nbqat.cli import main
 
@@ -206,12 +206,14 @@ def test_the_plateau_restarts_the_weight_average_at_the_best_weights(tmp_path, m
     assert main(argv) == 0
     fl, best = _float(tmp_path)
     assert (fl["best_epoch"], fl["plateau_epoch"]) == (3, 2)
-    half = np.float32(0.5)
 
     def ema(avg, step_range):
         for i in step_range:
             p = steps[i][2]
-            avg = p.copy() if avg is None else avg + half * (p - avg)
+            if avg is None:
+                avg = p.copy()
+            else:
+                avg = torch.from_numpy(avg.copy()).lerp_(torch.from_numpy(p), 0.5).numpy()
         return avg
 
     best1 = ema(None, range(_STEPS))  # epoch 1's average: the best until the plateau
