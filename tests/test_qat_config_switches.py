@@ -14,8 +14,11 @@ import pytest
 
 import nbqat
 from nbqat.nn import (
+    InterpretableMultiHeadAttention,
     LSTMForecaster,
     LSTMForecasterConfig,
+    ParameterBuffer,
+    Sequential,
     TemporalFusionTransformer,
     TFTConfig,
     prepare_qat,
@@ -157,3 +160,18 @@ def test_a_model_without_a_head_is_prepared_as_before():
     assert sorted(qat.fake_quants) == sorted(
         ["0.weight_fake_quant", "0.input_fake_quant", "1.weight_fake_quant", "1.input_fake_quant"]
     )
+
+
+def test_quantize_attention_false_covers_an_attention_that_is_the_model():
+    """A model that is one attention block (its name is "", the root) stays float too, as the
+    same block inside a Sequential does (the root's entry used to be skipped)."""
+    off = nbqat.QATConfig(quantize_attention=False)
+    att = InterpretableMultiHeadAttention(8, 2)
+    ParameterBuffer(att, seed=0)
+    wrapped = Sequential(InterpretableMultiHeadAttention(8, 2))
+    ParameterBuffer(wrapped, seed=0)
+    assert prepare_qat(wrapped, config=off).fake_quants == {}  # the oracle: a named block
+    qat = prepare_qat(att, config=off)
+    assert qat.fake_quants == {}
+    assert "" in qat.float_fallback
+    assert prepare_qat(att).fake_quants  # the default quantizes it

@@ -141,7 +141,7 @@ def config_qconfig_mapping(model: Module, config: Any) -> dict[str, None]:
 def qconfig_for(name: str, mod: Module, qconfig: Any, mapping: Mapping[Any, Any]) -> Any:
     """torch's QConfigMapping precedence: module name (or an ancestor's) > type > global."""
     parts = name.split(".") if name else []
-    for i in range(len(parts), 0, -1):
+    for i in range(len(parts), -1, -1):  # i = 0: "", the root (config_qconfig_mapping's)
         key = ".".join(parts[:i])
         if key in mapping:
             return mapping[key]
