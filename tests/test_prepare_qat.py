@@ -720,6 +720,25 @@ def test_calibrate_takes_arrays_as_single_inputs(rng):
         prepare_qat(model).calibrate([{"x": xs[0]}])
 
 
+def test_a_bad_first_calibration_batch_changes_no_phase(rng):
+    """``calibrate([{"x": x}])`` on a calibrated QAT model raised its TypeError after it had
+    switched to the calibration phase (fake quantization off, batch count reset, observers
+    unfrozen): the model's next forwards were its float forward. Now nothing changes."""
+    model = Sequential(Linear(6, 5), ELU(), Linear(5, 3))
+    ParameterBuffer(model, seed=0)
+    x = rng.standard_normal((8, 6)).astype(np.float32)
+    qat = prepare_qat(model)
+    assert qat.calibrate([x]) == 1
+    qat.freeze_observers()
+    want = qat(x)
+    with pytest.raises(TypeError, match=r"calibrate: batch 0 is a dict; pass tuples"):
+        qat.calibrate([{"x": x}])
+    assert (qat.phase, qat.calibration_batches_seen, qat.observers_frozen) == ("qat", 1, True)
+    np.testing.assert_array_equal(qat(x), want)
+    with pytest.raises(TypeError, match=r"batch 1 is a NoneType"):  # a None batch ends nothing
+        prepare_qat(model).calibrate([x, None])
+
+
 def test_convert_names_a_weight_quantizer_on_the_wrong_axis(rng):
     """A per-channel weight quantizer along the input axis trains, but the integer matmul
     needs a scale per output channel: convert said 'per-channel scale and zero_point must

@@ -54,6 +54,9 @@ __all__ = [
 ]
 
 
+_END = object()  # the end of calibrate's batches (a None batch is a TypeError)
+
+
 def _copy_model(model: Module) -> tuple[Module, ParameterBuffer]:
     """A deep copy with a new flat buffer holding ``model``'s exact parameter values."""
     params = dict(model.named_parameters())
@@ -363,7 +366,7 @@ class QATModel(QATCheckpoint, QATPhases):
         ------
         TypeError
             A batch that is neither a tuple / list nor, for a model that is not a forecaster,
-            an array (before its forward runs).
+            an array (before its forward runs; a bad first batch before the phase changes).
         ValueError
             In evaluation mode, where no observer updates (call :meth:`train` first); nothing
             changes.
@@ -373,24 +376,33 @@ class QATModel(QATCheckpoint, QATPhases):
                 "calibrate: this QAT model is in evaluation mode, where no observer updates "
                 "(calibration would observe nothing): call qat.train() first"
             )
+        used, n = 0, self.config.calibration_batches
+        it = iter(batches)
+        first = next(it, _END)  # checked before the phase (and the batch count) is reset
+        inputs = None if first is _END else self._calibration_inputs(first, 0)
         if self.phase != CALIBRATION:
             self.enable_calibration()
-        used, n = 0, self.config.calibration_batches
-        for batch in batches:
+        while inputs is not None:
             if self.calibration_batches_seen >= n or used >= n:
                 break
-            if isinstance(batch, np.ndarray) and self.num_inputs is None:
-                batch = (batch,)  # the array is the input, not a tuple to unpack
-            elif not isinstance(batch, tuple | list):
-                raise TypeError(
-                    f"calibrate: batch {used} is a {type(batch).__name__}; pass tuples of the "
-                    "model's inputs, e.g. [(x0,), (x1,)], or [(static, historical, future), "
-                    "...] for a forecaster"
-                )
-            self.forward(*batch[: self.num_inputs])
+            self.forward(*inputs)
             used += 1
+            batch = next(it, _END) if used < n else _END
+            inputs = None if batch is _END else self._calibration_inputs(batch, used)
         self.disable_calibration()
         return used
+
+    def _calibration_inputs(self, batch: Any, i: int) -> Any:
+        """The model's inputs in calibration batch ``i``, or a TypeError naming the fix."""
+        if isinstance(batch, np.ndarray) and self.num_inputs is None:
+            return (batch,)  # the array is the input, not a tuple to unpack
+        if not isinstance(batch, tuple | list):
+            raise TypeError(
+                f"calibrate: batch {i} is a {type(batch).__name__}; pass tuples of the "
+                "model's inputs, e.g. [(x0,), (x1,)], or [(static, historical, future), "
+                "...] for a forecaster"
+            )
+        return batch[: self.num_inputs]
 
     def predict(self, *inputs: Any) -> Any:
         """:meth:`forward` without updating any observer or the calibration count (evaluation
