@@ -17,6 +17,7 @@ from tolerances import dot_bound
 import nbqat
 from nbqat.nn import (
     ELU,
+    LSTM,
     LayerNorm,
     Linear,
     Module,
@@ -757,3 +758,25 @@ def test_convert_names_a_weight_quantizer_on_the_wrong_axis(rng):
     qat.freeze_observers()
     with pytest.raises(ValueError, match=r"0\.weight_fake_quant is per channel along axis 1"):
         convert(qat)
+
+
+def test_backward_passes_the_final_state_gradients_of_an_lstm_model(rng):
+    """A prepared model whose output is an LSTM's ``(out, (h_n, c_n))`` took one backward
+    argument ('takes 2 positional arguments but 3 were given'): a loss on the final state
+    could not be trained. ``backward(dout, dh_n, dc_n)`` now reaches the model's backward
+    (oracle: finite differences, float64, fake quantization off)."""
+    model = LSTM(3, 4)
+    ParameterBuffer(model, np.float64, seed=0)
+    x, h0, c0 = (rng.standard_normal(s) for s in ((2, 5, 3), (2, 4), (2, 4)))
+    qat = prepare_qat(model)
+    qat.enable_calibration()  # observers only: the float forward, differentiable
+    out, (h, c) = qat(x, h0, c0)
+    w, wh, wc = (rng.standard_normal(a.shape) for a in (out, h, c))
+    qat.zero_grad()
+    qat.backward(w, wh, wc)
+
+    def loss():
+        o, (hn, cn) = qat.predict(x, h0, c0)
+        return float(np.sum(w * o) + np.sum(wh * hn) + np.sum(wc * cn))
+
+    np.testing.assert_allclose(qat.grads, fd_grad(loss, qat.params), rtol=1e-7, atol=1e-8)

@@ -332,20 +332,23 @@ class QATModel(QATCheckpoint, QATPhases):
 
     __call__ = forward
 
-    def backward(self, grad: Any) -> Any:
-        """``model.backward(grad)``: every quantizer applies its STE mask.
+    def backward(self, grad: Any, *more: Any) -> Any:
+        """``model.backward(grad, *more)``: every quantizer applies its STE mask.
 
         Parameters
         ----------
         grad : ndarray
             Gradient w.r.t. the last forward's output; parameter gradients accumulate into
             :attr:`grads`.
+        *more : ndarray or None
+            The model's further backward arguments, as its ``backward`` takes them (an
+            ``LSTM``'s ``dh_n, dc_n``: the gradients w.r.t. its final state).
 
         Returns
         -------
         The gradient w.r.t. the input(s).
         """
-        return self.model.backward(grad)
+        return self.model.backward(grad, *more)
 
     def calibrate(self, batches: Any) -> int:
         """Run calibration forwards over ``batches`` until :attr:`is_calibrated`, then end the
