@@ -780,3 +780,24 @@ def test_backward_passes_the_final_state_gradients_of_an_lstm_model(rng):
         return float(np.sum(w * o) + np.sum(wh * hn) + np.sum(wc * cn))
 
     np.testing.assert_allclose(qat.grads, fd_grad(loss, qat.params), rtol=1e-7, atol=1e-8)
+
+
+def test_a_batch_of_no_rows_is_no_calibration_batch(rng):
+    """A calibration forward on 0 rows observed nothing but counted: ``calibrate([x[:0], x])``
+    with ``calibration_batches=1`` ended calibration after the empty batch (is_calibrated
+    True; frozen by ``freeze_observers_after_calibration``), and QAT ran with scale 1.0.
+    Oracle: the same model calibrated on ``x`` alone."""
+    model = Sequential(Linear(6, 5), ELU(), Linear(5, 3))
+    ParameterBuffer(model, seed=0)
+    x = rng.standard_normal((8, 6)).astype(np.float32)
+    cfg = nbqat.QATConfig(calibration_batches=1, freeze_observers_after_calibration=True)
+    want = prepare_qat(model, config=cfg)
+    assert want.calibrate([x]) == 1
+    qat = prepare_qat(model, config=cfg)
+    qat(x[:0])  # a forward: not counted either
+    assert (qat.phase, qat.calibration_batches_seen, qat.is_calibrated) == ("calibration", 0, False)
+    assert qat.calibrate([x[:0], x]) == 2
+    assert qat.is_calibrated and qat.observers_frozen
+    for name, fq in want.fake_quants.items():
+        np.testing.assert_array_equal(qat.fake_quants[name].scale, fq.scale)
+    np.testing.assert_array_equal(qat(x), want(x))

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from nbqat.quantization._quantizer_base import is_observed
+
 __all__ = ["CALIBRATION", "QAT", "QATPhases", "QuantizerParameters", "is_learnable"]
 
 #: Phase names.
@@ -196,6 +198,15 @@ class QATPhases:
         """
         self.observers_frozen = bool(frozen)
         self._apply_flags()
+
+    def _count_calibration_batch(self) -> None:
+        """Count a calibration forward, unless no activation quantizer has observed data yet
+        (a batch of no rows observes nothing: counting it ended calibration, frozen with
+        ``freeze_observers_after_calibration``, with scale-1 quantizers)."""
+        kinds = getattr(self, "quantizer_kinds", {})
+        acts = [fq for name, fq in self.fake_quants.items() if kinds.get(name) == "activation"]
+        if not acts or any(is_observed(fq) for fq in acts):
+            self.calibration_batches_seen += 1
 
     @property
     def is_calibrated(self) -> bool:

@@ -290,7 +290,7 @@ class QATTemporalFusionTransformer(QATModel):
         out = ofq.forward(out)
         self._out_ctx = ofq.ctx
         if self.phase == CALIBRATION:
-            self.calibration_batches_seen += 1
+            self._count_calibration_batch()
         return out
 
     __call__ = forward

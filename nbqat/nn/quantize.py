@@ -327,7 +327,7 @@ class QATModel(QATCheckpoint, QATPhases):
             self.disable_calibration()
         out = self.model.forward(*inputs)
         if self.phase == CALIBRATION and self.training:
-            self.calibration_batches_seen += 1
+            self._count_calibration_batch()
         return out
 
     __call__ = forward
@@ -363,7 +363,8 @@ class QATModel(QATCheckpoint, QATPhases):
         Returns
         -------
         int
-            The number of batches used (at most ``config.calibration_batches``).
+            The number of batches run: ``config.calibration_batches``, plus any that came
+            before the first observed data (a batch of no rows counts for nothing).
 
         Raises
         ------
@@ -385,12 +386,10 @@ class QATModel(QATCheckpoint, QATPhases):
         inputs = None if first is _END else self._calibration_inputs(first, 0)
         if self.phase != CALIBRATION:
             self.enable_calibration()
-        while inputs is not None:
-            if self.calibration_batches_seen >= n or used >= n:
-                break
+        while inputs is not None and self.calibration_batches_seen < n:
             self.forward(*inputs)
             used += 1
-            batch = next(it, _END) if used < n else _END
+            batch = next(it, _END) if self.calibration_batches_seen < n else _END
             inputs = None if batch is _END else self._calibration_inputs(batch, used)
         self.disable_calibration()
         return used
