@@ -801,3 +801,30 @@ def test_a_batch_of_no_rows_is_no_calibration_batch(rng):
     for name, fq in want.fake_quants.items():
         np.testing.assert_array_equal(qat.fake_quants[name].scale, fq.scale)
     np.testing.assert_array_equal(qat(x), want(x))
+
+
+def test_backward_after_predict_is_refused(rng):
+    """``out = qat(x); qat.predict(x_val); qat.backward(g)`` took the gradient of ``x_val``'s
+    forward (predict's forward replaced the layers' caches), silently: with torch a no-grad
+    evaluation leaves ``out``'s graph alone. Now a RuntimeError, before any gradient moves;
+    the oracle is the same step without the predict."""
+    model = Sequential(Linear(6, 5), ELU(), Linear(5, 3))
+    ParameterBuffer(model, seed=0)
+    x, x_val = (rng.standard_normal((8, 6)).astype(np.float32) for _ in range(2))
+    qat = prepare_qat(model)
+    qat.calibrate([x])
+    qat.freeze_observers()
+    g = rng.standard_normal((8, 3)).astype(np.float32)
+    qat.zero_grad()
+    qat(x)
+    qat.backward(g)
+    want = qat.grads.copy()
+    qat.zero_grad()
+    qat(x)
+    qat.predict(x_val)
+    with pytest.raises(RuntimeError, match=r"backward after predict.*qat\(\*inputs\)"):
+        qat.backward(g)
+    assert not qat.grads.any()
+    qat(x)
+    qat.backward(g)
+    np.testing.assert_array_equal(qat.grads, want)

@@ -49,6 +49,7 @@ class QATPhases:
     step: int  # training steps taken (a checkpoint saves it, with the optimizer)
     optimizer: Any
     _observe_only: set[str]
+    _caches_from_predict = False  # predict ran after the last forward (its caches are gone)
 
     def _init_phases(self) -> None:
         self.phase = CALIBRATION
@@ -207,6 +208,15 @@ class QATPhases:
         acts = [fq for name, fq in self.fake_quants.items() if kinds.get(name) == "activation"]
         if not acts or any(is_observed(fq) for fq in acts):
             self.calibration_batches_seen += 1
+
+    def _check_backward(self) -> None:
+        """Refuse a backward whose forward caches were replaced by :meth:`predict`'s."""
+        if self._caches_from_predict:
+            raise RuntimeError(
+                "backward after predict: predict's forward replaced the layers' caches of the "
+                "last forward, so the gradient would be of predict's inputs; run the training "
+                "forward again (out = qat(*inputs)) before backward, or predict after backward"
+            )
 
     @property
     def is_calibrated(self) -> bool:

@@ -286,6 +286,7 @@ class QATTemporalFusionTransformer(QATModel):
         ):
             self.disable_calibration()
         out = self.model.forward(static, historical, future)  # (B, tau, Q)
+        self._caches_from_predict = False
         ofq = self.output_fake_quant
         out = ofq.forward(out)
         self._out_ctx = ofq.ctx
@@ -314,6 +315,7 @@ class QATTemporalFusionTransformer(QATModel):
 
         {backward_io}
         """
+        self._check_backward()
         g = self.output_fake_quant.backward(np.asarray(grad_out), self._out_ctx)
         return self.model.backward(np.asarray(g, dtype=self.model.dtype))
 

@@ -326,6 +326,7 @@ class QATModel(QATCheckpoint, QATPhases):
         ):
             self.disable_calibration()
         out = self.model.forward(*inputs)
+        self._caches_from_predict = False
         if self.phase == CALIBRATION and self.training:
             self._count_calibration_batch()
         return out
@@ -347,7 +348,13 @@ class QATModel(QATCheckpoint, QATPhases):
         Returns
         -------
         The gradient w.r.t. the input(s).
+
+        Raises
+        ------
+        RuntimeError
+            After :meth:`predict`, whose forward replaced the caches (run forward again).
         """
+        self._check_backward()
         return self.model.backward(grad, *more)
 
     def calibrate(self, batches: Any) -> int:
@@ -420,6 +427,7 @@ class QATModel(QATCheckpoint, QATPhases):
         The model's output.
         """
         saved = [(fq, fq.observer_enabled) for fq in self.fake_quants.values()]
+        self._caches_from_predict = True
         try:
             for fq, _ in saved:
                 fq.enable_observer(False)
