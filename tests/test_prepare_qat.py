@@ -828,3 +828,15 @@ def test_backward_after_predict_is_refused(rng):
     qat(x)
     qat.backward(g)
     np.testing.assert_array_equal(qat.grads, want)
+
+
+def test_inplace_prepare_of_an_unbound_model_is_refused_before_any_change():
+    """``prepare_qat(model, inplace=True)`` on a model without its ParameterBuffer put its
+    quantizers in and failed only at the first forward ('`x` must be an array, got None'),
+    after which the model counted as prepared. Now the copy's ValueError, nothing changed."""
+    model = Sequential(Linear(6, 4), ELU(), Linear(4, 3))
+    with pytest.raises(ValueError, match=r"unbound parameters.*ParameterBuffer\(model"):
+        prepare_qat(model, inplace=True)
+    assert model[0].weight_fake_quant is None and model[2].input_fake_quant is None
+    ParameterBuffer(model, seed=0)
+    assert sorted(prepare_qat(model, inplace=True).fake_quants)[0] == "0.input_fake_quant"

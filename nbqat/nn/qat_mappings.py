@@ -20,6 +20,7 @@ from nbqat.nn.params import Module
 
 __all__ = [
     "QAT_MODULE_MAPPINGS",
+    "check_bound",
     "check_qconfig_mapping",
     "config_qconfig_mapping",
     "hooks_for",
@@ -156,6 +157,16 @@ def is_qconfig(qc: Any) -> bool:
     ``activation`` (None: float activations, weight-only)."""
     act = getattr(qc, "activation", False)  # None: float activations (weight-only)
     return callable(getattr(qc, "weight", None)) and (act is None or callable(act))
+
+
+def check_bound(model: Module) -> None:
+    """Every parameter of ``model`` lives in a ParameterBuffer (checked before any change)."""
+    missing = [n for n, p in model.named_parameters() if p is None]
+    if missing:
+        raise ValueError(
+            f"model has unbound parameters {missing[:3]}: build its ParameterBuffer first "
+            "(ParameterBuffer(model, dtype=np.float32, seed=0))"
+        )
 
 
 def check_qconfig_mapping(model: Module, qconfig: Any, qconfig_mapping: Any) -> dict:

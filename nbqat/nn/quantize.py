@@ -37,6 +37,7 @@ from nbqat.nn.params import Module, ParameterBuffer
 from nbqat.nn.phases import CALIBRATION, QATPhases, is_learnable
 from nbqat.nn.qat_mappings import (
     QAT_MODULE_MAPPINGS,
+    check_bound,
     check_qconfig_mapping,
     config_qconfig_mapping,
     hooks_for,
@@ -60,12 +61,6 @@ _END = object()  # the end of calibrate's batches (a None batch is a TypeError)
 def _copy_model(model: Module) -> tuple[Module, ParameterBuffer]:
     """A deep copy with a new flat buffer holding ``model``'s exact parameter values."""
     params = dict(model.named_parameters())
-    missing = [n for n, p in params.items() if p is None]
-    if missing:
-        raise ValueError(
-            f"model has unbound parameters {missing[:3]}: build its ParameterBuffer first "
-            "(ParameterBuffer(model, dtype=np.float32, seed=0))"
-        )
     dtype = next(iter(params.values())).dtype if params else np.dtype(np.float32)
     new = copy.deepcopy(model)
     buf = ParameterBuffer(new, dtype=dtype)
@@ -162,6 +157,7 @@ def prepare_qat(
     qconfig = config.qconfig if qconfig is None else qconfig
     mapping = check_qconfig_mapping(model, qconfig, qconfig_mapping)
     _check_modules(model)
+    check_bound(model)  # inplace too: its quantizers would go in, its forward fail on None
     buf = getattr(model, "buffer", None)  # inplace: a model that owns its buffer keeps it
     buf = buf if isinstance(buf, ParameterBuffer) else None
     if not inplace:
