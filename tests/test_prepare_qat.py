@@ -18,6 +18,7 @@ import nbqat
 from nbqat.nn import (
     ELU,
     LSTM,
+    GatedResidualNetwork,
     LayerNorm,
     Linear,
     Module,
@@ -840,3 +841,16 @@ def test_inplace_prepare_of_an_unbound_model_is_refused_before_any_change():
     assert model[0].weight_fake_quant is None and model[2].input_fake_quant is None
     ParameterBuffer(model, seed=0)
     assert sorted(prepare_qat(model, inplace=True).fake_quants)[0] == "0.input_fake_quant"
+
+
+def test_a_type_entry_that_matches_only_composites_is_refused():
+    """``qconfig_mapping={GatedResidualNetwork: None}`` changed nothing (a type entry acts on
+    modules of that type, and a GRN's quantizers are its Linears'): every GRN Linear stayed
+    quantized, silently (torch's eager qconfig dict would cover the children). Now a
+    ValueError naming the module; the name does what was meant (oracle: no quantizer left)."""
+    model = Sequential(GatedResidualNetwork(4, 4, 4), ELU())
+    ParameterBuffer(model, seed=0)
+    with pytest.raises(ValueError, match=r"GatedResidualNetwork\] matches modules \['0'\].*'0'"):
+        prepare_qat(model, qconfig_mapping={GatedResidualNetwork: None})
+    assert prepare_qat(model, qconfig_mapping={"0": None}).fake_quants == {}
+    assert len(prepare_qat(model, qconfig_mapping={ELU: None}).fake_quants) == 6  # a no-op

@@ -169,6 +169,21 @@ def check_bound(model: Module) -> None:
         )
 
 
+def _check_type_key(model: Module, key: type) -> None:
+    """A type entry acts on the modules of that type only: one that matches composites (a GRN:
+    no hook of its own, its children's) would change nothing, where torch's eager qconfig
+    dict would cover the children."""
+    matched = [(n, m) for n, m in model.named_modules() if isinstance(m, key)]
+    inner = any(hooks_for(c) for _, m in matched for _, c in m.named_modules() if c is not m)
+    if inner and not any(hooks_for(m) for _, m in matched):
+        raise ValueError(
+            f"prepare_qat: qconfig_mapping[{key.__name__}] matches modules "
+            f"{[n or '<root>' for n, _ in matched][:6]} that hold no quantizer (a type entry "
+            "does not cover a module's children): name those modules instead (a name covers "
+            f"its descendants), e.g. qconfig_mapping={{{matched[0][0]!r}: None}}"
+        )
+
+
 def check_qconfig_mapping(model: Module, qconfig: Any, qconfig_mapping: Any) -> dict:
     """The checked ``qconfig_mapping`` as a dict: every name a module of ``model`` (a typo
     would silently quantize what was meant to stay float), every value a QConfig or None."""
@@ -197,6 +212,8 @@ def check_qconfig_mapping(model: Module, qconfig: Any, qconfig_mapping: Any) -> 
                 f"prepare_qat: qconfig_mapping keys must be module names (str) or layer types "
                 f"(nbqat.nn.Module subclasses, e.g. nbqat.nn.Linear), got {key!r}"
             )
+        else:
+            _check_type_key(model, key)
         if qc is not None and not is_qconfig(qc):
             raise TypeError(
                 f"prepare_qat: qconfig_mapping[{key!r}] must be a QConfig or None, got "
