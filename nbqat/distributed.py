@@ -415,21 +415,17 @@ def data_parallel_step(
     Raises
     ------
     ValueError
-        A global batch of fewer rows than processes (a rank would get an empty slice), or
-        activation observers of ``model`` that run unsynced over the ranks (see
-        :func:`sync_observers`): raised on every rank at once, before any collective.
+        Ranks holding different global batches or parameters, a global batch of fewer rows
+        than processes, or activation observers of ``model`` that run unsynced over the ranks
+        (see :func:`sync_observers`): raised on every rank at once, before any collective.
     """
+    from nbqat._dist_agree import check_ranks_agree
     from nbqat.nn.layers.dropout import global_masks
     from nbqat.nn.step import train_step
 
+    check_ranks_agree(model, batch, group, "data_parallel_step")
     run = train_step if step is None else step
     rows = int(np.shape(batch[0])[0])
-    if rows < group.size:
-        raise ValueError(
-            f"data_parallel_step: the global batch has {rows} rows, fewer than the "
-            f"{group.size} processes (a rank would get an empty slice): drop the last partial "
-            "batch, or pass global batches of at least group.size rows"
-        )
     sl = shard(rows, group)
     local, n_local = tuple(a[sl] for a in batch), sl.stop - sl.start
     hook = functools.partial(allreduce_gradients, local_rows=n_local, global_rows=rows, group=group)

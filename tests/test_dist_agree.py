@@ -1,0 +1,66 @@
+"""Ranks that would run different data-parallel steps are refused, on every rank, first.
+
+Under ``mpiexec -n 2``, before the check: a model whose parameter count differed between the
+ranks (another hidden size) ended the job in MPI ("Message from rank 1 ... truncated"), and a
+model built with another seed on one rank, or another global batch (another data file, another
+batch size: rows 8 and 9), trained silently (the ranks' parameters diverged, or each rank's
+slice was weighted by its own row count). The ranks' fingerprints are compared here through a
+process group that stands for rank 0 of 2 whose peer holds another model or batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from worker_common import CFG, batch
+
+import nbqat
+from nbqat import distributed as dist
+from nbqat._dist_agree import fingerprint
+from nbqat.nn import TemporalFusionTransformer
+
+
+class _FirstOfTwo(dist.ProcessGroup):
+    """Rank 0 of 2 (no MPI); rank 1 holds ``peer`` = (model, batch)."""
+
+    def __init__(self, peer) -> None:
+        super().__init__()
+        self.size, self.peer = 2, peer
+
+    def allgather_array(self, a):
+        return np.stack([a, fingerprint(*self.peer)])
+
+    def allreduce_sum(self, buf):
+        buf *= 2  # the peer holds the same values: the sum of both ranks
+        return buf
+
+
+@pytest.mark.parametrize(
+    "peer_seed, peer_rows, match",
+    [
+        (2, 6, "parameter values"),
+        (1, 5, r"global batch rows.*\[6\.0, 5\.0\]"),
+        (1, "noise", "global batch values"),
+    ],
+)
+def test_ranks_with_other_parameters_or_batches_are_refused(peer_seed, peer_rows, match):
+    b = tuple(a[:6] for a in batch(np.random.default_rng(0)))
+    if peer_rows == "noise":
+        pb = tuple(a.copy() for a in b)
+        pb[1][0, 0, 0] += 1.0  # one value of another data file
+    else:
+        pb = tuple(a[:peer_rows] for a in b)
+    m = TemporalFusionTransformer(CFG, seed=1)
+    p0 = m.params.copy()
+    group = _FirstOfTwo((TemporalFusionTransformer(CFG, seed=peer_seed), pb))
+    with pytest.raises(ValueError, match=match):
+        dist.data_parallel_step(m, b, nbqat.SGD(m.params, lr=0.1), group)
+    assert np.array_equal(m.params, p0)  # nothing ran
+
+
+def test_ranks_that_agree_run_the_step():
+    b = tuple(a[:6] for a in batch(np.random.default_rng(0)))
+    m = TemporalFusionTransformer(CFG, seed=1)
+    group = _FirstOfTwo((TemporalFusionTransformer(CFG, seed=1), b))
+    loss, norm = dist.data_parallel_step(m, b, nbqat.SGD(m.params, lr=0.1), group)
+    assert np.isfinite(loss) and np.isfinite(norm)
