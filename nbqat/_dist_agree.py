@@ -48,7 +48,7 @@ def check_ranks_agree(model: Any, batch: Sequence[Any], group: Any, who: str) ->
     ----------
     model : model with ``params`` (a flat buffer)
     batch : sequence of ndarray
-        This rank's GLOBAL batch (the same on every rank).
+        This rank's GLOBAL batch (the same on every rank); empty: this rank has no more.
     group : ProcessGroup
         Nothing is checked for a single process.
     who : str
@@ -63,6 +63,8 @@ def check_ranks_agree(model: Any, batch: Sequence[Any], group: Any, who: str) ->
     """
     if group.distributed:
         _agree(model, batch, group, who)
+    if not len(batch):  # the end of a rank's batches (calibrate)
+        return
     rows = int(np.shape(batch[0])[0])
     if rows < group.size:
         raise ValueError(
@@ -75,7 +77,8 @@ def check_ranks_agree(model: Any, batch: Sequence[Any], group: Any, who: str) ->
 def _agree(model: Any, batch: Sequence[Any], group: Any, who: str) -> None:
     """The fingerprints' comparison of :func:`check_ranks_agree`."""
     parts = group.allgather_array(fingerprint(model, batch))
-    what = ("batch items", "global batch rows", "global batch values", "parameter count")
+    batch_what = ("batch items (0: no batch left)", "global batch rows", "global batch values")
+    what = (*batch_what, "parameter count")
     bad = [w for w, col in zip((*what, "parameter values"), parts.T) if np.any(col != col[0])]
     if bad:
         per_rank = {w: parts[:, i].tolist() for i, w in enumerate(what) if w in bad[:1]}

@@ -469,27 +469,26 @@ def calibrate(
     Raises
     ------
     ValueError
-        A global batch of fewer rows than processes (a rank would get an empty slice): raised
-        on every rank at once, before that batch's collectives.
+        A global batch of fewer rows than processes (a rank would get an empty slice), or
+        ranks holding other batches, more or fewer of them, or other weights: raised on every
+        rank at once, before that batch's collectives.
     TypeError
         ``group`` not a ProcessGroup or ``qat`` not a QAT model (before anything is attached).
     """
     if not (isinstance(group, ProcessGroup) and callable(getattr(qat, "calibrate", None))):
         who = f"group {type(group).__name__}, qat {type(qat).__name__}"
         raise TypeError(f"calibrate: group must be a ProcessGroup, qat a QAT model; got {who}")
+    from nbqat._dist_agree import check_ranks_agree
+
     sync_observers(qat.fake_quants if quantizers is None else quantizers, group)
     n_in = getattr(qat, "num_inputs", 3)  # None: a generic model, every item is an input
 
     def local() -> Iterable[tuple]:
         for b in batches:
             b = (b,) if isinstance(b, np.ndarray) and n_in is None else b  # one input's batch
-            rows = int(np.shape(b[0])[0])
-            if rows < group.size:
-                raise ValueError(
-                    f"calibrate: a global batch has {rows} rows, fewer than the "
-                    f"{group.size} processes: pass batches of >= group.size rows"
-                )
-            sl = shard(rows, group)
+            check_ranks_agree(qat, b[:n_in], group, "calibrate")
+            sl = shard(int(np.shape(b[0])[0]), group)
             yield tuple(a[sl] for a in b[:n_in])
+        check_ranks_agree(qat, (), group, "calibrate")  # no more batches: so say all ranks
 
     return int(qat.calibrate(local()))

@@ -4,7 +4,10 @@ Under ``mpiexec -n 2``, before the check: a model whose parameter count differed
 ranks (another hidden size) ended the job in MPI ("Message from rank 1 ... truncated"), and a
 model built with another seed on one rank, or another global batch (another data file, another
 batch size: rows 8 and 9), trained silently (the ranks' parameters diverged, or each rank's
-slice was weighted by its own row count). The ranks' fingerprints are compared here through a
+slice was weighted by its own row count). ``calibrate`` merged the observers of ranks fed other
+data silently, and a rank with fewer batches left calibration while the other waited in an
+observer allgather (the next collectives read each other's messages: a misleading "different
+channel counts" error). The ranks' fingerprints are compared here through a
 process group that stands for rank 0 of 2 whose peer holds another model or batch.
 """
 
@@ -17,7 +20,7 @@ from worker_common import CFG, batch
 import nbqat
 from nbqat import distributed as dist
 from nbqat._dist_agree import fingerprint
-from nbqat.nn import TemporalFusionTransformer
+from nbqat.nn import TemporalFusionTransformer, prepare_qat
 
 
 class _FirstOfTwo(dist.ProcessGroup):
@@ -64,3 +67,14 @@ def test_ranks_that_agree_run_the_step():
     group = _FirstOfTwo((TemporalFusionTransformer(CFG, seed=1), b))
     loss, norm = dist.data_parallel_step(m, b, nbqat.SGD(m.params, lr=0.1), group)
     assert np.isfinite(loss) and np.isfinite(norm)
+
+
+@pytest.mark.parametrize("peer_has", ["nothing", "other"])
+def test_calibrate_refuses_ranks_with_other_or_fewer_batches(peer_has):
+    b = tuple(a[:6] for a in batch(np.random.default_rng(0)))
+    qat = prepare_qat(TemporalFusionTransformer(CFG, seed=1))
+    other = tuple(a + 1 for a in b[:3])
+    peer = (qat, () if peer_has == "nothing" else other)
+    match = "batch items .0: no batch left" if peer_has == "nothing" else "global batch values"
+    with pytest.raises(ValueError, match=f"calibrate: the ranks disagree on the {match}"):
+        dist.calibrate(qat, [b], _FirstOfTwo(peer))
