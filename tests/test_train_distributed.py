@@ -313,3 +313,16 @@ def test_a_stop_on_one_rank_is_a_stop_on_every_rank():
     assert not intr.step_done()
     g.other = 1.0  # the other rank got Ctrl-C
     assert intr.step_done() and intr.flag
+
+
+def test_a_ctrl_c_outside_the_steps_ends_every_rank_with_status_130(capsys):
+    # Ctrl-C to a rank during the evaluation (after the last step: no step agrees on it) ended
+    # the run as a failure: "nbqat: rank 1 of 2 failed: KeyboardInterrupt", a traceback and
+    # exit status 1, where one process (and a Ctrl-C during the steps) exits with 130.
+    from nbqat.train.parallel import Parallel
+
+    with pytest.raises(SystemExit) as e, Parallel(_Rank(1)).guard():
+        raise KeyboardInterrupt
+    assert e.value.code == 130
+    err = capsys.readouterr().err
+    assert "nbqat: rank 1 of 2 interrupted (Ctrl-C" in err and "Traceback" not in err

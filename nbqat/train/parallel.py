@@ -156,7 +156,9 @@ class Parallel:
 
         The traceback is printed too, except for a user error (bad options or data: a
         ValueError or FileNotFoundError, whose message says what to fix). ``MPI_Abort`` then
-        ends every rank with exit status 1. ``TrainingInterrupted`` passes through (every rank
+        ends every rank with exit status 1; a Ctrl-C outside the training steps (the
+        evaluation: ``KeyboardInterrupt``) with ``nbqat: rank R of N interrupted`` and status
+        130, as one process. ``TrainingInterrupted`` passes through (every rank
         agreed on the stop). With one process nothing changes.
         """
         from nbqat.train.config import TrainingInterrupted
@@ -171,12 +173,14 @@ class Parallel:
             import traceback
 
             msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            stop = isinstance(e, KeyboardInterrupt)  # Ctrl-C outside the steps: status 130
+            what = "interrupted (Ctrl-C; the checkpoint resumes it)" if stop else f"failed: {msg}"
             # The one-line message first and flushed: MPI_Abort may cut what follows.
-            print(f"nbqat: rank {self.rank} of {self.size} failed: {msg}", file=sys.stderr)
+            print(f"nbqat: rank {self.rank} of {self.size} {what}", file=sys.stderr)
             sys.stderr.flush()
-            if not isinstance(e, (ValueError, FileNotFoundError)):  # not a user error
-                traceback.print_exc()
-            self.group.abort(1)
+            if not isinstance(e, (ValueError, FileNotFoundError, KeyboardInterrupt)):
+                traceback.print_exc()  # not a user error
+            self.group.abort(130 if stop else 1)
             raise
 
     def default_threads(self) -> int | None:
