@@ -34,6 +34,7 @@ import functools
 import os
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -129,21 +130,23 @@ class ProcessGroup:
         Raises
         ------
         ValueError
-            On every rank at once when the ranks disagree on the channel count.
+            On every rank at once when the ranks disagree on the channel count or the
+            observer type (``who``).
         """
         if not self.distributed:
             return tuple(stats)
-        c = int(np.size(stats[0]))
-        # one message: [C, fmin (C), fmax (C), counts (3C)], float64 (exact for float32 values
-        # and for counts below 2**53)
-        msg = np.concatenate([[c], *(np.ravel(s).astype(np.float64) for s in stats)])
-        parts = self.allgather_array(msg)  # (size, 1 + 5C)
-        if np.any(parts[:, 0] != c):
-            raise ValueError(
-                f"{who}: the ranks observed different channel counts {parts[:, 0].tolist()}; "
-                "every rank must run the same model on batches of the same shape"
+        c, kind = int(np.size(stats[0])), float(zlib.crc32(who.encode()))
+        # one message: [C, observer kind, fmin (C), fmax (C), counts (3C)], float64 (exact for
+        # float32 values and for counts below 2**53)
+        msg = np.concatenate([[c, kind], *(np.ravel(s).astype(np.float64) for s in stats)])
+        parts = self.allgather_array(msg)  # (size, 2 + 5C)
+        if np.any(parts[:, 0] != c) or np.any(parts[:, 1] != kind):
+            raise ValueError(  # another observer type runs its own collectives next: a hang
+                f"{who}: the ranks observed different channel counts {parts[:, 0].tolist()} or "
+                "ran different observer types; every rank must run the same model (the same "
+                "quantization configuration) on batches of the same shape"
             )
-        v = parts[:, 1:].reshape(self.size, 5, c)
+        v = parts[:, 2:].reshape(self.size, 5, c)
         fmin = np.minimum.reduce(v[:, 0], axis=0).astype(np.float32)
         fmax = np.maximum.reduce(v[:, 1], axis=0).astype(np.float32)
         counts = [v[:, i].sum(axis=0).astype(np.int64) for i in (2, 3, 4)]

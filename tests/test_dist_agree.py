@@ -78,3 +78,37 @@ def test_calibrate_refuses_ranks_with_other_or_fewer_batches(peer_has):
     match = "batch items .0: no batch left" if peer_has == "nothing" else "global batch values"
     with pytest.raises(ValueError, match=f"calibrate: the ranks disagree on the {match}"):
         dist.calibrate(qat, [b], _FirstOfTwo(peer))
+
+
+class _Recorder(dist.ProcessGroup):
+    """Rank 0 of 2 whose peer sends ``peer`` (default: this rank's own message); records it."""
+
+    def __init__(self, peer=None) -> None:
+        super().__init__()
+        self.size, self.peer, self.sent = 2, peer, None
+
+    def allgather_array(self, a):
+        self.sent = np.asarray(a, np.float64)
+        return np.stack([self.sent, self.sent if self.peer is None else self.peer])
+
+    def allreduce_sum(self, buf):
+        buf *= 2
+        return buf
+
+
+def test_ranks_running_other_observer_types_are_refused_at_the_first_exchange():
+    # under mpiexec -n 2, a HistogramObserver on rank 0 and a MinMaxObserver on rank 1 (the
+    # same statistics message) hung: rank 1 was done, rank 0 waited in the histogram's sum
+    x = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    rec = _Recorder()
+    minmax = nbqat.MinMaxObserver()
+    dist.sync_observers([minmax], rec)
+    minmax(x)
+    hist = nbqat.HistogramObserver(bins=64)
+    dist.sync_observers([hist], _Recorder(peer=rec.sent))
+    with pytest.raises(ValueError, match="HistogramObserver.forward: .*different observer types"):
+        hist(x)
+    same = nbqat.HistogramObserver(bins=64)
+    dist.sync_observers([same], _Recorder())
+    same(x)  # ranks that agree observe
+    assert np.isfinite(same.calculate_qparams()[0]).all()
