@@ -270,31 +270,40 @@ def test_calibration_never_sees_dropout(rng):
             np.testing.assert_array_equal(np.asarray(v), np.asarray(quants[1][k][name]), err_msg=k)
 
 
-def test_averaged_optimizer_is_torch_ema_averaged_model(torch, rng):
+def _beside_torch_ema(torch, opt, p, torch_opt, decay, rng, steps):
+    """``steps`` random-gradient steps of nbqat's ``opt`` over ``p`` and of ``torch_opt`` over a
+    torch copy of ``p``, with torch's EMA (``AveragedModel``) updated after each; returns torch's
+    weights, its average and its count."""
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-    from nbqat.train.recipe import AveragedOptimizer, swap_average
-
-    n, decay = 30, 0.9
-    p0 = rng.normal(size=n).astype(np.float32)
-    p = p0.copy()
-    opt = AveragedOptimizer(AdamW(p, lr=1e-2, weight_decay=0.1), decay)
-    assert not swap_average(opt)  # nothing averaged yet: a no-op
+    n = p.size
     lin = torch.nn.Linear(n, 1, bias=False)
     with torch.no_grad():
-        lin.weight.copy_(torch.tensor(p0.copy())[None])
-    topt = torch.optim.AdamW(lin.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+        lin.weight.copy_(torch.tensor(p.copy())[None])
+    topt = torch_opt(lin.parameters())
     ema = AveragedModel(lin, multi_avg_fn=get_ema_multi_avg_fn(decay))
-    for _ in range(5):
+    for _ in range(steps):
         g = rng.normal(size=n).astype(np.float32)
         opt.step(g)
         lin.weight.grad = torch.tensor(g.copy())[None]
         topt.step()
         ema.update_parameters(lin)
-    np.testing.assert_allclose(p, lin.weight.detach().numpy()[0], rtol=2e-6, atol=2e-7)
-    want = ema.module.weight.detach().numpy()[0]
+    weights, average = (m.weight.detach().numpy()[0] for m in (lin, ema.module))
+    return weights, average, int(ema.n_averaged)
+
+
+def test_averaged_optimizer_is_torch_ema_averaged_model(torch, rng):
+    from nbqat.train.recipe import AveragedOptimizer, swap_average
+
+    n, decay = 30, 0.9
+    p = rng.normal(size=n).astype(np.float32)
+    opt = AveragedOptimizer(AdamW(p, lr=1e-2, weight_decay=0.1), decay)
+    assert not swap_average(opt)  # nothing averaged yet: a no-op
+    adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=False)  # noqa: E731
+    weights, want, count = _beside_torch_ema(torch, opt, p, adamw, decay, rng, 5)
+    np.testing.assert_allclose(p, weights, rtol=2e-6, atol=2e-7)
     np.testing.assert_allclose(opt.average, want, rtol=2e-6, atol=2e-7)
-    assert opt.n_averaged == int(ema.n_averaged) == 5
+    assert opt.n_averaged == count == 5
     live, avg = p.copy(), opt.average.copy()
     assert swap_average(opt)  # the model holds the average, the optimizer the live weights
     assert np.array_equal(p, avg) and np.array_equal(opt.average, live)
@@ -309,28 +318,15 @@ def test_averaged_optimizer_bits_are_torch_ema(torch, rng, decay):
     """The EMA is torch's ``lerp_`` bit for bit (one rounding; the ``1 - w`` form below
     weight 0.5), over an SGD whose parameters are torch's exactly; ``average += w * (p -
     average)`` (two roundings) differed in up to half the elements."""
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-
     from nbqat.optim import SGD
     from nbqat.train.recipe import AveragedOptimizer
 
-    n = 200
-    p0 = rng.normal(size=n).astype(np.float32)
-    p = p0.copy()
+    p = rng.normal(size=200).astype(np.float32)
     opt = AveragedOptimizer(SGD(p, lr=0.1, momentum=0.9), decay)
-    lin = torch.nn.Linear(n, 1, bias=False)
-    with torch.no_grad():
-        lin.weight.copy_(torch.tensor(p0.copy())[None])
-    topt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9, foreach=False)
-    ema = AveragedModel(lin, multi_avg_fn=get_ema_multi_avg_fn(decay))
-    for _ in range(6):
-        g = rng.normal(size=n).astype(np.float32)
-        opt.step(g)
-        lin.weight.grad = torch.tensor(g.copy())[None]
-        topt.step()
-        ema.update_parameters(lin)
-    assert np.array_equal(p, lin.weight.detach().numpy()[0])
-    assert np.array_equal(opt.average, ema.module.weight.detach().numpy()[0])
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=False)  # noqa: E731
+    weights, want, _ = _beside_torch_ema(torch, opt, p, sgd, decay, rng, 6)
+    assert np.array_equal(p, weights)
+    assert np.array_equal(opt.average, want)
 
 
 def test_averaged_optimizer_state_round_trip():
