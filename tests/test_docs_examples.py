@@ -204,3 +204,33 @@ def test_home_page_links_every_page():
     text = (DOCS / "index.md").read_text()
     pages = sorted(p.name for p in DOCS.glob("*.md") if p.name != "index.md")
     assert [p for p in pages if f"]({p})" not in text] == []
+
+
+def test_from_pytorch_page_runs_and_its_float_loop_is_torchs(torch, capsys):
+    """docs/from-pytorch.md: the page's script runs (QAT, convert), and its float loop is the
+    PyTorch loop of the page's table: torch's Sequential, Adam, ``mse_loss(...).backward()`` and
+    ``clip_grad_norm_`` from the same initial weights end at the same weights and norm."""
+    import numpy as np
+
+    (code,) = _blocks(DOCS / "from-pytorch.md")
+    ns: dict = {}
+    exec(compile(code, "docs/from-pytorch.md", "exec"), ns)  # noqa: S102
+    out = capsys.readouterr().out
+    assert "'0.input_fake_quant', '0.weight_fake_quant'" in out
+    assert float(out.rsplit(":", 1)[1]) < 1e-3  # int8 within an output step of fake quant
+
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(6, 16), nn.ELU(), nn.Linear(16, 3))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.from_numpy(ns["start"][name]))
+    x, y = torch.from_numpy(ns["x"]), torch.from_numpy(ns["y"])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(20):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        norm = nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        opt.step()
+    assert ns["norm"] == pytest.approx(float(norm), rel=1e-4)
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(ns["trained"][name], p.detach().numpy(), rtol=1e-4, atol=1e-5)
