@@ -27,6 +27,7 @@ from nbqat.nn import layers
 from nbqat.nn.convert import QuantizedLinear, QuantizedLSTM
 from nbqat.nn.int8_layers import Int8Linear
 from nbqat.nn.lstm_forecaster import LSTMForecaster
+from nbqat.nn.sequential import Sequential
 
 Emitter = Callable[..., Any]
 #: The emitter of each layer type (exact type match first, then ``isinstance``).
@@ -122,6 +123,31 @@ def emit_quantized_linear(
     """A converted Linear: ``DQ(Q(x)) @ DQ(W_q)`` (+ b when the layer has a bias)."""
     lin = mod.int8
     return qlinear(g, name, lin, x, lin.bias if mod.has_bias and add_bias else None)
+
+
+def _child(name: str, key: str) -> str:
+    """The dotted name of child ``key`` of the module named ``name`` (``""``: the model)."""
+    return f"{name}.{key}" if name else key
+
+
+@register(Sequential)
+def emit_sequential(g: GraphBuilder, name: str, mod: Sequential, x: str) -> str:
+    """Each layer on the previous one's output, named ``"0"``, ``"1"``, ... like its modules."""
+    for i, layer in enumerate(mod):
+        x = emit(g, _child(name, str(i)), layer, x)
+    return x
+
+
+@register(layers.ELU)
+def emit_elu(g: GraphBuilder, name: str, mod: layers.ELU, x: str) -> str:
+    """``Elu`` (alpha 1, torch's and nbqat's)."""
+    return g.node("Elu", [x], name or "elu", alpha=1.0)
+
+
+@register(layers.Dropout)
+def emit_dropout(g: GraphBuilder, name: str, mod: layers.Dropout, x: str) -> str:
+    """The identity: the exported model is the int8 inference model, where dropout is off."""
+    return x
 
 
 @register(layers.LayerNorm)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from nbqat import _validate as V
 from nbqat._io import atomic_open
 from nbqat.export._check import check_graph, check_int8, check_qat
 from nbqat.export._graph import GraphBuilder, QParams
@@ -23,6 +24,8 @@ DEFAULT_OPSET = 21
 MIN_OPSET = 13
 #: Graph input and output names.
 INPUTS = ("static", "historical", "future")
+#: The graph input and output of a model of one input (``to_onnx(..., input_shape=...)``).
+INPUT, ONE_OUTPUT = "input", "output"
 OUTPUT = "quantiles"
 
 
@@ -151,12 +154,19 @@ def _check_network(net: Any) -> None:
         raise TypeError(
             f"to_onnx exports forecasters (inputs static, historical, future; a config with "
             f"{', '.join(_CONFIG_FIELDS)}), got a network of type {type(net).__name__} ({why}): "
-            "export a TemporalFusionTransformer or an LSTMForecaster, or register an emitter "
-            "for your forecaster type with nbqat.export.emitters.register"
+            "export a TemporalFusionTransformer or an LSTMForecaster, give a model of one input "
+            "its input_shape (to_onnx(qat, path, input_shape=(6,)) for (B, 6) rows), or "
+            "register an emitter for your forecaster type with nbqat.export.emitters.register"
         )
 
 
-def build_model(model: Any, *, opset: int | None = None, metadata: Mapping[str, Any] | None = None):
+def build_model(
+    model: Any,
+    *,
+    opset: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    input_shape: Sequence[int] | None = None,
+):
     """The ONNX ``ModelProto`` of ``model`` (see :func:`to_onnx`); nothing is written.
 
     Returns
@@ -172,11 +182,55 @@ def build_model(model: Any, *, opset: int | None = None, metadata: Mapping[str, 
     opset = _check_opset(opset)
     extra = _metadata_props(metadata)
     int8, source = _as_int8(model)
+    g = GraphBuilder(opset, int8.layers)
+    if input_shape is None:
+        dims, out, out_dims, props = _forecaster_graph(g, int8)
+    else:
+        dims, out, out_dims, props = _one_input_graph(g, int8, input_shape)
+    out_name = OUTPUT if input_shape is None else ONE_OUTPUT
+    g.nodes.append(helper.make_node("Identity", [out], [out_name], name="output"))
+    graph = helper.make_graph(
+        g.nodes,
+        "nbqat_tft_qdq" if input_shape is None else "nbqat_qdq",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, d) for n, d in dims.items()],
+        [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, out_dims)],
+        initializer=g.initializers,
+    )
+    proto = helper.make_model(
+        graph,
+        producer_name="nbqat",
+        producer_version=__version__,
+        opset_imports=[helper.make_opsetid("", opset)],
+    )
+    proto.ir_version = min(proto.ir_version, _max_ir(opset))
+    props = {
+        "nbqat_version": __version__,
+        "source": source,
+        **props,
+        "quantized_output": bool(int8.quantized_output),
+        "inputs": {n: d[1:] for n, d in dims.items()},
+    }
+    if int8.output_scale is not None:
+        props["output_scale"] = float(int8.output_scale)
+        props["output_zero_point"] = int(int8.output_zero_point)
+    props = {k: v if isinstance(v, str) else json.dumps(v) for k, v in props.items()}
+    clash = sorted(set(extra) & set(props))
+    if clash:
+        raise ValueError(
+            f"metadata {clash} would replace nbqat's own props ({sorted(props)}); rename them"
+        )
+    helper.set_model_props(proto, {**props, **extra})
+    check_graph(proto, opset)
+    return proto, g
+
+
+def _forecaster_graph(g: GraphBuilder, int8: Any) -> tuple[dict, str, list, dict]:
+    """A forecaster's graph: inputs static / historical / future from its config, the
+    (B, tau, Q) quantiles out (through the output quantizer, if any)."""
     tft = int8.model
     _check_network(tft)
     cfg = tft.config
-    g = GraphBuilder(opset, int8.layers)
-    dims = {
+    dims: dict[str, list[Any]] = {
         "static": ["batch", cfg.num_static_features],
         "historical": ["batch", cfg.input_length, cfg.num_unknown_features],
         "future": ["batch", cfg.prediction_horizon, cfg.num_known_features],
@@ -193,47 +247,31 @@ def build_model(model: Any, *, opset: int | None = None, metadata: Mapping[str, 
             int(int8.output_quant_max),
         )
         out = g.qdq(out, qp, "output")
-    g.nodes.append(helper.make_node("Identity", [out], [OUTPUT], name="output"))
-    graph = helper.make_graph(
-        g.nodes,
-        "nbqat_tft_qdq",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims[n]) for n in INPUTS],
-        [
-            helper.make_tensor_value_info(
-                OUTPUT,
-                TensorProto.FLOAT,
-                ["batch", cfg.prediction_horizon, cfg.num_quantiles],
-            )
-        ],
-        initializer=g.initializers,
-    )
-    proto = helper.make_model(
-        graph,
-        producer_name="nbqat",
-        producer_version=__version__,
-        opset_imports=[helper.make_opsetid("", opset)],
-    )
-    proto.ir_version = min(proto.ir_version, _max_ir(opset))
-    props: dict[str, Any] = {
-        "nbqat_version": __version__,
-        "source": source,
-        "quantiles": list(cfg.quantiles),
-        "quantized_output": bool(int8.quantized_output),
-        "lstm": "unrolled",
-        "inputs": {n: dims[n][1:] for n in INPUTS},
-    }
-    if int8.output_scale is not None:
-        props["output_scale"] = float(int8.output_scale)
-        props["output_zero_point"] = int(int8.output_zero_point)
-    props = {k: v if isinstance(v, str) else json.dumps(v) for k, v in props.items()}
-    clash = sorted(set(extra) & set(props))
-    if clash:
-        raise ValueError(
-            f"metadata {clash} would replace nbqat's own props ({sorted(props)}); rename them"
+    out_dims = ["batch", cfg.prediction_horizon, cfg.num_quantiles]
+    return dims, out, out_dims, {"quantiles": list(cfg.quantiles), "lstm": "unrolled"}
+
+
+def _one_input_graph(g: GraphBuilder, int8: Any, input_shape: Any) -> tuple[dict, str, list, dict]:
+    """A model of one input (a Sequential, a user's composite): the input ``INPUT`` of shape
+    ``(batch, *input_shape)``; the output's shape is the int8 model's on one such row."""
+    net = int8.model
+    if all(hasattr(getattr(net, "config", None), f) for f in _CONFIG_FIELDS):
+        raise TypeError(
+            f"input_shape is for models of one input; a {type(net).__name__} is a forecaster "
+            "(inputs static, historical, future from its config): leave input_shape out"
         )
-    helper.set_model_props(proto, {**props, **extra})
-    check_graph(proto, opset)
-    return proto, g
+    if isinstance(input_shape, (str, bytes)) or not isinstance(input_shape, Sequence):
+        raise TypeError(f"input_shape must be a tuple of ints, got {input_shape!r}")
+    shape = [V.check_int(n, "input_shape") for n in input_shape]
+    if not shape or min(shape) < 1:
+        raise ValueError(f"input_shape must be one or more sizes >= 1, got {tuple(input_shape)}")
+    try:
+        y = np.asarray(int8.forward(np.zeros((1, *shape), np.float32)))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"input_shape {tuple(shape)} does not fit the model: {e}") from None
+    g.fresh(INPUT)
+    out = emit(g, "", net, INPUT)
+    return {INPUT: ["batch", *shape]}, out, ["batch", *y.shape[1:]], {}
 
 
 def _metadata_props(metadata: Mapping[str, Any] | None) -> dict[str, str]:
@@ -286,8 +324,9 @@ def to_onnx(
     *,
     opset: int | None = None,
     metadata: Mapping[str, Any] | None = None,
+    input_shape: Sequence[int] | None = None,
 ) -> pathlib.Path:
-    """Export a calibrated, frozen QAT forecaster (or its int8 model) as an ONNX QDQ graph.
+    """Export a calibrated, frozen QAT model (or its int8 model) as an ONNX QDQ graph.
 
     Parameters
     ----------
@@ -295,8 +334,8 @@ def to_onnx(
         The QAT model (the forecaster's, or one :func:`nbqat.nn.prepare_qat` made) must be past
         calibration (``phase == "qat"``) with every observer frozen (``freeze_observers()``);
         its frozen qparams are exported (through ``to_int8()`` / :func:`nbqat.nn.convert`, so
-        the QAT model and its integer model give the same file). The network's type needs an
-        emitter (:mod:`nbqat.export.emitters`: the TFT and :class:`~nbqat.nn.LSTMForecaster`).
+        the QAT model and its integer model give the same file). Every layer type needs an
+        emitter (:mod:`nbqat.export.emitters`; register one for a layer of your own).
     path : str or os.PathLike
         The ``.onnx`` file to write; its folder must exist. Written atomically (a temporary
         file in the same folder, fsynced, then renamed).
@@ -308,6 +347,10 @@ def to_onnx(
         Extra metadata props (values strict JSON unless str), e.g. feature names, the
         target's per-entity scaling, the training run's q-risk; str keys other than nbqat's
         own props (``nbqat_version``, ``source``, ``quantiles``, ``inputs``, ...).
+    input_shape : sequence of int, optional
+        A model of one input (not a forecaster): its input's shape without the batch axis,
+        ``(6,)`` for (B, 6) rows; the graph's input ``input`` is ``(batch, *input_shape)``,
+        its output ``output``.
 
     Returns
     -------
@@ -317,20 +360,22 @@ def to_onnx(
     Raises
     ------
     TypeError
-        For another model type, a non-int opset, or ``metadata`` not a mapping with str keys.
+        For another model type, a network that is not a forecaster without ``input_shape`` (or
+        a forecaster with it), a layer type without an emitter, a non-int opset, or
+        ``metadata`` not a mapping with str keys.
     ValueError
         Before anything is written: an uncalibrated quantizer, an unfrozen observer or a model
         still in calibration (the message names the quantizer), a quant range that no
         QuantizeLinear type of ``opset`` holds, a bad scale or zero point, an opset out of
         range or one whose graph onnxruntime cannot run, a folder of ``path`` that does not
-        exist, or ``metadata`` naming one of nbqat's
-        own props or holding a value strict JSON cannot (NaN, Inf).
+        exist, ``metadata`` naming one of nbqat's own props or holding a value strict JSON
+        cannot (NaN, Inf), or an ``input_shape`` the model refuses (its error is quoted).
 
     Notes
     -----
-    Graph: inputs ``static`` (B, m_s), ``historical`` (B, k, m_z), ``future`` (B, tau, m_x)
-    float32 with a dynamic batch; output ``quantiles`` (B, tau, Q). Weights are int8 codes
-    (the exact codes of training's weight fake-quant) with a per-axis DequantizeLinear
+    A forecaster's graph: inputs ``static`` (B, m_s), ``historical`` (B, k, m_z), ``future``
+    (B, tau, m_x) float32 with a dynamic batch; output ``quantiles`` (B, tau, Q). Weights are
+    int8 codes (the exact codes of training's weight fake-quant) with a per-axis DequantizeLinear
     (``axis=1`` on the (K, N) MatMul operand); every activation fake-quant point is
     QuantizeLinear -> [Clip when the range is narrower than the storage type] ->
     DequantizeLinear. The LSTMs are unrolled (k and tau are fixed by the config): the
@@ -345,7 +390,7 @@ def to_onnx(
         raise ValueError(f"path {str(p)!r}: the folder {str(folder)!r} does not exist; create it")
     if p.is_dir():
         raise ValueError(f"path {str(p)!r} is a folder; give a file name such as model.onnx")
-    proto, _ = build_model(model, opset=opset, metadata=metadata)
+    proto, _ = build_model(model, opset=opset, metadata=metadata, input_shape=input_shape)
     data = proto.SerializeToString()
     with atomic_open(p, "wb", prefix=".nbqat-onnx-") as f:
         f.write(data)
