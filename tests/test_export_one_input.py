@@ -30,11 +30,12 @@ from nbqat.nn import (
     prepare_qat,
 )
 from nbqat.nn.qat import QATTemporalFusionTransformer
+from nbqat.quantization.qconfig import float8_qconfig, int4_weight_qconfig
 
 
-def _frozen_qat(model, x):
+def _frozen_qat(model, x, qconfig=None):
     ParameterBuffer(model, seed=3)
-    qat = prepare_qat(model, config=nbqat.QATConfig(calibration_batches=2))
+    qat = prepare_qat(model, qconfig, config=nbqat.QATConfig(calibration_batches=2))
     qat.calibrate([x[: len(x) // 2], x[len(x) // 2 :]])
     qat.freeze_observers()
     qat.eval()
@@ -69,6 +70,19 @@ def test_a_sequential_runs_in_onnxruntime_as_its_int8_model(rng, tmp_path, shape
     np.testing.assert_array_equal(
         ort_session(onnx.load(again), optimize=False).run(None, {"input": x})[0], got
     )
+
+
+@pytest.mark.parametrize(
+    "qconfig", [int4_weight_qconfig(16), float8_qconfig()], ids=["int4_g16", "float8"]
+)
+def test_low_bit_weights_export_too(rng, tmp_path, qconfig):
+    x = rng.standard_normal((32, 32)).astype(np.float32)
+    qat = _frozen_qat(Sequential(Linear(32, 16), ELU(), Linear(16, 8)), x, qconfig)
+    path = to_onnx(qat, tmp_path / "m.onnx", input_shape=(32,))
+    want = convert(qat)(x)
+    for optimize in (False, True):
+        got = ort_session(onnx.load(path), optimize=optimize).run(None, {"input": x})[0]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
 class Doubled(Module):
