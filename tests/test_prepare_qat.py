@@ -30,6 +30,7 @@ from nbqat.nn import (
     register_qat_module,
 )
 from nbqat.nn.convert import QuantizedLinear
+from nbqat.nn.int8 import Int8TemporalFusionTransformer
 from nbqat.nn.quantize import QAT_MODULE_MAPPINGS
 
 
@@ -320,6 +321,27 @@ def test_convert_of_a_model_in_training_mode_drops_nothing(rng):
     np.testing.assert_array_equal(y8, convert(qats[1])(x))
     qats[1].eval()
     np.testing.assert_allclose(y8, qats[1](x), atol=1e-6)
+
+
+def test_the_int8_models_name_their_training_entry_points_as_inference_only(rng):
+    """``convert(qat).backward(g)`` raised a bare AttributeError ('Int8Model' object has no
+    attribute 'backward'); the integer models are inference-only, and the error now says so
+    and names the fix (train the QAT model, then convert)."""
+    model = Sequential(Linear(3, 4), ELU(), Linear(4, 2))
+    ParameterBuffer(model, np.float32, seed=0)
+    qat = prepare_qat(model)
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    qat.calibrate([x])
+    int8 = convert(qat)
+    y = int8(x)
+    for obj in (int8, Int8TemporalFusionTransformer()):  # the TFT's twin too
+        for name in ("backward", "train_step", "zero_grad", "params", "grads"):
+            with pytest.raises(AttributeError, match=rf"{name}: .*inference-only.*before convert"):
+                getattr(obj, name)
+            assert not hasattr(obj, name)
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        int8.nonsense  # noqa: B018 - other names: Python's message
+    np.testing.assert_array_equal(int8(x), y)  # still runs
 
 
 # ------------------------------------------------------------------ the second forecaster

@@ -31,6 +31,8 @@ from nbqat.quantization.fake_quantize import FakeQuantize, LearnableFakeQuantize
 
 __all__ = [
     "QUANTIZED_MODULE_MAPPINGS",
+    "TRAINING_NAMES",
+    "InferenceOnly",
     "Int8Model",
     "QuantizedLSTM",
     "QuantizedLinear",
@@ -160,8 +162,29 @@ class QuantizedLSTM(Module):
 QUANTIZED_MODULE_MAPPINGS: dict[type, type] = {Linear: QuantizedLinear, LSTM: QuantizedLSTM}
 
 
-class Int8Model:
+#: The training entry points of a QAT model, which an integer model refuses by name.
+TRAINING_NAMES = ("backward", "train_step", "zero_grad", "params", "grads")
+
+
+class InferenceOnly:
+    """Base of the integer models (:class:`Int8Model`, the TFT's twin): reading a training
+    entry point of a QAT model (:data:`TRAINING_NAMES`: ``backward``, ``train_step``, ...)
+    raises an AttributeError that says the model is inference-only and names the fix (so
+    ``hasattr`` stays False)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in TRAINING_NAMES:
+            raise AttributeError(
+                f"{type(self).__name__}.{name}: the integer model that convert() returns is "
+                "inference-only (integer weights, no gradients); train the QAT model "
+                "(qat.backward, qat.train_step) before convert(qat), then convert it again"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+class Int8Model(InferenceOnly):
     """The integer model :func:`convert` returns; ``int8(*inputs)`` runs it (float32 out).
+    Inference-only: ``backward`` / ``train_step`` are AttributeErrors naming the fix.
 
     Parameters
     ----------

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from nbqat._docs import FORECAST_IO, fill_doc
-from nbqat.nn.convert import swap_modules
+from nbqat.nn.convert import InferenceOnly, swap_modules
 from nbqat.nn.int8_arith import quantize_per_tensor
 from nbqat.nn.int8_layers import FrozenFakeQuantize, _qparams
 from nbqat.nn.qat_mappings import hooks_for
@@ -26,11 +26,12 @@ __all__ = ["FrozenFakeQuantize", "Int8TemporalFusionTransformer"]
 _FrozenFakeQuantize = FrozenFakeQuantize  # the earlier private name
 
 
-class Int8TemporalFusionTransformer:
+class Int8TemporalFusionTransformer(InferenceOnly):
     """Integer-arithmetic inference twin of a :class:`~nbqat.nn.qat.QATTemporalFusionTransformer`.
 
     Build it with ``qat.to_int8()``. ``forward(static, historical, future)`` returns float32
-    forecasts (B, tau, Q).
+    forecasts (B, tau, Q). Inference-only: ``backward`` / ``train_step`` are AttributeErrors
+    naming the fix (train the QAT model before ``to_int8``).
 
     Attributes
     ----------
