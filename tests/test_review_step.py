@@ -92,3 +92,32 @@ def test_an_optimizer_refusing_the_step_is_asked_before_the_forward_pass(rng, gr
         assert all(np.array_equal(a, b) for a, b in zip(before, observers()))
         assert np.array_equal(model.params, p0) and model.step == 1
         opt.lr, model.params.flags.writeable = 1e-2, True
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan, None])
+@pytest.mark.parametrize("max_norm", [np.inf, 0.5, None])
+def test_max_norm_inf_clips_a_nonfinite_gradient_as_torch_does(torch, rng, bad, max_norm):
+    """train_step(max_norm=inf) skipped clipping, so an Inf gradient reached the update as it
+    was (SGD: that one parameter -inf, the others updated), where torch's
+    clip_grad_norm_(max_norm=inf) gives every gradient the coefficient inf / inf = NaN (NaN
+    parameters). Oracle: torch's clip_grad_norm_ and SGD step on the same gradients (None:
+    no clip_grad_norm_ call, as a torch loop without clipping); NaN where torch has NaN, the
+    rest within the total norm's float32 summation order."""
+    model = LSTMForecaster(CFG, seed=0)
+    opt = nbqat.SGD(model.params, lr=0.1)
+    p0 = model.params.copy()
+    seen = {}
+
+    def spoil(grads):
+        if bad is not None:
+            grads[0][5] = bad
+        seen["g"] = grads[0].copy()
+
+    _, total = train_step(model, _batch(rng), opt, max_norm=max_norm, grad_hook=spoil)
+    p = torch.tensor(p0, requires_grad=True)
+    p.grad = torch.tensor(seen["g"])
+    if max_norm is not None:
+        want = torch.nn.utils.clip_grad_norm_([p], max_norm)
+        np.testing.assert_allclose(total, want.item(), rtol=1e-6)  # the sum's order
+    torch.optim.SGD([p], lr=0.1).step()
+    np.testing.assert_allclose(model.params, p.detach().numpy(), rtol=1e-6, atol=1e-7)

@@ -459,8 +459,8 @@ class QATModel(QATCheckpoint, QATPhases):
             it: :meth:`quantizer_param_group` (added with its own hyper-parameters if missing).
         max_norm : float or None, default None
             Clip the total 2-norm of the gradients to ``max_norm`` (pass ``qat.config.max_norm``
-            for the configured value); None (or ``math.inf``) does not clip. The norm is
-            computed and returned either way.
+            for the configured value); None does not clip (``math.inf``: as torch, NaN updates
+            for a non-finite norm). The norm is computed and returned either way.
         grad_hook : callable, optional
             ``grad_hook(grads)`` with ``[qat.grads, *LSQ scale/zero-point gradients]``, called
             after backward and before the norm (a data-parallel run's allreduce,

@@ -16,7 +16,6 @@ gradient.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,7 +52,8 @@ def train_step(
         Built over ``model.params``.
     max_norm : float or None, default None
         Clip the total 2-norm of the gradients (after ``grad_hook``) to ``max_norm``; None does
-        not clip.
+        not clip. ``math.inf`` is torch's ``clip_grad_norm_(max_norm=inf)``: no change for a
+        finite norm, NaN updates for a NaN / Inf one (None leaves such gradients as they are).
     grad_hook : callable, optional
         ``grad_hook(grads)``, called with ``[model.grads, *LSQ gradients]`` after backward and
         before the norm; it may change the arrays in place (e.g. an allreduce).
@@ -89,8 +89,8 @@ def train_step(
     if grad_hook is not None:
         grad_hook(grads)
     total = float(get_total_norm(grads if learn else model.grads))
-    coef = 1.0
-    if max_norm is not None and not math.isinf(max_norm):
+    coef = 1.0  # max_norm=inf: 1 for a finite norm, NaN for a non-finite one (torch's inf / inf)
+    if max_norm is not None:
         coef = float(clip_coef(total, max_norm, model.grads.dtype))
     optimizer.step(model.grads, grad_scale=coef)  # every parameter group, one coefficient
     if isinstance(model, QATPhases):  # a QAT model: its step count and optimizer (checkpoints)
