@@ -907,3 +907,18 @@ def test_assigning_a_parameter_attribute_is_refused(rng):
     lin.backward(np.ones((4, 1)) + 0 * lin.forward(x))
     opt.step(buf.grads)
     np.testing.assert_allclose(lin.weight, 1.0 - 0.5 * x.sum(axis=0)[None, :])
+
+
+def test_named_parameters_recurse_false_gives_a_modules_own_parameters(torch):
+    """The public accessor of a module's own parameters (prepare_qat read the private
+    ``Module._param_specs``); oracle: torch's named_parameters(recurse=False) on the same tree."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.ELU(), nn.LayerNorm(4))
+    nn.ParameterBuffer(model)
+    ref = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ELU(), torch.nn.LayerNorm(4))
+    for (name, mod), (tname, tmod) in zip(model.named_modules(), ref.named_modules()):
+        own = [(n, p.shape) for n, p in mod.named_parameters(recurse=False)]
+        want = [(n, tuple(p.shape)) for n, p in tmod.named_parameters(recurse=False)]
+        assert name == tname and own == want, name
+        with_prefix = [n for n, _ in mod.named_parameters("m", recurse=False)]
+        assert with_prefix == [f"m.{n}" for n, _ in want]
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in ref.named_parameters()]

@@ -78,21 +78,20 @@ def test_lstm_with_fake_quant_matches_torch(torch, rng):
     for hk in hooks:
         setattr(lstm, hk + "_fake_quant", (QC.weight if "weight" in hk else QC.activation)())
     fq = {hk: (t_weight if "weight" in hk else t_act)(torch) for hk in hooks}
-    params = {n: T(torch, getattr(lstm, n).copy(), True) for n in lstm._param_specs}
+    names = [n for n, _ in lstm.named_parameters(recurse=False)]  # its own: all of them
+    params = {n: T(torch, getattr(lstm, n).copy(), True) for n in names}
     for it in range(2):
         x = rng.standard_normal((3, 6, 5)).astype(np.float32)
         h0 = (0.5 * rng.standard_normal((3, 4))).astype(np.float32)
         c0 = (0.5 * rng.standard_normal((3, 4))).astype(np.float32)
         dout = rng.standard_normal((3, 6, 4)).astype(np.float32)
-        for n in lstm._param_specs:
+        for n in names:
             getattr(lstm, n + "_grad")[...] = 0
             params[n].grad = None
         out, (hn, cn) = lstm.forward(x, h0, c0)
         dx, dh0, dc0 = lstm.backward(dout)
         xt, ht, ct = T(torch, x, True), T(torch, h0, True), T(torch, c0, True)
-        o_t, _, c_t, xq_t, hq0_t = torch_qlstm(
-            torch, xt, ht, ct, *(params[n] for n in lstm._param_specs), fq
-        )
+        o_t, _, c_t, xq_t, hq0_t = torch_qlstm(torch, xt, ht, ct, *(params[n] for n in names), fq)
         o_t.backward(T(torch, dout))
         cache = lstm._cache
         assert np.array_equal(cache[0].transpose(1, 0, 2), xq_t.detach().numpy())
@@ -106,7 +105,7 @@ def test_lstm_with_fake_quant_matches_torch(torch, rng):
             np.testing.assert_allclose(hfq.scale, fq["hidden"].scale.numpy(), rtol=1e-6)
         np.testing.assert_allclose(out, o_t.detach().numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(cn, c_t.detach().numpy(), rtol=1e-5, atol=1e-6)
-        for n in lstm._param_specs:
+        for n in names:
             np.testing.assert_allclose(
                 getattr(lstm, n + "_grad"), params[n].grad.numpy(), rtol=1e-5, atol=1e-5
             )

@@ -321,13 +321,17 @@ class Module:
         """The direct child modules."""
         yield from self._modules.values()
 
-    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True
+    ) -> Iterator[tuple[str, np.ndarray]]:
         """Yield ``(dotted_name, view)`` for every parameter (views into the flat buffer).
 
         Parameters
         ----------
         prefix : str, default ""
             Prepended to every name, as in :meth:`named_modules`.
+        recurse : bool, default True
+            False: only this module's own parameters (``torch.nn.Module.named_parameters``).
 
         Yields
         ------
@@ -335,7 +339,7 @@ class Module:
             ``"<module path>.<parameter>"`` and the parameter view (None before a
             :class:`ParameterBuffer` is built), in the buffer's layout order.
         """
-        return self._named_views(prefix, "")
+        return self._named_views(prefix, "", recurse)
 
     def named_grads(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
         """The gradient twin of :meth:`named_parameters`: ``(dotted_name, gradient view)``,
@@ -345,16 +349,12 @@ class Module:
         Parameters
         ----------
         prefix : str, default ""
-            As in :meth:`named_parameters`.
-
-        Returns
-        -------
-        iterator of (str, numpy.ndarray)
+            As in :meth:`named_parameters`; yields ``(str, numpy.ndarray)`` pairs.
         """
         return self._named_views(prefix, "_grad")
 
-    def _named_views(self, prefix: str, suffix: str) -> Iterator[tuple[str, np.ndarray]]:
-        for mname, mod in self.named_modules(prefix):
+    def _named_views(self, prefix: str, suffix: str, recurse: bool = True) -> Iterator[Any]:
+        for mname, mod in self.named_modules(prefix) if recurse else [(prefix, self)]:
             for pname in mod._param_specs:
                 yield (mname + "." + pname if mname else pname), getattr(mod, pname + suffix)
 

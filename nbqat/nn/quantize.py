@@ -87,10 +87,11 @@ def _check_modules(model: Module) -> None:
                     f"prepare_qat: {name or '<root>'}.{hook} already holds a quantizer: the "
                     "model is prepared already (prepare a fresh float model)"
                 )
-        if hooks is None and mod._param_specs:
+        own = [n for n, _ in mod.named_parameters(recurse=False)]
+        if hooks is None and own:
             raise TypeError(
                 f"prepare_qat: module {name or '<root>'} ({type(mod).__name__}) holds "
-                f"parameters {sorted(mod._param_specs)} but has no QAT mapping; register one "
+                f"parameters {sorted(own)} but has no QAT mapping; register one "
                 f"with nbqat.nn.register_qat_module({type(mod).__name__}, "
                 "{'weight_fake_quant': 'weight', 'input_fake_quant': 'activation'}), or {} "
                 "to keep it in float"
