@@ -23,6 +23,7 @@ def test_qat_own_model_page_runs(capsys):
     out = capsys.readouterr().out
     assert "register_qat_module(Scaled" in out
     assert "['encoder', 'fc']" in out  # the head stays float (QATConfig.quantize_output_head)
+    assert "IncompatibleKeys(missing_keys=[], unexpected_keys=[])" in out  # state_dict
     assert "\nTrue\n" in out  # onnxruntime agrees with the converted LSTM forecaster
     assert "2 True" in out  # the LSQ scales: a second parameter group, moved by one step
     assert "int4 True" in out  # the grouped int4 engine agrees with its fake-quant model

@@ -133,15 +133,22 @@ def test_lstm_forecaster_backward_names_grad_out(rng):
 
 
 # ----------------------------------------------------------- checkpoints of a generic model
-@pytest.mark.parametrize("lsq", [False, True])
-def test_lstm_qat_checkpoint_reproduces_the_next_step(tmp_path, rng, lsq):
+def _trained_lstm_qat(rng, lsq, steps):
+    """``(QATConfig, QAT LSTM forecaster, its Adam)`` after 2 calibration batches and ``steps``
+    training steps."""
     cfg = nbqat.QATConfig(calibration_batches=2, learnable_scales=lsq)
     qat = prepare_forecaster(build_forecaster("lstm", _opts(), _windows()), cfg)
     for _ in range(2):
         qat(*_batch(rng)[:3])
     opt = nbqat.Adam(qat.params, lr=1e-2)
-    for _ in range(2):
+    for _ in range(steps):
         qat.train_step(_batch(rng), opt, max_norm=0.5)
+    return cfg, qat, opt
+
+
+@pytest.mark.parametrize("lsq", [False, True])
+def test_lstm_qat_checkpoint_reproduces_the_next_step(tmp_path, rng, lsq):
+    cfg, qat, opt = _trained_lstm_qat(rng, lsq, steps=2)
     path = tmp_path / "qat.npz"
     qat.save(path)
     batch = _batch(rng)
@@ -301,3 +308,107 @@ def test_a_prepared_sequential_saves_and_loads(tmp_path, rng):
     assert np.array_equal(a.predict(x), b.predict(x))
     with pytest.raises(CheckpointError, match="parameters"):
         make(0, width=6).load(tmp_path / "seq.npz")
+
+
+# ------------------------------------------------------------------ state_dict / load_state_dict
+@pytest.mark.parametrize("lsq", [False, True])
+def test_state_dict_round_trip_reproduces_the_forward_and_the_next_step(tmp_path, rng, lsq):
+    """QAT models had no state_dict / load_state_dict (torch's nn.Module pair) to checkpoint in
+    memory mid-training. Oracle: the saved model itself (its forward bits and its next step)."""
+    cfg, qat, opt = _trained_lstm_qat(rng, lsq, steps=3)
+    sd, osd = qat.state_dict(), opt.state_dict()
+    assert sd["_extra_state"] == {
+        "phase": "qat",
+        "observers_frozen": False,
+        "calibration_batches_seen": 2,
+        "calibration_ended": True,
+        "step": 3,
+    }
+    save_state(tmp_path / "sd.npz", sd, format="nbqat.qat.state_dict")  # the one codec
+    sd = load_state(tmp_path / "sd.npz", format="nbqat.qat.state_dict")
+    fresh = prepare_forecaster(build_forecaster("lstm", _opts(), _windows(), seed=9), cfg)
+    assert fresh.load_state_dict(sd) == ([], [])
+    assert fresh.step == 3 and fresh.phase == "qat" and fresh.is_calibrated
+    s, h, f, _ = batch = _batch(rng)
+    assert np.array_equal(fresh.predict(s, h, f), qat.predict(s, h, f))
+    assert np.array_equal(fresh(s, h, f), qat(s, h, f))  # observers update alike
+    opt2 = nbqat.Adam(fresh.params, lr=1e-2)
+    if lsq:
+        opt2.add_param_group(fresh.quantizer_param_group())
+    opt2.load_state_dict(osd)
+    assert qat.train_step(batch, opt, max_norm=0.5) == fresh.train_step(batch, opt2, max_norm=0.5)
+    assert np.array_equal(qat.params, fresh.params)
+    for k, fq in qat.fake_quants.items():
+        for key, v in fq.state_dict().items():
+            assert np.array_equal(v, fresh.fake_quants[k].state_dict()[key]), (k, key)
+
+
+def test_state_dict_keys_and_strict_as_torch(torch, rng):
+    """Keys: the float model's parameter names and each quantizer's torch keys (torch's
+    prepare_qat of the same Sequential has them, beside its output observers); strict=False
+    reports the same missing / unexpected keys as torch's load_state_dict."""
+    from nbqat.nn import ELU, ParameterBuffer, Sequential
+
+    model = Sequential(Linear(3, 4), ELU(), Linear(4, 2))
+    ParameterBuffer(model, np.float32, seed=0)
+    qat = prepare_qat(model)
+    qat.calibrate([rng.standard_normal((6, 3)).astype(np.float32)])
+    ref = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ELU(), torch.nn.Linear(4, 2))
+    ref.qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")
+    ref = torch.ao.quantization.prepare_qat(ref.train())
+    # all but torch's output observers ("1.activation_post_process.*"; nbqat: input quantizers)
+    tkeys = [k for k in ref.state_dict() if k.split(".")[1] != "activation_post_process"]
+    sd = qat.state_dict()
+    assert tkeys and all(k in sd for k in tkeys), sorted(set(tkeys) - set(sd))
+    assert [k for k in sd if k[0] == "0"][:2] == ["0.weight", "0.bias"]
+    assert "0.input_fake_quant.scale" in sd and "0.weight_fake_quant.scale" in sd
+    srcs = {"torch": dict(ref.state_dict()), "nbqat": dict(sd)}
+    for lib, target in (("torch", ref), ("nbqat", qat)):
+        src = srcs[lib]
+        del src["2.bias"]
+        src["2.junk"] = src["2.weight"]
+        got = target.load_state_dict(src, strict=False)
+        assert (list(got.missing_keys), list(got.unexpected_keys)) == (["2.bias"], ["2.junk"]), lib
+    with pytest.raises(RuntimeError, match=r"Missing key.*2.bias(.|\n)*Unexpected key.*2.junk"):
+        ref.load_state_dict(srcs["torch"], strict=True)
+    with pytest.raises(
+        CheckpointError, match=r"missing key\(s\) \['2.bias'\], unexpected .*2.junk"
+    ):
+        qat.load_state_dict(srcs["nbqat"])
+
+
+def test_a_refused_load_state_dict_changes_nothing(rng):
+    """Shapes, quantizer states and the phase state are all checked before anything is
+    written (torch copies the parameters it can before raising a size mismatch)."""
+    cfg = nbqat.QATConfig(calibration_batches=1)
+    qat = prepare_forecaster(build_forecaster("lstm", _opts(), _windows()), cfg)
+    other = prepare_forecaster(build_forecaster("lstm", _opts(), _windows(), seed=9), cfg)
+    for m in (qat, other):
+        m(*_batch(rng)[:3])
+    good = other.state_dict()
+
+    def snapshot():
+        return {k: np.array(v) if k != "_extra_state" else v for k, v in qat.state_dict().items()}
+
+    first_w = next(iter(good))
+    last_fq = [k for k in good if k.endswith(".scale")][-1]
+    cases = [
+        ({first_w: np.zeros((1, 1), np.float32)}, f"size mismatch for {first_w}"),
+        ({last_fq: -good[last_fq]}, "quantizer .*scale"),
+        ({"_extra_state": {**good["_extra_state"], "phase": "warmup"}}, "unknown phase"),
+        ({"_extra_state": {**good["_extra_state"], "step": -1}}, "step must be an int >= 0"),
+        ({first_w: good[first_w].astype(complex)}, "expected a float"),
+    ]
+    for change, match in cases:
+        before = snapshot()
+        with pytest.raises(CheckpointError, match=match):
+            qat.load_state_dict({**good, **change})
+        after = snapshot()
+        assert after["_extra_state"] == before["_extra_state"]
+        assert all(np.array_equal(before[k], after[k]) for k in before if k != "_extra_state")
+    with pytest.raises(TypeError, match="must be a mapping"):
+        qat.load_state_dict([("a", 1)])
+    partial = {k: v for k, v in good.items() if k != first_w}
+    keep = np.array(dict(qat.model.named_parameters())[first_w])
+    assert qat.load_state_dict(partial, strict=False) == ([first_w], [])
+    assert np.array_equal(dict(qat.model.named_parameters())[first_w], keep)  # left as it was

@@ -7,11 +7,14 @@ codec :mod:`nbqat.npz_state` (format ``"nbqat.qat"``, version 1). Stored: the fl
 weights, the network's class name and config (a dataclass), every quantizer's ``state_dict``
 and flags, the phase, calibration count and step, and the optimizer's ``state_dict`` (its
 parameter groups, e.g. the LSQ scales', included). No pickles.
+The in-memory twin (torch's ``state_dict`` / ``load_state_dict``) is
+:class:`nbqat.nn.qat_state_dict.QATStateDict`, over the same pieces.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
@@ -20,11 +23,61 @@ import numpy as np
 from nbqat.nn.phases import CALIBRATION, QAT
 from nbqat.npz_state import CheckpointError, load_state, save_state
 
-__all__ = ["FORMAT", "VERSION", "QATCheckpoint", "read_checkpoint", "saved_network"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "QATCheckpoint",
+    "check_phase_state",
+    "read_checkpoint",
+    "saved_network",
+]
 
 #: Format name and version of QAT checkpoints.
 FORMAT = "nbqat.qat"
 VERSION = 1
+_PHASE_INTS = ("calibration_batches_seen", "step")
+_PHASE_FLAGS = ("observers_frozen", "calibration_ended")
+
+
+def check_phase_state(st: Any) -> dict:
+    """The checked phase state of a checkpoint or of a state_dict's ``"_extra_state"``.
+
+    Parameters
+    ----------
+    st : mapping
+        ``{"phase", "observers_frozen", "calibration_batches_seen", "calibration_ended",
+        "step"}`` (further keys, a file's ``"config"``, are ignored).
+
+    Returns
+    -------
+    dict
+        Those five, as str, bools and ints.
+
+    Raises
+    ------
+    CheckpointError
+        A missing entry, an unknown phase, a count that is not an int >= 0, a flag that is not
+        a bool (or 0 / 1).
+    """
+    if not isinstance(st, Mapping):
+        raise CheckpointError(f"the phase state must be a dict, got {type(st).__name__}")
+    missing = [k for k in ("phase", *_PHASE_FLAGS, *_PHASE_INTS) if k not in st]
+    if missing:
+        raise CheckpointError(f"the phase state lacks {missing}")
+    if st["phase"] not in (CALIBRATION, QAT):
+        raise CheckpointError(f"unknown phase {st['phase']!r} (expected {CALIBRATION!r}/{QAT!r})")
+    out: dict[str, Any] = {"phase": str(st["phase"])}
+    for k in _PHASE_INTS:
+        v = st[k]
+        if isinstance(v, bool | np.bool_) or not isinstance(v, int | np.integer) or v < 0:
+            raise CheckpointError(f"the phase state's {k} must be an int >= 0, got {v!r}")
+        out[k] = int(v)
+    for k in _PHASE_FLAGS:
+        v = st[k]
+        if not isinstance(v, bool | np.bool_ | int | np.integer) or v not in (0, 1):
+            raise CheckpointError(f"the phase state's {k} must be a bool, got {v!r}")
+        out[k] = bool(v)
+    return out
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict:
@@ -163,14 +216,7 @@ class QATCheckpoint:
                 "config": _config_dict(getattr(self.model, "config", None)),
                 "class": type(self.model).__name__,
             },
-            "qat": {
-                "phase": self.phase,
-                "observers_frozen": bool(self.observers_frozen),
-                "calibration_batches_seen": int(self.calibration_batches_seen),
-                "calibration_ended": bool(self._calibration_ended),
-                "step": int(self.step),
-                "config": config_scalars(self.config),
-            },
+            "qat": {**self._phase_state(), "config": config_scalars(self.config)},
             "quantizers": quantizers,
             "optimizer": None,
         }
@@ -180,6 +226,21 @@ class QATCheckpoint:
                 "state": dict(optimizer.state_dict()),
             }
         return state
+
+    def _phase_state(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "observers_frozen": bool(self.observers_frozen),
+            "calibration_batches_seen": int(self.calibration_batches_seen),
+            "calibration_ended": bool(self._calibration_ended),
+            "step": int(self.step),
+        }
+
+    def _set_phase_state(self, qat_st: Any) -> None:
+        st = check_phase_state(qat_st)
+        self.phase, self.observers_frozen = st["phase"], st["observers_frozen"]
+        self.calibration_batches_seen = st["calibration_batches_seen"]
+        self._calibration_ended, self.step = st["calibration_ended"], st["step"]
 
     def save(self, path: str | os.PathLike, optimizer: Any = None) -> None:
         """Write the whole QAT state to ``path`` as an ``.npz`` archive, atomically.
@@ -314,14 +375,7 @@ class QATCheckpoint:
             fq.load_state_dict(entry["state"])
             fq.enable_observer(bool(entry["observer_enabled"]))
             fq.enable_fake_quant(bool(entry["fake_quant_enabled"]))
-        phase = qat_st["phase"]
-        if phase not in (CALIBRATION, QAT):
-            raise CheckpointError(f"unknown phase {phase!r}")
-        self.phase = phase
-        self.observers_frozen = bool(qat_st["observers_frozen"])
-        self.calibration_batches_seen = int(qat_st["calibration_batches_seen"])
-        self._calibration_ended = bool(qat_st["calibration_ended"])
-        self.step = int(qat_st["step"])
+        self._set_phase_state(qat_st)
         if opt is not None and opt_st is not None:
             saved = opt_st["state"]
             src = getattr(self, "quantizer_parameters", None)

@@ -44,7 +44,7 @@ from nbqat.nn.qat_mappings import (
     qconfig_for,
     register_qat_module,
 )
-from nbqat.nn.qat_state import QATCheckpoint
+from nbqat.nn.qat_state_dict import QATStateDict
 
 __all__ = [
     "QAT_MODULE_MAPPINGS",
@@ -199,7 +199,7 @@ def _to_learnable(factory: Any, kind: str) -> Any:
     return LearnableFakeQuantize(**dict(kw))
 
 
-class QATModel(QATCheckpoint, QATPhases):
+class QATModel(QATStateDict, QATPhases):
     """A float model with quantizers in its layers' hooks (what :func:`prepare_qat` returns).
 
     Parameters
