@@ -222,8 +222,11 @@ def test_grn_folds_fc2_only_with_enough_rows(rng):
 def test_vsn_rejects_bad_input(rng):
     vsn = nn.VariableSelectionNetwork(3, 4)
     _build(vsn)
-    for x in (np.zeros((2, 4)), np.zeros((2, 3), int), [[0.0, 1.0, 2.0]]):
+    for x in (np.zeros((2, 4)), [[0.0, 1.0, 2.0]]):
         with pytest.raises(ValueError, match="x must be"):
+            vsn.forward(x)
+    for x in (np.zeros((2, 3), int), np.zeros((2, 3), np.float16)):  # a dtype: as Linear's
+        with pytest.raises(TypeError, match=r"`x` must be a floating-point array \(float32, f"):
             vsn.forward(x)
 
 
@@ -306,6 +309,66 @@ def test_linear_and_attention_refuse_non_float_input(rng):
             att.forward(qi, kv, 0)
 
     _refused_forwards_keep_the_last(att, lambda: att.forward(q, kv, 1), dy, refused)
+
+
+def test_glu_grn_vsn_lstm_refuse_non_float_input_before_any_cache(torch, rng):
+    """The layers beside Linear and the attention: the LSTM cast an integer or bool x, h0 or
+    c0 to its weights' dtype silently (torch refuses them), a GRN's integer context c was
+    refused by its context Linear after fc1 had cached the new a (the next backward mixed two
+    forwards), a VSN's integer c likewise after the embedding, its integer x was a ValueError,
+    and a GLU's with an active dropout the dropout's own message. Now a TypeError naming the
+    argument with the astype hint, before anything is cached (the gradients of the last good
+    forward come back); float input as before."""
+    f64 = rng.normal
+    bad = (np.ones((2, 3), np.int64), np.ones((2, 3), bool))
+    hint = r"must be a floating-point array.*astype"
+    lt = torch.nn.LSTM(3, 4, batch_first=True)
+    for b in bad:  # the oracle's rule: torch refuses integer and bool sequences and states
+        with pytest.raises((ValueError, RuntimeError)):
+            lt(torch.from_numpy(b[:, None]))
+        with pytest.raises((ValueError, RuntimeError)):
+            z = torch.zeros(1, 2, 4)
+            lt(torch.ones(2, 1, 3), (torch.from_numpy(b[:, :1].repeat(4, 1)[None]), z))
+    glu = nn.GatedLinearUnit(3, 4)
+    _build(glu)
+    glu.dropout = nn.Dropout(0.5)
+    grn = nn.GatedResidualNetwork(3, 4, 5, context_size=2)
+    _build(grn)
+    vsn = nn.VariableSelectionNetwork(3, 4, context_size=2)
+    _build(vsn)
+    lstm = nn.LSTM(3, 4)
+    _build(lstm)
+    x, c, h0, c0 = f64(size=(2, 3)), f64(size=(2, 2)), f64(size=(2, 4)), f64(size=(2, 4))
+    xs = f64(size=(2, 1, 3))
+    cases = [
+        (glu, lambda: glu.forward(x), f64(size=(2, 4)), [lambda b: glu.forward(b)], "x"),
+        (grn, lambda: grn.forward(x, c), f64(size=(2, 5)), [lambda b: grn.forward(b, c)], "a"),
+        (grn, lambda: grn.forward(x, c), f64(size=(2, 5)), [lambda b: grn.forward(x, b[:, :2])],
+         "c"),
+        (vsn, lambda: vsn.forward(x, c), f64(size=(2, 4)), [lambda b: vsn.forward(b, c)], "x"),
+        (vsn, lambda: vsn.forward(x, c), f64(size=(2, 4)), [lambda b: vsn.forward(x, b[:, :2])],
+         "c"),
+        (lstm, lambda: lstm.forward(xs, h0, c0), f64(size=(2, 1, 4)),
+         [lambda b: lstm.forward(b[:, None], h0, c0)], "x"),
+        (lstm, lambda: lstm.forward(xs, h0, c0), f64(size=(2, 1, 4)),
+         [lambda b: lstm.forward(xs, b[:, :1].repeat(4, 1), c0)], "h0"),
+        (lstm, lambda: lstm.forward(xs, h0, c0), f64(size=(2, 1, 4)),
+         [lambda b: lstm.forward(xs, h0, b[:, :1].repeat(4, 1))], "c0"),
+    ]  # fmt: skip
+    for mod, forward, dy, calls, name in cases:
+
+        def refused(calls=calls, name=name):
+            for call in calls:
+                for b in bad:
+                    with pytest.raises(TypeError, match=f"`{name}` {hint}"):
+                        call(b)
+
+        for _, g in mod.named_grads():  # the module's previous case accumulated into them
+            g[...] = 0
+        _refused_forwards_keep_the_last(mod, forward, dy, refused)
+    glu.dropout = None
+    _, ref = np.split(x @ glu.fc.weight.T + glu.fc.bias, 2, axis=-1)
+    np.testing.assert_allclose(glu.forward(x), _ * (1 / (1 + np.exp(-ref))), rtol=1e-12)
 
 
 def test_gate_add_norm_bad_skip_leaves_the_last_forward(rng):

@@ -261,7 +261,11 @@ class GatedResidualNetwork(Module):
             When ``c`` is given without ``context_size`` (or missing with it), ``c`` does not
             have shape ``(B, context_size)``, or ``c`` is given with an ``a`` neither 2-D nor
             3-D (its backward, which sums the context's gradient over time, failed).
+        TypeError
+            When ``a`` or ``c`` is not floating point (integer or bool), before anything is
+            cached (an integer ``c`` was refused by ``context`` after ``fc1`` had cached ``a``).
         """
+        a = V.check_float_array(a, "a")
         self.check_context(a, c)
         _check_out_first(out, a, self.output_size, self.fc1)
         z = self.fc1.forward(a, add_bias=False)  # (..., h); the bias goes in with the ELU
@@ -281,13 +285,15 @@ class GatedResidualNetwork(Module):
 
         Raises
         ------
-        ValueError
+        ValueError, TypeError
             As :meth:`forward` for the context.
         """
         if (c is None) != (self.context_size is None):
             raise ValueError(
                 "context c must be given exactly when the GRN was built with context_size"
             )
+        if c is not None:
+            V.check_float_array(c, "c")
         if c is not None and a.ndim not in (2, 3):  # backward sums the context over axis 1
             raise ValueError(
                 f"with a context, the GRN input must be (B, in) or (B, L, in), got {a.shape}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbqat import _validate as V
 from nbqat._docs import LAYER_BACKWARD_RAISES, fill_doc
 from nbqat.kernels import nn_cpu
 from nbqat.nn.layers.dropout import Dropout
@@ -92,7 +93,10 @@ class GatedLinearUnit(Module):
             When ``residual`` does not have the output's shape (checked before ``fc`` runs:
             refused after it, ``fc`` kept the new input for the next backward while the GLU
             kept the old forward).
+        TypeError
+            When ``x`` is not floating point (integer or bool; before the dropout runs).
         """
+        x = V.check_float_array(x, "x")
         shape = (*np.shape(x)[:-1], self.output_size)
         if residual is not None and np.shape(residual) != shape:
             raise ValueError(f"residual must have shape {shape}, got {np.shape(residual)}")

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from nbqat import _validate as V
 from nbqat.kernels import nn_cpu
 from nbqat.nn.layers.linear import _ones, hook_backward
 from nbqat.nn.params import Module, layer_size, uniform_init
@@ -67,7 +68,11 @@ def check_lstm_inputs(
     x: np.ndarray, h0: np.ndarray, c0: np.ndarray, input_size: int, hidden_size: int
 ) -> tuple[int, int]:
     """``(B, L)`` of an LSTM's inputs: ``x`` (B, L, input_size) with L >= 1 (torch's rule; B
-    may be 0), ``h0`` and ``c0`` (B, hidden_size); else a ValueError naming the array."""
+    may be 0), ``h0`` and ``c0`` (B, hidden_size); else a ValueError naming the array. An
+    integer or bool array is a TypeError naming it (torch refuses them too; the cast to the
+    weights' dtype took them silently), before anything runs."""
+    for name, a in (("x", x), ("h0", h0), ("c0", c0)):
+        V.check_float_array(a, name)
     if x.ndim != 3 or x.shape[2] != input_size or x.shape[1] == 0:
         raise ValueError(
             f"LSTM input must be (B, L, {input_size}) with L >= 1 (torch's rule), got {x.shape}"
@@ -151,6 +156,9 @@ class LSTM(Module):
         ValueError
             When ``x`` is not (B, L, input_size) with L >= 1 or ``h0`` / ``c0`` is not
             (B, hidden_size). B = 0 runs (empty outputs).
+        TypeError
+            When ``x``, ``h0`` or ``c0`` is not floating point (integer or bool), before anything
+            is cached.
         """
         d = self.hidden_size
         dt = self.weight_ih.dtype

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbqat import _validate as V
 from nbqat.kernels import nn_cpu
 from nbqat.nn.layers.gating import GatedResidualNetwork
 from nbqat.nn.layers.grn_stack import GRNStack
 from nbqat.nn.layers.linear import Linear, _ones
 from nbqat.nn.params import Module, ModuleList, layer_size, read_only_view, uniform_init
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # the compiled passes' dtypes
 
 
 class VariableEmbedding(Module):
@@ -193,21 +196,19 @@ class VariableSelectionNetwork(Module):
         Raises
         ------
         ValueError
-            When ``x`` is not a float32/float64 array with last dimension ``num_vars``; when
-            ``c`` is given without ``context_size`` (or missing with it), or has the wrong
-            shape.
+            When ``x`` is not an array with last dimension ``num_vars``; when ``c`` is given
+            without ``context_size`` (or missing with it), or has the wrong shape.
+        TypeError
+            When ``x`` is an array neither float32 nor float64 (integer, bool: it was a
+            ValueError) or ``c`` is not floating point; before anything is cached.
         """
         m, d = self.num_vars, self.hidden_size
-        if (
-            not isinstance(x, np.ndarray)
-            or x.ndim < 1
-            or x.shape[-1] != m
-            or x.dtype not in (np.float32, np.float64)
-        ):
+        if not isinstance(x, np.ndarray) or x.ndim < 1 or x.shape[-1] != m:
             raise ValueError(
                 f"x must be a float32/float64 array (..., {m}), got "
                 f"{getattr(x, 'shape', type(x))} {getattr(x, 'dtype', '')}"
             )
+        V.check_float_array(x, "x", _FLOATS)
         # the context before any sub-layer runs (refused by flat_grn after the embedding had
         # cached this x, the next backward mixed two forwards)
         self.flat_grn.check_context(x, c)
