@@ -76,14 +76,57 @@ def check_ranks_agree(model: Any, batch: Sequence[Any], group: Any, who: str) ->
 
 def _agree(model: Any, batch: Sequence[Any], group: Any, who: str) -> None:
     """The fingerprints' comparison of :func:`check_ranks_agree`."""
-    parts = group.allgather_array(fingerprint(model, batch))
     batch_what = ("batch items (0: no batch left)", "global batch rows", "global batch values")
     what = (*batch_what, "parameter count")
-    bad = [w for w, col in zip((*what, "parameter values"), parts.T) if np.any(col != col[0])]
+    fix = (
+        "every rank must pass the same global batch and start from the same parameters (the "
+        "same data, seed and model configuration on every rank)"
+    )
+    agree(group, fingerprint(model, batch), (*what, "parameter values"), who, fix, shown=what)
+
+
+def agree(
+    group: Any,
+    values: np.ndarray,
+    names: Sequence[str],
+    who: str,
+    fix: str,
+    shown: Sequence[str] = (),
+) -> np.ndarray:
+    """Allgather a fixed-length fingerprint and raise the same error on every rank unless
+    every rank sent the same one (so no rank runs on into a collective the others skip, or
+    into a message of another length).
+
+    Parameters
+    ----------
+    group : ProcessGroup
+        A distributed group (every rank must call this, at the same point).
+    values : ndarray
+        (k,) float64 (the same k on every rank): the values compared, one per name, then any
+        payload that travels along (not compared).
+    names : sequence of str
+        What each compared value stands for, for the message.
+    who, fix : str
+        The caller, and what the user must change, for the message.
+    shown : sequence of str
+        The names whose per-rank values the message lists (the first differing one).
+
+    Returns
+    -------
+    ndarray
+        (size, k) float64: every rank's values, in rank order.
+
+    Raises
+    ------
+    ValueError
+        On every rank at once, naming the values that differ between the ranks.
+    """
+    parts = group.allgather_array(np.asarray(values, np.float64))
+    bad = [n for n, col in zip(names, parts.T) if np.any(col != col[0])]
     if bad:
-        per_rank = {w: parts[:, i].tolist() for i, w in enumerate(what) if w in bad[:1]}
+        first = list(names).index(bad[0])
+        per_rank = {bad[0]: parts[:, first].tolist()} if bad[0] in shown else ""
         raise ValueError(
-            f"{who}: the ranks disagree on the {' and the '.join(bad)} {per_rank or ''}: every "
-            "rank must pass the same global batch and start from the same parameters (the same "
-            "data, seed and model configuration on every rank)"
+            f"{who}: the ranks disagree on the {' and the '.join(bad)} {per_rank}: {fix}"
         )
+    return parts

@@ -135,18 +135,20 @@ class ProcessGroup:
         """
         if not self.distributed:
             return tuple(stats)
-        c, kind = int(np.size(stats[0])), float(zlib.crc32(who.encode()))
-        # one message: [C, observer kind, fmin (C), fmax (C), counts (3C)], float64 (exact for
-        # float32 values and for counts below 2**53)
-        msg = np.concatenate([[c, kind], *(np.ravel(s).astype(np.float64) for s in stats)])
-        parts = self.allgather_array(msg)  # (size, 2 + 5C)
-        if np.any(parts[:, 0] != c) or np.any(parts[:, 1] != kind):
-            raise ValueError(  # another observer type runs its own collectives next: a hang
-                f"{who}: the ranks observed different channel counts {parts[:, 0].tolist()} or "
-                "ran different observer types; every rank must run the same model (the same "
-                "quantization configuration) on batches of the same shape"
-            )
-        v = parts[:, 2:].reshape(self.size, 5, c)
+        from nbqat._dist_agree import agree
+
+        c, names = int(np.size(stats[0])), ("channel count", "observer type")
+        # [fmin (C), fmax (C), counts (3C)], float64 (exact for float32 values and counts)
+        data = np.concatenate([np.ravel(s).astype(np.float64) for s in stats])
+        # first a fixed-length message [C, observer type, 5 values] (other channel counts would
+        # send other lengths: MPI's "Message truncated"; another observer type runs other
+        # collectives next: a hang), which holds the statistics of a per-tensor observer
+        first = np.concatenate([[c, zlib.crc32(who.encode())], data if c == 1 else np.zeros(5)])
+        fix = (
+            "every rank must run the same model (quantization configuration) on same-shape batches"
+        )
+        parts = agree(self, first, names, who, fix, shown=names[:1])[:, 2:]
+        v = (parts if c == 1 else self.allgather_array(data)).reshape(self.size, 5, c)
         fmin = np.minimum.reduce(v[:, 0], axis=0).astype(np.float32)
         fmax = np.maximum.reduce(v[:, 1], axis=0).astype(np.float32)
         counts = [v[:, i].sum(axis=0).astype(np.int64) for i in (2, 3, 4)]

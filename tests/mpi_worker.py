@@ -8,6 +8,8 @@ Adam (:data:`UNEVEN_RUNS`).
 MODE ``dropout``: SGD steps of a tiny TFT with dropout active through
 ``dist.data_parallel_step`` alone (:func:`worker_common.dropout_run`).
 MODE ``float8``: sharded calibration of a float8 MLP (:func:`worker_common.float8_run`).
+MODE ``channels``: a per-channel observer fed 3 channels on rank 0, 4 on rank 1 (a mismatched
+model); each rank saves the ValueError's message.
 MODE ``fail``: rank 1 raises; the others wait in a collective (they must not hang).
 Every rank writes ``OUT/rank<r>.npz``.
 
@@ -174,6 +176,14 @@ def main():
         from worker_common import float8_run
 
         res = float8_run(group)
+    elif mode == "channels":
+        obs = nbqat.PerChannelMinMaxObserver(ch_axis=1)
+        dist.sync_observers([obs], group)
+        try:
+            obs(np.ones((5, 3 + group.rank), np.float32))
+            res = {"error": np.array("")}
+        except ValueError as e:
+            res = {"error": np.array(str(e))}
     elif mode == "fail":
         if group.rank == 1:
             raise RuntimeError("deliberate failure")

@@ -81,15 +81,17 @@ def test_calibrate_refuses_ranks_with_other_or_fewer_batches(peer_has):
 
 
 class _Recorder(dist.ProcessGroup):
-    """Rank 0 of 2 whose peer sends ``peer`` (default: this rank's own message); records it."""
+    """Rank 0 of 2 whose peer sends the messages ``peer`` in turn (default: this rank's own
+    messages); records the messages sent."""
 
     def __init__(self, peer=None) -> None:
         super().__init__()
-        self.size, self.peer, self.sent = 2, peer, None
+        self.size, self.peer, self.sent = 2, peer, []
 
     def allgather_array(self, a):
-        self.sent = np.asarray(a, np.float64)
-        return np.stack([self.sent, self.sent if self.peer is None else self.peer])
+        self.sent.append(np.asarray(a, np.float64))
+        peer = self.sent[-1] if self.peer is None else self.peer[len(self.sent) - 1]
+        return np.stack([self.sent[-1], peer])
 
     def allreduce_sum(self, buf):
         buf *= 2
@@ -106,7 +108,9 @@ def test_ranks_running_other_observer_types_are_refused_at_the_first_exchange():
     minmax(x)
     hist = nbqat.HistogramObserver(bins=64)
     dist.sync_observers([hist], _Recorder(peer=rec.sent))
-    with pytest.raises(ValueError, match="HistogramObserver.forward: .*different observer types"):
+    with pytest.raises(
+        ValueError, match="HistogramObserver.forward: the ranks disagree on the observer type"
+    ):
         hist(x)
     same = nbqat.HistogramObserver(bins=64)
     dist.sync_observers([same], _Recorder())

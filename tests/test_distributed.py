@@ -246,6 +246,18 @@ def test_two_process_training_on_uneven_shards_equals_one_process(tmp_path):
         np.testing.assert_allclose(two[f"{name}.params"], one["params"], atol=2e-4, err_msg=name)
 
 
+def test_ranks_with_other_channel_counts_raise_the_same_error_at_the_first_exchange(tmp_path):
+    # a per-channel observer with 3 channels on rank 0 and 4 on rank 1: the statistics messages
+    # had other lengths, and rank 0 failed in MPI ("Message from rank 1 and tag 7 truncated;
+    # 136 bytes received but buffer size is 176") while rank 1 read rank 0's message as its own
+    r = _mpirun("channels", tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    errors = [str(_load(tmp_path, rank)["error"]) for rank in range(2)]
+    assert errors[0] == errors[1], errors
+    assert "PerChannelMinMaxObserver.forward: the ranks disagree on the channel count" in errors[0]
+    assert "[3.0, 4.0]" in errors[0]
+
+
 def test_a_failing_rank_stops_every_rank(tmp_path):
     t0 = time.perf_counter()
     r = _mpirun("fail", tmp_path, timeout=120)
