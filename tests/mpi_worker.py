@@ -8,6 +8,8 @@ Adam (:data:`UNEVEN_RUNS`).
 MODE ``dropout``: SGD steps of a tiny TFT with dropout active through
 ``dist.data_parallel_step`` alone (:func:`worker_common.dropout_run`).
 MODE ``float8``: sharded calibration of a float8 MLP (:func:`worker_common.float8_run`).
+MODE ``threads``: ``train_uneven``'s Adam + LSQ run on the parallel kernel builds, with rank r on
+1 + r Numba threads, then with every rank on 1 thread.
 MODE ``channels``: a per-channel observer fed 3 channels on rank 0, 4 on rank 1 (a mismatched
 model); each rank saves the ValueError's message.
 MODE ``fail``: rank 1 raises; the others wait in a collective (they must not hang).
@@ -176,6 +178,17 @@ def main():
         from worker_common import float8_run
 
         res = float8_run(group)
+    elif mode == "threads":  # results must not depend on each rank's thread count
+        import numba
+        from worker_common import tiny_run
+
+        from nbqat import _jit
+
+        _jit.PARALLEL_MIN, res = 0, {}  # every kernel on its parallel build
+        for name, threads in (("mixed", 1 + group.rank), ("one", 1)):
+            numba.set_num_threads(threads)
+            run = tiny_run(group, 3, nbqat.Adam, rows=7, learnable=True)
+            res.update({f"{name}.{k}": v for k, v in run.items()})
     elif mode == "channels":
         obs = nbqat.PerChannelMinMaxObserver(ch_axis=1)
         dist.sync_observers([obs], group)

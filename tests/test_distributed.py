@@ -246,6 +246,21 @@ def test_two_process_training_on_uneven_shards_equals_one_process(tmp_path):
         np.testing.assert_allclose(two[f"{name}.params"], one["params"], atol=2e-4, err_msg=name)
 
 
+def test_ranks_on_other_thread_counts_give_the_bits_of_ranks_on_one_thread(tmp_path, monkeypatch):
+    # ranks started with other --threads (or NUMBA_NUM_THREADS, or Parallel.default_threads on
+    # hosts with other core counts): the kernels reduce in fixed chunks and merge in order, so
+    # the parallel builds on 1 and 2 threads give the same bits and the ranks stay in step
+    monkeypatch.setenv("NUMBA_NUM_THREADS", "2")
+    r = _mpirun("threads", tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in range(2):
+        res = _load(tmp_path, rank)
+        one = [k for k in res if k.startswith("one.")]
+        assert len(one) > 100
+        for k in one:
+            np.testing.assert_array_equal(res["mixed." + k[4:]], res[k], err_msg=f"{rank} {k}")
+
+
 def test_ranks_with_other_channel_counts_raise_the_same_error_at_the_first_exchange(tmp_path):
     # a per-channel observer with 3 channels on rank 0 and 4 on rank 1: the statistics messages
     # had other lengths, and rank 0 failed in MPI ("Message from rank 1 and tag 7 truncated;
