@@ -134,6 +134,21 @@ def test_parity_saturated_activations(qat_float_head, tmp_path, rng):
     assert d["runtime_vs_division"] == 0  # onnxruntime's QuantizeLinear divides
 
 
+@pytest.mark.parametrize("scale", [1e20, 1e30])
+def test_parity_inputs_far_beyond_float32_squares(qat_head, tmp_path, scale):
+    """Inputs of 1e20 and 1e30 (squares beyond float32): a variable GRN's LayerNorm sees the
+    raw embedding through its skip, its sum of squares overflows in nbqat and in onnxruntime,
+    and both give the bias (rstd 0); nbqat's gave NaN rows (143 output steps from onnxruntime
+    at 1e20). The bound, docs/export.md: a LayerNorm row's plain sum must stay finite."""
+    path = to_onnx(qat_head, tmp_path / "m.onnx")
+    s, h, f = _batch(np.random.default_rng(0), 8, scale=scale)
+    rep = check_parity(qat_head, path, s, h, f, reference_rows=0)
+    assert rep["pairs"]["int8_vs_ort_disable_all"]["max_diff_output_steps"] == 0.0
+    # the fused integer kernels: one output step at most (measured 1.0000024 steps at 1e20)
+    assert rep["pairs"]["int8_vs_ort_default"]["max_diff_output_steps"] < 1.0 + 1e-5
+    assert rep["pairs"]["fake_quant_vs_int8"]["max_diff_output_steps"] == 0.0
+
+
 def test_parity_real_windows_qrisk(tmp_path):
     from nbqat.data import load_tmy3, make_windows
     from nbqat.train import q_risk

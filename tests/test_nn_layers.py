@@ -269,6 +269,27 @@ def test_layernorm_eps_must_be_finite_and_positive():
     np.testing.assert_allclose(ln.forward(x), ref, rtol=1e-12, atol=1e-12)
 
 
+def test_layernorm_rows_whose_float32_variance_overflows_give_torchs_output():
+    """float32 rows of magnitude 1e19-2e19 (the raw inputs' embedding reaches a variable GRN's
+    LayerNorm through its skip): the sum of squares overflows float32, and fastmath's
+    reciprocal square root estimate turned 1/sqrt(inf) into NaN rows (16 of 32 values at 1e19,
+    every row at 2e19) where torch gives rstd 0 (the bias) or its finite result."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    ln = nn.LayerNorm(8)
+    nn.ParameterBuffer(ln, np.float32, 3).params[:] = rng.normal(size=16)
+    base = rng.standard_normal((4, 8))
+    for scale in (1e19, 2e19, 1e20, 1e30):
+        x = (base * scale).astype(np.float32)
+        y = ln.forward(x)
+        assert np.isfinite(y).all(), scale
+        w, b = torch.from_numpy(ln.weight.copy()), torch.from_numpy(ln.bias.copy())
+        ref = torch.nn.functional.layer_norm(torch.from_numpy(x), (8,), w, b).numpy()
+        ok = np.isfinite(ref)  # torch's own Welford update gives NaN from 1e20 on
+        np.testing.assert_allclose(y[ok], ref[ok], rtol=1e-6, atol=1e-6, err_msg=str(scale))
+        assert ok.any() or scale > 2e19
+
+
 def _refused_forwards_keep_the_last(mod, forward, dy, refused):
     """``forward(); mod.backward(dy)`` gives the reference gradients; then ``forward()``, the
     refused calls (``refused()`` asserts they raise) and ``mod.backward(dy)`` must give them

@@ -192,7 +192,10 @@ def layernorm_forward(x, w, b, eps, out, mean, rstd):  # (N, C), (C,), (C,) -> (
         for j in range(c):
             d = x[r, j] - m
             v += d * d
-        rs = T(1.0) / np.sqrt(v * inv_c + e)
+        t = v * inv_c + e
+        # a variance that overflowed float32: rstd 0 as torch's 1/sqrt(inf) (fastmath's
+        # reciprocal square root estimate turns inf into NaN)
+        rs = T(1.0) / np.sqrt(t) if t < T(np.inf) else T(0.0)
         mean[r] = m
         rstd[r] = rs
         for j in range(c):
