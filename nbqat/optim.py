@@ -34,6 +34,9 @@ from nbqat._jit import threads_for
 from nbqat._validate import check_int, partial_overlap, writeable
 from nbqat.kernels import optim_cpu as _k
 from nbqat.optim_groups import ArrayGroup, ParamGroups, ParamSource, _Group
+from nbqat.optim_torch import check_torch_options, from_torch_state_dict
+from nbqat.optim_torch import hparam as _hparam
+from nbqat.optim_torch import real as _real
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -59,27 +62,6 @@ def _check_params(params: Any) -> bool:
     if not is_cuda and not params.flags.writeable:
         raise ValueError("params is read-only; the optimizer updates it in place")
     return is_cuda
-
-
-def _real(value: Any, name: str) -> float:
-    """``float(value)`` of a real number (not a string or bool: torch's comparisons refuse a
-    string, and ``True`` as a rate is a mistake)."""
-    if isinstance(value, (str, bytes, bool, np.bool_)):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__} {value!r}")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}") from None
-
-
-def _hparam(value: Any, name: str, lo: float = 0.0, hi: float | None = None) -> float:
-    """A finite hyper-parameter in ``[lo, hi)`` (torch accepts an infinite one, whose first
-    step writes Inf / NaN into the parameters: refused here)."""
-    v = _real(value, name)
-    if not (math.isfinite(v) and v >= lo and (hi is None or v < hi)):
-        rng = f"in [{lo}, {hi})" if hi is not None else f">= {lo}"
-        raise ValueError(f"Invalid {name}: {value!r} (must be {rng})")
-    return v
 
 
 class _Optimizer(ParamGroups):
@@ -188,7 +170,8 @@ class _Optimizer(ParamGroups):
         Parameters
         ----------
         state : dict
-            A dict from :meth:`state_dict` of the same optimizer type and buffer size.
+            A dict from :meth:`state_dict` of the same optimizer type and buffer size, or
+            torch.optim's of the same class in NumPy (:mod:`nbqat.optim_torch`).
 
         Raises
         ------
@@ -197,16 +180,13 @@ class _Optimizer(ParamGroups):
             moments missing from a state past step 0), or another number of parameter groups
             (add them with :meth:`add_param_group` first).
         """
+        if "state" in state and "param_groups" in state:  # torch.optim's layout
+            state = from_torch_state_dict(self, state)
         if state.get("type", type(self).__name__) != type(self).__name__:
             raise ValueError(f"state_dict is for {state.get('type')}, not {type(self).__name__}")
         missing = [k for k in ("step", *self._hparam_names) if k not in state]
         if missing:
-            torch_fmt = "state" in state and "param_groups" in state  # torch.optim's layout
-            raise ValueError(
-                f"state_dict lacks {missing}"
-                + (": it is a torch.optim state_dict ({'state', 'param_groups'}); load one "
-                   f"from {type(self).__name__}.state_dict()" if torch_fmt else "")
-            )  # fmt: skip
+            raise ValueError(f"state_dict lacks {missing}")
         try:  # 2.7 was truncated to 2 (and "3" or True taken as steps)
             step = check_int(state["step"], "state_dict step")
         except TypeError as e:
@@ -333,11 +313,15 @@ class SGD(_Optimizer):
         ``>= 0``.
     nesterov : bool, default False
         Requires ``momentum > 0`` and ``dampening == 0``.
+    **torch_options
+        torch's ``maximize``, ``foreach``, ``differentiable``, ``fused`` at their defaults
+        (False or None): the update is theirs (:func:`nbqat.optim_torch.check_torch_options`).
 
     Raises
     ------
     TypeError, ValueError
-        Bad buffer or hyper-parameters (torch's checks).
+        Bad buffer or hyper-parameters (torch's checks); another torch option, or one set to
+        what nbqat does not implement (naming it).
 
     References
     ----------
@@ -355,8 +339,10 @@ class SGD(_Optimizer):
         dampening: float = 0.0,
         weight_decay: float = 0.0,
         nesterov: bool = False,
+        **torch_options: Any,
     ) -> None:
         self._validate(lr, momentum, dampening, weight_decay, nesterov)
+        check_torch_options(self, torch_options)
         super().__init__(params)
         self.lr, self.momentum, self.dampening = float(lr), float(momentum), float(dampening)
         self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
@@ -399,6 +385,10 @@ class Adam(_Optimizer):
         Each in [0, 1).
     eps : float, default 1e-8
     weight_decay : float, default 0
+    **torch_options
+        torch's ``amsgrad``, ``maximize``, ``foreach``, ``capturable``, ``differentiable``,
+        ``fused``, ``decoupled_weight_decay`` at their defaults; any other value raises a
+        ValueError naming it (:func:`nbqat.optim_torch.check_torch_options`).
 
     Notes
     -----
@@ -424,8 +414,10 @@ class Adam(_Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        **torch_options: Any,
     ) -> None:
         self._validate(lr, betas, eps, weight_decay)
+        check_torch_options(self, torch_options)
         super().__init__(params)
         self.lr, self.eps, self.weight_decay = float(lr), float(eps), float(weight_decay)
         self.betas = (float(betas[0]), float(betas[1]))
@@ -474,6 +466,8 @@ class AdamW(Adam):
     eps : float, default 1e-8
     weight_decay : float, default 1e-2
         Decoupled decay coefficient.
+    **torch_options
+        As :class:`Adam`'s (``decoupled_weight_decay`` True, torch's AdamW default).
 
     References
     ----------
@@ -489,8 +483,9 @@ class AdamW(Adam):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
+        **torch_options: Any,
     ) -> None:
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, lr, betas, eps, weight_decay, **torch_options)
 
 
 __all__ = ["SGD", "Adam", "AdamW", "ArrayGroup", "ParamSource"]

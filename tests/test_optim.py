@@ -340,20 +340,6 @@ def test_a_view_of_a_buffer_made_read_only_since_is_refused_at_step():
         buf.flags.writeable = True
 
 
-def test_a_torch_optimizer_state_dict_is_named_as_such(torch):
-    # it was refused as "state_dict lacks ['step', 'lr', 'betas', 'eps', 'weight_decay']", as if
-    # a few keys were missing; torch's layout ({'state', 'param_groups'}) is another format
-    tp = torch.nn.Parameter(torch.zeros(4))
-    topt = torch.optim.AdamW([tp])
-    tp.grad = torch.ones(4)
-    topt.step()
-    p = np.zeros(4, np.float32)
-    opt = nbqat.AdamW(p)
-    with pytest.raises(ValueError, match=r"torch.optim state_dict .* AdamW.state_dict\(\)"):
-        opt.load_state_dict(topt.state_dict())
-    assert opt.step_count == 0 and not p.any()
-
-
 def test_adam_state_past_step_zero_without_its_moments_is_refused(rng):
     # {"step": 5, ...} without exp_avg / exp_avg_sq loaded zero moments at step 5: the next
     # update was neither the saved run's nor a fresh start's (torch starts such a state afresh)
