@@ -125,8 +125,8 @@ def agree(
     bad = [n for n, col in zip(names, parts.T) if np.any(col != col[0])]
     if bad:
         first = list(names).index(bad[0])
-        per_rank = {bad[0]: parts[:, first].tolist()} if bad[0] in shown else ""
+        per_rank = f" { ({bad[0]: parts[:, first].tolist()}) }" if bad[0] in shown else ""
         raise ValueError(
-            f"{who}: the ranks disagree on the {' and the '.join(bad)} {per_rank}: {fix}"
+            f"{who}: the ranks disagree on the {' and the '.join(bad)}{per_rank}: {fix}"
         )
     return parts

@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from nbqat._dist_agree import agree
+
 __all__ = [
     "MPIProcessGroup", "ProcessGroup", "allreduce_gradients", "calibrate", "data_parallel_step",
     "init_process_group", "install_abort_handler", "shard", "sync_observers",
@@ -66,9 +68,7 @@ class ProcessGroup:
     backend = "single"
 
     def __init__(self) -> None:
-        self.rank = 0
-        self.size = 1
-        self.last_transport = "none"
+        self.rank, self.size, self.last_transport = 0, 1, "none"
 
     @property
     def distributed(self) -> bool:
@@ -110,7 +110,9 @@ class ProcessGroup:
         """End every rank of the run with exit status ``code``."""
         raise SystemExit(code)
 
-    def combine_minmax_stats(self, stats: Sequence[np.ndarray], who: str) -> tuple[np.ndarray, ...]:
+    def combine_minmax_stats(
+        self, stats: Sequence[np.ndarray], who: str, config: tuple = ()
+    ) -> tuple[np.ndarray, ...]:
         """Combine observer batch statistics over ranks (rank order; exact).
 
         Parameters
@@ -120,6 +122,8 @@ class ProcessGroup:
             where a channel has no finite value or the batch is empty) and non-finite counts.
         who : str
             The observer, for the error message.
+        config : tuple
+            The observer's settings that shape its next collectives (a histogram's bins).
 
         Returns
         -------
@@ -130,23 +134,18 @@ class ProcessGroup:
         Raises
         ------
         ValueError
-            On every rank at once when the ranks disagree on the channel count or the
-            observer type (``who``).
+            On every rank at once when the ranks disagree on the channel count, ``who``, ``config``.
         """
         if not self.distributed:
             return tuple(stats)
-        from nbqat._dist_agree import agree
-
-        c, names = int(np.size(stats[0])), ("channel count", "observer type")
+        c, names = int(np.size(stats[0])), ("channel count", "observer type or configuration")
         # [fmin (C), fmax (C), counts (3C)], float64 (exact for float32 values and counts)
         data = np.concatenate([np.ravel(s).astype(np.float64) for s in stats])
-        # first a fixed-length message [C, observer type, 5 values] (other channel counts would
-        # send other lengths: MPI's "Message truncated"; another observer type runs other
-        # collectives next: a hang), which holds the statistics of a per-tensor observer
-        first = np.concatenate([[c, zlib.crc32(who.encode())], data if c == 1 else np.zeros(5)])
-        fix = (
-            "every rank must run the same model (quantization configuration) on same-shape batches"
-        )
+        # first a fixed length, [C, kind, a per-tensor observer's 5 values]: other lengths end
+        # in MPI ("Message truncated"), another kind runs other collectives next (a hang)
+        kind = zlib.crc32(f"{who}{tuple(config)}".encode())
+        first = np.concatenate([[c, kind], data if c == 1 else np.zeros(5)])
+        fix = "every rank must run the same model and quantization configuration on same batches"
         parts = agree(self, first, names, who, fix, shown=names[:1])[:, 2:]
         v = (parts if c == 1 else self.allgather_array(data)).reshape(self.size, 5, c)
         fmin = np.minimum.reduce(v[:, 0], axis=0).astype(np.float32)

@@ -116,3 +116,29 @@ def test_ranks_running_other_observer_types_are_refused_at_the_first_exchange():
     dist.sync_observers([same], _Recorder())
     same(x)  # ranks that agree observe
     assert np.isfinite(same.calculate_qparams()[0]).all()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda k: nbqat.HistogramObserver(bins=64 * k),
+        lambda k: nbqat.PercentileObserver(mantissa_bits=2 + k),
+    ],
+)
+def test_ranks_running_observers_of_other_settings_are_refused_at_the_first_exchange(make):
+    # under mpiexec -n 2, HistogramObserver(bins=64) on rank 0 and bins=128 on rank 1 passed the
+    # statistics exchange (same type) and ended in the counts' allreduce ("Message from rank 1
+    # and tag 14 truncated; 256 bytes received but buffer size is 512"); a key grid's mantissa
+    # bits size its counts alike
+    x = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    rec = _Recorder()
+    other = make(2)
+    dist.sync_observers([other], rec)
+    other(x)
+    obs = make(1)
+    dist.sync_observers([obs], _Recorder(peer=rec.sent))
+    with pytest.raises(
+        ValueError, match="the ranks disagree on the observer type or configuration:"
+    ):
+        obs(x)
+    assert obs.state_dict()["min_val"] == np.inf  # nothing observed

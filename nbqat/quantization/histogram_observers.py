@@ -238,7 +238,7 @@ class HistogramObserver(_MinMaxBase):
         x, is_cuda = _check_input(x, who)
         n = math.prod(x.shape)
         stats = _batch_stats_any(x, is_cuda, None)  # an empty shard: "nothing seen"
-        fmin, fmax, nnan, npinf, nninf = pg.combine_minmax_stats(stats, who)
+        fmin, fmax, nnan, npinf, nninf = pg.combine_minmax_stats(stats, who, self._sync_config())
         _apply_policy(self, fmin, fmax, nnan, npinf, nninf, who)
         cur_min, cur_max = self._min[()], self._max[()]
         if fmin[0] > fmax[0]:

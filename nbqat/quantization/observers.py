@@ -183,7 +183,7 @@ class _MinMaxBase:
         # empty: still take part in the ranks' collective, with nothing observed
         stats = _st.batch_stats(a, is_cuda, axis)
         if synced:  # the global batch's statistics, identical on every rank
-            stats = pg.combine_minmax_stats(stats, who)
+            stats = pg.combine_minmax_stats(stats, who, self._sync_config())
             seen_any = np.any(np.isfinite(stats[0])) or any(np.any(n) for n in stats[2:])
             if not seen_any:  # every rank's batch was empty: as one process, observe nothing
                 return a
@@ -191,6 +191,11 @@ class _MinMaxBase:
         cur_min, cur_max = self._apply_policy(who, fmin, fmax, nnan, npinf, nninf)
         self._update(cur_min, cur_max)
         return a
+
+    def _sync_config(self) -> tuple:
+        """The settings that shape this observer's collectives after the statistics (a
+        histogram's bins, a key grid's mantissa bits, the MSE's exact-values bound)."""
+        return tuple(getattr(self, k, None) for k in ("bins", "mantissa_bits", "max_exact"))
 
     def _apply_policy(self, who, fmin, fmax, nnan, npinf, nninf):
         """Batch (C,) min/max under the non-finite policy (raises before any state change)."""
