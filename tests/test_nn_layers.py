@@ -1006,3 +1006,46 @@ def test_named_parameters_recurse_false_gives_a_modules_own_parameters(torch):
         with_prefix = [n for n, _ in mod.named_parameters("m", recurse=False)]
         assert with_prefix == [f"m.{n}" for n, _ in want]
     assert [n for n, _ in model.named_parameters()] == [n for n, _ in ref.named_parameters()]
+
+
+def test_any_model_has_torchs_state_dict_and_load_state_dict(torch, rng):
+    """Module.state_dict / load_state_dict on a Sequential (the TFT had the only pair): the
+    keys and shapes of torch's state_dict of the same tree; torch's own state_dict, converted,
+    loads and gives torch's output; strict=False returns torch's (missing, unexpected) keys;
+    a refused load writes nothing."""
+    from nbqat.npz_state import CheckpointError
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.ELU(), nn.LayerNorm(4), nn.Linear(4, 2))
+    buf = nn.ParameterBuffer(model, seed=0)
+    ref = torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.ELU(), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2)
+    )
+    sd = model.state_dict()
+    tsd = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
+    assert [(k, v.shape) for k, v in sd.items()] == [(k, v.shape) for k, v in tsd.items()]
+    sd["0.weight"][...] = 7.0  # copies, not views
+    assert not np.any(model[0].weight == 7.0)
+    params = buf.params
+    assert model.load_state_dict(tsd) == ([], [])
+    assert buf.params is params
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    want = ref(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(model(x), want, rtol=1e-5, atol=1e-6)
+    partial = {k: v for k, v in tsd.items() if k != "3.bias"}
+    partial["extra"] = np.zeros(1)
+    t_keys = ref.load_state_dict(
+        {k: torch.from_numpy(np.array(v)) for k, v in partial.items()}, strict=False
+    )
+    assert model.load_state_dict(partial, strict=False) == (
+        t_keys.missing_keys,
+        t_keys.unexpected_keys,
+    )
+    before = buf.params.copy()
+    with pytest.raises(CheckpointError, match="missing key"):
+        model.load_state_dict(partial)
+    bad = {**tsd, "0.weight": tsd["0.weight"] + 1, "3.bias": np.zeros(3)}
+    with pytest.raises(CheckpointError, match="size mismatch for 3.bias"):
+        model.load_state_dict(bad)
+    with pytest.raises(TypeError, match="expected real numbers"):
+        model.load_state_dict({**bad, "3.bias": np.zeros(2, complex)})
+    np.testing.assert_array_equal(buf.params, before)

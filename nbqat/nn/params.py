@@ -15,53 +15,14 @@ and then cast, so a float32 and a float64 model built with the same seed hold th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-Init = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
-
-
-def uniform_init(bound: float) -> Init:
-    """``U(-bound, bound)`` (torch's default for nn.Linear / nn.LSTM with bound 1/sqrt(fan)).
-
-    Parameters
-    ----------
-    bound : float
-        Half-width of the interval, >= 0.
-
-    Returns
-    -------
-    Init
-        ``init(rng, shape)`` drawing a float64 array of ``shape`` from ``rng.uniform``.
-    """
-
-    def init(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-        return rng.uniform(-bound, bound, size=shape)
-
-    return init
-
-
-def constant_init(value: float) -> Init:
-    """All entries equal to ``value``.
-
-    Parameters
-    ----------
-    value : float
-        The constant (e.g. 1.0 for a LayerNorm weight, 0.0 for its bias).
-
-    Returns
-    -------
-    Init
-        ``init(rng, shape)`` returning a float64 array of ``shape`` filled with ``value``
-        (``rng`` is not used, so the random stream of later parameters does not move).
-    """
-
-    def init(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-        return np.full(shape, value, dtype=np.float64)
-
-    return init
+from nbqat.nn.init import Init
+from nbqat.nn.state_dict import IncompatibleKeys, checked_param, match_keys
 
 
 def stacked_view(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
@@ -352,6 +313,41 @@ class Module:
             As in :meth:`named_parameters`; yields ``(str, numpy.ndarray)`` pairs.
         """
         return self._named_views(prefix, "_grad")
+
+    def state_dict(self) -> OrderedDict[str, np.ndarray]:
+        """Copies of every parameter by dotted name (``torch.nn.Module.state_dict``'s names and
+        layouts, e.g. ``"0.weight"`` (out, in)); :meth:`load_state_dict` takes it back."""
+        return OrderedDict((k, v.copy()) for k, v in self.named_parameters())
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True) -> IncompatibleKeys:
+        """Copy a :meth:`state_dict` into the parameter views (the flat buffer is kept), every
+        value checked before the first write (torch's copies stop half way).
+
+        Parameters
+        ----------
+        state_dict : mapping of str to array
+            Values of the parameters' shapes, cast to their dtype.
+        strict : bool, default True
+            Refuse missing or unexpected keys; False loads the keys that match.
+
+        Returns
+        -------
+        IncompatibleKeys
+            ``(missing_keys, unexpected_keys)``, both empty under ``strict``.
+
+        Raises
+        ------
+        CheckpointError
+            (a ValueError) missing or unexpected keys under ``strict``; a shape mismatch.
+        TypeError
+            A non-mapping, or values that are not real numbers. Nothing is written then.
+        """
+        params = dict(self.named_parameters())
+        keys = match_keys(list(params), state_dict, strict)
+        new = {k: checked_param(k, state_dict[k], p) for k, p in params.items() if k in state_dict}
+        for k, v in new.items():
+            params[k][...] = v
+        return keys
 
     def _named_views(self, prefix: str, suffix: str, recurse: bool = True) -> Iterator[Any]:
         for mname, mod in self.named_modules(prefix) if recurse else [(prefix, self)]:

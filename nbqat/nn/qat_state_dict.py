@@ -15,11 +15,12 @@ has its own ``state_dict``, as in torch. The result is a nested state that
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from nbqat.nn.qat_state import QATCheckpoint, check_phase_state
+from nbqat.nn.state_dict import IncompatibleKeys, checked_param, match_keys
 from nbqat.npz_state import CheckpointError
 
 __all__ = ["EXTRA_STATE", "IncompatibleKeys", "QATStateDict"]
@@ -27,21 +28,6 @@ __all__ = ["EXTRA_STATE", "IncompatibleKeys", "QATStateDict"]
 #: The :meth:`QATStateDict.state_dict` key of the phase state (torch's key of a module's
 #: ``get_extra_state()``).
 EXTRA_STATE = "_extra_state"
-
-
-class IncompatibleKeys(NamedTuple):
-    """What :meth:`QATStateDict.load_state_dict` did not load (torch's ``_IncompatibleKeys``).
-
-    Parameters
-    ----------
-    missing_keys : list of str
-        This model's keys that the state_dict lacks (left as they were).
-    unexpected_keys : list of str
-        The state_dict's keys that this model does not have (ignored).
-    """
-
-    missing_keys: list[str]
-    unexpected_keys: list[str]
 
 
 class QATStateDict(QATCheckpoint):
@@ -82,40 +68,25 @@ class QATStateDict(QATCheckpoint):
             From :meth:`state_dict` of a model prepared the same way (same network and
             quantizers; its parameter values, qparams and phase are loaded).
         strict : bool, default True
-            Refuse a state_dict whose keys differ from this model's; False loads the keys that
-            match and leaves the others as they are.
-
-        Returns
-        -------
-        IncompatibleKeys
-            ``(missing_keys, unexpected_keys)``, both empty under ``strict``.
+            As :meth:`nbqat.nn.Module.load_state_dict`: refuse other keys, or load the ones
+            that match; returns the :class:`~nbqat.nn.state_dict.IncompatibleKeys`.
 
         Raises
         ------
         TypeError
-            ``state_dict`` is not a mapping.
+            ``state_dict`` is not a mapping, or a parameter value not real numbers.
         CheckpointError
             (a ValueError; torch raises a RuntimeError) missing or unexpected keys under
             ``strict``, a parameter of another shape (torch's "size mismatch", with any
-            ``strict``) or a non-real dtype, a quantizer state its ``load_state_dict`` refuses,
-            a bad ``"_extra_state"``. Nothing is changed then (torch may have copied some
-            parameters by then).
+            ``strict``), a quantizer state its ``load_state_dict`` refuses, a bad
+            ``"_extra_state"``. Nothing is changed then (torch may have copied some parameters
+            by then).
         """
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
         own = self._quantizer_states()
         params = dict(self.model.named_parameters())
         keys = [*params, *(f"{n}.{k}" for n, st in own.items() for k in st), EXTRA_STATE]
-        known = set(keys)
-        missing = [k for k in keys if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in known]
-        if strict and (missing or unexpected):
-            raise CheckpointError(
-                f"load_state_dict: missing key(s) {missing[:8]}, unexpected key(s) "
-                f"{unexpected[:8]} (another network or QATConfig? strict=False loads the keys "
-                "that match)"
-            )
-        new = {n: _checked_param(n, state_dict[n], p) for n, p in params.items() if n in state_dict}
+        incompatible = match_keys(keys, state_dict, strict)
+        new = {n: checked_param(n, state_dict[n], p) for n, p in params.items() if n in state_dict}
         phase = check_phase_state(state_dict.get(EXTRA_STATE, self._phase_state()))
         self._load_quantizers(
             {
@@ -130,7 +101,7 @@ class QATStateDict(QATCheckpoint):
         for n, v in new.items():
             params[n][...] = v
         self._set_phase_state(phase)
-        return IncompatibleKeys(missing, unexpected)
+        return incompatible
 
     def _load_quantizers(self, states: dict[str, dict], before: dict[str, dict]) -> None:
         """Every quantizer's state, or none: a refusal rolls the loaded ones back."""
@@ -143,17 +114,3 @@ class QATStateDict(QATCheckpoint):
                     self.fake_quants[prev].load_state_dict(before[prev])
                 raise CheckpointError(f"load_state_dict: quantizer {name}: {e}") from e
             done.append(name)
-
-
-def _checked_param(name: str, value: Any, param: np.ndarray) -> np.ndarray:
-    """``value`` as an array of ``param``'s shape and a real dtype (cast on assignment, as
-    torch's ``copy_``), else a CheckpointError naming the parameter."""
-    a = np.asarray(value)
-    if a.shape != param.shape:
-        raise CheckpointError(
-            f"load_state_dict: size mismatch for {name}: the state_dict's shape {a.shape}, "
-            f"this model's {param.shape}"
-        )
-    if a.dtype.kind not in "fiu":
-        raise CheckpointError(f"load_state_dict: {name} has dtype {a.dtype}; expected a float")
-    return a

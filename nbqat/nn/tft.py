@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -279,44 +277,6 @@ class TemporalFusionTransformer(BufferedModel):
         self.static_weights: np.ndarray | None = None
         self.encoder_weights: np.ndarray | None = None
         self.decoder_weights: np.ndarray | None = None
-
-    def state_dict(self) -> OrderedDict[str, np.ndarray]:
-        """Copies of every parameter, by dotted name (torch's names and layouts)."""
-        return OrderedDict((k, v.copy()) for k, v in self.named_parameters())
-
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        """Copy ``state`` into the parameter views (the flat buffer is kept).
-
-        Parameters
-        ----------
-        state : Mapping[str, ndarray]
-            Exactly the keys of :meth:`state_dict` (dotted parameter names) with arrays of the
-            matching shapes; the values are cast to the model's dtype.
-
-        Raises
-        ------
-        ValueError
-            On missing or unexpected keys or a shape mismatch; nothing is written then.
-        TypeError
-            A value that is not real numbers (complex, strings, objects); nothing is written.
-        """
-        own = dict(self.named_parameters())
-        missing = sorted(set(own) - set(state))
-        unexpected = sorted(set(state) - set(own))
-        if missing or unexpected:
-            raise ValueError(
-                f"state_dict mismatch: missing keys {missing}, unexpected keys {unexpected}"
-            )
-        values = {}
-        for k, v in own.items():  # every value converted before the first write
-            a = np.asarray(state[k])
-            if a.shape != v.shape:
-                raise ValueError(f"state_dict[{k!r}] has shape {a.shape}, expected {v.shape}")
-            if a.dtype.kind not in "biuf":
-                raise TypeError(f"state_dict[{k!r}] has dtype {a.dtype}; expected real numbers")
-            values[k] = a.astype(self.dtype)
-        for k, v in own.items():
-            v[...] = values[k]
 
     # -- forward / backward ----------------------------------------------------------------
     def forward(self, static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:

@@ -10,7 +10,8 @@ import numpy as np
 
 from nbqat import _validate as V
 from nbqat.kernels import nn_cpu
-from nbqat.nn.params import Module, layer_size, uniform_init
+from nbqat.nn.init import uniform_init
+from nbqat.nn.params import Module, layer_size
 from nbqat.quantization.fake_quantize import FakeQuantize
 
 

@@ -9,8 +9,9 @@ import numpy as np
 
 from nbqat import _validate as V
 from nbqat.kernels import nn_cpu
+from nbqat.nn.init import uniform_init
 from nbqat.nn.layers.linear import _ones, hook_backward
-from nbqat.nn.params import Module, layer_size, uniform_init
+from nbqat.nn.params import Module, layer_size
 
 
 def lstm_step(

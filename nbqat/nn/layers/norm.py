@@ -7,7 +7,8 @@ import numpy as np
 from nbqat import _validate as V
 from nbqat._docs import LAYER_BACKWARD_RAISES, fill_doc
 from nbqat.kernels import nn_cpu
-from nbqat.nn.params import Module, constant_init, layer_size
+from nbqat.nn.init import constant_init
+from nbqat.nn.params import Module, layer_size
 
 
 class LayerNorm(Module):

@@ -6,10 +6,11 @@ import numpy as np
 
 from nbqat import _validate as V
 from nbqat.kernels import nn_cpu
+from nbqat.nn.init import uniform_init
 from nbqat.nn.layers.gating import GatedResidualNetwork
 from nbqat.nn.layers.grn_stack import GRNStack
 from nbqat.nn.layers.linear import Linear, _ones
-from nbqat.nn.params import Module, ModuleList, layer_size, read_only_view, uniform_init
+from nbqat.nn.params import Module, ModuleList, layer_size, read_only_view
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # the compiled passes' dtypes
 
