@@ -11,7 +11,7 @@ import csv
 import gzip
 import math
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +64,24 @@ def test_mixed_utc_offsets_are_refused(tmp_path):
     body[5][1] += "+02:00"
     with pytest.raises(DataError, match=r"line 7: column 'ts' mixes time zones"):
         load_csv(write(tmp_path / "z.csv", body), **ARGS)
+
+
+def test_a_date_ending_in_a_day_is_no_utc_offset(tmp_path):
+    # '2020-03-02' ends in '-02', which is no UTC offset: a day-first date among ISO dates
+    # was reported as "mixes time zones: '2020-03-02' has a UTC offset", a false diagnosis
+    body = [
+        ["a", (date(2020, 3, 1) + timedelta(days=i)).isoformat(), "1.0", "2"] for i in range(30)
+    ]
+    body[4][1] = "05/03/2020"
+    df = pd.DataFrame(body, columns=HEADER)
+    for read in (lambda: load_csv(write(tmp_path / "d.csv", body), **ARGS),
+                 lambda: from_dataframe(df, **ARGS)):  # fmt: skip
+        with pytest.raises(DataError) as e:
+            read()
+        msg = str(e.value)
+        assert "time zone" not in msg and "UTC offset" not in msg
+        assert "'05/03/2020' is neither a number nor an ISO 8601 date" in msg
+        assert "pd.to_datetime(df['ts']" in msg  # the pandas conversion that fixes it
 
 
 def test_aware_offsets_convert_to_utc(tmp_path):

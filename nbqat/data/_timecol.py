@@ -80,7 +80,8 @@ def _diagnose(st: Any, col: str, where: Callable[[int], str]) -> np.ndarray:
     num = pd.to_numeric(st, errors="coerce")
     if num.notna().all():
         return _finite(num.to_numpy(dtype=np.float64), col, where)
-    has_tz = st.str.contains(_OFFSET, regex=True).to_numpy()
+    # after the date (10 characters): a date's '-02' (the day) is no UTC offset
+    has_tz = st.str.slice(10).str.contains(_OFFSET, regex=True).to_numpy()
     if has_tz.any() and not has_tz.all():
         i, j = int(np.argmax(has_tz)), int(np.argmax(~has_tz))
         raise DataError(
@@ -109,7 +110,9 @@ def _diagnose(st: Any, col: str, where: Callable[[int], str]) -> np.ndarray:
             )
         raise DataError(
             f"{where(i)}: time value {st.iloc[i]!r} is neither a number nor an ISO 8601 date "
-            "time (e.g. 2001-01-31T23:00); fix the value or choose another --time-col"
+            f"time (e.g. 2001-01-31T23:00); fix the value, convert the column with pandas first "
+            f"(df[{col!r}] = pd.to_datetime(df[{col!r}], format=...): a DataFrame's datetime "
+            "column is read as it is), or choose another --time-col"
         )
     if isinstance(dt.dtype, pd.DatetimeTZDtype):
         return _naive_utc(dt)
