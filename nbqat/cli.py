@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -221,7 +222,12 @@ def _predict(args: argparse.Namespace) -> int:
         print(f"backtest q-risk over {n} windows: "
               + ", ".join(f"{k} {q_text(v)}" for k, v in qr.items()), file=msg)  # fmt: skip
     if path is None:
-        df.to_csv(sys.stdout, index=False, lineterminator="\n")
+        try:
+            df.to_csv(sys.stdout, index=False, lineterminator="\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader left (| head): stop quietly, as line tools do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+            return 141  # 128 + SIGPIPE, the status of a tool the signal stopped
     else:
         print(f"wrote {path}")
     return 0

@@ -336,3 +336,23 @@ def test_out_dash_writes_the_csv_to_standard_output(run, tmp_path, capsys, monke
     assert main(["backtest", str(run), "--stride", "24", "--out", "-"]) == 0
     out = capsys.readouterr()
     assert out.out.startswith("entity,origin,time,") and "backtest q-risk" in out.err
+
+
+def test_out_dash_into_a_closed_pipe_ends_quietly(run):
+    """``nbqat predict RUN --out - | head -1`` printed a BrokenPipeError traceback (from
+    pandas' to_csv) once head had left; line tools stop quietly there. The reader is gone
+    before the CSV is written: no traceback, the status a tool stopped by SIGPIPE has."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for cmd in (["predict", *AT], ["backtest", "--stride", "24"]):
+        p = subprocess.Popen(
+            [sys.executable, "-m", "nbqat", cmd[0], str(run), *cmd[1:], "--out", "-"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        )  # fmt: skip
+        p.stdout.close()  # type: ignore[union-attr]
+        err = p.stderr.read().decode()  # type: ignore[union-attr]
+        assert p.wait(timeout=120) == 141, err
+        assert "Traceback" not in err and "BrokenPipe" not in err, err
