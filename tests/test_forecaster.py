@@ -785,6 +785,28 @@ def test_time_and_entity_columns_may_be_index_levels(demand):
     assert fit.predict().time.iloc[0] == "2024-01-06T00:00:00"  # after the last of 120 hours
 
 
+def test_forecast_keys_keep_the_dataframes_dtypes(demand):
+    """A DataFrame with a datetime64 time column got its forecast times back as text
+    ('2024-03-29T18:00:00') and a categorical entity as str, so that merging the forecasts
+    with the frame raised ("You are trying to merge on str and datetime64[us] columns").
+    They now come back in the frame's dtypes (naive, aware, categorical) and merge: the
+    oracle is pandas' merge, whose ``actual`` must be the frame's own target."""
+    import nbqat
+
+    fc = nbqat.Forecaster.load(demand[4])
+    full = demand[1]
+    naive = full.assign(ts=pd.to_datetime(full.ts), site=full.site.astype("category"))
+    aware = naive.assign(ts=naive.ts.dt.tz_localize("UTC").dt.tz_convert("Asia/Tokyo"))
+    for df in (naive, aware):
+        for got in (fc.predict(df, at="2024-03-29T18:00"), fc.backtest(df, stride=TAU)):
+            assert got.time.dtype == df.ts.dtype and got.entity.dtype == df.site.dtype
+            m = got.merge(df, left_on=["entity", "time"], right_on=["site", "ts"])
+            assert len(m) == len(got) and (m.actual == m.demand).all()
+        assert fc.backtest(df, stride=TAU).origin.dtype == df.ts.dtype
+    text = fc.predict(pd.read_csv(demand[3]))  # text keys keep the data's spelling
+    assert text.time.iloc[0] == "2024-03-30 18:00" and text.entity.iloc[0] == "north"
+
+
 def test_a_period_time_column_reads_as_its_start_times(demand):
     """A pandas Period column (``df.index.to_period("M")``, statsmodels' quarterly data) was
     refused as "neither a number nor an ISO 8601 date time"; it reads as its periods' start

@@ -417,8 +417,10 @@ def test_default_backtest_of_entities_on_other_quarters(tmp_path):
         want = pd.date_range(first, last, freq="12MS")  # every horizon (4 quarters)
         assert list(pd.to_datetime(g.origin.unique())) == list(want)
     explicit = fc.backtest(start=str(test_start.date()), engine="int8", data=df[df.site == "s0"])
-    pd.testing.assert_frame_equal(explicit, bt[bt.entity == "s0"].reset_index(drop=True),
-                                  check_like=True)  # fmt: skip
+    assert explicit.origin.dtype == df.date.dtype  # a DataFrame's keys come back in its dtypes
+    text = bt[bt.entity == "s0"].reset_index(drop=True)  # the run's own data: as spelled
+    text[["origin", "time"]] = text[["origin", "time"]].apply(pd.to_datetime).astype(df.date.dtype)
+    pd.testing.assert_frame_equal(explicit, text, check_like=True)
 
 
 def test_weekly_data_reads_the_time_of_year_not_a_constant_weekday(tmp_path):

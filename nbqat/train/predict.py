@@ -313,8 +313,10 @@ def forecast(
     pandas.DataFrame
         Columns ``entity, [origin,] time, step, p10, p50, p90 [, actual]`` (one column per
         trained quantile), one row per window and forecast step; times spelled as the data
-        spells them; forecasts in the target's units (float64). ``attrs["skipped"]``: the
-        entities too short to forecast, left out with a UserWarning (none left: an error).
+        spells them (a DataFrame's datetime64 times and non-text entities in its dtypes, so
+        the forecasts merge with it); forecasts in the target's units (float64).
+        ``attrs["skipped"]``: the entities too short to forecast, left out with a UserWarning
+        (none left: an error).
 
     Raises
     ------
@@ -355,6 +357,34 @@ def forecast(
     pred = _batched(_engine(engine, run, qat), fw)
     df = _frame(fw, series, pred, info["quantiles"], at is not None or bt is not None, bt)
     df.attrs["skipped"] = fw.skipped
+    return _keys_like(df, data, cfg)
+
+
+def _keys_like(df: Any, data: Any, cfg: dict) -> Any:
+    """``df`` with its ``entity``, ``time`` and ``origin`` columns in the dtypes of a
+    DataFrame ``data``'s entity and time columns (or index levels) where those are not text:
+    a pandas user's datetime64 (naive, aware or pyarrow) and integer or categorical keys come
+    back as such, so that the forecasts merge with the frame; text keys stay the data's
+    spelling (a path's too)."""
+    import pandas as pd
+
+    if not isinstance(data, pd.DataFrame):
+        return df
+
+    def dtype(col: Any) -> Any:
+        if col is None:  # no entity column (a RangeIndex is named None too)
+            return None
+        if col in data.columns:
+            return data[col].dtype
+        return data.index.get_level_values(col).dtype if col in data.index.names else None
+
+    t, e = dtype(cfg.get("time_col")), dtype(cfg.get("entity_col"))
+    if t is not None and pd.api.types.is_datetime64_any_dtype(t):
+        for c in ("time", "origin"):
+            if c in df.columns:  # spelled as ISO 8601, with +00:00 where aware (UTC)
+                df[c] = pd.to_datetime(df[c], format="ISO8601").astype(t)
+    if e is not None and not pd.api.types.is_string_dtype(e):  # object too
+        df["entity"] = df["entity"].astype(e)
     return df
 
 
