@@ -807,6 +807,23 @@ def test_forecast_keys_keep_the_dataframes_dtypes(demand):
     assert text.time.iloc[0] == "2024-03-30 18:00" and text.entity.iloc[0] == "north"
 
 
+def test_an_entity_the_run_never_saw_names_the_fix(demand):
+    """Data with a series the model was not fitted on was refused naming the run's entities
+    but no fix; the message says to leave its rows out or fit a model that holds it, before
+    any forecast, for predict and backtest alike."""
+    import nbqat
+
+    fc = nbqat.Forecaster.load(demand[4])
+    fut = pd.read_csv(demand[3])
+    new = pd.concat([fut, fut[fut.site == "east"].assign(site="west")], ignore_index=True)
+    fix = r"'west'.*\['north', 'south', 'east'\].*leave 'west''s rows out of the data"
+    with pytest.raises(ValueError, match=fix + r".*fit a model on data that holds 'west'"):
+        fc.predict(new)
+    with pytest.raises(ValueError, match=fix):
+        fc.backtest(new)
+    pd.testing.assert_frame_equal(fc.predict(new[new.site != "west"]), fc.predict(fut))
+
+
 def test_a_period_time_column_reads_as_its_start_times(demand):
     """A pandas Period column (``df.index.to_period("M")``, statsmodels' quarterly data) was
     refused as "neither a number nor an ISO 8601 date time"; it reads as its periods' start

@@ -128,7 +128,9 @@ class Scaling:
         except ValueError:
             raise ValueError(
                 f"entity {name!r} is not one of the training run's entities {self.entities}: "
-                "the model has static features and a standardisation for those only"
+                "the model has static features and a standardisation for those only; leave "
+                f"{name!r}'s rows out of the data to forecast the others, or fit a model on "
+                f"data that holds {name!r}"
             ) from None
 
     def seconds(self, t: np.ndarray) -> np.ndarray:
