@@ -105,7 +105,8 @@ class Forecaster:
     ----------
     **options
         The ``nbqat train`` long options with underscores: ``history=``, ``horizon=``,
-        ``calendar="hour,dow"``, ``quick=True``, ``plots=False``, ``progress=False``,
+        ``calendar="hour,dow"``, ``quick=True``, ``plots=False``, ``progress=False`` (a
+        ``--no-X`` flag is ``X=False``),
         ``model="lstm"``, ``epochs=``, ``seed=``, ``fill_gaps=True``, ``overwrite=True`` ...;
         ``out=None`` (default) trains into a temporary run folder (keep it with :meth:`save`);
         each :meth:`fit` then trains into a new one (the previous run is removed when the new
@@ -125,11 +126,13 @@ class Forecaster:
     def __init__(self, **options: Any) -> None:
         from nbqat.train.options import check_options
 
-        bad = sorted(set(options) - set(_option_names()))
-        if bad:
+        names = _option_names()
+        bad = sorted(set(options) - set(names))
+        if bad:  # --no-progress, --no-plots ...: the option is the positive name
+            no = "".join(f"; {b}=True is {b[3:]}=False" for b in bad if b[3:] in names)
             raise TypeError(
-                f"Forecaster got unknown option(s) {bad}; the options are nbqat train's: "
-                f"{', '.join(_option_names())}"
+                f"Forecaster got unknown option(s) {bad}{no}; the options are nbqat train's: "
+                f"{', '.join(names)}"
             )
         # explicit keywords: ranges, and options the model ignores; out=None is the default
         check_options({k: v for k, v in options.items() if k != "out" or v is not None})

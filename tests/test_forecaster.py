@@ -824,6 +824,20 @@ def test_an_entity_the_run_never_saw_names_the_fix(demand):
     pd.testing.assert_frame_equal(fc.predict(new[new.site != "west"]), fc.predict(fut))
 
 
+def test_a_no_flag_as_an_option_names_its_positive_form():
+    """``Forecaster(no_progress=True)`` (``--no-progress`` with underscores, as the README's
+    rule reads) was refused listing 42 options but not the one meant; the message names
+    ``progress=False``, which works."""
+    import nbqat
+
+    with pytest.raises(TypeError, match=r"no_plots=True is plots=False; no_progress=True is "
+                                        r"progress=False; the options"):  # fmt: skip
+        nbqat.Forecaster(no_progress=True, no_plots=True)
+    with pytest.raises(TypeError, match=r"\['no_such'\]; the options"):
+        nbqat.Forecaster(no_such=True)
+    assert nbqat.Forecaster(progress=False, plots=False).options["progress"] is False
+
+
 def test_a_period_time_column_reads_as_its_start_times(demand):
     """A pandas Period column (``df.index.to_period("M")``, statsmodels' quarterly data) was
     refused as "neither a number nor an ISO 8601 date time"; it reads as its periods' start
