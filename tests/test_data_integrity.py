@@ -180,6 +180,19 @@ def test_history_shorter_than_season_names_history(tmp_path):
         make_windows(d, history=12, horizon=24)
 
 
+def test_an_entity_without_any_window_is_named(tmp_path):
+    """A 20-row series beside a 300-row one (window 24 + 6) was taken silently: it got a
+    standardisation and an entity id but no window in any split (the windows counted by hand
+    below), so the model never saw it. Now a DataError names it and the fix; with a history
+    that fits it, it trains."""
+    d = load_csv(write(tmp_path / "s.csv", rows(300) + rows(20, "short", seed=1)), **ARGS)
+    want = r"'short' \(20 rows\) has no window in any split: .* = 30 .*leave their rows out"
+    with pytest.raises(DataError, match=want):
+        make_windows(d, history=24, horizon=6, season=12)
+    w = make_windows(d, history=12, horizon=6, season=12)
+    assert int(np.sum(w.train.entity == 1)) == 20 - 12 - 6 + 1
+
+
 def test_dataframe_and_parquet_match_csv(tmp_path):
     body = rows(60, "a") + rows(50, "b", seed=2)
     p = write(tmp_path / "u.csv", body)

@@ -201,6 +201,24 @@ def _attach_splits(w: Windows, data: SeriesData, parts: list[_EntityPart], split
                 "series or a shorter --history / --horizon"
             )
         setattr(w, name, sw)
+    _check_every_entity_has_a_window(w, data)
+
+
+def _check_every_entity_has_a_window(w: Windows, data: SeriesData) -> None:
+    """An entity without a window in any split would be in the model (scaling, entity id)
+    but never trained, validated or tested on: a DataError naming it and the fix (an entity
+    that starts late, with windows in validation or test only, is kept)."""
+    seen = np.concatenate([w.train.entity, w.val.entity, w.test.entity])
+    none = np.setdiff1d(np.arange(len(data.entity_names)), seen)
+    if len(none):
+        names = [data.entity_names[int(i)] for i in none]
+        raise DataError(
+            f"entity {names[0]!r} ({data.lengths[int(none[0])]} rows) has no window in any "
+            f"split: a window needs history + horizon = {w.history + w.horizon} consecutive "
+            f"steps, so the model would never see it (entities so: {names[:5]}"
+            f"{' ...' if len(names) > 5 else ''}); leave their rows out, give them more rows, "
+            "or use a shorter --history / --horizon"
+        )
 
 
 def _assemble(
@@ -302,7 +320,7 @@ def make_windows(
     ------
     DataError
         When a split gets no window, or an entity has no training rows to fit its
-        standardisation (the message gives the lengths needed).
+        standardisation or no window at all (the message gives the lengths needed).
     ValueError
         For a bad option (history, horizon, split, season, strides).
 
