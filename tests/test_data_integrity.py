@@ -193,6 +193,20 @@ def test_an_entity_without_any_window_is_named(tmp_path):
     assert int(np.sum(w.train.entity == 1)) == 20 - 12 - 6 + 1
 
 
+def test_local_daily_dates_across_daylight_saving_name_the_fix():
+    """Daily local midnights in Europe/Berlin (tz-aware, as pandas gives them) are read in
+    UTC, 23 hours apart at the March change: refused as 'not a whole number of steps', with
+    no fix. The message now says why and names pandas' tz_localize(None), with which the
+    same frame loads as 60 days (pandas' own count of its dates)."""
+    days = pd.date_range("2023-03-01", periods=60, freq="D", tz="Europe/Berlin")
+    df = pd.DataFrame({"id": "a", "ts": days, "y": np.arange(60.0), "x": 1.0})
+    with pytest.raises(DataError, match=r"not a whole number of steps .* 23 hours apart: a "
+                       r"daylight-saving change.*df\[col\].dt.tz_localize\(None\)"):  # fmt: skip
+        from_dataframe(df, **ARGS)
+    d = from_dataframe(df.assign(ts=df.ts.dt.tz_localize(None)), **ARGS)
+    assert d.lengths == [len(days.normalize().unique())]
+
+
 def test_dataframe_and_parquet_match_csv(tmp_path):
     body = rows(60, "a") + rows(50, "b", seed=2)
     p = write(tmp_path / "u.csv", body)

@@ -215,7 +215,7 @@ def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray |
         raise DataError(
             f"{where(_row(rows, i + 1))}: timestamp {ta[i + 1]} of entity {name!r} is "
             f"not a whole number of steps ({step}) after the previous one ({ta[i]}); the "
-            "series must be regular" + _month_hint(step, ta)
+            "series must be regular" + _month_hint(step, ta) + _dst_hint(step, d[i])
         )
     gaps = np.flatnonzero(nsteps > 1)
     hint = "" if is_dt or not len(gaps) else _compact_date_hint(ta)
@@ -252,6 +252,24 @@ def _compact_date_hint(ta: np.ndarray) -> str:
                     "step by days or calendar months"
                 )
     return ""
+
+
+def _dst_hint(step, gap) -> str:
+    """The fix for days (a step of 1 to 27 days) one that ``gap`` misses by at most an hour:
+    local midnights with a UTC offset across a daylight-saving change (read in UTC)."""
+    if not isinstance(step, np.timedelta64) or step.dtype == np.dtype("timedelta64[M]"):
+        return ""
+    if not np.timedelta64(1, "D") <= step < np.timedelta64(28, "D"):
+        return ""
+    off = gap % step
+    if not np.timedelta64(0, "s") < min(off, step - off) <= np.timedelta64(1, "h"):
+        return ""
+    return (
+        f"; {gap / np.timedelta64(1, 'h'):g} hours apart: a daylight-saving change, since "
+        "date times with a UTC offset are read in UTC (local midnights move by an hour); "
+        "give the dates without an offset (pandas: df[col] = df[col].dt.tz_localize(None) "
+        "keeps the local dates)"
+    )
 
 
 def _month_hint(step, ta: np.ndarray) -> str:
