@@ -207,6 +207,22 @@ def test_local_daily_dates_across_daylight_saving_name_the_fix():
     assert d.lengths == [len(days.normalize().unique())]
 
 
+def test_a_calendar_feature_named_as_a_column_points_to_calendar(tmp_path):
+    """The tutorial's own data line (--known-cols hour,holiday) on a file without an 'hour'
+    column said only that the header lacks it; 'hour' is a calendar feature, and the message
+    now names --calendar. A real 'hour' column is still read as one."""
+    p = write(tmp_path / "c.csv", rows(60))
+    with pytest.raises(DataError, match=r"\['hour'\] that the header does not have \('hour': "
+                       r"a calendar feature, .* --calendar hour"):  # fmt: skip
+        load_csv(p, **ARGS, known_cols=["hour", "x"])
+    with pytest.raises(DataError, match=r"\['temp'\] that the header does not have; "):
+        load_csv(p, **ARGS, known_cols=["temp"])
+    body = [r[:3] + [r[1][11:13]] for r in rows(60)]  # x -> the hour, as a column
+    d = load_csv(write(tmp_path / "h.csv", body, header=["id", "ts", "y", "hour"]),
+                 **ARGS, known_cols=["hour"])  # fmt: skip
+    assert d.known_names == ["hour"]
+
+
 def test_dataframe_and_parquet_match_csv(tmp_path):
     body = rows(60, "a") + rows(50, "b", seed=2)
     p = write(tmp_path / "u.csv", body)

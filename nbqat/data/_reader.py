@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.data._arrow import ArrowColumns, read_table
+from nbqat.data._calendar import CALENDAR_FEATURES
 from nbqat.data._months import month_axis
 from nbqat.data._regular import entity_rows, regularise
 from nbqat.data._series import DataError, SeriesData, _names
@@ -114,6 +115,13 @@ def _check_columns(
                     "nbqat reads comma-separated files; convert it, e.g. pandas.read_csv(path, "
                     f"sep={sep!r}{', decimal=' + repr(',') if sep == ';' else ''})"
                     ".to_csv('data.csv', index=False))"
+                )
+            cal = [c for c in missing if c in CALENDAR_FEATURES]
+            if cal and not hint:  # --known-cols hour: the calendar derives it from the times
+                hint = (
+                    f" ({', '.join(map(repr, cal))}: a calendar feature, derived from the time "
+                    f"stamps, not a column: --calendar {','.join(cal)} (calendar= in Python) "
+                    "adds it)"
                 )
             raise DataError(
                 f"{src}: {opt} names column(s) {missing} that the header does not have{hint}; "
