@@ -356,3 +356,31 @@ def test_out_dash_into_a_closed_pipe_ends_quietly(run):
         err = p.stderr.read().decode()  # type: ignore[union-attr]
         assert p.wait(timeout=120) == 141, err
         assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_out_a_pipe_or_device_is_written_into_not_replaced(run, tmp_path):
+    """``--out /dev/null`` was refused ("exists; pass --overwrite"), and with --overwrite the
+    atomic rename would have put a regular file in the device's place. A FIFO stands in for
+    it here: the CSV arrives through the pipe, which is still a pipe afterwards, with or
+    without --overwrite; the text equals --out FILE's."""
+    import os
+    import stat
+    import threading
+
+    file = tmp_path / "f.csv"
+    assert main(["predict", str(run), *AT, "--out", str(file)]) == 0
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for extra in ([], ["--overwrite"]):
+        got: list[str] = []
+        reader = threading.Thread(target=lambda got=got: got.append(fifo.read_text()))
+        reader.start()
+        try:
+            rc = main(["predict", str(run), *AT, "--out", str(fifo), *extra])
+        finally:
+            if reader.is_alive() and not got:  # refused before opening it: free the reader
+                with open(fifo, "w"):
+                    pass
+            reader.join(timeout=60)
+        assert rc == 0 and got == [file.read_text()]
+        assert stat.S_ISFIFO(fifo.stat().st_mode)

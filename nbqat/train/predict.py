@@ -471,16 +471,26 @@ def check_out(out: str | os.PathLike, overwrite: bool) -> Path:
             f"--out {str(p)!r} is a folder: name the CSV file to write "
             f"(--out {p / 'forecasts.csv'})"
         )
-    if p.exists() and not overwrite:
+    if p.exists() and not overwrite and not _is_device(p):
         raise ValueError(f"--out {str(p)!r} exists; pass --overwrite to replace it")
     return p
 
 
+def _is_device(p: Path) -> bool:
+    """A device or pipe (``/dev/null``, a FIFO): written into, never replaced by a file."""
+    return p.exists() and not p.is_file() and not p.is_dir()
+
+
 def write_csv(df: Any, out: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Write a forecast frame atomically (mode as the umask gives); see :func:`check_out`.
+    """Write a forecast frame atomically (mode as the umask gives; a device or pipe such as
+    ``/dev/null`` is written into, with or without ``overwrite``); see :func:`check_out`.
     Numbers are written in full (the shortest text that reads back as the same float64): a
     fixed 6 significant digits wrote a series at 1e7 +- 8 as 1e+07 throughout."""
     p = check_out(out, overwrite)
+    if _is_device(p):  # an atomic rename would replace /dev/null with a regular file
+        with open(p, "w", newline="") as fh:
+            df.to_csv(fh, index=False, lineterminator="\n")
+        return p
     with atomic_open(p, "w", prefix=".nbqat-forecasts-", newline="") as fh:
         df.to_csv(fh, index=False, lineterminator="\n")
     return p
