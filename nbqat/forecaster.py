@@ -6,7 +6,7 @@
 
     fc = Forecaster(quick=True, history=48, horizon=24, plots=False)
     fc.fit(df, time_col="time", target_col="demand", entity_col="site", known_cols=["holiday"])
-    future = fc.predict()            # the 24 steps after each site's last demand value
+    past = fc.predict(at="2024-03-20")  # from an origin inside the data, with actuals
     fc.save("demand-run")            # a run folder, as nbqat train writes
     Forecaster.load("demand-run").predict(df_with_future_rows)
 
