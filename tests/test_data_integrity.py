@@ -223,6 +223,24 @@ def test_a_calendar_feature_named_as_a_column_points_to_calendar(tmp_path):
     assert d.known_names == ["hour"]
 
 
+def test_a_decimal_comma_names_the_conversion(tmp_path):
+    """A European number ('0,5', as a German spreadsheet exports it) was refused as 'the
+    target must hold numbers: choose a numeric one', as if the column were text; the message
+    now names the conversion, in a CSV and a DataFrame, for the target and an input. The
+    converted frame loads with the values float() gives."""
+    body = [[r[0], r[1], r[2].replace(".", ","), r[3]] for r in rows(40)]
+    df = pd.DataFrame(body, columns=HEADER)
+    fix = r"non-numeric value '[-0-9]+,[0-9]+': a decimal comma .* decimal=','"
+    with pytest.raises(DataError, match=r"line 2: column 'y' has a " + fix):
+        load_csv(write(tmp_path / "c.csv", body), **ARGS)
+    with pytest.raises(DataError, match=r"row 0: column 'y' has a " + fix):
+        from_dataframe(df, **ARGS)
+    with pytest.raises(DataError, match=r"column 'x' has a " + fix):
+        from_dataframe(df.assign(y=1.0, x="0,25"), **ARGS)
+    ok = from_dataframe(df.assign(y=df.y.str.replace(",", ".").astype(float)), **ARGS)
+    assert ok.target[0].tolist() == [float(r[2].replace(",", ".")) for r in body]
+
+
 def test_dataframe_and_parquet_match_csv(tmp_path):
     body = rows(60, "a") + rows(50, "b", seed=2)
     p = write(tmp_path / "u.csv", body)

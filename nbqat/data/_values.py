@@ -8,6 +8,7 @@ arrays (:func:`place`): no intermediate row-by-column matrix.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -70,6 +71,12 @@ def _non_numeric(place: str, col: str, value: Any, role: str) -> str:
     """The message for a non-numeric ``value`` of column ``col`` (``role``: see
     :func:`numeric_column`)."""
     head = f"{place}: column {col!r} has a non-numeric value {value!r}"
+    if re.fullmatch(r"\s*[+-]?\d*,\d+\s*", str(value)):  # 1,5: a number, spelled with a comma
+        return (
+            f"{head}: a decimal comma (or a thousands separator)? nbqat reads numbers with a "
+            f"decimal point: convert the column (pandas: pd.read_csv(path, decimal=',') or "
+            f"thousands=',', or df[{col!r}] = df[{col!r}].str.replace(',', '.').astype(float))"
+        )
     if role == "--target-col":
         return f"{head} (--target-col); the target must hold numbers: choose a numeric one"
     if role:  # a category the user named as an input
