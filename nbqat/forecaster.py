@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -269,6 +270,7 @@ class Forecaster:
     def _out(self) -> Path:
         if self.options.get("out") is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="nbqat-run-")
+            weakref.finalize(self, self._tmp.cleanup)  # with self, not as a ResourceWarning
             self.options["out"] = str(Path(self._tmp.name) / "run")
         return Path(self.options["out"])
 
@@ -467,9 +469,8 @@ def _index_hint(data: Any) -> str:
     """For a DataFrame whose times are its (unnamed) index: how to name them as ``time_col``."""
     import pandas as pd
 
-    if not isinstance(data, pd.DataFrame) or not isinstance(
-        data.index, (pd.DatetimeIndex, pd.PeriodIndex)
-    ):
+    frame = isinstance(data, pd.DataFrame)
+    if not frame or not isinstance(data.index, (pd.DatetimeIndex, pd.PeriodIndex)):
         return ""
     name = data.index.name if isinstance(data.index.name, str) else "time"
     return (f"; the DataFrame's times are its index: pass time_col={name!r}"

@@ -538,6 +538,27 @@ def test_forecaster_without_out_fits_again():
     assert fc.predict(at=at).p50.abs().mean() > 5 * p1.p50.abs().mean()
 
 
+def test_a_temporary_run_goes_with_its_forecaster_without_a_warning():
+    """A Forecaster without ``out`` left its temporary folder to TemporaryDirectory's own
+    finalizer, which warned "Implicitly cleaning up <TemporaryDirectory '/tmp/nbqat-run-...'>"
+    (a ResourceWarning, shown under -X dev or -W error) each time one was dropped, and after
+    every refit in a loop. The folder now goes with the Forecaster, silently."""
+    import gc
+    import warnings
+
+    import nbqat
+
+    fc = nbqat.Forecaster(**TINY_KW).fit(_demand(days=12), **COLS_KW)
+    folder = fc.run_dir.parent
+    assert folder.is_dir()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del fc
+        gc.collect()
+    assert not folder.exists()
+    assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
+
+
 def test_moved_run_resumes_with_its_data_parquet(tmp_path, capsys):
     """A run whose data is its folder's ``data.parquet`` (a Forecaster's) is resumed after the
     folder moved (the stored path, in the old folder, was 'no such file')."""
