@@ -859,6 +859,22 @@ def test_a_no_flag_as_an_option_names_its_positive_form():
     assert nbqat.Forecaster(progress=False, plots=False).options["progress"] is False
 
 
+def test_an_origin_too_late_for_the_known_columns_names_the_last_one(demand):
+    """``predict(at=...)`` 2 hours before the data's end (horizon 6, known columns) said
+    "add the rows ... or forecast from an origin inside the data (--at TIME ...)", though
+    the origin given was inside the data; the message now names the last origin whose steps
+    the data holds (pandas' arithmetic: the last time - 5 h), and that origin forecasts."""
+    import nbqat
+
+    fc = nbqat.Forecaster.load(demand[4])
+    df = pd.read_csv(demand[2])
+    end = pd.Timestamp(df.ts.max())
+    last = (end - pd.Timedelta(hours=TAU - 1)).strftime("%Y-%m-%d %H:%M")
+    with pytest.raises(DataError, match=f"whose {TAU} steps the data holds, on or before {last}"):
+        fc.predict(df, at=end - pd.Timedelta(hours=2))
+    assert len(fc.predict(df, at=last)) == TAU * df.site.nunique()
+
+
 def test_a_period_time_column_reads_as_its_start_times(demand):
     """A pandas Period column (``df.index.to_period("M")``, statsmodels' quarterly data) was
     refused as "neither a number nor an ISO 8601 date time"; it reads as its periods' start

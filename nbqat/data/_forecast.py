@@ -263,9 +263,11 @@ def _check_future_known(data, sc, name, t, known, n0, origins, tau) -> None:
                 f"not give for the forecast steps of entity {name!r}: add the rows from "
                 f"{_spell(data, t[max(n0, int(o))])} to {_spell(data, t[int(o) + tau - 1])} with "
                 "those columns filled and "
-                f"the target ({sc.target!r}) empty, or forecast from an origin inside the data "
-                "(--at TIME; Forecaster.predict(at=...))"
-            )
+                f"the target ({sc.target!r}) empty"
+                + (f", or forecast from an origin whose {tau} steps the data holds, on or "
+                   f"before {_spell(data, t[n0 - tau])} (--at TIME; Forecaster.predict(at=...))"
+                   if n0 >= tau else "")
+            )  # fmt: skip
         raise DataError(
             f"entity {name!r}: known column {sc.known[j]!r} has no value at {_spell(data, t[i])}, "
             "a forecast "
