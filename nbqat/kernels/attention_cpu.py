@@ -56,9 +56,16 @@ def _row_max(row, lim, lanes):  # pragma: no cover
 @cpu_kernel(parallel=False, error_model="numpy")
 def attn_scores(qh, kt, offset, p):  # (B, H, tq, dh), (B, H, dh, T) -> (B, H, tq, T)
     """``p[b, h, i, j] = s_j - max_j s_j`` with ``s_j = <qh[b, h, i], kt[b, h, :, j]> /
-    sqrt(dh)`` for ``j <= offset + i`` and ``-inf`` for the masked keys (``exp`` gives 0)."""
+    sqrt(dh)`` for ``j <= offset + i`` and ``-inf`` for the masked keys (``exp`` gives 0).
+
+    The sums run over all T keys of a row (each element ``((0 + q_0 k_0) + q_1 k_1 ...) /
+    sqrt(dh)`` in that order, masked keys included and then overwritten): loops of the whole
+    row's length, where a loop over the ``offset + i + 1`` visible keys left a scalar tail in
+    every row (at T = 48, 0.30 -> 0.15 ms for a (64, 4, 24, 48) block; the same bits)."""
     T = qh.dtype.type
     nb, nh, tq, dh, tk, sq = _attn_dims(qh, kt)
+    zero = T(0.0)
+    ninf = T(-np.inf)
     lanes = np.empty(8, p.dtype)
     for b in range(nb):
         for h in range(nh):
@@ -67,20 +74,20 @@ def attn_scores(qh, kt, offset, p):  # (B, H, tq, dh), (B, H, dh, T) -> (B, H, t
                 lim = min(offset + i + 1, tk)
                 row = p[b, h, i]
                 q = qh[b, h, i]
-                for j in range(lim):
-                    row[j] = T(0.0)
-                for e in range(dh):
+                qv = q[0]
+                kr = kbh[0]
+                for j in range(tk):
+                    row[j] = zero + qv * kr[j]
+                for e in range(1, dh):
                     qv = q[e]
                     kr = kbh[e]
-                    for j in range(lim):
+                    for j in range(tk):
                         row[j] += qv * kr[j]
-                for j in range(lim):
+                for j in range(tk):
                     row[j] = row[j] / sq
                 mx = _row_max(row, lim, lanes)
-                for j in range(lim):
-                    row[j] -= mx
-                for j in range(lim, tk):
-                    row[j] = T(-np.inf)
+                for j in range(tk):
+                    row[j] = row[j] - mx if j < lim else ninf
 
 
 @cpu_kernel(parallel=False, fastmath=True, error_model="numpy")
@@ -179,9 +186,11 @@ def attn_apply_backward(dout, pbar, vt, dp, dvt):
 def attn_probs_backward(dp, p, qh, kt, offset, dqh, dkt):
     """Softmax and score backward: ``ds = p * (dp - sum_j p dp) / sqrt(dh)`` (masked entries 0),
     ``dqh[b, h, i] = sum_j ds_j kt[b, h, :, j]``, ``dkt[b, h, :, j] = sum_i ds_j qh[b, h, i]``.
-    dqh (B, H, tq, dh) and dkt (B, H, dh, T) are written; ``ds`` is left in ``dp``."""
+    dqh (B, H, tq, dh) and dkt (B, H, dh, T) are written; ``ds`` is left in ``dp``. ``ds`` is
+    one select over the whole row (no scalar tail of the visible keys; the same bits)."""
     T = qh.dtype.type
     nb, nh, tq, dh, tk, sq = _attn_dims(qh, kt)
+    zero = T(0.0)
     for b in range(nb):
         for h in range(nh):
             kbh = kt[b, h]
@@ -199,10 +208,8 @@ def attn_probs_backward(dp, p, qh, kt, offset, dqh, dkt):
                 s = T(0.0)
                 for j in range(lim):
                     s += pr[j] * g[j]
-                for j in range(lim):
-                    g[j] = pr[j] * (g[j] - s) / sq
-                for j in range(lim, tk):
-                    g[j] = T(0.0)
+                for j in range(tk):
+                    g[j] = pr[j] * (g[j] - s) / sq if j < lim else zero
                 for e in range(dh):
                     kr = kbh[e]
                     dkr = dkbh[e]
