@@ -62,11 +62,13 @@ def _gate_blocks(row, d):  # pragma: no cover
 
 
 @cpu_kernel(parallel=False)
-def lstm_gates_forward(tg, c_prev, c):  # (B, 4d) in place; (B, d) -> (B, d)
+def lstm_gates_forward(tg, c_prev, c, o):  # (B, 4d) in place; (B, d) -> (B, d), (B, d)
     """Gates and cell state of one step from ``tg = tanh(a')`` (B, 4d), where ``a'`` is the
     pre-activation with the i, f, o blocks halved: ``sigmoid(a) = 0.5 + 0.5 tanh(a / 2)`` turns
     ``tg`` into the activated gates ``[i, f, g, o]`` in place (g = tanh(a) as is) and writes
-    ``c = f * c_prev + i * g``."""
+    ``c = f * c_prev + i * g`` and a contiguous copy ``o`` (B, d) of the output gate (NumPy's
+    ``o * tanh(c)`` over the strided block of ``tg`` took 3.5 us at B64 d16, 0.8 us over the
+    copy)."""
     T = tg.dtype.type
     half = T(0.5)
     nb, d = c.shape
@@ -74,12 +76,15 @@ def lstm_gates_forward(tg, c_prev, c):  # (B, 4d) in place; (B, d) -> (B, d)
         ri, rf, rg, ro = _gate_blocks(tg[b], d)
         cp = c_prev[b]
         cr = c[b]
+        orow = o[b]
         for j in range(d):
             i = half + half * ri[j]
             f = half + half * rf[j]
+            og = half + half * ro[j]
             ri[j] = i
             rf[j] = f
-            ro[j] = half + half * ro[j]
+            ro[j] = og
+            orow[j] = og
             cr[j] = f * cp[j] + i * rg[j]
 
 

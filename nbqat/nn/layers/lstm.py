@@ -22,6 +22,7 @@ def lstm_step(
     c: np.ndarray,
     tc: np.ndarray,
     h: np.ndarray,
+    o: np.ndarray,
 ) -> None:
     """One LSTM step exactly as :class:`LSTM` computes it (all arrays C-contiguous, one dtype).
 
@@ -49,13 +50,16 @@ def lstm_step(
         Output: ``tanh(c)``.
     h : ndarray (B, d)
         Output: the new hidden state.
+    o : ndarray (B, d)
+        Scratch: the output gate, contiguous (the multiply over it is 4x faster than over the
+        strided block of ``gates``).
     """
-    d = c.shape[1]
     np.add(xg, hh, out=hh)  # (B, 4d) pre-activations, i/f/o halved
     np.tanh(hh, out=gates)
-    nn_cpu.lstm_gates_forward(gates, c_prev, c)  # gates activated in place, c = f c_prev + i g
+    # gates activated in place, c = f c_prev + i g, o = the output gate
+    nn_cpu.lstm_gates_forward(gates, c_prev, c, o)
     np.tanh(c, out=tc)
-    np.multiply(gates[:, 3 * d :], tc, out=h)  # h = o tanh(c)
+    np.multiply(o, tc, out=h)  # h = o tanh(c)
 
 
 def _gate_scale(d: int, dtype: np.dtype) -> np.ndarray:
@@ -191,6 +195,7 @@ class LSTM(Module):
         hs = np.empty((nl, nb, d), dtype=dt)  # h_t
         hprev = np.empty((nl, nb, d), dtype=dt)  # (quantized) h_{t-1} fed to W_hh
         hh = np.empty((nb, 4 * d), dtype=dt)
+        og = np.empty((nb, d), dtype=dt)
         c0 = np.ascontiguousarray(c0, dtype=dt)
         h = np.ascontiguousarray(h0, dtype=dt)
         hfq = self.hidden_fake_quant
@@ -201,7 +206,8 @@ class LSTM(Module):
                 ctx_h.append(hfq.ctx)
                 h = hprev[t]
             np.matmul(h, w_hh_t, out=hh)  # (B, 4d)
-            lstm_step(xg[t], hh, c0 if t == 0 else cs[t - 1], gates[t], cs[t], tcs[t], hs[t])
+            c_prev = c0 if t == 0 else cs[t - 1]
+            lstm_step(xg[t], hh, c_prev, gates[t], cs[t], tcs[t], hs[t], og)
             h = hs[t]
         if hfq is None:  # the float path fills the h_{t-1} record in one go
             hprev[0] = h0
