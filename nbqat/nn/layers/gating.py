@@ -447,10 +447,14 @@ class GatedResidualNetwork(Module):
             p = dz2.T @ e2  # (2C, h)
             sg = _ones(dz2.shape[0], dz2.dtype) @ dz2  # (2C,)
             glu_fc, fc2 = self.gate.glu.fc, self.fc2
-            glu_fc.weight_grad += p @ fc2.weight.T + np.outer(sg, fc2.bias)
-            glu_fc.bias_grad += sg
-            fc2.weight_grad += glu_fc.weight.T @ p
-            fc2.bias_grad += glu_fc.weight.T @ sg
+            np.add(
+                glu_fc.weight_grad,
+                p @ fc2.weight.T + np.outer(sg, fc2.bias),
+                out=glu_fc.weight_grad,
+            )
+            np.add(glu_fc.bias_grad, sg, out=glu_fc.bias_grad)
+            np.add(fc2.weight_grad, glu_fc.weight.T @ p, out=fc2.weight_grad)
+            np.add(fc2.bias_grad, glu_fc.weight.T @ sg, out=fc2.bias_grad)
             deta2 = (dz2 @ wf).reshape(dzg.shape[:-1] + (self.hidden_size,))
         dz = self.elu.backward(deta2)
         dc = None

@@ -166,10 +166,10 @@ class Linear(Module):
         dwq = dy2.T @ xq  # (out, in)
         if self.weight_fake_quant is not None:
             dwq = hook_backward(self.weight_fake_quant, dwq, ctx_w)
-        self.weight_grad += dwq
+        np.add(self.weight_grad, dwq, out=self.weight_grad)
         if self.has_bias:
             # column sum through BLAS gemv (~4x faster than ndarray.sum(axis=0) here)
-            self.bias_grad += _ones(dy2.shape[0], dy2.dtype) @ dy2
+            np.add(self.bias_grad, _ones(dy2.shape[0], dy2.dtype) @ dy2, out=self.bias_grad)
         dx = dy2 @ wq  # (N, in)
         if self.input_fake_quant is not None:
             dx = hook_backward(self.input_fake_quant, dx, ctx_x)

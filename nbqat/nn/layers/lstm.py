@@ -277,11 +277,11 @@ class LSTM(Module):
             dw_ih = hook_backward(self.weight_ih_fake_quant, dw_ih, ctx_wih)
         if self.weight_hh_fake_quant is not None:
             dw_hh = hook_backward(self.weight_hh_fake_quant, dw_hh, ctx_whh)
-        self.weight_ih_grad += dw_ih
-        self.weight_hh_grad += dw_hh
+        np.add(self.weight_ih_grad, dw_ih, out=self.weight_ih_grad)
+        np.add(self.weight_hh_grad, dw_hh, out=self.weight_hh_grad)
         db = _ones(nl * nb, dt) @ dg2  # column sum as a BLAS gemv
-        self.bias_ih_grad += db
-        self.bias_hh_grad += db
+        np.add(self.bias_ih_grad, db, out=self.bias_ih_grad)
+        np.add(self.bias_hh_grad, db, out=self.bias_hh_grad)
         dxt = (dg2 @ w_ih).reshape(nl, nb, w_ih.shape[1])  # (L, B, in)
         dx = np.ascontiguousarray(dxt.transpose(1, 0, 2))  # (B, L, in)
         if self.input_fake_quant is not None:

@@ -109,6 +109,6 @@ class LayerNorm(Module):
         db = np.empty((nchunks, c), dtype=x2.dtype)
         dx = np.empty_like(x2)
         nn_cpu.layernorm_backward(dy2, x2, self.weight, mean, rstd, dx, dw, db)
-        self.weight_grad += dw.sum(axis=0)
-        self.bias_grad += db.sum(axis=0)
+        np.add(self.weight_grad, dw.sum(axis=0), out=self.weight_grad)
+        np.add(self.bias_grad, db.sum(axis=0), out=self.bias_grad)
         return dx.reshape(shape)

@@ -110,8 +110,8 @@ class VariableEmbedding(Module):
         dw = np.empty_like(self.weight)
         db = np.empty_like(self.bias)
         nn_cpu.embed_backward(x2, self.weight, dflat, dpervar, dx, dw, db)
-        self.weight_grad += dw
-        self.bias_grad += db
+        np.add(self.weight_grad, dw, out=self.weight_grad)
+        np.add(self.bias_grad, db, out=self.bias_grad)
         return dx.reshape(shape)
 
 
@@ -330,10 +330,10 @@ class VariableSelectionNetwork(Module):
         gs, gs0 = ds2.T @ x2, ones @ ds2  # (m_out, m), (m_out,)
         fc1_wg = fg.fc1.weight_grad.reshape(d, m, d)  # views of the flat gradient buffer
         fc1_wg += gz[:, :, None] * w + gz0[:, None, None] * b
-        fg.fc1.bias_grad += gz0
+        np.add(fg.fc1.bias_grad, gz0, out=fg.fc1.bias_grad)
         skip_wg = fg.skip.weight_grad.reshape(m, m, d)
         skip_wg += gs[:, :, None] * w + gs0[:, None, None] * b
-        fg.skip.bias_grad += gs0
+        np.add(fg.skip.bias_grad, gs0, out=fg.skip.bias_grad)
         dw = np.einsum("hjk,hj->jk", w1, gz) + np.einsum("ojk,oj->jk", ws, gs)  # (m, d)
         db = np.einsum("hjk,h->jk", w1, gz0) + np.einsum("ojk,o->jk", ws, gs0)
         dx = dz2 @ a_flat.T  # (N, m)
@@ -350,6 +350,6 @@ class VariableSelectionNetwork(Module):
         fc1_wt = p["fc1_w"].transpose(0, 2, 1)  # (m, d, h)
         dw += np.matmul(fc1_wt, gz[..., None])[..., 0] + gs
         db += np.matmul(fc1_wt, gz0[..., None])[..., 0] + gs0
-        self.embedding.weight_grad += dw
-        self.embedding.bias_grad += db
+        np.add(self.embedding.weight_grad, dw, out=self.embedding.weight_grad)
+        np.add(self.embedding.bias_grad, db, out=self.embedding.bias_grad)
         return dx.reshape(shape).astype(x_dtype, copy=False), dc
