@@ -265,7 +265,8 @@ def test_the_metrics_compare_with_the_tuned_ridge():
     p = {k: y[..., None] + rng.normal(size=(40, 6, 3)) for k in ("float", "int8", "naive")}
     p["ridge"] = y[..., None] + 3.0 * rng.normal(size=(40, 6, 3))
     p["ridge_fixed"] = y[..., None] + 0.0  # perfect: a test against it would differ wildly
-    times = SimpleNamespace(times=lambda: np.arange(40)[:, None] * 6 + np.arange(6))
+    times = SimpleNamespace(times=lambda: np.arange(40)[:, None] * 6 + np.arange(6),
+                            scored=lambda: None)  # fmt: skip
     w = SimpleNamespace(quantiles=(0.1, 0.5, 0.9), horizon=6, eval_stride=6, step=1, test=times)
     sig = ev._significance(p, y, w)
     for m in ("float", "int8"):

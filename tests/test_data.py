@@ -356,7 +356,7 @@ def test_missing_value_error_and_repair(tmp_path):
         load(p)
     d = load(p, fill_gaps=True)
     assert d.n_filled == 1
-    assert d.target[0][10] == pytest.approx((float(rows[9][2]) + float(rows[11][2])) / 2)
+    assert d.target[0][10] == float(rows[9][2])  # the last value carried (no look ahead)
 
 
 def test_duplicate_and_unsorted_timestamps(tmp_path):
@@ -378,9 +378,10 @@ def test_gap_error_and_repair(tmp_path):
         load(p)
     d = load(p, fill_gaps=True)
     assert d.lengths == [60] and d.n_filled == 3 * 3  # 3 rows x (y, x, k)
-    y0, y1 = float(rows[29][2]), float(rows[30][2])
-    for j in range(3):  # linear interpolation across the 4-step interval
-        assert d.target[0][30 + j] == pytest.approx(y0 + (j + 1) * (y1 - y0) / 4)
+    y0 = float(rows[29][2])
+    for j in range(3):  # the last value carried: never the value after the gap
+        assert d.target[0][30 + j] == y0
+    assert d.filled_target[0][30:33].all() and d.filled_target[0].sum() == 3
     assert d.times[0][31] == np.datetime64("2020-03-02T07:00:00")
 
 

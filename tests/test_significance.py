@@ -275,7 +275,7 @@ def test_entities_are_averaged_per_forecast_origin_in_time_order(offset, overlap
     p["int8"] = p["float"] + 0.1
     p["ridge"] = y[..., None] + 1.3 * rng.normal(size=(*y.shape, 3))
     times = np.datetime64("2020-01-01T00", "h") + (t0[:, None] + np.arange(horizon))
-    test = SimpleNamespace(times=lambda: times)
+    test = SimpleNamespace(times=lambda: times, scored=lambda: None)
     w = SimpleNamespace(quantiles=(0.1, 0.5, 0.9), horizon=horizon, eval_stride=stride,
                         step=np.timedelta64(1, "h"), test=test)  # fmt: skip
     sig = ev._significance(p, y, w)["float_vs_ridge_P50"]

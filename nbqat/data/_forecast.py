@@ -45,7 +45,8 @@ class ForecastWindows:
     future_raw : ndarray float64 (B, tau, m_known)
         The raw known columns over the forecast steps.
     actual : ndarray float64 (B, tau)
-        The target over the forecast steps (NaN where the data has none).
+        The target over the forecast steps (NaN where the data has none, and where
+        ``fill_gaps`` repaired it: not an observation).
     skipped : dict
         ``{entity: reason}``: the entities too short to forecast, left out
         (:func:`drop_short_entities`).
@@ -162,6 +163,7 @@ def drop_short_entities(
         observed=pick(data.observed), known=pick(data.known), static=data.static[keep],
         filled={n: v for n, v in data.filled.items() if n in names},
         carried={n: v for n, v in data.carried.items() if n in names},
+        filled_target=pick(data.filled_target) if data.filled_target else [],
     )  # fmt: skip
     return sub, why
 
@@ -336,7 +338,7 @@ def forecast_windows(
         time=w.time[g + np.arange(-k, tau)],
         history_raw=hraw[g + np.arange(-k, 0)],
         future_raw=kraw[g + np.arange(tau)],
-        actual=split.target_raw(),
+        actual=split.actual(),
         skipped=skipped,
     )
 
@@ -356,7 +358,10 @@ def _entity_windows(
         _check_future_known(data, sc, name, t, known, n0, o, tau)
         hist, fut, ystd = entity_features(sc, r, t, y, obs, known)
         feats.append((hist, fut, ystd, t))
-        raws.append((np.concatenate([y[:, None], obs, known], axis=1), known, y))
+        gap = np.zeros(len(t), bool)  # fill_gaps' repaired targets: no actual to score
+        if data.filled_target:
+            gap[:n0] = data.filled_target[e]
+        raws.append((np.concatenate([y[:, None], obs, known], axis=1), known, y, gap))
         rows.append(o + offs)
         ents.append(np.full(len(o), e, dtype=np.int64))
         offs += len(t)
@@ -380,5 +385,5 @@ def _windows(
         entity_names=list(data.entity_names), static_names=[], historical_names=[],
         future_names=sc.future_names, naive_residual_quantiles=np.zeros((len(idx), 0)),
         cutoffs=(None, None), target_name=sc.target, source=data.source, step=data.step,
-        scaling=sc,
+        scaling=sc, filled_target=np.concatenate([r[3] for r in raws]),
     )  # fmt: skip

@@ -185,13 +185,15 @@ def load_csv(
         Past-only inputs besides the target. Default: every column not named above.
     fill_gaps : bool, default False
         Repair instead of rejecting: missing time steps are inserted and missing cells (empty,
-        ``NaN``, ``NA``) filled, both by linear interpolation in time within the entity (the
-        nearest value at the ends of a series). The counts are in ``SeriesData.n_filled`` and
-        ``SeriesData.filled`` (per entity and column); more than
+        ``NaN``, ``NA``) filled within the entity. The target and the observed columns carry
+        their last value forward (a repaired step never reads a value after it, so a forecast
+        origin in or after a gap sees no future value); the known columns are interpolated
+        linearly in time, except a column of a few whole-number levels (at most 16 distinct
+        values: a 0/1 flag, a category, a small count), whose last value is carried forward
+        (``SeriesData.carried``), and before its first value, its first value. The repaired
+        target steps (``SeriesData.filled_target``) are inputs only, never scored. Counts:
+        ``SeriesData.n_filled``, ``SeriesData.filled`` (per entity and column); more than
         :data:`~nbqat.data.MAX_FILL_FRACTION` of an entity's rows in one column is refused.
-        A column of a few whole-number levels (at most 16 distinct values: a 0/1 flag, a
-        category, a small count) is not interpolated: its last value is carried forward (the
-        first one backward at the start); ``SeriesData.carried`` names those columns.
     future_rows : bool, default False
         Accept rows after each entity's last target value with an empty target (and empty
         observed columns): the rows to forecast, whose known columns ``nbqat predict`` reads.

@@ -84,9 +84,11 @@ def regularise(
     filled: dict[str, dict[str, int]] = {}
     carried: dict[str, list[str]] = {}
     n_filled = 0
+    gap_rows: list[np.ndarray] = []
     for e, rows in enumerate(per):
         pos = _positions(t[rows], diffs[e], step, is_dt, rows, names[e], where, fill_gaps)
         n = len(diffs[e]) + 1 if pos is None else int(pos[-1]) + 1
+        gap_rows.append(np.zeros(n, dtype=bool))
         if pos is not None and n != len(pos):  # missing steps: NaN rows, filled below
             target[e], obs[e], kno[e] = (_spread(a, pos, n) for a in (target[e], obs[e], kno[e]))
         times_e = t[rows][0] + np.arange(n) * step
@@ -98,7 +100,9 @@ def regularise(
             columns = [target[e][:m]] + [obs[e][:m, j] for j in range(obs[e].shape[1])]
             columns += [kno[e][:m, j] for j in range(kno[e].shape[1])]
             if fill_gaps:
-                filled_e, carried_e = _fill(columns, numeric_cols, names[e], src)
+                gap_rows[e][:m] = ~np.isfinite(columns[0])  # the target's repaired steps
+                filled_e, carried_e = _fill(columns, numeric_cols, 1 + obs[e].shape[1],
+                                            names[e], src)  # fmt: skip
                 if filled_e:
                     filled[names[e]] = filled_e
                     n_filled += sum(filled_e.values())
@@ -123,6 +127,7 @@ def regularise(
         source=src,
         filled=filled,
         carried=carried,
+        filled_target=gap_rows if any(g.any() for g in gap_rows) else [],
     )
 
 
@@ -148,7 +153,7 @@ def _unbounded(entity: str, times: np.ndarray, first: int, m: int, src: str, col
         where = (f"{first} row(s) before its first {col!r} value, from {times[0]} to "
                  f"{times[first - 1]}")  # fmt: skip
     return DataError(
-        f"{src}: entity {entity!r} has {where}, and --fill-gaps interpolates between values, "
+        f"{src}: entity {entity!r} has {where}, and --fill-gaps repairs between values, "
         f"it does not extend the series; train on the rows from {times[first]} to "
         f"{times[m - 1]} (drop the rows at the ends whose {col!r} is empty)"
     )
@@ -226,7 +231,8 @@ def _positions(ta, d, step, is_dt, rows, name, where, fill_gaps) -> np.ndarray |
             f"missing step(s) of {step} between {ta[i]} and {ta[i + 1]} "
             f"({len(gaps)} gap(s) in this entity); "
             + (hint or "add the rows of the missing steps, or pass --fill-gaps "
-               "(fill_gaps=True) to insert them by linear interpolation")
+               "(fill_gaps=True) to insert them (see its help: the last value carried forward, "
+               "known columns interpolated)")
         )  # fmt: skip
     return np.concatenate([[0], np.cumsum(nsteps)])
 
@@ -315,11 +321,19 @@ def _is_levels(vals: np.ndarray) -> bool:
     return len(np.unique(vals)) <= MAX_CARRIED_LEVELS
 
 
-def _fill(columns: list[np.ndarray], cols: list[str], entity: str, src: str) -> tuple:
+def _fill(columns: list[np.ndarray], cols: list[str], n_past: int, entity: str, src: str
+          ) -> tuple:  # fmt: skip
     """Repair the NaN cells of each column (``columns[j]``, 1-D views of length n, named
-    ``cols[j]``) in place: linear interpolation, or for a column of a few whole-number levels
-    (a flag, a category; :func:`_is_levels`) the last value carried forward; return the counts
-    per column and the carried columns."""
+    ``cols[j]``) in place and return the counts per column and the interpolated columns that
+    were carried instead.
+
+    The first ``n_past`` columns (the target and the observed inputs, known only up to each
+    time) get their last value carried forward, so a repaired step never reads a value after
+    it (an interpolation across a gap read the value after the gap: a forecast origin in or
+    just after the gap saw its own future). The known columns (known in advance) are
+    interpolated linearly, except a column of a few whole-number levels (a flag, a category;
+    :func:`_is_levels`), whose last value is carried forward. Before a column's first value
+    its first value is used (nothing earlier exists)."""
     n = len(columns[0])
     xs = np.arange(n, dtype=np.float64)
     counts, carried = {}, []
@@ -342,11 +356,12 @@ def _fill(columns: list[np.ndarray], cols: list[str], entity: str, src: str) -> 
                 "fix the data at its source"
             )
         vals = x[ok]
-        if _is_levels(vals):  # a flag or a few whole-number levels: carry, do not invent 0.5
-            idx = np.maximum.accumulate(np.where(ok, np.arange(n), -1))
+        if j < n_past or _is_levels(vals):  # past-only, a flag or levels: carry, never look
+            idx = np.maximum.accumulate(np.where(ok, np.arange(n), -1))  # ahead or invent 0.5
             idx[idx < 0] = int(np.argmax(ok))  # before the first value: the first value
             x[:] = x[idx]
-            carried.append(c)
+            if j >= n_past:
+                carried.append(c)
         else:
             x[:] = np.interp(xs, xs[ok], x[ok])
         counts[c] = n_bad

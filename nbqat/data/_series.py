@@ -51,7 +51,7 @@ class SeriesData:
     target_name, observed_names, known_names, static_names
         Column names.
     n_filled : int
-        Cells repaired by linear interpolation (``fill_gaps=True``); 0 otherwise.
+        Cells repaired by ``fill_gaps=True``; 0 otherwise.
     source : str
         Where the data came from (a path or the shipped file's name).
     filled : dict
@@ -68,6 +68,10 @@ class SeriesData:
         0, except on a calendar-month axis: the day of month its dates fall on (1 to 28), or
         -1 for the last day of the month (:func:`nbqat.data._months.month_dates` spells the
         months back as those dates).
+    filled_target : list of ndarray
+        Per entity, bool (N_e,): True at the steps whose target ``fill_gaps`` repaired (a
+        missing step or cell), which are inputs only: no validation, test or backtest metric
+        scores them. Empty (no entity) when no target value was repaired.
     """
 
     entity_names: list[str]
@@ -87,6 +91,7 @@ class SeriesData:
     time_format: str = "%Y-%m-%dT%H:%M:%S"
     carried: dict = field(default_factory=dict)
     month_day: int = 0
+    filled_target: list = field(default_factory=list)
 
     @property
     def is_datetime(self) -> bool:

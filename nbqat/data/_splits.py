@@ -110,6 +110,21 @@ class SplitWindows:
         off = self.offset(idx)
         return target if off is None else target - off[:, None]
 
+    def scored(self, idx: Index = None) -> np.ndarray | None:
+        """bool (B, tau): the forecast steps a metric scores, those with an observed target
+        (not repaired by ``fill_gaps``: :attr:`Windows.filled_target`); None when every step
+        of the data is observed.
+
+        Parameters
+        ----------
+        idx : ndarray of int, slice or None
+            As in :meth:`target`.
+        """
+        filled = self.parent.filled_target
+        if filled is None:
+            return None
+        return ~self._at(filled, np.arange(self.parent.horizon), idx)
+
     def target_raw(self, idx: Index = None) -> np.ndarray:
         """float64 (B, tau): the unscaled target over the forecast steps.
 
@@ -119,6 +134,18 @@ class SplitWindows:
             As in :meth:`target`.
         """
         return self._at(self.parent.target_raw, np.arange(self.parent.horizon), idx)
+
+    def actual(self, idx: Index = None) -> np.ndarray:
+        """float64 (B, tau): :meth:`target_raw` with NaN at the steps :meth:`scored` leaves
+        out (``fill_gaps``' repairs: no observation to compare a forecast with).
+
+        Parameters
+        ----------
+        idx : ndarray of int, slice or None
+            As in :meth:`target`.
+        """
+        y, keep = self.target_raw(idx), self.scored(idx)
+        return y if keep is None else np.where(keep, y, np.nan)
 
     def history_raw(self, idx: Index = None) -> np.ndarray:
         """float64 (B, k): the unscaled target over the history steps.
@@ -223,6 +250,10 @@ class Windows:
         ``{"train" | "val" | "test": int64 (n_entities, 2)}``: the global rows ``[first, end)``
         of each entity's part of each split (set by :func:`make_windows`; empty for the
         forecast windows of ``nbqat predict``); :meth:`make_split` cuts the windows from them.
+    filled_target : ndarray or None
+        bool (n_rows,): True at the rows whose target ``fill_gaps`` repaired
+        (``SeriesData.filled_target``), inputs only: :meth:`SplitWindows.scored` leaves them
+        out of every metric; None when no target value was repaired.
 
     Attributes
     ----------
@@ -273,6 +304,7 @@ class Windows:
     scaling: Any = None
     carried: dict = field(default_factory=dict)
     split_bounds: dict = field(default_factory=dict)
+    filled_target: np.ndarray | None = None
     train: SplitWindows = field(init=False, repr=False)
     val: SplitWindows = field(init=False, repr=False)
     test: SplitWindows = field(init=False, repr=False)

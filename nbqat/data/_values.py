@@ -53,7 +53,7 @@ def numeric_column(
             )
         raise DataError(
             f"{where(i)}: column {col!r} has a missing value (empty, NA or NaN); fill it in, or "
-            "pass --fill-gaps (fill_gaps=True) to interpolate missing values linearly"
+            "pass --fill-gaps (fill_gaps=True) to repair missing values"
         )
     big = ~nan & ~(np.abs(x) <= MAX_ABS_VALUE)
     if big.any():

@@ -271,6 +271,7 @@ def _assemble(
         carried={e: list(c) for e, c in getattr(data, "carried", {}).items()},
         step=data.step,
         scaling=scaling,
+        filled_target=np.concatenate(data.filled_target) if data.filled_target else None,
     )
 
 

@@ -109,7 +109,7 @@ def export_run(
     int8 : Int8TemporalFusionTransformer
         ``qat.to_int8()``: the model exported (its qparams are the QAT model's current ones).
     split : nbqat.data.SplitWindows
-        The windows to compare on (the test split): ``batch()``, ``target_raw()``,
+        The windows to compare on (the test split): ``batch()``, ``actual()``,
         ``unscale()``.
     out_dir : str or pathlib.Path
         Existing run folder.
@@ -136,7 +136,7 @@ def export_run(
         proto,
         split,
         int8=int8,
-        target=split.target_raw(),
+        target=split.actual(),  # NaN at fill_gaps' repaired steps: not scored
         unscale=split.unscale,
         reference_rows=reference_rows,
     )

@@ -271,7 +271,8 @@ def _engine_info(
         from nbqat.nn.loss import q_risk_table as q_risk
 
         un = unscale(p, np.arange(len(p))) if unscale is not None else p
-        info["q_risk"] = q_risk(np.asarray(un, np.float64), np.asarray(target)[: len(p)], q)
+        y = np.asarray(target, np.float64)[: len(p)]  # NaN: a step not scored (fill_gaps)
+        info["q_risk"] = q_risk(np.asarray(un, np.float64), y, q, np.isfinite(y))
     return info
 
 

@@ -141,7 +141,10 @@ def q_risk(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -
 
 
 def q_risk_table(
-    pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]
+    pred: np.ndarray,
+    target: np.ndarray,
+    quantiles: Sequence[float],
+    scored: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Normalised quantile loss ("q-risk") per quantile on the unscaled target.
 
@@ -156,6 +159,10 @@ def q_risk_table(
     target : ndarray (n, tau)
         Unscaled actual values.
     quantiles : sequence of float
+    scored : ndarray of bool (n, tau), optional
+        The entries to score (both sums run over them only); default all. The main job passes
+        :meth:`nbqat.data.SplitWindows.scored`: the steps ``fill_gaps`` repaired are not
+        observations.
 
     Returns
     -------
@@ -165,10 +172,20 @@ def q_risk_table(
     Raises
     ------
     ValueError
-        Mismatched shapes, or a target that is zero everywhere (q-risk undefined).
+        Mismatched shapes (``scored``'s too), or a target that is zero everywhere it is
+        scored (q-risk undefined).
     """
     p = np.asarray(pred, dtype=np.float64)
     y = np.asarray(target, dtype=np.float64)
+    if scored is not None:
+        keep = np.asarray(scored)
+        if keep.dtype != bool or keep.shape != y.shape or p.shape[:-1] != y.shape:
+            raise ValueError(
+                f"scored must be a bool array of the target's shape {y.shape} (pred "
+                f"{p.shape}), got {keep.dtype} {keep.shape}"
+            )
+        if not keep.all():  # every entry scored: the sums as without a mask, bit for bit
+            p, y = p[keep], y[keep]
     return {
         f"P{round(100 * q)}": float(q_risk(p[..., j : j + 1], y, (q,))[0])
         for j, q in enumerate(quantiles)

@@ -469,7 +469,8 @@ def tune_ridge(
         for j, r in enumerate(rs):
             r.coef, r.intercept = sols[j]
             r.residual_quantiles = np.quantile(yt - fit[..., j], q, axis=0).T  # (tau, Q)
-            qr = q_risk_table(wh.val.unscale(val[..., j, None] + r.residual_quantiles), y, q)
+            qr = q_risk_table(wh.val.unscale(val[..., j, None] + r.residual_quantiles), y, q,
+                              wh.val.scored())  # fmt: skip
             score = qr["P50"] if criterion == "val_P50" else float(np.mean(list(qr.values())))
             grid.append({"history": h, "lambda": r.lam, "train_windows": len(wh.train),
                          criterion: score})  # fmt: skip

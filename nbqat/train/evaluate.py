@@ -145,15 +145,19 @@ def _comparisons(p50: dict, pred_int8: np.ndarray, pred_qat: np.ndarray) -> dict
     }
 
 
-def _per_origin(loss: dict, w: Any) -> tuple[dict, int]:
+def _per_origin(loss: dict, w: Any, steps: np.ndarray | None = None) -> tuple[dict, int]:
     """The per-window losses averaged over the entities that share a forecast origin, in time
     order (one value per origin: the test's lags then pair consecutive origins, never one
     entity's last window with the next entity's first), and how many consecutive origins share
     a forecast step (``ceil(horizon / gap)``, the gap the closest origins' distance in steps:
-    ``eval_stride`` on the split's grid)."""
+    ``eval_stride`` on the split's grid). ``steps``: each window's scored steps (fill_gaps),
+    its weight; an origin without one is left out."""
     origins, which = np.unique(w.test.times()[:, 0], return_inverse=True)
-    count = np.bincount(which)
-    means = {k: np.bincount(which, weights=v) / count for k, v in loss.items()}
+    count = np.bincount(which, weights=steps)
+    means = {k: np.bincount(which, weights=v if steps is None else np.where(steps > 0, v, 0.0)
+                            * steps) / count for k, v in loss.items()}  # fmt: skip
+    if steps is not None:
+        means = {k: v[count > 0] for k, v in means.items()}
     gap = float(np.min(np.diff(origins)) / w.step) if len(origins) > 1 else w.eval_stride
     return means, math.ceil(w.horizon / gap)
 
@@ -162,13 +166,18 @@ def _significance(p: dict, y: np.ndarray, w: Any) -> dict:
     """Diebold-Mariano tests of the float and int8 models against both baselines (P50; the
     tuned ridge), on the per-window P50 losses averaged per forecast origin."""
     qi = list(w.quantiles).index(0.5)
-    loss, overlap = _per_origin(
-        {
-            k: np.mean(np.abs(y - p[k][..., qi]), axis=1) / 2
-            for k in ("float", "int8", "naive", "ridge")
-        },
-        w,
-    )
+    keep = w.test.scored()  # the windows' observed steps (None: all of them)
+    steps = None if keep is None else keep.sum(axis=1).astype(np.float64)
+
+    def mean(e: np.ndarray) -> np.ndarray:
+        return np.mean(e, axis=1) if keep is None else np.sum(e * keep, axis=1) / steps
+
+    with np.errstate(invalid="ignore"):  # a window of repaired steps only: left out
+        loss, overlap = _per_origin(
+            {k: mean(np.abs(y - p[k][..., qi])) / 2 for k in ("float", "int8", "naive", "ridge")},
+            w,
+            steps,
+        )
     n = len(loss["float"])
 
     def test(a: np.ndarray, b: np.ndarray) -> dict:
@@ -387,19 +396,19 @@ def evaluate(r: Run) -> dict:
     cfg, w = r.cfg, r.w
     p = _predictions(r)
     t0 = time.perf_counter()
-    y = w.test.target_raw()
+    y, keep = w.test.target_raw(), w.test.scored()  # keep: fill_gaps' repairs not scored
     p["int8"] = w.test.unscale(r.predict(p["int8_model"].forward, w.test))
     fair = fair_rows(r)
     name = cfg.weight_format()["name"]  # "int8" by default: the keys as they always were
     qr = {
-        "seasonal_naive": q_risk(p["naive"], y, w.quantiles),
-        "ridge": q_risk(p["ridge"], y, w.quantiles),
-        "ridge_fixed": q_risk(p["ridge_fixed"], y, w.quantiles),
-        "float": q_risk(p["float"], y, w.quantiles),
+        "seasonal_naive": q_risk(p["naive"], y, w.quantiles, keep),
+        "ridge": q_risk(p["ridge"], y, w.quantiles, keep),
+        "ridge_fixed": q_risk(p["ridge_fixed"], y, w.quantiles, keep),
+        "float": q_risk(p["float"], y, w.quantiles, keep),
         "float_finetuned": fair["float_finetuned"],
         f"ptq_{name}": fair["ptq_int8"],
-        "qat_fake_quant": q_risk(p["qat"], y, w.quantiles),
-        "int8": q_risk(p["int8"], y, w.quantiles),
+        "qat_fake_quant": q_risk(p["qat"], y, w.quantiles, keep),
+        "int8": q_risk(p["int8"], y, w.quantiles, keep),
     }
     if name != "int8":
         from nbqat.train.int8_rows import int8_reference_rows

@@ -210,15 +210,18 @@ class Run:
         dict
         """
         pred = split.unscale(self.predict(fwd, split))
-        return q_risk(pred, split.target_raw(), self.w.quantiles)
+        return q_risk(pred, split.target_raw(), self.w.quantiles, split.scored())
 
     def val_loss(self, fwd: Callable) -> tuple[float, float]:
-        """(mean pinball loss, P50 q-risk on the unscaled target) of the validation split."""
+        """(mean pinball loss, P50 q-risk on the unscaled target) of the validation split, over
+        its observed steps (:meth:`~nbqat.data.SplitWindows.scored`)."""
         val = self.w.val
         pred = self.predict(fwd, val)
         y = val.target()  # the target only: no (N, k, m) input arrays gathered
-        loss, _ = pinball_loss(pred, y.astype(np.float64), self.w.quantiles)
-        return loss, q_risk(val.unscale(pred), val.target_raw(), self.w.quantiles)["P50"]
+        keep = val.scored()  # None: every step observed (no fill_gaps repair)
+        fit, y = (pred, y) if keep is None or keep.all() else (pred[keep], y[keep])
+        loss, _ = pinball_loss(fit, y.astype(np.float64), self.w.quantiles)
+        return loss, q_risk(val.unscale(pred), val.target_raw(), self.w.quantiles, keep)["P50"]
 
     def interrupted(self) -> TrainingInterrupted:
         """The exception of an interrupted run (its checkpoint is written by the caller)."""

@@ -279,10 +279,12 @@ OPTIONS: tuple[Option, ...] = (
          nullable=True),
     _opt("observed_cols", str, None, "comma-separated past-only inputs", group="data",
          nullable=True, default_doc="all other columns"),
-    _opt("fill_gaps", bool, False, "repair missing steps and values instead of failing: linear "
-         "interpolation, or for a column of a few whole-number levels (a 0/1 flag, a category: "
-         "at most 16 distinct values) the last value carried forward (the summary names those "
-         "columns)", group="data", cli="flag"),
+    _opt("fill_gaps", bool, False, "repair missing steps and values instead of failing: the "
+         "target and observed columns carry their last value forward (a repaired step never "
+         "reads a later value), the known columns are interpolated linearly unless they hold a "
+         "few whole-number levels (a 0/1 flag, a category: at most 16 distinct values; carried, "
+         "the summary names them); repaired target steps are inputs only, never scored in the "
+         "validation, test or backtest q-risk", group="data", cli="flag"),
     _opt("history", int, None, "encoder length k in steps, or 'auto': chosen on the validation "
          "split by the tuned ridge's search, history + horizon at most 240 steps (metrics.json "
          "history_choice)", group="data", full=None, words=("auto",),

@@ -194,7 +194,7 @@ def check_targets(w: Windows) -> None:
         Naming the split.
     """
     for split, name in ((w.val, "validation"), (w.test, "test")):
-        if not np.abs(split.target_raw()).sum() > 0:
+        if not np.nansum(np.abs(split.actual())) > 0:  # the scored steps (fill_gaps)
             raise DataError(
                 f"the target {w.target_name!r} is zero on every {name} window: the q-risk "
                 "(normalised by sum |y|) is undefined; use other data or split fractions"
@@ -235,7 +235,7 @@ def check_windows(cfg: Any, w: Windows) -> None:
         )
     test = w.test
     y = test.target_raw()
-    qr = q_risk(seasonal_naive_forecast(test)[0], y, w.quantiles)
+    qr = q_risk(seasonal_naive_forecast(test)[0], y, w.quantiles, test.scored())
     if qr.get("P50", 1.0) == 0.0:
         raise DataError(
             f"the seasonal-naive forecast (the value {w.season} steps earlier) is exact on the "
