@@ -436,15 +436,40 @@ def test_weekly_data_reads_the_time_of_year_not_a_constant_weekday(tmp_path):
     y = 10 + np.sin(2 * np.pi * t.day_of_year / 365.25) + np.arange(400) * 1e-3
     p = tmp_path / "weekly.csv"
     pd.DataFrame({"t": t.strftime("%Y-%m-%d"), "y": y}).to_csv(p, index=False)
-    cfg = TrainConfig(csv=str(p), time_col="t", target_col="y", history=8, horizon=4,
+    cfg = TrainConfig(csv=str(p), time_col="t", target_col="y", history=52, horizon=4,
                       eval_stride=2).resolved()  # fmt: skip
     w = load_data(cfg)
     assert cfg.calendar == "doy" and w.future_names == ["doy_sin", "doy_cos"]
     weekly = load_csv(p, time_col="t", target_col="y")
     with pytest.raises(DataError, match="add doy or time_index to --calendar"):
-        make_windows(weekly, history=8, horizon=4, calendar=["hour", "dow"])
+        make_windows(weekly, history=52, horizon=4, calendar=["hour", "dow"])
     daily = from_dataframe(pd.DataFrame({"t": pd.date_range("2000-01-01", periods=400),
                                          "y": y}), time_col="t", target_col="y")  # fmt: skip
     assert make_windows(daily, history=8, horizon=4, calendar=["hour", "dow"]).future_names == [
         "day_of_week"
     ]
+
+
+def test_weekly_seasonal_naive_repeats_last_year(tmp_path):
+    """The weekly seasonal naive repeated the last horizon (season 4 with --horizon 4: the
+    weeks just before, not the same weeks a year ago); it is now 52 weeks back (pandas'
+    shift), as monthly data's is 12 months, and --history defaults to it."""
+    from nbqat.train import TrainConfig
+    from nbqat.train.baselines import seasonal_naive_forecast
+    from nbqat.train.model import load_data
+
+    t = pd.date_range("2000-01-02", periods=300, freq="7D")
+    y = 10 + np.sin(2 * np.pi * t.day_of_year / 365.25) + np.arange(300) * 1e-3
+    df = pd.DataFrame({"t": t.strftime("%Y-%m-%d"), "y": y})
+    df.to_csv(tmp_path / "w.csv", index=False)
+    w = make_windows(from_dataframe(df, time_col="t", target_col="y"), history=60, horizon=4,
+                     calendar=["doy"])  # fmt: skip
+    assert w.season == 52
+    lagged = df.set_index("t").y.shift(52).to_numpy()  # the same week a year earlier
+    want = lagged[w.test.rows[:, None] + np.arange(4)]
+    np.testing.assert_array_equal(seasonal_naive_forecast(w.test)[1], want)
+    cfg = TrainConfig(csv=str(tmp_path / "w.csv"), time_col="t", target_col="y", horizon=4,
+                      eval_stride=2).resolved()  # fmt: skip
+    assert load_data(cfg).history == 52
+    with pytest.raises(ValueError, match="period of 52 steps \\(one year"):
+        make_windows(from_dataframe(df, time_col="t", target_col="y"), history=8, horizon=4)

@@ -44,8 +44,8 @@ def default_season(data: SeriesData, horizon: int) -> int:
 
 def season_of(data: SeriesData, horizon: int) -> tuple[int, str]:
     """The seasonal-naive period ``(steps, in words)``: one day of sub-daily date times, one
-    week of daily ones, one year of monthly or quarterly ones (a step of k months with k
-    dividing 12, k < 12), else one horizon."""
+    week of daily ones, one year of weekly ones (52 weeks), of monthly or quarterly ones (a
+    step of k months with k dividing 12, k < 12), else one horizon."""
     if is_month_axis(data.times[0]):
         k = int(data.step.astype(np.int64))  # type: ignore[union-attr]
         if 0 < k < 12 and 12 % k == 0:
@@ -57,6 +57,8 @@ def season_of(data: SeriesData, horizon: int) -> tuple[int, str]:
             return 86400 // step_s, "one day"
         if step_s == 86400:
             return 7, "one week"
+        if step_s == 7 * 86400:  # weekly: the same week of the last year
+            return 52, "one year (52 weeks)"
     return horizon, "one horizon"
 
 

@@ -302,8 +302,8 @@ def make_windows(
         rows, the rest test rows. Cutting by time (not by row count) keeps every entity's
         training rows before every entity's validation and test rows.
     season : int, optional
-        Period of the seasonal-naive baseline in steps. Default: one day for sub-daily date
-        times (24 for hourly data), 7 for daily data, else ``horizon``.
+        Period of the seasonal-naive baseline in steps. Default: one day of sub-daily steps,
+        7 days, 52 weeks, a year of monthly or quarterly dates, else ``horizon``.
     quantiles : sequence of float, default (0.1, 0.5, 0.9)
     train_stride, eval_stride : int, default 1
         Distance in steps between the forecast starts of consecutive windows in the training
