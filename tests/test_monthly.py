@@ -441,7 +441,7 @@ def test_weekly_data_reads_the_time_of_year_not_a_constant_weekday(tmp_path):
     w = load_data(cfg)
     assert cfg.calendar == "doy" and w.future_names == ["doy_sin", "doy_cos"]
     weekly = load_csv(p, time_col="t", target_col="y")
-    with pytest.raises(DataError, match="add doy or time_index to --calendar"):
+    with pytest.raises(DataError, match="add one of doy, time_index to --calendar"):
         make_windows(weekly, history=52, horizon=4, calendar=["hour", "dow"])
     daily = from_dataframe(pd.DataFrame({"t": pd.date_range("2000-01-01", periods=400),
                                          "y": y}), time_col="t", target_col="y")  # fmt: skip
@@ -473,3 +473,32 @@ def test_weekly_seasonal_naive_repeats_last_year(tmp_path):
     assert load_data(cfg).history == 52
     with pytest.raises(ValueError, match="period of 52 steps \\(one year"):
         make_windows(from_dataframe(df, time_col="t", target_col="y"), history=8, horizon=4)
+
+
+def test_yearly_dates_have_no_constant_month_feature(tmp_path):
+    """Yearly dates all fall in one month, so the month of year (doy_sin, doy_cos) was one
+    constant input at every step (0 and 1: wasted, and the default calendar's only feature);
+    it is left out at whole years as the weekday is at whole weeks, and yearly data defaults
+    to time_index; quarterly data keeps it (pandas: 4 distinct months)."""
+    from nbqat.train import TrainConfig
+    from nbqat.train.model import load_data
+
+    t = pd.date_range("1900-01-01", periods=120, freq="YS")
+    assert t.month.nunique() == 1  # the oracle: one month of year
+    df = pd.DataFrame({"t": t.strftime("%Y-%m-%d"), "y": 10 + np.sin(np.arange(120.0))})
+    yearly = from_dataframe(df, time_col="t", target_col="y")
+    w = make_windows(yearly, history=8, horizon=4, calendar=["doy", "time_index"])
+    assert w.future_names == ["time_index"]
+    assert np.all(w.future_features.std(axis=0) > 0)
+    with pytest.raises(DataError, match="add one of time_index to --calendar"):
+        make_windows(yearly, history=8, horizon=4, calendar=["doy"])
+    df.to_csv(tmp_path / "y.csv", index=False)
+    cfg = TrainConfig(csv=str(tmp_path / "y.csv"), time_col="t", target_col="y", history=8,
+                      horizon=4, eval_stride=2).resolved()  # fmt: skip
+    assert load_data(cfg).future_names == ["time_index"] and cfg.calendar == "time_index"
+    q = pd.date_range("1900-01-01", periods=120, freq="QS")
+    assert q.month.nunique() == 4
+    quarterly = from_dataframe(df.assign(t=q.strftime("%Y-%m-%d")), time_col="t", target_col="y")
+    assert make_windows(quarterly, history=8, horizon=4, calendar=["doy"]).future_names == [
+        "doy_sin", "doy_cos"
+    ]  # fmt: skip

@@ -196,10 +196,14 @@ class Scaling:
 def constant_calendar(data: SeriesData) -> set[str]:
     """The ``--calendar`` groups that cannot vary on the data's time axis, left out of the
     features: ``hour`` at a step of a day or more, ``dow`` too at a whole number of weeks
-    (weekly data: a constant input that told the decoder's steps nothing)."""
-    if not data.is_datetime or data.month_day:  # a month axis has only its month of year
+    (weekly data: a constant input that told the decoder's steps nothing); on a calendar-month
+    axis ``hour`` and ``dow`` (it has only its month of year), and ``doy`` too at a whole number
+    of years (yearly dates: every step in the same month)."""
+    if not data.is_datetime:
         return set()
-    step_s = axis_step(data)
+    step_s = axis_step(data)  # in months on a calendar-month axis
+    if data.month_day:
+        return {"hour", "dow"} | ({"doy"} if step_s % 12 == 0 else set())
     dropped = {"hour"} if step_s >= 86400 else set()
     if step_s % (7 * 86400) == 0:
         dropped.add("dow")

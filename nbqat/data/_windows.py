@@ -343,8 +343,8 @@ def make_windows(
         useful = [c for c in ("doy", "dow", "time_index") if c not in constant_calendar(data)]
         raise DataError(
             f"the decoder has no known input: --calendar {','.join(calendar)!r} gives no "
-            f"feature for a time step of {data.step}; add {', '.join(useful[:-1])} or "
-            f"{useful[-1]} to --calendar or pass --known-cols"
+            f"feature for a time step of {data.step}; add one of {', '.join(useful)} to "
+            "--calendar or pass --known-cols"
         )
     parts = [
         _entity_part(data, e, sc, *rows[e], season, quantiles)

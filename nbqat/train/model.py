@@ -225,8 +225,10 @@ def load_data(cfg: Any) -> Windows:
         data = load_csv(cfg.csv, fill_gaps=cfg.fill_gaps, **column_roles(vars(cfg)))
     else:
         data = load_tmy3()
-    if cfg.calendar == DEFAULT_CALENDAR and (data.month_day or "dow" in constant_calendar(data)):
-        cfg.calendar = "doy"  # no hour or weekday in months or weeks: the time of year
+    constant = constant_calendar(data)
+    if cfg.calendar == DEFAULT_CALENDAR and "dow" in constant:  # months, weeks: no hour or
+        cfg.calendar = "doy" if "doy" not in constant else "time_index"  # weekday; years: no
+        # time of year either, the trend is what varies
     auto = cfg.history == "auto"
     if cfg.history is None or auto:  # one day of hours, and at least one season (the naive
         from nbqat.data._calendar import default_season  # reads it)

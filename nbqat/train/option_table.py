@@ -292,8 +292,9 @@ OPTIONS: tuple[Option, ...] = (
     _opt("horizon", int, None, "forecast length tau in steps", group="data", full=24, **_POS),
     _opt("calendar", str, DEFAULT_CALENDAR, "derived known inputs, comma-separated from: hour "
          "(hour of day sin/cos), dow (day of week), doy (day of year sin/cos; month of year for "
-         "monthly, quarterly, yearly dates, whose default is doy, as weekly data's), "
-         "time_index; hour is left out at a step of a day or more, dow at whole weeks",
+         "monthly and quarterly dates, whose default is doy, as weekly data's), "
+         "time_index; hour is left out at a step of a day or more, dow at whole weeks, doy at "
+         "whole years (yearly dates: their default is time_index)",
          group="data"),
     _opt("eval_stride", int, None, "steps between validation/test windows", group="data",
          full=6, quick=24, **_POS),
