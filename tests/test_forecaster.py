@@ -482,7 +482,12 @@ def test_fill_gaps_carries_whole_number_columns(tmp_path):
         ("2024-03-01 00:00:00", "2024-03-01 05:00:00"),
         ("2024-03-01", "2024-03-01T05:00:00"),  # a date cannot hold 05:00: spelled in full
         ("2024-03-01T00:00Z", "2024-03-01T05:00Z"),
-        ("2024-03-01T00:00:00+01:00", "2024-03-01T05:00:00+00:00"),  # read as UTC
+        # read as UTC, written back at the data's own offset (they were written in UTC)
+        ("2024-03-01T00:00:00+01:00", "2024-03-01T06:00:00+01:00"),
+        ("2024-03-01T00:00:00+02:00", "2024-03-01T07:00:00+02:00"),
+        ("2024-03-01T00:00-0530", "2024-02-29T23:30-0530"),
+        ("2024-03-01T00:00:00+00:00", "2024-03-01T05:00:00+00:00"),
+        ("2024-03-01+02:00", "2024-03-01T07:00:00+02:00"),
         # slashes and dots kept (the forecasts were dated 2024-03-01 05:00, which a join on
         # the data's own time strings never matches)
         ("2024/03/01 00:00", "2024/03/01 05:00"),
@@ -495,12 +500,15 @@ def test_times_are_spelled_as_the_data_spells_them(raw, spelled):
 
     fmt = time_spelling(pd.Series([raw], dtype=object))
     assert format_times(np.array(["2024-03-01T05:00"], "datetime64[s]"), fmt) == [spelled]
+    if "+" in raw[10:] or "-" in raw[10:]:  # the same instant (pandas reads the offset)
+        assert pd.Timestamp(spelled) == pd.Timestamp("2024-03-01T05:00", tz="UTC")
     assert format_times(np.array([17.0]), time_spelling(pd.Series(["17"]))) == ["17"]
 
 
-def test_aware_datetime_column_is_spelled_in_utc_with_its_offset():
+def test_aware_datetime_column_is_spelled_at_its_offset():
     """A time-zone-aware column is read as UTC: its forecast times say so (spelled without an
-    offset, 17:00 UTC read back as 17:00 local, an hour off in Berlin)."""
+    offset, 17:00 UTC read back as 17:00 local, an hour off in Berlin), at the column's own
+    offset (its first value's: they were spelled in UTC, +00:00)."""
     import pyarrow as pa
 
     from nbqat.data._timecol import format_times, time_spelling
@@ -509,7 +517,7 @@ def test_aware_datetime_column_is_spelled_in_utc_with_its_offset():
     t = np.array(["2024-03-01T17:00"], "datetime64[s]")  # s[0] on the UTC axis
     spelled = format_times(t, time_spelling(s))
     assert pd.Timestamp(spelled[0]) == s[0]
-    assert spelled == ["2024-03-01T17:00:00+00:00"]
+    assert spelled == ["2024-03-01T18:00:00+01:00"]
     arrow = s.astype(pd.ArrowDtype(pa.timestamp("s", tz="Europe/Berlin")))  # pandas' other kind
     assert format_times(t, time_spelling(arrow)) == spelled
     naive = s.dt.tz_localize(None).astype(pd.ArrowDtype(pa.timestamp("s")))

@@ -142,11 +142,11 @@ def time_spelling(s: Any) -> str:
     str
         A :meth:`datetime.strftime` format (``%Y-%m-%dT%H:%M``, ``%Y-%m-%d %H:%M:%S``,
         ``%Y-%m-%d``, ``%Y/%m/%d`` or ``%Y.%m.%d`` for dates spelled so, ``%Y-%m`` for
-        year-month values such as ``2024-03``; with ``Z`` or
-        ``+00:00`` appended when the values carry a UTC offset, since they are read as UTC: a
-        time-zone-aware ``datetime64`` column too, so that its times, converted to UTC, are
-        not read back as local times), ``"integer"`` for whole
-        numbers or ``"number"``.
+        year-month values such as ``2024-03``; with the first value's UTC offset appended as
+        it spells it (``Z``, ``+02:00``, ``-0500``) when the values carry one, so that
+        :func:`format_times` writes the times, read as UTC, back at that offset; a
+        time-zone-aware ``datetime64`` column gets its first value's offset, ``+01:00``),
+        ``"integer"`` for whole numbers or ``"number"``.
     """
     import pandas as pd
 
@@ -157,7 +157,10 @@ def time_spelling(s: Any) -> str:
         return "integer" if bool(np.all(np.mod(x[np.isfinite(x)], 1.0) == 0)) else "number"
     aware = getattr(getattr(s.dtype, "pyarrow_dtype", None), "tz", None)  # timestamp[pyarrow]
     if isinstance(s.dtype, pd.DatetimeTZDtype) or aware:  # read as UTC (parse_time_column)
-        return "%Y-%m-%dT%H:%M:%S+00:00"
+        first = pd.Timestamp(s.dropna().iloc[0]) if s.notna().any() else None
+        off = int(first.utcoffset().total_seconds()) if first is not None else 0
+        sign, off = "-" if off < 0 else "+", abs(off)
+        return f"%Y-%m-%dT%H:%M:%S{sign}{off // 3600:02d}:{off % 3600 // 60:02d}"
     if pd.api.types.is_datetime64_any_dtype(s.dtype):
         return "%Y-%m-%dT%H:%M:%S"
     v = str(s.iloc[0]).strip()
@@ -168,7 +171,7 @@ def time_spelling(s: Any) -> str:
     if re.fullmatch(r"\d{4}-\d{2}", v):  # ISO 8601 year and month (monthly data)
         return "%Y-%m"
     tz = re.search(_OFFSET, v[10:]) if len(v) > 10 else None
-    zone = "" if tz is None else ("Z" if tz.group(0) == "Z" else "+00:00")
+    zone = "" if tz is None else tz.group(0)  # as spelled: format_times writes at it
     clock = v[11 : len(v) - (len(tz.group(0)) if tz else 0)]
     d = v[4] if re.match(r"\d{4}([/.])\d{2}\1\d{2}", v) else "-"  # 2024/03/01, 2024.03.01
     if len(v) <= 10 or not clock:
@@ -185,7 +188,8 @@ def format_times(t: np.ndarray, spelling: str, month_day: int = 0) -> list[str]:
     first value, so one that would drop a part of some time is widened: ``"integer"`` times
     that are not all whole numbers are spelled as ``"number"`` (``0, 0.5, 1, ...``), and date
     times that a date-only (``2024-03-01`` for midnight, then hourly) or coarser clock spelling
-    cannot hold are spelled ``%Y-%m-%dT%H:%M:%S`` (with the spelling's UTC suffix); a
+    cannot hold are spelled ``%Y-%m-%dT%H:%M:%S`` (with the spelling's UTC offset, at which
+    the times, UTC on the axis, are written); a
     year-month spelling (``%Y-%m``) of times not all on the 1st at midnight is widened the same
     way (through ``%Y-%m-%d``)."""
     import pandas as pd
@@ -197,12 +201,23 @@ def format_times(t: np.ndarray, spelling: str, month_day: int = 0) -> list[str]:
         spelling = "number"
     if spelling == "number":
         return [repr(float(v)) for v in np.asarray(t, np.float64)]
-    secs = np.asarray(t, "datetime64[s]")
+    zone = re.search(_OFFSET, spelling)  # the data's UTC offset: the UTC times shifted to it
+    zone_text = zone.group(0) if zone else ""
+    secs = np.asarray(t, "datetime64[s]") + np.timedelta64(_offset_seconds(zone_text), "s")
     if "%d" not in spelling and np.any(secs != secs.astype("datetime64[M]")):
         spelling = "%Y-%m-%d"  # year-month values: dates off the 1st need their day
     unit = next((u for part, u in (("%H", 86400), ("%M", 3600), ("%S", 60)) if part not in
                  spelling), 1)  # fmt: skip
     if unit > 1 and np.any(secs.astype(np.int64) % unit):
-        zone = next((z for z in ("Z", "+00:00") if spelling.endswith(z)), "")
-        spelling = spelling[:8] + "T%H:%M:%S" + zone  # the date as spelled
+        spelling = spelling[:8] + "T%H:%M:%S" + zone_text  # the date as spelled
     return list(pd.DatetimeIndex(secs).strftime(spelling))
+
+
+def _offset_seconds(zone: str) -> int:
+    """The seconds east of UTC of an offset as spelled (``Z``, ``+02``, ``+0200``, ``-05:30``;
+    ``""``: 0)."""
+    m = re.fullmatch(r"([+-])(\d{2}):?(\d{2})?", zone)
+    if m is None:
+        return 0
+    off = 3600 * int(m.group(2)) + 60 * int(m.group(3) or 0)
+    return -off if m.group(1) == "-" else off
