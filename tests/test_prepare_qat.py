@@ -253,6 +253,28 @@ def test_preparing_twice_or_converting_float_is_refused():
         prepare_qat(Sequential(Linear(2, 3)))
 
 
+def test_a_type_entry_covers_subclasses_where_torchs_matches_the_exact_type(torch):
+    """Pins the documented difference (docs/qat-own-model.md): nbqat's type entries match
+    subclasses, the nearest class of the MRO winning, as its QAT mapping does; torch's eager
+    qconfig dict (propagate_qconfig_, the oracle of torch's rule) matches the exact type."""
+    from torch.ao.quantization import get_default_qat_qconfig, propagate_qconfig_
+
+    class MyLinear(Linear):
+        pass
+
+    class TorchLinear(torch.nn.Linear):
+        pass
+
+    ref = torch.nn.Sequential(TorchLinear(3, 4), torch.nn.Linear(4, 2))
+    propagate_qconfig_(ref, {"": get_default_qat_qconfig("x86"), torch.nn.Linear: None})
+    assert [m.qconfig is None for m in ref] == [False, True]  # torch: the subclass quantized
+    model = Sequential(MyLinear(3, 4), Linear(4, 2))
+    ParameterBuffer(model)
+    assert prepare_qat(model, qconfig_mapping={Linear: None}).float_fallback == ["0", "1"]
+    mixed = prepare_qat(model, qconfig_mapping={Linear: None, MyLinear: nbqat.default_qat_qconfig})
+    assert mixed.float_fallback == ["1"] and "0.weight_fake_quant" in mixed.fake_quants
+
+
 def test_qconfig_mapping_typos_and_bad_values_are_refused_before_any_change():
     """A mistyped module name used to be ignored silently (everything quantized, the float
     fallback lost); a bad value (inplace) left the model half prepared."""

@@ -119,7 +119,8 @@ def prepare_qat(
         affine quint8 activations, moving-average min/max observers).
     qconfig_mapping : mapping, optional
         ``{module name or layer type: QConfig or None}``; a name covers its descendants, a
-        name wins over a type; None keeps those modules in float (float fallback).
+        type its subclasses (the nearest in the MRO; torch's: the exact type), a name wins
+        over a type; None keeps those modules in float (float fallback).
     config : QATConfig, optional
         Calibration, freezing, LSQ (``learnable_scales``); ``quantize_output_head=False`` keeps
         the model's ``output_head`` in float, ``quantize_attention=False`` the attention
