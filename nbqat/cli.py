@@ -219,7 +219,7 @@ def _predict(args: argparse.Namespace) -> int:
     if backtest:
         qr = df.attrs["q_risk"]
         n = df[["entity", "origin"]].drop_duplicates().shape[0]
-        print(f"backtest q-risk over {n} windows: "
+        print(f"backtest q-risk over {n} window{'s' if n != 1 else ''}: "
               + ", ".join(f"{k} {q_text(v)}" for k, v in qr.items()), file=msg)  # fmt: skip
     if path is None:
         try:

@@ -149,6 +149,21 @@ def test_summary_reports_the_hln_p_value_and_says_when_n_is_too_small(n):
     assert ("too few for a reliable test" in line) == (n < 20 * (f[0]["lags"] + 1)) == (n == 100)
 
 
+@pytest.mark.parametrize("lags", [1, 3])
+def test_summary_counts_in_the_singular_for_one(lags):
+    """The summary said 'a reliable test with 1 lags' and 'float training: 1 epochs'."""
+    from nbqat.train.summary import summary_table
+
+    rng = np.random.default_rng(lags)
+    sig = {f"{m}_vs_{b}_P50": {**diebold_mariano(rng.standard_normal(30) + 0.2, np.zeros(30), 1),
+                               "lags": lags, "small_sample": True}
+           for m in ("float", "int8") for b in ("naive", "ridge")}  # fmt: skip
+    text = summary_table(_metrics(sig), {"phases_s": {"total": 1.0}})
+    word = "lag" if lags == 1 else "lags"
+    assert f"a reliable test with {lags} {word} (p-values" in text
+    assert "float training: 1 epoch, best" in text
+
+
 def test_a_negative_flat_top_variance_falls_back_to_bartlett():
     # A short, strongly alternating differential: the flat-top weights give a negative
     # variance; the test then uses the Bartlett weights 1 - k / (L + 1) (written out here).

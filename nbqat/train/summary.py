@@ -11,7 +11,8 @@ def _small_sample(tests: list) -> str:
     if t is None:
         return ""
     return (
-        f"; n = {t['n']} test origins is too few for a reliable test with {t['lags']} lags "
+        f"; n = {t['n']} test origins is too few for a reliable test with {t['lags']} "
+        f"lag{'s' if t['lags'] != 1 else ''} "
         "(p-values indicative only)"
     )
 
@@ -25,7 +26,8 @@ def _versus(what: str, improvement: float, other: str) -> str:
 def _float_training(fl: dict) -> str:
     """'float training: N epochs, best validation P50 after epoch B; ...' (metrics' float)."""
     best = fl["best_epoch"]
-    line = f"float training: {fl['epochs_run']} epochs, best validation P50 " + (
+    n = fl["epochs_run"]
+    line = f"float training: {n} epoch{'s' if n != 1 else ''}, best validation P50 " + (
         f"after epoch {best}" if best else "at the start (the initial weights kept)"
     )
     if fl.get("plateau_epoch"):
