@@ -352,6 +352,32 @@ def test_corrupt_checkpoints_are_clear_errors_and_left_alone(run_copy, capsys, c
 # ------------------------------------------------------------------------------------- plots
 
 
+@pytest.mark.parametrize(("k", "tau"), [(12, 6), (12, 12), (8, 4), (24, 24)])
+def test_step_axes_are_ticked_at_whole_steps(tmp_path, monkeypatch, k, tau):
+    """The forecast fan of monthly data (12 months of history, 6 forecast) was ticked at
+    -12.5, -7.5, ... steps; every step axis (the fan's, the attention plot's key positions and
+    decoder steps) now ticks whole steps."""
+    from nbqat.train import plots
+
+    ticks, save = [], plots._save
+
+    def grab(fig, path):  # each step axis's ticks as drawn (colour bars have no x label)
+        for ax in fig.axes:
+            if ax.get_xlabel():
+                steps = ax.get_ylabel() == "decoder step"
+                ticks.append([*ax.get_xticks(), *(ax.get_yticks() if steps else [])])
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", grab)
+    rng = np.random.default_rng(k)
+    plots.plot_forecast_fan(rng.normal(size=(2, k)), rng.normal(size=(2, tau)),
+                            np.sort(rng.normal(size=(2, tau, 3)), axis=2), (0.1, 0.5, 0.9),
+                            tmp_path / "f.png", show_history=k, xlabel="months")  # fmt: skip
+    plots.plot_attention(rng.random((tau, k + tau)), tmp_path / "a.png", history=k)
+    values = [float(v) for axis in ticks for v in axis]
+    assert len(ticks) == 4 and values and all(v.is_integer() for v in values)
+
+
 def test_plots_take_dollar_names_and_label_units(tmp_path):
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
 

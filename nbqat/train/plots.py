@@ -239,8 +239,8 @@ def plot_forecast_fan(
         ax.axvline(-0.5, color="0.6", lw=0.8)
         if titles is not None:
             ax.set_title(_esc(titles[i]), fontsize=9)
-        ax.set_xlabel(_esc(xlabel))
-        ax.set_ylabel(_esc(ylabel))
+        ax.set(xlabel=_esc(xlabel), ylabel=_esc(ylabel))
+        _whole_steps(ax.xaxis)
         ax.grid(alpha=0.3)
         if i == 0:
             ax.legend(fontsize=7)
@@ -329,7 +329,17 @@ def plot_attention(
     ax2.set_title("attention of selected decoder steps")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
+    _whole_steps(ax.xaxis, ax.yaxis, ax2.xaxis)  # key positions and decoder steps
     return _save(fig, path)
+
+
+def _whole_steps(*axes: Any) -> None:
+    """Ticks at whole steps on each of ``axes`` (matplotlib ``Axis`` objects of time steps: a
+    fan of 12 months' history and 6 forecast months was ticked -12.5, -7.5, ...)."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator("auto", steps=[1, 2, 5, 10], integer=True))
 
 
 def _plain_log_ticks(ax) -> None:
