@@ -30,6 +30,23 @@ def test_qat_own_model_page_runs(capsys):
     assert ns["int8_mse"] == pytest.approx(ns["float_mse"], rel=0.5)
 
 
+def test_readme_states_what_becomes_an_observed_input():
+    """README said 'every other numeric column is an observed input', as if a text column
+    were skipped; it is an input too, refused naming --observed-cols, which leaves it out."""
+    import pandas as pd
+
+    from nbqat.data import DataError, from_dataframe
+
+    text = " ".join((DOCS.parent / "README.md").read_text().split())
+    assert "every other column is an observed, past-only input and must hold numbers" in text
+    df = pd.DataFrame({"t": range(40), "y": [float(i % 5) for i in range(40)], "x": 1.0,
+                       "note": "n"})  # fmt: skip
+    with pytest.raises(DataError, match=r"column 'note' has a non-numeric .*--observed-cols"):
+        from_dataframe(df, time_col="t", target_col="y")
+    ok = from_dataframe(df, time_col="t", target_col="y", observed_cols=["x"])
+    assert ok.observed_names == ["x"]
+
+
 def test_tft_page_states_the_linear_skips_defaults():
     """docs/tft.md: the skip's learning rate relative to the body's is --skip-lr-scale's default,
     and QAT keeps the skip in float unless QATConfig.quantize_linear_skip."""
