@@ -57,6 +57,24 @@ def test_calendar_matches_nbqat_in_any_year(lo, hi):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize(
+    "names", [["day_of_week"], ["hour_sin", "hour_cos"], ["doy_sin", "doy_cos"], NAMES]
+)
+def test_calendar_builds_only_what_its_features_use(names):
+    """A daily run (calendar: day of week only) wrote 2 pi and the seconds-of-day chain for
+    hour and day-of-year features it did not have, and onnxruntime printed "Removing
+    initializer 'pre.c.54'. It is not used by any node" at every InferenceSession of its
+    model.onnx. Every constant and node output of the calendar now feeds a feature."""
+    from nbqat.export.preprocess import _G, _calendar
+
+    g = _G()
+    out = _calendar(g, "secs", names)
+    assert sorted(out) == sorted(names)
+    used = {i for n in g.nodes for i in n.input} | set(out.values())
+    assert [t.name for t in g.inits if t.name not in used] == []
+    assert [o for n in g.nodes for o in n.output if o not in used] == []
+
+
 def _numeric_scaling():
     """A one-entity :class:`Scaling` of a numeric time axis with a time index only."""
     from nbqat.data import Scaling

@@ -95,12 +95,13 @@ def _calendar(g: _G, secs: str, names: list[str]) -> dict[str, str]:
     """The calendar features (B, n) float64 of int64 seconds ``secs``."""
     i64 = np.int64
     sod = g.op("Mod", [secs, g.c(86400, i64)], fmod=0)  # floor semantics, as numpy's
-    day = g.op("Div", [g.op("Sub", [secs, sod]), g.c(86400, i64)])
     out: dict[str, str] = {}
-    two_pi = g.c(2 * np.pi)
+    # only what the features use: onnxruntime warns of every unused initializer at load
+    if {"doy_sin", "doy_cos", "day_of_week"} & set(names):
+        day = g.op("Div", [g.op("Sub", [secs, sod]), g.c(86400, i64)])
     if {"hour_sin", "hour_cos"} & set(names):
         frac = g.op("Div", [g.op("Cast", [sod], to=11), g.c(86400.0)])
-        ang = g.op("Mul", [two_pi, frac])
+        ang = g.op("Mul", [g.c(2 * np.pi), frac])
         out["hour_sin"], out["hour_cos"] = g.op("Sin", [ang]), g.op("Cos", [ang])
     if {"doy_sin", "doy_cos"} & set(names):
         # the year: an estimate from the mean Gregorian year (146097 days per 400 years), off
@@ -114,7 +115,7 @@ def _calendar(g: _G, secs: str, names: list[str]) -> dict[str, str]:
         end = g.op("Mul", [_year_start(g, g.op("Add", [y, g.c(1, i64)])), g.c(86400, i64)])
         frac = g.op("Div", [g.op("Cast", [g.op("Sub", [secs, start])], to=11),
                             g.op("Cast", [g.op("Sub", [end, start])], to=11)])  # fmt: skip
-        ang = g.op("Mul", [two_pi, frac])
+        ang = g.op("Mul", [g.c(2 * np.pi), frac])
         out["doy_sin"], out["doy_cos"] = g.op("Sin", [ang]), g.op("Cos", [ang])
     if "day_of_week" in names:
         dow = g.op("Cast", [g.op("Mod", [g.op("Add", [day, g.c(3, i64)]), g.c(7, i64)], fmod=0)],
