@@ -883,6 +883,27 @@ def test_an_origin_too_late_for_the_known_columns_names_the_last_one(demand):
     assert len(fc.predict(df, at=last)) == TAU * df.site.nunique()
 
 
+def test_an_origin_off_the_time_grid_names_the_nearest(demand):
+    """``predict(at="... 12:30")`` on hourly data, or a local time with an offset, said only
+    "is not on entity 'north''s time grid (... + a multiple of 3600 seconds)"; the message now
+    names the grid times on either side (pandas' floor and ceil of the time read in UTC),
+    and the floor forecasts. Before the data, only its first time is named."""
+    import nbqat
+
+    fc = nbqat.Forecaster.load(demand[4])
+    df = pd.read_csv(demand[2])
+    for at in ("2024-03-20 12:30", "2024-03-20T13:30+01:00"):
+        utc = pd.Timestamp(at).tz_localize(None) if "+" not in at else (
+            pd.Timestamp(at).tz_convert("UTC").tz_localize(None))  # fmt: skip
+        lo, hi = utc.floor("h").isoformat(), utc.ceil("h").isoformat()
+        with pytest.raises(DataError, match=f"the nearest being {lo} and {hi} \\(times"):
+            fc.predict(df, at=at)
+        assert len(fc.predict(df, at=lo)) == TAU * df.site.nunique()
+    first = pd.Timestamp(df.ts.min()).isoformat()
+    with pytest.raises(DataError, match=f"the nearest being {first} \\(times"):
+        fc.predict(df, at=pd.Timestamp(df.ts.min()) - pd.Timedelta(minutes=30))
+
+
 def test_a_period_time_column_reads_as_its_start_times(demand):
     """A pandas Period column (``df.index.to_period("M")``, statsmodels' quarterly data) was
     refused as "neither a number nor an ISO 8601 date time"; it reads as its periods' start

@@ -227,7 +227,10 @@ def _row_of(t: np.ndarray, when: Any, step: Any, name: str, opt: str, up: bool =
     r = int(np.floor(float(d) + 1e-9))
     if abs(float(d) - r) > 1e-6:
         raise DataError(
-            f"{opt} {when} is not on entity {name!r}'s time grid ({t[0]} + a multiple of {step})"
+            f"{opt} {when} is not on entity {name!r}'s time grid ({t[0]} + a multiple of "
+            f"{step}): give one of its times, the nearest being "
+            + " and ".join(str(_time_at(t, i, step)) for i in (r, r + 1) if i >= 0)
+            + " (times with a UTC offset are read in UTC)"
         )
     if r < 0:
         raise DataError(f"{opt} {when} is before the data of entity {name!r} (from {t[0]})")
