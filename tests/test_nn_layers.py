@@ -903,13 +903,23 @@ def test_selection_and_attention_weights_are_read_only_views(rng):
 def test_variable_embedding_checks_its_arrays(rng):
     """VariableEmbedding embedded an integer x in integers (truncated values), reshaped an x of
     another last dimension into rows of num_vars, and its compiled backward read a smaller
-    dflat / dpervar out of bounds (garbage, NaN gradients). Now ValueErrors naming the array;
-    a good call matches finite differences."""
+    dflat / dpervar out of bounds (garbage, NaN gradients). Now ValueErrors naming the array
+    (a TypeError naming the cast for a wrong dtype, as the other layers); a good call matches
+    finite differences."""
     emb = nn.VariableEmbedding(2, 3)
     _build(emb)
-    for bad in (np.array([[1, 2]]), np.ones((3, 4)), np.ones((3, 2), np.float16), [[1.0, 2.0]]):
+    for bad in (np.ones((3, 4)), [[1.0, 2.0]]):
         with pytest.raises(ValueError, match=r"VariableEmbedding: x must be a float32/float64"):
             emb.forward(bad)
+    # a wrong dtype is a TypeError naming x and the cast, as every other layer's (Linear's)
+    for bad in (np.array([[1, 2]]), np.array([[True, False]]), np.ones((3, 2), np.float16)):
+        with pytest.raises(
+            TypeError, match=r"`x` must be a floating-point.*x\.astype\(np\.float32\)"
+        ):
+            emb.forward(bad)
+        if bad.dtype != np.float16:  # Linear takes float16
+            with pytest.raises(TypeError, match=r"x\.astype\(np\.float32\)"):
+                nn.Linear(2, 3).forward(bad)
     x = rng.normal(size=(5, 2))
     emb.forward(x)
     for dflat, dpervar, name in (

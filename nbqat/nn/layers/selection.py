@@ -57,20 +57,19 @@ class VariableEmbedding(Module):
         Raises
         ------
         ValueError
-            When ``x`` is not a float32 / float64 array with last dimension ``num_vars``
-            (an integer ``x`` was embedded in integers, another last dimension reshaped).
+            When ``x`` is not an array with last dimension ``num_vars`` (another last
+            dimension was reshaped into rows of ``num_vars``).
+        TypeError
+            When ``x`` is neither float32 nor float64 (an integer ``x`` was embedded in
+            integers), naming the fix ``x.astype(np.float32)``; before anything is cached.
         """
         m, d = self.num_vars, self.d
-        if (
-            not isinstance(x, np.ndarray)
-            or x.dtype not in (np.float32, np.float64)
-            or x.ndim < 1
-            or x.shape[-1] != m
-        ):
+        if not isinstance(x, np.ndarray) or x.ndim < 1 or x.shape[-1] != m:
             raise ValueError(
                 f"VariableEmbedding: x must be a float32/float64 array (..., {m}), got "
                 f"{getattr(x, 'shape', type(x))} {getattr(x, 'dtype', '')}"
             )
+        V.check_float_array(x, "x", _FLOATS)  # integer, bool, float16: TypeError, the cast
         x2 = np.ascontiguousarray(x).reshape(-1, m)  # (N, m)
         n = x2.shape[0]
         flat = np.empty((n, m * d), dtype=x2.dtype)  # (N, m*d)
