@@ -400,7 +400,7 @@ def data_parallel_step(
     ----------
     model : forecaster or QAT model
         Its active dropout layers draw the global batch's masks and keep this rank's rows.
-    batch : (static, historical, future, target)
+    batch : (static, historical, future, target[, mask])
         The GLOBAL batch, identical on every rank (each rank takes :func:`shard` of it).
     optimizer : nbqat optimizer over ``model.params``
     group : ProcessGroup
@@ -425,20 +425,21 @@ def data_parallel_step(
     """
     from nbqat._dist_agree import check_ranks_agree
     from nbqat.nn.layers.dropout import global_masks
-    from nbqat.nn.step import train_step
+    from nbqat.nn.step import loss_weight, train_step
 
     check_ranks_agree(model, batch, group, "data_parallel_step")
     run = train_step if step is None else step
     rows = int(np.shape(batch[0])[0])
     sl = shard(rows, group)
     local, n_local = tuple(a[sl] for a in batch), sl.stop - sl.start
-    hook = functools.partial(allreduce_gradients, local_rows=n_local, global_rows=rows, group=group)
+    part, whole = loss_weight(local), max(loss_weight(batch), 1)  # rows, or a mask's Trues
+    hook = functools.partial(allreduce_gradients, local_rows=part, global_rows=whole, group=group)
     sharded = getattr(model, "sharded", None)  # LSQ: the global batch's gradient factor
     lsq = sharded(n_local, rows) if group.distributed and sharded else contextlib.nullcontext()
     with lsq, global_masks(model, (rows, sl.start, sl.stop) if group.distributed else None):
         loss, total = run(model, local, optimizer, max_norm=max_norm, grad_hook=hook)
     if group.distributed:
-        lb = np.array([loss * n_local / rows if n_local else 0.0])
+        lb = np.array([loss * part / whole if part else 0.0])
         loss = float(group.allreduce_sum(lb)[0])
     return loss, total
 

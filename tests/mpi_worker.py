@@ -7,6 +7,7 @@ MODE ``train_uneven``: the same on 7-row batches (uneven shards): FakeQuantize, 
 Adam (:data:`UNEVEN_RUNS`).
 MODE ``dropout``: SGD steps of a tiny TFT with dropout active through
 ``dist.data_parallel_step`` alone (:func:`worker_common.dropout_run`).
+MODE ``masked``: Adam steps on masked 7-row batches (:func:`worker_common.masked_run`).
 MODE ``float8``: sharded calibration of a float8 MLP (:func:`worker_common.float8_run`).
 MODE ``threads``: ``train_uneven``'s Adam + LSQ run on the parallel kernel builds, with rank r on
 1 + r Numba threads, then with every rank on 1 thread.
@@ -170,6 +171,10 @@ def main():
         for name, opt, lsq in UNEVEN_RUNS:
             run = tiny_run(group, 3, opt, rows=7, learnable=lsq)
             res.update({f"{name}.{k}": v for k, v in run.items()})
+    elif mode == "masked":  # a target mask keeping uneven counts per rank
+        from worker_common import masked_run
+
+        res = masked_run(group)
     elif mode == "dropout":  # the public data_parallel_step on a TFT with dropout active
         from worker_common import dropout_run
 

@@ -246,6 +246,21 @@ def test_two_process_training_on_uneven_shards_equals_one_process(tmp_path):
         np.testing.assert_allclose(two[f"{name}.params"], one["params"], atol=2e-4, err_msg=name)
 
 
+def test_two_process_masked_training_equals_one_process(tmp_path):
+    """A target mask (--fill-gaps' invented steps) keeping 4 of 24 entries in rank 0's rows
+    and 17 of 18 in rank 1's: weighting each rank by its rows gave rank 0's few entries the
+    weight of 4 / 7 of the batch; each rank is now weighted by its kept entries, so the loss,
+    norm and parameters are one process's mean over the kept entries."""
+    from worker_common import masked_run
+
+    r = _mpirun("masked", tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    two, one = _load(tmp_path, 0), masked_run(dist.ProcessGroup())
+    for k in ("loss", "norm"):
+        np.testing.assert_allclose(two[k], one[k], rtol=1e-5, err_msg=k)
+    np.testing.assert_allclose(two["params"], one["params"], atol=2e-4)
+
+
 def test_ranks_on_other_thread_counts_give_the_bits_of_ranks_on_one_thread(tmp_path, monkeypatch):
     # ranks started with other --threads (or NUMBA_NUM_THREADS, or Parallel.default_threads on
     # hosts with other core counts): the kernels reduce in fixed chunks and merge in order, so

@@ -123,3 +123,87 @@ def test_run_scores_the_observed_test_steps_only(tmp_path):
     e = y[keep] - naive[..., 1][keep]
     want = np.sum(np.abs(e)) / np.sum(np.abs(y[keep]))
     assert got["P50"] == pytest.approx(want, rel=1e-12)
+
+
+def test_masked_quantile_loss_is_torchs_masked_mean(torch, rng):
+    """The training loss with a mask is torch's ``(ql * mask).sum() / (mask.sum() * Q)`` and
+    its autograd gradient (0 at the masked entries); no mask: the plain mean, unchanged."""
+    from nbqat.nn import quantile_loss, quantile_loss_grad
+
+    pred = rng.normal(size=(5, 6, 3)).astype(np.float32)
+    y = rng.normal(size=(5, 6)).astype(np.float32)
+    keep = rng.random((5, 6)) > 0.3
+    tp = torch.tensor(pred, requires_grad=True)
+    e = torch.tensor(y)[..., None] - tp
+    q = torch.tensor(QS, dtype=torch.float32)
+    ql = torch.maximum(q * e, (q - 1) * e) * torch.tensor(keep)[..., None]
+    want = ql.sum() / (int(keep.sum()) * len(QS))
+    want.backward()
+    assert quantile_loss(pred, y, QS, keep) == pytest.approx(want.item(), rel=1e-6)
+    np.testing.assert_allclose(quantile_loss_grad(pred, y, QS, keep), tp.grad.numpy(), atol=1e-9)
+    assert quantile_loss_grad(pred, y, QS, keep)[~keep].max() == 0.0
+    with pytest.raises(ValueError, match="mask must be a bool array"):
+        quantile_loss(pred, y, QS, keep[:1])
+
+
+def test_train_step_gives_masked_targets_no_weight(rng):
+    """A batch's fifth item (bool, the target's shape) takes the masked targets out of the
+    loss and the update: any values there give the same step, bit for bit."""
+    from ref_nn import forecast_batch
+
+    import nbqat
+    from nbqat.nn import LSTMForecaster, LSTMForecasterConfig, train_step
+
+    cfg = LSTMForecasterConfig(2, 3, 4, 8, 6, 3)
+    s, h, f, y = forecast_batch(rng, cfg, 4)
+    keep = np.ones(y.shape, bool)
+    keep[1, 2:5] = keep[3, 0] = False
+    out = []
+    for shift in (0.0, 100.0):
+        model = LSTMForecaster(cfg, seed=0)
+        opt = nbqat.Adam(model.params, lr=1e-2)
+        yy = np.where(keep, y, y + np.float32(shift))
+        out.append((train_step(model, (s, h, f, yy, keep), opt), model.params.copy()))
+    assert out[0][0] == out[1][0]
+    np.testing.assert_array_equal(out[0][1], out[1][1])
+    with pytest.raises(ValueError, match="batch mask must be a bool NumPy array"):
+        train_step(LSTMForecaster(cfg, seed=0), (s, h, f, y, keep[:2]), opt)
+
+
+def test_training_gives_invented_targets_no_weight(tmp_path, monkeypatch):
+    """A 10-step gap in the training split: the float and QAT phases trained on the 10
+    carried-forward targets as if observed. Every training batch now carries the mask of its
+    observed steps (pandas: the target times present in the file), and moving the invented
+    targets by 100 changes no training step (metrics.json identical)."""
+    from nbqat.train.parallel import Parallel
+
+    df = _frame()
+    gap = df.drop(index=range(100, 110)).reset_index(drop=True)  # 10 hours in the training split
+    p = tmp_path / "gap.csv"
+    gap.to_csv(p, index=False)
+    present = set(gap.t.to_numpy().astype("datetime64[s]").astype(np.int64))
+    step = Parallel.step
+    seen = []
+
+    def checked(self, model, drop, batch, opt, max_norm, shift=0.0):
+        assert len(batch) == 5, "a training batch with invented targets has no mask"
+        seen.append(int((~batch[4]).sum()))
+        y = np.where(batch[4], batch[3], batch[3] + np.float32(shift))
+        return step(self, model, drop, (*batch[:3], y, batch[4]), opt, max_norm)
+
+    args = ["--csv", str(p), "--time-col", "t", "--target-col", "y", "--observed-cols", "x",
+            "--known-cols", "k", "--fill-gaps", "--history", "24", "--horizon", "12",
+            "--epochs", "1", "--qat-epochs", "1", "--batch-size", "16", "--hidden-dim", "4",
+            "--heads", "1", "--windows-per-epoch", "32", "--calibration-batches", "2",
+            "--eval-stride", "6", "--no-progress", "--no-plots", "--threads", "1"]  # fmt: skip
+    runs = []
+    for shift in (0.0, 100.0):
+        monkeypatch.setattr(Parallel, "step", lambda *a, s=shift: checked(*a, shift=s))
+        assert main(["train", *args, "--out", str(tmp_path / f"run{shift}")]) == 0
+        m = json.loads((tmp_path / f"run{shift}" / "metrics.json").read_text())
+        runs.append({k: v for k, v in m.items() if k not in ("environment", "timings")})
+    assert sum(seen) > 0  # some batches held invented targets
+    assert runs[0] == runs[1]
+    w = make_windows(_load(gap), history=24, horizon=12, eval_stride=6)
+    t = w.train.times().astype("datetime64[s]").astype(np.int64)
+    np.testing.assert_array_equal(w.train.scored(), np.isin(t, list(present)))

@@ -91,3 +91,22 @@ def float8_run(group):
     out = {f"scale.{k}": np.asarray(fq.scale) for k, fq in qat.fake_quants.items()}
     out["y"] = qat.predict(xs[0])
     return out
+
+
+def masked_run(group, steps=3):
+    """Adam steps of a tiny TFT on 7-row global batches with a target mask (a fifth batch
+    item) that keeps far fewer entries in rank 0's 4 rows than in rank 1's 3. Returns the
+    losses, norms and final parameters."""
+    rng = np.random.default_rng(0)
+    model = TemporalFusionTransformer(CFG, seed=1)
+    opt = nbqat.Adam(model.params, lr=1e-2)
+    losses, norms = [], []
+    for _ in range(steps):
+        s, h, f, y = batch(rng, 7)
+        keep = np.ones(y.shape, bool)
+        keep[:4, 1:] = False
+        keep[5, 0] = False
+        loss, total = dist.data_parallel_step(model, (s, h, f, y, keep), opt, group, max_norm=0.5)
+        losses.append(loss)
+        norms.append(total)
+    return {"loss": np.array(losses), "norm": np.array(norms), "params": model.params.copy()}

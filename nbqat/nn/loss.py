@@ -42,11 +42,31 @@ def _pinball_terms(e: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.maximum(q * e, (q - e.dtype.type(1)) * e)
 
 
-def quantile_loss(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -> float:
-    """Mean pinball loss over every element and quantile.
+def _mask(mask: np.ndarray | None, target: np.ndarray) -> np.ndarray | None:
+    """``mask`` checked: None, or bool of ``target``'s shape."""
+    if mask is None:
+        return None
+    m = np.asarray(mask)
+    if m.dtype != bool or m.shape != np.shape(target):
+        raise ValueError(
+            f"mask must be a bool array of the target's shape {np.shape(target)}, got "
+            f"{m.dtype} {m.shape}; e.g. SplitWindows.scored(idx)"
+        )
+    return m
+
+
+def quantile_loss(
+    y_pred: np.ndarray,
+    target: np.ndarray,
+    quantiles: Sequence[float],
+    mask: np.ndarray | None = None,
+) -> float:
+    """Mean pinball loss over every element and quantile (the elements of ``mask`` only).
 
     ``QL(y, yhat, q) = q * max(y - yhat, 0) + (1 - q) * max(yhat - y, 0)``, averaged over
-    ``target.size * Q`` terms (Lim et al. eq. 24, normalised by the number of terms).
+    ``target.size * Q`` terms (Lim et al. eq. 24, normalised by the number of terms); with
+    ``mask``, over the ``mask.sum() * Q`` terms of the entries it keeps (torch's
+    ``(ql * mask).sum() / (mask.sum() * Q)``), 0.0 when it keeps none.
 
     Parameters
     ----------
@@ -56,6 +76,9 @@ def quantile_loss(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[fl
         Observed values, ``y_pred.shape[:-1]``; cast to ``y_pred``'s dtype.
     quantiles : sequence of Q floats in (0, 1)
         The quantile levels of ``y_pred``'s last axis, in that order.
+    mask : ndarray of bool (...), optional
+        ``target``'s shape: the entries that count (False: no weight in the loss or its
+        gradient, e.g. a target ``fill_gaps`` invented); None (default): every entry.
 
     Returns
     -------
@@ -65,26 +88,33 @@ def quantile_loss(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[fl
     Raises
     ------
     ValueError
-        On mismatched shapes, non-float predictions, quantiles outside (0, 1) (NaN
-        included) or an empty ``target``.
+        On mismatched shapes (``mask``'s too, or a ``mask`` not bool), non-float predictions,
+        quantiles outside (0, 1) (NaN included) or an empty ``target``.
     """
     e, qq = _errors(y_pred, target, quantiles)
+    keep = _mask(mask, target)
     terms = _pinball_terms(e, qq)
-    return float(np.sum(terms, dtype=np.float64) / terms.size)
+    if keep is None:
+        return float(np.sum(terms, dtype=np.float64) / terms.size)
+    n = int(np.count_nonzero(keep)) * qq.size
+    return float(np.sum(terms[keep], dtype=np.float64) / n) if n else 0.0
 
 
 def quantile_loss_grad(
-    y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]
+    y_pred: np.ndarray,
+    target: np.ndarray,
+    quantiles: Sequence[float],
+    mask: np.ndarray | None = None,
 ) -> np.ndarray:
     """Gradient of :func:`quantile_loss` w.r.t. ``y_pred`` (same shape and dtype).
 
     ``d/dyhat = -q / n`` where ``y > yhat``, ``(1 - q) / n`` where ``y < yhat``, and 0 at a tie
     ``y == yhat`` (the subgradient torch gives for ``q * relu(e) + (1 - q) * relu(-e)``);
-    ``n = target.size * Q``.
+    ``n = target.size * Q``; with ``mask``, ``n = mask.sum() * Q`` and 0 where it is False.
 
     Parameters
     ----------
-    y_pred, target, quantiles
+    y_pred, target, quantiles, mask
         As :func:`quantile_loss`.
 
     Returns
@@ -98,10 +128,13 @@ def quantile_loss_grad(
         As :func:`quantile_loss`.
     """
     e, qq = _errors(y_pred, target, quantiles)
+    keep = _mask(mask, target)
     dt = e.dtype
-    inv_n = dt.type(1.0 / e.size)
     g = np.where(e > 0, -qq, np.where(e < 0, dt.type(1) - qq, dt.type(0))).astype(dt)
-    return g * inv_n
+    if keep is None:
+        return g * dt.type(1.0 / e.size)
+    n = int(np.count_nonzero(keep)) * qq.size
+    return np.where(keep[..., None], g * dt.type(1.0 / max(n, 1)), dt.type(0))
 
 
 def q_risk(y_pred: np.ndarray, target: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:

@@ -454,7 +454,9 @@ class QATModel(QATStateDict, QATPhases):
         Parameters
         ----------
         batch : tuple
-            ``(static (B, m_s), historical (B, k, m_z), future (B, tau, m_x), target (B, tau))``.
+            ``(static (B, m_s), historical (B, k, m_z), future (B, tau, m_x), target (B, tau))``,
+            optionally a bool ``mask (B, tau)``: the target entries the loss counts
+            (:func:`nbqat.nn.train_step`).
         optimizer : nbqat.SGD, nbqat.Adam or nbqat.AdamW
             Built over :attr:`params` (``Adam(qat.params, lr=...)``). With LSQ quantizers
             (``config.learnable_scales``) their scales and zero points are a parameter group of

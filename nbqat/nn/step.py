@@ -25,7 +25,7 @@ from nbqat.clip import clip_coef, get_total_norm
 from nbqat.nn.loss import quantile_loss, quantile_loss_grad
 from nbqat.nn.phases import QATPhases
 
-__all__ = ["check_step_args", "float_network", "train_step"]
+__all__ = ["check_step_args", "float_network", "loss_weight", "train_step"]
 
 
 def train_step(
@@ -47,7 +47,11 @@ def train_step(
         ``forward(static, historical, future) -> (B, tau, Q)``, ``backward``, ``params``,
         ``grads``, ``zero_grad`` and ``config`` (``quantiles``, ``prediction_horizon``). A QAT
         model counts the step (:meth:`~nbqat.nn.phases.QATPhases.count_step`).
-    batch : (static (B, m_s), historical (B, k, m_z), future (B, tau, m_x), target (B, tau))
+    batch : (static (B, m_s), historical (B, k, m_z), future (B, tau, m_x), target (B, tau)[,
+        mask (B, tau) bool])
+        With a fifth item, the target entries the loss and its gradient count (False: no
+        weight, e.g. a step ``fill_gaps`` invented: :meth:`nbqat.data.SplitWindows.scored`);
+        the mean runs over the kept ones (:func:`nbqat.nn.quantile_loss`).
     optimizer : nbqat.SGD, nbqat.Adam or nbqat.AdamW
         Built over ``model.params``.
     max_norm : float or None, default None
@@ -82,9 +86,10 @@ def train_step(
     q = float_network(model).config.quantiles
     learn = _lsq_group(model, optimizer)
     model.zero_grad()
+    mask = batch[4] if len(batch) == 5 else None  # checked by check_step_args
     out = model.forward(static, historical, future)
-    loss = quantile_loss(out, target, q)
-    model.backward(quantile_loss_grad(out, target, q))
+    loss = quantile_loss(out, target, q, mask)
+    model.backward(quantile_loss_grad(out, target, q, mask))
     grads = [model.grads] + [g for fq in learn for g in (fq.grad_scale, fq.grad_zero_point)]
     if grad_hook is not None:
         grad_hook(grads)
@@ -96,6 +101,25 @@ def train_step(
     if isinstance(model, QATPhases):  # a QAT model: its step count and optimizer (checkpoints)
         model.count_step(optimizer)
     return float(loss), total
+
+
+def loss_weight(batch: Sequence[Any]) -> int:
+    """What :func:`train_step`'s mean loss of ``batch`` averages over, per quantile and step:
+    its rows, or with a mask (a fifth item) its True entries; a data-parallel step weights each
+    rank's gradient by its share (:func:`nbqat.distributed.data_parallel_step`).
+
+    Parameters
+    ----------
+    batch : (static, historical, future, target[, mask])
+
+    Returns
+    -------
+    int
+        ``len(static)`` rows (every step of a row counts), or ``mask.sum()``.
+    """
+    if len(batch) == 5:
+        return int(np.count_nonzero(batch[4]))
+    return int(np.shape(batch[0])[0])
 
 
 def float_network(model: Any) -> Any:
@@ -130,15 +154,24 @@ def _lsq_group(model: Any, optimizer: Any) -> list[Any]:
 
 
 def _check_batch(batch: Any) -> tuple[Any, Any, Any, np.ndarray]:
-    if not isinstance(batch, tuple | list) or len(batch) != 4:
+    if not isinstance(batch, tuple | list) or len(batch) not in (4, 5):
         raise ValueError(
-            "batch must be a tuple (static, historical, future, target) with target of shape "
-            f"(B, prediction_horizon), got {type(batch).__name__}"
+            "batch must be a tuple (static, historical, future, target[, mask]) with target "
+            f"(and mask) of shape (B, prediction_horizon), got {type(batch).__name__}"
             + (f" of length {len(batch)}" if isinstance(batch, tuple | list) else "")
         )
-    static, historical, future, target = batch
+    static, historical, future, target = batch[:4]
     if not isinstance(target, np.ndarray) or target.dtype.kind not in "fiu":
         raise ValueError("batch target must be a real NumPy array of shape (B, tau)")
+    mask = batch[4] if len(batch) == 5 else None
+    if mask is not None and (
+        not isinstance(mask, np.ndarray) or mask.dtype != bool or mask.shape != target.shape
+    ):
+        raise ValueError(
+            f"batch mask must be a bool NumPy array of the target's shape {target.shape}, got "
+            f"{getattr(mask, 'dtype', type(mask).__name__)} {getattr(mask, 'shape', '')}; "
+            "e.g. SplitWindows.scored(idx)"
+        )
     return static, historical, future, target
 
 
@@ -148,7 +181,8 @@ def check_step_args(model: Any, batch: Any, optimizer: Any, max_norm: Any) -> tu
     Parameters
     ----------
     model : TemporalFusionTransformer or QATTemporalFusionTransformer
-    batch : (static (B, m_s), historical, future, target (B, prediction_horizon))
+    batch : (static (B, m_s), historical, future, target (B, prediction_horizon)[, mask])
+        ``mask``: bool, the target's shape (see :func:`train_step`).
     optimizer : nbqat optimizer
         Must update ``model.params``.
     max_norm : float or None
@@ -173,7 +207,7 @@ def check_step_args(model: Any, batch: Any, optimizer: Any, max_norm: Any) -> tu
             f"batch target must have shape (B, prediction_horizon) = "
             f"({nb}, {cfg.prediction_horizon}), got {target.shape}"
         )
-    for label, arr in zip(("static", "historical", "future", "target"), batch):
+    for label, arr in zip(("static", "historical", "future", "target"), batch[:4]):
         a = np.asarray(arr)
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise ValueError(

@@ -304,11 +304,18 @@ class Run:
                 break
         bar.close()
 
+    def train_batch(self, idx: np.ndarray) -> tuple:
+        """The training windows ``idx`` as :func:`nbqat.nn.train_step` takes them: the batch,
+        plus the mask of its observed target steps where ``fill_gaps`` invented some (no
+        weight in the loss: :meth:`~nbqat.data.SplitWindows.scored`); no mask without."""
+        batch, keep = self.w.train.batch(idx), self.w.train.scored(idx)
+        return batch if keep is None else (*batch, keep)
+
     def qat_batches(self) -> Iterator[tuple]:
         """The (global) training batches of the (clipped) QAT phase, in order."""
         for ep in range(self.cfg.qat_epochs):
             for idx in self.epoch_order(QAT, ep):
-                yield self.w.train.batch(idx)
+                yield self.train_batch(idx)
 
     # ------------------------------------------------------------------ phases
     def _epoch(self, intr: Interrupt, phase: str, phase_id: int, n_epochs: int, train: Any):
@@ -324,7 +331,7 @@ class Run:
                    desc=f"{phase} {st.epoch + 1}/{n_epochs}", leave=False,
                    file=sys.stderr)  # fmt: skip
         for b in range(st.batch_pos, len(order)):
-            batch = self.w.train.batch(order[b])
+            batch = self.train_batch(order[b])
             step = len(st.step_losses[phase])
             opt.lr = lr_fn(step)
             set_dropout_mode(drop_model, True, (self.cfg.seed, phase_id, step))

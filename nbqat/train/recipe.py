@@ -242,7 +242,7 @@ def finetune_float(
     ----------
     model : TemporalFusionTransformer
     optimizer : GroupedAdamW or an nbqat optimizer over ``model.params``
-    batches : iterable of (static, historical, future, target)
+    batches : iterable of (static, historical, future, target[, mask])
     quantiles : sequence of float
         Must be the model's own (``model.config.quantiles``).
     max_norm : float or None
@@ -265,11 +265,11 @@ def finetune_float(
             f"quantiles {tuple(quantiles)} are not the model's {tuple(model.config.quantiles)}"
         )
     steps = 0
-    for s, h, f, y in batches:
+    for batch in batches:
         optimizer.lr = lr_fn(steps)
         if dropout_seed is not None:
             set_dropout(model, True, dropout_seed(steps))
-        train_step(model, (s, h, f, y), optimizer, max_norm=max_norm)  # the main job's step
+        train_step(model, tuple(batch), optimizer, max_norm=max_norm)  # the main job's step
         steps += 1
     return steps
 
