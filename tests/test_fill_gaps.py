@@ -207,3 +207,31 @@ def test_training_gives_invented_targets_no_weight(tmp_path, monkeypatch):
     w = make_windows(_load(gap), history=24, horizon=12, eval_stride=6)
     t = w.train.times().astype("datetime64[s]").astype(np.int64)
     np.testing.assert_array_equal(w.train.scored(), np.isin(t, list(present)))
+
+
+def test_observed_column_before_its_first_value_reads_its_training_mean():
+    """An observed column starting late had its first value copied back over the rows before
+    it (a history there read a later value). Those rows now stay empty in the data (counted
+    in ``filled``) and read 0 after standardisation, the column's training mean (pandas
+    over the observed training rows); a later value changes nothing before it."""
+    df = _frame()
+    late = df.copy()
+    late.loc[:19, "x"] = np.nan  # x starts at row 20
+    d = _load(late)
+    assert np.isnan(d.observed[0][:20, 0]).all() and d.filled[d.entity_names[0]]["x"] == 20
+    w = make_windows(d, history=24, horizon=12)
+    i_val = int(w.split_bounds["train"][0, 1])
+    x = late.x.iloc[:i_val]
+    j = w.historical_names.index("x")
+    np.testing.assert_array_equal(w.hist_features[:20, j], 0.0)
+    want = (late.x.iloc[20:i_val] - x.mean()) / x.std(ddof=0)
+    np.testing.assert_allclose(w.hist_features[20:i_val, j], want.to_numpy(), atol=1e-6)
+    moved = late.copy()
+    moved.loc[20, "x"] += 100.0  # another first value: the rows before it do not move
+    w2 = make_windows(_load(moved), history=24, horizon=12)
+    np.testing.assert_array_equal(w2.hist_features[:20, j], 0.0)
+    fw = forecast_windows(_load(late, future_rows=True), w.scaling, history=24, horizon=12,
+                          quantiles=QS, backtest=(None, 6))  # fmt: skip
+    first = fw.history_raw[0, :, j]  # model.onnx's raw rows: the mean, as the model reads
+    np.testing.assert_allclose(first[:20], x.mean(), rtol=1e-12)
+    np.testing.assert_array_equal(first[20:], late.x.iloc[20:24].to_numpy())

@@ -364,6 +364,7 @@ def _entity_windows(
         gap = np.zeros(len(t), bool)  # fill_gaps' repaired targets: no actual to score
         if data.filled_target:
             gap[:n0] = data.filled_target[e]
+        obs = sc.observed_or_mean(r, obs)  # model.onnx reads the raw rows: the same inputs
         raws.append((np.concatenate([y[:, None], obs, known], axis=1), known, y, gap))
         rows.append(o + offs)
         ents.append(np.full(len(o), e, dtype=np.int64))

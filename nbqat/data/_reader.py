@@ -186,13 +186,12 @@ def load_csv(
     fill_gaps : bool, default False
         Repair instead of rejecting: missing time steps are inserted and missing cells (empty,
         ``NaN``, ``NA``) filled within the entity. The target and the observed columns carry
-        their last value forward (a repaired step never reads a value after it, so a forecast
-        origin in or after a gap sees no future value); the known columns are interpolated
-        linearly in time, except a column of a few whole-number levels (at most 16 distinct
-        values: a 0/1 flag, a category, a small count), whose last value is carried forward
-        (``SeriesData.carried``), and before its first value, its first value. The repaired
-        target steps (``SeriesData.filled_target``) are inputs only, never scored. Counts:
-        ``SeriesData.n_filled``, ``SeriesData.filled`` (per entity and column); more than
+        their last value forward (a repaired step never reads a later value; before an observed
+        column's first value: NaN, read as its training mean); the known columns are interpolated
+        linearly, but a column of at most 16 whole-number levels (a flag, a category) is carried
+        (``SeriesData.carried``), and before its first value gets its first value. Repaired
+        target steps (``SeriesData.filled_target``) are inputs only, never trained on or scored.
+        Counts: ``SeriesData.n_filled``, ``SeriesData.filled`` (per entity and column); more than
         :data:`~nbqat.data.MAX_FILL_FRACTION` of an entity's rows in one column is refused.
     future_rows : bool, default False
         Accept rows after each entity's last target value with an empty target (and empty

@@ -332,8 +332,10 @@ def _fill(columns: list[np.ndarray], cols: list[str], n_past: int, entity: str, 
     it (an interpolation across a gap read the value after the gap: a forecast origin in or
     just after the gap saw its own future). The known columns (known in advance) are
     interpolated linearly, except a column of a few whole-number levels (a flag, a category;
-    :func:`_is_levels`), whose last value is carried forward. Before a column's first value
-    its first value is used (nothing earlier exists)."""
+    :func:`_is_levels`), whose last value is carried forward. Before an observed column's
+    first value the cells stay NaN (counted): the value after them would be a later one, and
+    the model reads the column's training mean there, 0 once standardised
+    (:meth:`nbqat.data.Scaling.observed_or_mean`); a known column gets its first value."""
     n = len(columns[0])
     xs = np.arange(n, dtype=np.float64)
     counts, carried = {}, []
@@ -358,8 +360,9 @@ def _fill(columns: list[np.ndarray], cols: list[str], n_past: int, entity: str, 
         vals = x[ok]
         if j < n_past or _is_levels(vals):  # past-only, a flag or levels: carry, never look
             idx = np.maximum.accumulate(np.where(ok, np.arange(n), -1))  # ahead or invent 0.5
-            idx[idx < 0] = int(np.argmax(ok))  # before the first value: the first value
-            x[:] = x[idx]
+            lead = int(np.argmax(ok)) if 0 < j < n_past else 0  # observed: NaN before it
+            idx[idx < 0] = int(np.argmax(ok))  # a known one before its first: the first value
+            x[lead:] = x[idx[lead:]]
             if j >= n_past:
                 carried.append(c)
         else:

@@ -24,9 +24,11 @@ __all__ = ["Scaling", "fit_scaling", "zscore_fit"]
 
 def zscore_fit(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Column means and standard deviations of ``x`` (N, m); a spread below ``1e-12`` of the
-    mean's magnitude gets scale 1 (the column is centred only)."""
-    mu = x.mean(axis=0)
-    sd = x.std(axis=0)
+    mean's magnitude gets scale 1 (the column is centred only). NaN cells (an observed
+    column before its first value, ``fill_gaps``) are left out."""
+    nan = bool(np.isnan(x).any())
+    mu = np.nanmean(x, axis=0) if nan else x.mean(axis=0)
+    sd = np.nanstd(x, axis=0) if nan else x.std(axis=0)
     sd = np.where(sd > 1e-12 * np.maximum(1.0, np.abs(mu)), sd, 1.0)
     return mu, sd
 
@@ -160,6 +162,22 @@ class Scaling:
         """
         return (obs - np.asarray(self.obs_mu[e])) / np.asarray(self.obs_sd[e])
 
+    def observed_or_mean(self, e: int, observed: np.ndarray) -> np.ndarray:
+        """float64 (n, m_obs): the raw observed columns with each NaN (before the column's
+        first value, ``fill_gaps``: nothing earlier is known) replaced by the column's
+        training mean, which :meth:`observed_features` turns into 0.
+
+        Parameters
+        ----------
+        e : int
+            The entity's index.
+        observed : ndarray float64 (n, m_obs)
+        """
+        missing = np.isnan(observed)
+        if not missing.any():
+            return observed
+        return np.where(missing, np.asarray(self.obs_mu[e][1:]), observed)
+
     def known_features(self, e: int, t: np.ndarray, known: np.ndarray) -> np.ndarray:
         """float64 (n, m_x): calendar features, time index, standardised known columns (in
         :attr:`future_names` order).
@@ -283,7 +301,7 @@ def fit_scaling(data: SeriesData, train_ends: list[int], cuts: tuple, calendar: 
 def entity_features(sc: Scaling, e: int, t: Any, target: Any, observed: Any, known: Any):
     """``(historical rows (n, m_z), future rows (n, m_x), standardised target (n,))`` float64
     of entity ``e`` (its index in ``sc``) from raw rows."""
-    obs = np.concatenate([np.asarray(target)[:, None], observed], axis=1)
+    obs = np.concatenate([np.asarray(target)[:, None], sc.observed_or_mean(e, observed)], axis=1)
     kn = sc.known_features(e, t, known)
     ystd = (np.asarray(target) - sc.level[e]) / sc.scale[e]
     return np.concatenate([sc.observed_features(e, obs), kn], axis=1), kn, ystd

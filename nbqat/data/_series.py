@@ -43,7 +43,8 @@ class SeriesData:
     target : list of ndarray
         Per entity, float64 (N_e,): the target values (unscaled).
     observed : list of ndarray
-        Per entity, float64 (N_e, m_obs): the other observed (past-only) inputs.
+        Per entity, float64 (N_e, m_obs): the other observed (past-only) inputs; NaN before
+        a column's first value with ``fill_gaps`` (read as its training mean).
     known : list of ndarray
         Per entity, float64 (N_e, m_known): the user's known-in-advance inputs.
     static : ndarray

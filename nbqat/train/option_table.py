@@ -281,7 +281,9 @@ OPTIONS: tuple[Option, ...] = (
          nullable=True, default_doc="all other columns"),
     _opt("fill_gaps", bool, False, "repair missing steps and values instead of failing: the "
          "target and observed columns carry their last value forward (a repaired step never "
-         "reads a later value), the known columns are interpolated linearly unless they hold a "
+         "reads a later value; before an observed column's first value the model reads its "
+         "training mean, 0 once standardised, counted as filled), the known columns are "
+         "interpolated linearly unless they hold a "
          "few whole-number levels (a 0/1 flag, a category: at most 16 distinct values; carried, "
          "the summary names them); repaired target steps are inputs only: no weight in the "
          "training loss, never scored in the validation, test or backtest q-risk",
