@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nbqat.nn.init import Init
-from nbqat.nn.state_dict import IncompatibleKeys, checked_param, match_keys
+from nbqat.nn.state_dict import IncompatibleKeys, checked_param, match_keys, plain_values
 
 
 def stacked_view(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
@@ -326,7 +326,7 @@ class Module:
         Parameters
         ----------
         state_dict : mapping of str to array
-            Values of the parameters' shapes, cast to their dtype.
+            Values (arrays, torch tensors) of the parameters' shapes, cast to their dtype.
         strict : bool, default True
             Refuse missing or unexpected keys; False loads the keys that match.
 
@@ -344,6 +344,7 @@ class Module:
         """
         params = dict(self.named_parameters())
         keys = match_keys(list(params), state_dict, strict)
+        state_dict = plain_values(state_dict)
         new = {k: checked_param(k, state_dict[k], p) for k, p in params.items() if k in state_dict}
         for k, v in new.items():
             params[k][...] = v

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from nbqat.nn.qat_state import QATCheckpoint, check_phase_state
-from nbqat.nn.state_dict import IncompatibleKeys, checked_param, match_keys
+from nbqat.nn.state_dict import IncompatibleKeys, checked_param, match_keys, plain_values
 from nbqat.npz_state import CheckpointError
 
 __all__ = ["EXTRA_STATE", "IncompatibleKeys", "QATStateDict"]
@@ -86,6 +86,7 @@ class QATStateDict(QATCheckpoint):
         params = dict(self.model.named_parameters())
         keys = [*params, *(f"{n}.{k}" for n, st in own.items() for k in st), EXTRA_STATE]
         incompatible = match_keys(keys, state_dict, strict)
+        state_dict = plain_values(state_dict)
         new = {n: checked_param(n, state_dict[n], p) for n, p in params.items() if n in state_dict}
         phase = check_phase_state(state_dict.get(EXTRA_STATE, self._phase_state()))
         self._load_quantizers(

@@ -11,7 +11,7 @@ import numpy as np
 
 from nbqat.npz_state import CheckpointError
 
-__all__ = ["IncompatibleKeys", "checked_param", "match_keys"]
+__all__ = ["IncompatibleKeys", "checked_param", "match_keys", "plain_values"]
 
 
 class IncompatibleKeys(NamedTuple):
@@ -45,6 +45,20 @@ def match_keys(keys: Sequence[str], state_dict: Any, strict: bool) -> Incompatib
             "match)"
         )
     return IncompatibleKeys(missing, unexpected)
+
+
+def plain_values(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """``state_dict`` with every torch tensor as a NumPy array (duck-typed: nbqat never imports
+    torch): detached first, so a ``state_dict(keep_vars=True)`` or ``named_parameters()``
+    Parameter loads as torch's ``load_state_dict`` takes it, and bfloat16 (which NumPy lacks)
+    widened exactly to float32; other values are kept as they are."""
+    out = {}
+    for k, v in state_dict.items():
+        if hasattr(v, "detach") and hasattr(v, "numpy"):
+            v = v.detach().cpu()
+            v = (v.float() if str(v.dtype) == "torch.bfloat16" else v).numpy()
+        out[k] = v
+    return out
 
 
 def checked_param(name: str, value: Any, param: np.ndarray) -> np.ndarray:

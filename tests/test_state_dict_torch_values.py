@@ -1,0 +1,44 @@
+"""``load_state_dict`` takes torch's own values as torch does: Parameters that require grad
+(``state_dict(keep_vars=True)``, ``dict(named_parameters())``) and bfloat16 tensors.
+
+Oracle: torch's ``load_state_dict`` of the same values into the same float32 network, whose
+forward nbqat's must then give."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nbqat
+from nbqat import nn
+
+
+def _pair(torch):
+    model = nn.Sequential(nn.Linear(3, 4), nn.ELU(), nn.LayerNorm(4), nn.Linear(4, 2))
+    nn.ParameterBuffer(model, seed=0)
+    ref = torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.ELU(), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2)
+    )
+    return model, ref
+
+
+@pytest.mark.parametrize("kind", ["keep_vars", "named_parameters", "bfloat16"])
+def test_torch_parameters_and_bfloat16_load_as_in_torch(torch, rng, kind):
+    model, ref = _pair(torch)
+    src = _pair(torch)[1]
+    torch.nn.init.normal_(src[2].weight)
+    if kind == "bfloat16":
+        src = src.bfloat16()
+    sd = {
+        "keep_vars": lambda: src.state_dict(keep_vars=True),
+        "named_parameters": lambda: dict(src.named_parameters()),
+        "bfloat16": src.state_dict,
+    }[kind]()
+    assert ref.load_state_dict(sd) == model.load_state_dict(sd) == ([], [])
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    want = ref(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(model(x), want, rtol=1e-5, atol=1e-6)
+    # the QAT model's load takes them too (its float parameters)
+    qat = nn.prepare_qat(model, config=nbqat.QATConfig(calibration_batches=1))
+    assert qat.load_state_dict(sd, strict=False).unexpected_keys == []
+    np.testing.assert_array_equal(qat.model[3].bias, ref[3].bias.detach().numpy())
