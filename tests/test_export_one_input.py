@@ -130,3 +130,40 @@ def test_a_forecaster_with_an_input_shape_is_refused(rng, tmp_path):
     with pytest.raises(TypeError, match="leave input_shape out"):
         to_onnx(qat, tmp_path / "m.onnx", input_shape=(cfg.num_static_features,))
     assert list(tmp_path.iterdir()) == []
+
+
+class Net(Module):
+    """A user's composite: docs/export.md registers its emitter."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = Sequential(Linear(6, 8), ELU())
+        self.head = Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+    def backward(self, dy):
+        return self.body.backward(self.head.backward(dy))
+
+
+def test_the_docs_composite_emitter_exports_a_composite_alone_and_nested(rng, tmp_path):
+    """docs/export.md's emitter of a composite (its code block, run here): the composite as
+    the model and inside a Sequential, through onnxruntime against ``convert()``."""
+    import pathlib
+    import re
+
+    from nbqat.export import emitters
+
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "export.md").read_text()
+    (code,) = re.findall(r"```python\n([^`]*@register\(Net\)[^`]*)```", text)
+    x = rng.standard_normal((16, 6)).astype(np.float32)
+    try:
+        exec(compile(code, "docs/export.md", "exec"), {"Net": Net})  # noqa: S102
+        for i, model in enumerate([Net(), Sequential(Net(), ELU())]):
+            qat = _frozen_qat(model, x)
+            path = to_onnx(qat, tmp_path / f"m{i}.onnx", input_shape=(6,))
+            got = ort_session(onnx.load(path), optimize=False).run(None, {"input": x})[0]
+            np.testing.assert_allclose(got, convert(qat)(x), rtol=0, atol=1e-5)
+    finally:
+        emitters.EMITTERS.pop(Net, None)

@@ -42,3 +42,18 @@ def test_torch_parameters_and_bfloat16_load_as_in_torch(torch, rng, kind):
     qat = nn.prepare_qat(model, config=nbqat.QATConfig(calibration_batches=1))
     assert qat.load_state_dict(sd, strict=False).unexpected_keys == []
     np.testing.assert_array_equal(qat.model[3].bias, ref[3].bias.detach().numpy())
+
+
+def test_lstm_keys_are_torchs_without_the_layer_suffix(torch, rng):
+    """docs/from-pytorch.md: nbqat's LSTM names its parameters as torch's one-layer
+    ``nn.LSTM`` without ``_l0``, in torch's layouts and gate order (torch's output)."""
+    model, ref = nn.LSTM(3, 4), torch.nn.LSTM(3, 4, batch_first=True)
+    nn.ParameterBuffer(model, seed=0)
+    sd = ref.state_dict()
+    assert list(model.state_dict()) == [k.removesuffix("_l0") for k in sd]
+    model.load_state_dict({k.removesuffix("_l0"): v for k, v in sd.items()})
+    x = rng.standard_normal((2, 5, 3)).astype(np.float32)
+    h0 = np.zeros((2, 4), np.float32)
+    out, _ = model(x, h0, h0)
+    want = ref(torch.from_numpy(x))[0].detach().numpy()
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
