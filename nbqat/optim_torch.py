@@ -115,7 +115,8 @@ def from_torch_state_dict(optimizer: Any, state_dict: Mapping[str, Any]) -> dict
     Returns
     -------
     dict
-        What :meth:`optimizer.state_dict` would hold (``step`` 0 for SGD: torch keeps none).
+        What :meth:`optimizer.state_dict` would hold (``step`` 0 for SGD: torch keeps none);
+        the state buffers in ``optimizer.params``' dtype (torch casts them to its parameters').
 
     Raises
     ------
@@ -147,7 +148,9 @@ def from_torch_state_dict(optimizer: Any, state_dict: Mapping[str, Any]) -> dict
                 f"{name!r} (some never had a gradient); nbqat keeps one state for all of them"
             )
         if all(have) and per:
-            out[name] = np.concatenate([np.ravel(np.asarray(s[name])) for s in per])
+            # cast to the parameters' dtype, as torch's load_state_dict casts floating state
+            buf = np.concatenate([np.ravel(np.asarray(s[name])) for s in per])
+            out[name] = buf.astype(np.dtype(optimizer.params.dtype), copy=False)
             if out[name].size != np.shape(optimizer.params)[0]:
                 raise ValueError(
                     f"{who}.load_state_dict: torch's {name!r} holds {out[name].size} values, "

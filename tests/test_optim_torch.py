@@ -147,3 +147,25 @@ def test_a_torch_state_dict_with_amsgrad_or_other_steps_is_refused_unchanged(tor
     with pytest.raises(ValueError, match="different steps"):
         opt.load_state_dict(sd)
     assert opt.step_count == 0 and np.all(p == 1)
+
+
+@pytest.mark.parametrize("name,kw", CASES)
+def test_a_float32_torch_state_loads_into_a_float64_optimizer_cast_as_torch_does(torch, name, kw):
+    """torch's ``load_state_dict`` casts floating state to its parameters' dtype: a float32
+    run's state goes on over float64 parameters; nbqat's float64 optimizer takes the same
+    state (it refused 'dtype float32, expected float64') and steps as torch's float64 one."""
+    values = [np.random.default_rng(1).standard_normal(s).astype(np.float32) for s in SHAPES]
+    tps, topt = _torch_opt(torch, name, kw, values)
+    _torch_steps(torch, tps, topt, _grads(2, 3))
+    sd = topt.state_dict()
+    t64 = [torch.nn.Parameter(tp.detach().double()) for tp in tps]
+    o64 = getattr(torch.optim, name)(t64, foreach=False, **kw)
+    o64.load_state_dict(sd)
+    flat = np.concatenate([tp.detach().numpy().ravel() for tp in t64])
+    opt = getattr(nbqat, name)(flat, **kw)
+    opt.load_state_dict(_numpy(sd))
+    grads = [[g.astype(np.float64) for g in gs] for gs in _grads(3, 2)]
+    _torch_steps(torch, t64, o64, grads)
+    _nbqat_steps(opt, grads)
+    ref = np.concatenate([tp.detach().numpy().ravel() for tp in t64])
+    np.testing.assert_allclose(flat, ref, rtol=0, atol=1e-12)
