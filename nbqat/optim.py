@@ -385,10 +385,12 @@ class Adam(_Optimizer):
         Each in [0, 1).
     eps : float, default 1e-8
     weight_decay : float, default 0
+    amsgrad : bool, default False
+        torch's sixth positional argument; True raises a ValueError (no ``max_exp_avg_sq``).
     **torch_options
-        torch's ``amsgrad``, ``maximize``, ``foreach``, ``capturable``, ``differentiable``,
-        ``fused``, ``decoupled_weight_decay`` at their defaults; any other value raises a
-        ValueError naming it (:func:`nbqat.optim_torch.check_torch_options`).
+        torch's ``maximize``, ``foreach``, ``capturable``, ``differentiable``, ``fused``,
+        ``decoupled_weight_decay`` at their defaults; any other value raises a ValueError
+        naming it (:func:`nbqat.optim_torch.check_torch_options`).
 
     Notes
     -----
@@ -414,10 +416,11 @@ class Adam(_Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        amsgrad: bool = False,
         **torch_options: Any,
     ) -> None:
         self._validate(lr, betas, eps, weight_decay)
-        check_torch_options(self, torch_options)
+        check_torch_options(self, {"amsgrad": amsgrad, **torch_options})
         super().__init__(params)
         self.lr, self.eps, self.weight_decay = float(lr), float(eps), float(weight_decay)
         self.betas = (float(betas[0]), float(betas[1]))
@@ -466,6 +469,8 @@ class AdamW(Adam):
     eps : float, default 1e-8
     weight_decay : float, default 1e-2
         Decoupled decay coefficient.
+    amsgrad : bool, default False
+        As :class:`Adam`'s.
     **torch_options
         As :class:`Adam`'s (``decoupled_weight_decay`` True, torch's AdamW default).
 
@@ -483,9 +488,10 @@ class AdamW(Adam):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
+        amsgrad: bool = False,
         **torch_options: Any,
     ) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, **torch_options)
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **torch_options)
 
 
 __all__ = ["SGD", "Adam", "AdamW", "ArrayGroup", "ParamSource"]

@@ -169,3 +169,22 @@ def test_a_float32_torch_state_loads_into_a_float64_optimizer_cast_as_torch_does
     _nbqat_steps(opt, grads)
     ref = np.concatenate([tp.detach().numpy().ravel() for tp in t64])
     np.testing.assert_allclose(flat, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+def test_torchs_positional_amsgrad_is_taken_as_torch_takes_it(torch, name):
+    """``torch.optim.Adam(params, lr, betas, eps, weight_decay, amsgrad)``: amsgrad is torch's
+    sixth positional argument (nbqat raised 'takes from 2 to 6 positional arguments'); False
+    steps as torch's, True is refused by name."""
+    args = (1e-2, (0.8, 0.99), 1e-8, 0.1, False)
+    values = [np.random.default_rng(4).standard_normal(s).astype(np.float32) for s in SHAPES]
+    tps = [torch.nn.Parameter(torch.from_numpy(v.copy())) for v in values]
+    topt = getattr(torch.optim, name)(tps, *args, foreach=False)
+    flat = np.concatenate([v.ravel() for v in values])
+    opt = getattr(nbqat, name)(flat, *args)
+    grads = _grads(5, 3)
+    _torch_steps(torch, tps, topt, grads)
+    _nbqat_steps(opt, grads)
+    _same(name, flat, tps)
+    with pytest.raises(ValueError, match="amsgrad=True is not supported"):
+        getattr(nbqat, name)(flat, *args[:-1], True)
