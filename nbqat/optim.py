@@ -307,8 +307,8 @@ class SGD(_Optimizer):
     ----------
     params : (n,) float32 or float64 NumPy or CUDA array
         The flat parameter buffer, updated in place.
-    lr : float
-        Learning rate, ``>= 0``.
+    lr : float, default 1e-3
+        Learning rate, ``>= 0`` (torch 2.13's default).
     momentum, dampening, weight_decay : float, default 0
         ``>= 0``.
     nesterov : bool, default False
@@ -334,7 +334,7 @@ class SGD(_Optimizer):
     def __init__(
         self,
         params: Any,
-        lr: float,
+        lr: float = 1e-3,
         momentum: float = 0.0,
         dampening: float = 0.0,
         weight_decay: float = 0.0,

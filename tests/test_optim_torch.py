@@ -188,3 +188,18 @@ def test_torchs_positional_amsgrad_is_taken_as_torch_takes_it(torch, name):
     _same(name, flat, tps)
     with pytest.raises(ValueError, match="amsgrad=True is not supported"):
         getattr(nbqat, name)(flat, *args[:-1], True)
+
+
+def test_sgd_has_torchs_default_learning_rate(torch):
+    """torch 2.13's ``SGD(params)`` steps with lr 1e-3 (nbqat raised 'missing 1 required
+    positional argument: lr')."""
+    values = [np.random.default_rng(6).standard_normal(s).astype(np.float32) for s in SHAPES]
+    tps = [torch.nn.Parameter(torch.from_numpy(v.copy())) for v in values]
+    topt = torch.optim.SGD(tps, foreach=False)
+    flat = np.concatenate([v.ravel() for v in values])
+    opt = nbqat.SGD(flat)
+    grads = _grads(7, 2)
+    _torch_steps(torch, tps, topt, grads)
+    _nbqat_steps(opt, grads)
+    _same("SGD", flat, tps)
+    assert opt.defaults["lr"] == topt.defaults["lr"]
