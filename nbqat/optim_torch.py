@@ -121,16 +121,18 @@ def from_torch_state_dict(optimizer: Any, state_dict: Mapping[str, Any]) -> dict
     Raises
     ------
     ValueError
-        Several param groups, missing hyper-parameters, an option nbqat does not implement
-        (``amsgrad``, ``maximize``), parameters at other steps or only some with a state, or
-        state buffers whose sizes do not add up to ``optimizer.params``.
+        Several param groups (or an optimizer with extra ones, whose state it would wipe),
+        missing hyper-parameters, an option nbqat does not implement (``amsgrad``,
+        ``maximize``), parameters at other steps or only some with a state, or state buffers
+        whose sizes do not add up to ``optimizer.params``.
     """
     who = type(optimizer).__name__
     groups = state_dict["param_groups"]
-    if len(groups) != 1:
+    if len(groups) != 1 or optimizer._groups:  # torch refuses another group count too
         raise ValueError(
-            f"{who}.load_state_dict: torch's state_dict has {len(groups)} param groups; an nbqat "
-            "optimizer's group 0 is one flat buffer: save torch's optimizer over one group"
+            f"{who}.load_state_dict: torch's state_dict has {len(groups)} param group(s), this "
+            f"optimizer {1 + len(optimizer._groups)}; an nbqat optimizer's group 0 is one flat "
+            "buffer: save torch's optimizer over one group and load it before add_param_group"
         )
     group = groups[0]
     lacking = [k for k in optimizer._hparam_names if k not in group]

@@ -203,3 +203,35 @@ def test_sgd_has_torchs_default_learning_rate(torch):
     _nbqat_steps(opt, grads)
     _same("SGD", flat, tps)
     assert opt.defaults["lr"] == topt.defaults["lr"]
+
+
+def test_a_one_group_torch_state_into_an_optimizer_with_extra_groups_is_refused_unchanged(torch):
+    """torch refuses a state dict of another group count ('different number of parameter
+    groups'); nbqat's load of torch's one group into an optimizer with an extra group (LSQ's
+    scales) loaded it and wiped that group's moments (state None). Now refused, nothing
+    changed."""
+    from nbqat.optim import ArrayGroup
+
+    values = [np.random.default_rng(8).standard_normal(s).astype(np.float32) for s in SHAPES]
+    tps, topt = _torch_opt(torch, "Adam", {"lr": 1e-2}, values)
+    _torch_steps(torch, tps, topt, _grads(9, 1))
+    sd = topt.state_dict()
+    other, _ = _torch_opt(torch, "Adam", {"lr": 1e-2}, values)
+    two = torch.optim.Adam(other[:1], lr=1e-2)
+    two.add_param_group({"params": other[1:], "lr": 1e-3})
+    with pytest.raises(ValueError, match="different number of parameter groups"):
+        two.load_state_dict(sd)
+    flat = np.concatenate([v.ravel() for v in values])
+    extra = [np.ones(2, np.float32)]
+    opt = nbqat.Adam(flat, lr=1e-2)
+    opt.add_param_group({"params": ArrayGroup(extra, [np.ones(2, np.float32)]), "lr": 1e-3})
+    opt.step(np.ones_like(flat))
+    before = opt.state_dict()
+    with pytest.raises(ValueError, match=r"1 param group\(s\), this optimizer 2"):
+        opt.load_state_dict(_numpy(sd))
+    after = opt.state_dict()
+    assert after["param_groups"][0]["state"] is not None
+    np.testing.assert_array_equal(
+        after["param_groups"][0]["state"]["exp_avg"], before["param_groups"][0]["state"]["exp_avg"]
+    )
+    np.testing.assert_array_equal(after["exp_avg"], before["exp_avg"])
