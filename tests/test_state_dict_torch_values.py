@@ -57,3 +57,17 @@ def test_lstm_keys_are_torchs_without_the_layer_suffix(torch, rng):
     out, _ = model(x, h0, h0)
     want = ref(torch.from_numpy(x))[0].detach().numpy()
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_without_its_buffer_names_the_fix(torch):
+    """torch's modules own their parameters from construction, so ``load_state_dict`` right
+    after it is torch's habit; an nbqat model's parameters come from its ParameterBuffer, and
+    state_dict / load_state_dict raised AttributeError "'NoneType' object has no attribute
+    'copy'" / "'shape'" before one. Now a RuntimeError naming the parameters and the fix."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.ELU(), nn.Linear(4, 2))
+    sd = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ELU(), torch.nn.Linear(4, 2))
+    for call in (model.state_dict, lambda: model.load_state_dict(sd.state_dict())):
+        with pytest.raises(RuntimeError, match=r"\['0.weight', .*ParameterBuffer\(model\)"):
+            call()
+    nn.ParameterBuffer(model)
+    assert model.load_state_dict(sd.state_dict()) == ([], [])

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nbqat.nn.init import Init
-from nbqat.nn.state_dict import IncompatibleKeys, checked_param, match_keys, plain_values
+from nbqat.nn.state_dict import IncompatibleKeys, bound_params, load_params
 
 
 def stacked_view(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
@@ -317,7 +317,8 @@ class Module:
     def state_dict(self) -> OrderedDict[str, np.ndarray]:
         """Copies of every parameter by dotted name (``torch.nn.Module.state_dict``'s names and
         layouts, e.g. ``"0.weight"`` (out, in)); :meth:`load_state_dict` takes it back."""
-        return OrderedDict((k, v.copy()) for k, v in self.named_parameters())
+        named = bound_params(self.named_parameters(), "state_dict")
+        return OrderedDict((k, v.copy()) for k, v in named.items())
 
     def load_state_dict(self, state_dict: Any, strict: bool = True) -> IncompatibleKeys:
         """Copy a :meth:`state_dict` into the parameter views (the flat buffer is kept), every
@@ -341,14 +342,12 @@ class Module:
             (a ValueError) missing or unexpected keys under ``strict``; a shape mismatch.
         TypeError
             A non-mapping, or values that are not real numbers. Nothing is written then.
+        RuntimeError
+            Parameters not bound yet (build a ParameterBuffer first; also for state_dict).
         """
-        params = dict(self.named_parameters())
-        keys = match_keys(list(params), state_dict, strict)
-        state_dict = plain_values(state_dict)
-        new = {k: checked_param(k, state_dict[k], p) for k, p in params.items() if k in state_dict}
-        for k, v in new.items():
-            params[k][...] = v
-        return keys
+        return load_params(
+            bound_params(self.named_parameters(), "load_state_dict"), state_dict, strict
+        )
 
     def _named_views(self, prefix: str, suffix: str, recurse: bool = True) -> Iterator[Any]:
         for mname, mod in self.named_modules(prefix) if recurse else [(prefix, self)]:

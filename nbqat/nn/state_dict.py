@@ -4,14 +4,21 @@ rules), shared by :meth:`nbqat.nn.Module.load_state_dict` and the QAT models'
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from nbqat.npz_state import CheckpointError
 
-__all__ = ["IncompatibleKeys", "checked_param", "match_keys", "plain_values"]
+__all__ = [
+    "IncompatibleKeys",
+    "bound_params",
+    "checked_param",
+    "load_params",
+    "match_keys",
+    "plain_values",
+]
 
 
 class IncompatibleKeys(NamedTuple):
@@ -27,6 +34,20 @@ class IncompatibleKeys(NamedTuple):
 
     missing_keys: list[str]
     unexpected_keys: list[str]
+
+
+def bound_params(named: Iterable[tuple[str, Any]], who: str) -> dict[str, np.ndarray]:
+    """``dict(named)`` of a model's ``named_parameters()``; a RuntimeError naming the
+    parameters that no :class:`~nbqat.nn.ParameterBuffer` has bound yet (their views are None:
+    torch's modules own their parameters from construction, nbqat's from the buffer)."""
+    params = dict(named)
+    unbound = [k for k, v in params.items() if v is None]
+    if unbound:
+        raise RuntimeError(
+            f"{who}: parameter(s) {unbound[:4]} are not bound to a buffer yet: build "
+            "nbqat.nn.ParameterBuffer(model) first"
+        )
+    return params
 
 
 def match_keys(keys: Sequence[str], state_dict: Any, strict: bool) -> IncompatibleKeys:
@@ -74,3 +95,14 @@ def checked_param(name: str, value: Any, param: np.ndarray) -> np.ndarray:
     if a.dtype.kind not in "biuf":
         raise TypeError(f"state_dict[{name!r}] has dtype {a.dtype}; expected real numbers")
     return a
+
+
+def load_params(params: dict[str, np.ndarray], state_dict: Any, strict: bool) -> IncompatibleKeys:
+    """:meth:`nbqat.nn.Module.load_state_dict` over its ``params`` (name: view): every key and
+    value checked, then each copied into its view (cast to its dtype)."""
+    keys = match_keys(list(params), state_dict, strict)
+    state_dict = plain_values(state_dict)
+    new = {k: checked_param(k, state_dict[k], p) for k, p in params.items() if k in state_dict}
+    for k, v in new.items():
+        params[k][...] = v
+    return keys
