@@ -9,10 +9,11 @@ name), so that nbqat has one on-disk format::
     save_state("qat.npz", {"params": p, "opt": opt.state_dict()}, format="nbqat.qat")
     state = load_state("qat.npz", format="nbqat.qat")   # the same nested dict back
 
-A state is a tree of dicts (str keys), lists, tuples, NumPy arrays and scalars, Python scalars,
-strings and None. Arrays become ``.npz`` members ``a0, a1, ...`` (stored uncompressed; the zip
-CRC of every member is checked on reading); the tree itself is a JSON manifest member
-``__nbqat_manifest__`` with the format name and version. A file is written to a temporary name
+A state is a tree of dicts (str keys, or all int keys as torch.optim's ``state``), lists,
+tuples, NumPy arrays and scalars, Python scalars, strings and None. Arrays become ``.npz``
+members ``a0, a1, ...`` (stored uncompressed; the zip CRC of every member is checked on
+reading); the tree itself is a JSON manifest member ``__nbqat_manifest__`` with the format name
+and version. A file is written to a temporary name
 in the destination folder, fsynced and renamed (:func:`nbqat._io.atomic_open`).
 """
 
@@ -66,15 +67,20 @@ def encode_state(obj: Any, arrays: dict[str, np.ndarray], key: str = "") -> Any:
     Raises
     ------
     TypeError
-        A non-str dict key, an object array, or a value of another type (named with its path).
+        A dict key neither str nor int (a dict's keys are all str or all int), an object
+        array, or a value of another type (named with its path).
     """
     if isinstance(obj, dict):
+        # int keys (torch.optim's "state": {0: ...}) as an "__int_dict__" of their decimals
+        ints = bool(obj) and all(type(k) is int for k in obj)
         out = {}
         for k, v in obj.items():
-            if not isinstance(k, str):
-                raise TypeError(f"checkpoint state keys must be str, got {k!r} at {key!r}")
-            out[k] = encode_state(v, arrays, f"{key}/{k}")
-        return {"__dict__": out}
+            if not (ints or isinstance(k, str)):
+                raise TypeError(
+                    f"checkpoint state keys must be str (or all int), got {k!r} at {key!r}"
+                )
+            out[str(k)] = encode_state(v, arrays, f"{key}/{k}")
+        return {"__int_dict__" if ints else "__dict__": out}
     if isinstance(obj, np.ndarray | np.generic):
         arr = np.asarray(obj)
         if arr.dtype.hasobject:
@@ -117,6 +123,8 @@ def decode_state(node: Any, arrays: dict[str, np.ndarray]) -> Any:
         raise CheckpointError("corrupt checkpoint manifest (unexpected node)")
     if "__dict__" in node:
         return {k: decode_state(v, arrays) for k, v in node["__dict__"].items()}
+    if "__int_dict__" in node:
+        return {int(k): decode_state(v, arrays) for k, v in node["__int_dict__"].items()}
     if "__array__" in node:
         name = node["__array__"]
         if name not in arrays:

@@ -235,3 +235,26 @@ def test_a_one_group_torch_state_into_an_optimizer_with_extra_groups_is_refused_
         after["param_groups"][0]["state"]["exp_avg"], before["param_groups"][0]["state"]["exp_avg"]
     )
     np.testing.assert_array_equal(after["exp_avg"], before["exp_avg"])
+
+
+def test_torchs_layout_round_trips_through_save_state(torch, tmp_path):
+    """torch.optim's layout has int keys (``"state": {0: ...}``); save_state refused them
+    ('checkpoint state keys must be str, got 0'). to_torch_state_dict's output now goes
+    through save_state / load_state unchanged (int keys back as ints) and torch loads it."""
+    from nbqat.npz_state import load_state, save_state
+
+    values = [np.random.default_rng(10).standard_normal(s).astype(np.float32) for s in SHAPES]
+    opt = nbqat.Adam(np.concatenate([v.ravel() for v in values]), lr=1e-2)
+    _nbqat_steps(opt, _grads(11, 2))
+    sd = to_torch_state_dict(opt, SHAPES)
+    save_state(tmp_path / "o.npz", sd, format="torch.optim")
+    back = load_state(tmp_path / "o.npz", format="torch.optim")
+    assert list(back["state"]) == [0, 1] and back["param_groups"] == sd["param_groups"]
+    for i in (0, 1):
+        for k, v in sd["state"][i].items():
+            np.testing.assert_array_equal(back["state"][i][k], v)
+    tps, topt = _torch_opt(torch, "Adam", {"lr": 1e-2}, values)
+    topt.load_state_dict(_tensors(torch, back))
+    assert float(topt.state_dict()["state"][1]["step"]) == 2.0
+    with pytest.raises(TypeError, match="str \\(or all int\\), got 0"):
+        save_state(tmp_path / "m.npz", {"a": 1, 0: 2}, format="x")
