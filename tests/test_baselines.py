@@ -18,7 +18,7 @@ from nbqat.train.baselines import RidgeBaseline, flatten_window, seasonal_naive_
 
 
 class _Split:
-    """A stand-in for nbqat.data.SplitWindows over fixed arrays (batch/unscale only)."""
+    """A stand-in for nbqat.data.SplitWindows over fixed arrays (batch/scored/unscale only)."""
 
     def __init__(self, s, h, f, y, level=0.0, scale=1.0):
         self.s, self.h, self.f, self.y = s, h, f, y
@@ -30,6 +30,9 @@ class _Split:
     def batch(self, idx=None):
         i = slice(None) if idx is None else idx
         return self.s[i], self.h[i], self.f[i], self.y[i]
+
+    def scored(self, idx=None):
+        return None  # every target observed
 
     def unscale(self, pred):
         return pred.astype(np.float64) * self.scale + self.level
@@ -61,9 +64,9 @@ def test_flatten_window_order(rng):
 
 @pytest.mark.parametrize("lam", [0.0, 1.0, 50.0])
 def test_ridge_matches_lstsq_oracle(rng, lam, monkeypatch):
-    import nbqat.train.baselines as bl
+    import nbqat.train.ridge_solve as ridge_solve
 
-    monkeypatch.setattr(bl, "_CHUNK", 64)  # several chunks: the accumulation is exercised
+    monkeypatch.setattr(ridge_solve, "CHUNK", 64)  # several chunks: the accumulation is exercised
     s, h, f, y = _data(rng)
     r = RidgeBaseline(lam=lam, quantiles=(0.1, 0.5, 0.9)).fit_split(_Split(s, h, f, y))
     x = flatten_window(s, h, f)

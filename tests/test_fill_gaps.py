@@ -235,3 +235,45 @@ def test_observed_column_before_its_first_value_reads_its_training_mean():
     first = fw.history_raw[0, :, j]  # model.onnx's raw rows: the mean, as the model reads
     np.testing.assert_allclose(first[:20], x.mean(), rtol=1e-12)
     np.testing.assert_array_equal(first[20:], late.x.iloc[20:24].to_numpy())
+
+
+def test_ridge_gives_invented_targets_no_weight(monkeypatch):
+    """A 10-step gap in the training split: the ridge baselines (fixed, tuned, and so the TFT's
+    linear-skip start) fitted the carried-forward targets as observations. Each step's fit now
+    leaves them out: the oracle is lstsq on the windows that observed the step, and moving the
+    invented targets by 100 changes no coefficient, intercept, residual quantile or score."""
+    from ref_ridge import ridge_lstsq
+
+    from nbqat.data import SplitWindows
+    from nbqat.train.baselines import RidgeBaseline, tune_ridge
+
+    gap = _frame().drop(index=range(100, 110)).reset_index(drop=True)
+    w = make_windows(_load(gap), history=24, horizon=12, eval_stride=6)
+    keep = w.train.scored()
+    assert not keep.all()
+    s, h, f, y = w.train.batch()
+    x = np.concatenate([h.reshape(len(h), -1), f.reshape(len(f), -1), s], axis=1).astype(float)
+    r = RidgeBaseline(1.0, QS).fit_split(w.train)
+    for j in range(y.shape[1]):
+        k = keep[:, j]
+        coef, b = ridge_lstsq(x[k], y[k, j : j + 1], 1.0)
+        np.testing.assert_allclose(r.coef[:, j], coef[:, 0], rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(r.intercept[j], b[0], rtol=1e-6, atol=1e-8)
+        res = y[k, j] - (x[k] @ coef[:, 0] + b[0])
+        np.testing.assert_allclose(r.residual_quantiles[j], np.quantile(res, QS), atol=1e-6)
+    tuned = tune_ridge(w)
+    batch = SplitWindows.batch
+
+    def moved(self, idx=None):
+        out = batch(self, idx)
+        k = self.scored(idx)
+        return out if k is None else (*out[:3], np.where(k, out[3], out[3] + np.float32(100)))
+
+    monkeypatch.setattr(SplitWindows, "batch", moved)
+    r2 = RidgeBaseline(1.0, QS).fit_split(w.train)
+    tuned2 = tune_ridge(w)
+    for a, b2 in ((r, r2), (tuned.ridge, tuned2.ridge)):
+        np.testing.assert_array_equal(a.coef, b2.coef)
+        np.testing.assert_array_equal(a.intercept, b2.intercept)
+        np.testing.assert_array_equal(a.residual_quantiles, b2.residual_quantiles)
+    assert tuned.grid == tuned2.grid

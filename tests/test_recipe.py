@@ -154,6 +154,9 @@ def test_ridge_started_model_outputs_the_ridge_forecast(rng):
         def batch(self, idx=None):
             return tuple(x if idx is None else x[idx] for x in self.a)
 
+        def scored(self, idx=None):
+            return None  # every target observed
+
     nb = 40
     s = rng.normal(size=(nb, 2)).astype(np.float32)
     h = rng.normal(size=(nb, 5, 2)).astype(np.float32)

@@ -23,6 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from nbqat.train.ridge_solve import (
+    CHUNK,
+    flatten_window,
+    normal_equations,
+    residual_quantiles,
+    solve,
+    stacked_means,
+)
+
 __all__ = [
     "HISTORY_SEASONS",
     "LAMBDAS",
@@ -33,48 +42,6 @@ __all__ = [
     "seasonal_naive_forecast",
     "tune_ridge",
 ]
-
-#: Windows per chunk when accumulating the normal equations (bounds the float64 design matrix).
-_CHUNK = 2048
-
-
-def flatten_window(static: np.ndarray, historical: np.ndarray, future: np.ndarray) -> np.ndarray:
-    """The flat feature vector of each window: ``[historical, future, static]``.
-
-    The order is the one of the TFT's linear skip (:attr:`TFTConfig.linear_skip
-    <nbqat.nn.TFTConfig>`): ``concat([historical.reshape(B, -1), future.reshape(B, -1), static],
-    axis=1)``.
-
-    Parameters
-    ----------
-    static : ndarray (B, m_s)
-    historical : ndarray (B, k, m_z)
-    future : ndarray (B, tau, m_x)
-
-    Returns
-    -------
-    ndarray float64 (B, k * m_z + tau * m_x + m_s)
-
-    Raises
-    ------
-    ValueError
-        When the batch sizes differ or an input has the wrong number of dimensions.
-    """
-    s, h, f = (np.asarray(a) for a in (static, historical, future))
-    if s.ndim != 2 or h.ndim != 3 or f.ndim != 3:
-        raise ValueError(
-            "static, historical and future must be 2-, 3- and 3-dimensional, got shapes "
-            f"{s.shape}, {h.shape}, {f.shape}"
-        )
-    if not s.shape[0] == h.shape[0] == f.shape[0]:
-        raise ValueError(
-            f"static, historical and future must share the batch size, got {s.shape[0]}, "
-            f"{h.shape[0]}, {f.shape[0]}"
-        )
-    n = s.shape[0]
-    return np.concatenate(
-        [h.reshape(n, -1), f.reshape(n, -1), s.reshape(n, -1)], axis=1, dtype=np.float64
-    )
 
 
 def seasonal_naive_forecast(split: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -111,80 +78,6 @@ def seasonal_naive_forecast(split: Any) -> tuple[np.ndarray, np.ndarray]:
         for a, b in p.split_bounds["train"]
     ])  # fmt: skip
     return point[..., None] + res[split.entity][:, back - 1], point
-
-
-def _chunks(n: int) -> list[np.ndarray]:
-    return [np.arange(i, min(i + _CHUNK, n)) for i in range(0, n, _CHUNK)]
-
-
-def _normal_equations(split: Any) -> tuple:
-    """``(n, mean(X), mean(y), Xc^T Xc, Xc^T yc)`` of ``split``'s windows (float64, centred:
-    numerically safer than raw sums), accumulated over chunks of :data:`_CHUNK` windows.
-
-    Raises
-    ------
-    ValueError
-        For fewer than 2 windows.
-    """
-    n = len(split)
-    if n < 2:
-        raise ValueError(f"the ridge baseline needs at least 2 training windows, got {n}")
-    chunks = _chunks(n)
-    sx: Any = 0.0
-    sy: Any = 0.0
-    for idx in chunks:  # pass 1: the means
-        s, h, f, y = split.batch(idx)
-        sx = sx + flatten_window(s, h, f).sum(axis=0)
-        sy = sy + y.astype(np.float64).sum(axis=0)
-    mx, my = sx / n, sy / n
-    xtx = np.zeros((mx.size, mx.size))
-    xty = np.zeros((mx.size, my.size))
-    for idx in chunks:  # pass 2: the centred cross products
-        s, h, f, y = split.batch(idx)
-        xc = flatten_window(s, h, f) - mx
-        xtx += xc.T @ xc
-        xty += xc.T @ (y.astype(np.float64) - my)
-    return n, mx, my, xtx, xty
-
-
-def _solve(eq: tuple, lam: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(coef, intercept)`` of the normal equations ``eq`` (:func:`_normal_equations`) with the
-    penalty ``lam`` (``eq`` is not modified: a grid shares it).
-
-    Raises
-    ------
-    ValueError
-        For ``lam`` 0 and collinear features.
-    """
-    n, mx, my, xtx0, xty = eq
-    nf = mx.size
-    xtx = xtx0.copy()
-    xtx[np.diag_indices(nf)] += lam
-    if lam == 0 and np.linalg.matrix_rank(xtx) < nf:
-        raise ValueError(
-            f"lam=0 (ordinary least squares) needs linearly independent features, but the "
-            f"{nf} features of the {n} training windows are collinear (a constant input, or "
-            "more features than windows): use lam > 0 (e.g. the default 1.0)"
-        )
-    coef = np.linalg.solve(xtx, xty)
-    return coef, my - mx @ coef
-
-
-def _stacked_means(
-    split: Any, sols: Sequence[tuple[np.ndarray, np.ndarray]]
-) -> tuple[np.ndarray, np.ndarray]:
-    """The point forecasts (n, tau, L) float64 of the L solutions ``(coef, intercept)`` on
-    ``split``'s windows (standardised units; one pass over the windows for all of them), and
-    the windows' standardised targets (n, tau) float64."""
-    coef = np.concatenate([c for c, _ in sols], axis=1)  # (F, L tau)
-    icpt = np.concatenate([b for _, b in sols])
-    tau = sols[0][1].size
-    out, ys = [], []
-    for idx in _chunks(len(split)):
-        s, h, f, y = split.batch(idx)
-        out.append((flatten_window(s, h, f) @ coef + icpt).reshape(len(idx), len(sols), tau))
-        ys.append(y.astype(np.float64))
-    return np.concatenate(out).transpose(0, 2, 1), np.concatenate(ys)
 
 
 class RidgeBaseline:
@@ -234,10 +127,10 @@ class RidgeBaseline:
 
     def fit_split(self, split: Any) -> RidgeBaseline:
         """Fit on every window of ``split`` (a :class:`nbqat.data.SplitWindows`), in chunks."""
-        eq = _normal_equations(split)
-        self.coef, self.intercept = _solve(eq, self.lam)
-        fit, y = _stacked_means(split, [(self.coef, self.intercept)])
-        self.residual_quantiles = np.quantile(y - fit[..., 0], self.quantiles, axis=0).T
+        eq = normal_equations(split)
+        self.coef, self.intercept = solve(eq, self.lam)
+        fit, y = stacked_means(split, [(self.coef, self.intercept)])
+        self.residual_quantiles = residual_quantiles(y, fit[..., 0], self.quantiles)
         return self
 
     def predict_mean(
@@ -274,7 +167,7 @@ class RidgeBaseline:
         assert self.residual_quantiles is not None
         return mean[..., None] + self.residual_quantiles[None]
 
-    def predict_split(self, split: Any, bs: int = _CHUNK) -> np.ndarray:
+    def predict_split(self, split: Any, bs: int = CHUNK) -> np.ndarray:
         """Unscaled quantile forecasts (n, tau, Q) float64 of every window of ``split``."""
         outs = []
         for i in range(0, len(split), bs):
@@ -460,15 +353,15 @@ def tune_ridge(
     grid: list[dict] = []
     best: tuple | None = None
     for h, wh in allowed.items():
-        eq = _normal_equations(wh.train)
+        eq = normal_equations(wh.train)
         rs = [RidgeBaseline(lam, q) for lam in lambdas]  # validates the penalties
-        sols = [_solve(eq, r.lam) for r in rs]
-        fit, yt = _stacked_means(wh.train, sols)  # one pass over the windows for every penalty
-        val = _stacked_means(wh.val, sols)[0]
+        sols = [solve(eq, r.lam) for r in rs]
+        fit, yt = stacked_means(wh.train, sols)  # one pass over the windows for every penalty
+        val = stacked_means(wh.val, sols)[0]
         y = wh.val.target_raw()
         for j, r in enumerate(rs):
             r.coef, r.intercept = sols[j]
-            r.residual_quantiles = np.quantile(yt - fit[..., j], q, axis=0).T  # (tau, Q)
+            r.residual_quantiles = residual_quantiles(yt, fit[..., j], q)  # (tau, Q)
             qr = q_risk_table(wh.val.unscale(val[..., j, None] + r.residual_quantiles), y, q,
                               wh.val.scored())  # fmt: skip
             score = qr["P50"] if criterion == "val_P50" else float(np.mean(list(qr.values())))
