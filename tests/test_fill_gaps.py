@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from nbqat.cli import main
-from nbqat.data import from_dataframe, make_windows
+from nbqat.data import DataError, from_dataframe, make_windows
 from nbqat.data._forecast import forecast_windows
 
 N, GAP = 400, list(range(360, 366))  # a 6-hour gap in the test split
@@ -277,3 +277,25 @@ def test_ridge_gives_invented_targets_no_weight(monkeypatch):
         np.testing.assert_array_equal(a.intercept, b2.intercept)
         np.testing.assert_array_equal(a.residual_quantiles, b2.residual_quantiles)
     assert tuned.grid == tuned2.grid
+
+
+@pytest.mark.parametrize("fill", [True, False])
+def test_predict_refuses_rows_before_the_first_target_value(fill):
+    """predict / backtest data (future_rows) with --fill-gaps copied an entity's first target
+    value back over the rows before it, so a history there read a value observed later (the
+    history of the first origin held row 5's value at rows 0-4). Those rows are now refused,
+    as in training, naming the entity, the rows and the fix; without --fill-gaps too."""
+    df = _frame()
+    late = df.copy()
+    late.loc[:4, "y"] = np.nan  # y starts at row 5
+    want = (
+        r"entity '.*' has 5 row\(s\) before its first 'y' value, from 2020-01-01T00:00:00 "
+        r"to 2020-01-01T04:00:00: a history there would read that later value.*start the "
+        r"entity at 2020-01-01T05:00:00 \(drop the rows before it"
+    )
+    with pytest.raises(DataError, match=want):
+        from_dataframe(late, time_col="t", target_col="y", observed_cols="x", known_cols="k",
+                       fill_gaps=fill, future_rows=True)  # fmt: skip
+    d = from_dataframe(late.iloc[5:], time_col="t", target_col="y", observed_cols="x",
+                       known_cols="k", fill_gaps=fill, future_rows=True)  # fmt: skip
+    np.testing.assert_array_equal(d.target[0], df.y.iloc[5:].to_numpy())  # the fix loads

@@ -191,6 +191,7 @@ def load_csv(
         linearly, but a column of at most 16 whole-number levels (a flag, a category) is carried
         (``SeriesData.carried``), and before its first value gets its first value. Repaired
         target steps (``SeriesData.filled_target``) are inputs only, never trained on or scored.
+        Rows before an entity's first target value are refused, with ``future_rows`` too.
         Counts: ``SeriesData.n_filled``, ``SeriesData.filled`` (per entity and column); more than
         :data:`~nbqat.data.MAX_FILL_FRACTION` of an entity's rows in one column is refused.
     future_rows : bool, default False

@@ -95,8 +95,9 @@ def regularise(
         if fill_gaps or future_rows:
             m = _n_past(target[e], names[e], src, target_col)
             first = int(np.argmax(np.isfinite(target[e])))
-            if (m < n or first > 0) and not future_rows:  # training: no extrapolation
-                raise _unbounded(names[e], times_e, first, m, src, target_col)
+            if (m < n and not future_rows) or first > 0:  # no extrapolation, nor back-fill
+                raise _unbounded(names[e], times_e, first, m if not future_rows else n, src,
+                                 target_col, future_rows)  # fmt: skip
             columns = [target[e][:m]] + [obs[e][:m, j] for j in range(obs[e].shape[1])]
             columns += [kno[e][:m, j] for j in range(kno[e].shape[1])]
             if fill_gaps:
@@ -139,11 +140,13 @@ def _n_past(y: np.ndarray, entity: str, src: str, col: str) -> int:
     return int(ok[-1]) + 1
 
 
-def _unbounded(entity: str, times: np.ndarray, first: int, m: int, src: str, col: str
-               ) -> DataError:  # fmt: skip
-    """The error for training rows before an entity's first target value (rows ``:first``) or
-    after its last (row ``m`` on), which ``fill_gaps`` filled with that value: invented
-    actuals (at the end: the rows to forecast that nbqat predict reads)."""
+def _unbounded(entity: str, times: np.ndarray, first: int, m: int, src: str, col: str,
+               predict: bool) -> DataError:  # fmt: skip
+    """The error for rows before an entity's first target value (rows ``:first``; training,
+    predict and backtest alike: a history there would read that later value) or, in training,
+    after its last (row ``m`` on; ``m`` is ``len(times)`` for predict data, whose rows after
+    the last value are the rows to forecast: ``predict``), which ``fill_gaps`` would fill with
+    that value."""
     if m < len(times):
         where = (
             f"{len(times) - m} row(s) after its last {col!r} value, from {times[m]} to "
@@ -151,11 +154,13 @@ def _unbounded(entity: str, times: np.ndarray, first: int, m: int, src: str, col
         )
     else:
         where = (f"{first} row(s) before its first {col!r} value, from {times[0]} to "
-                 f"{times[first - 1]}")  # fmt: skip
+                 f"{times[first - 1]}: a history there would read that later value")  # fmt: skip
+    fix = (f"start the entity at {times[first]} (drop the rows before it, whose {col!r} is "
+           "empty)" if predict else f"train on the rows from {times[first]} to {times[m - 1]} "
+           f"(drop the rows at the ends whose {col!r} is empty)")  # fmt: skip
     return DataError(
         f"{src}: entity {entity!r} has {where}, and --fill-gaps repairs between values, "
-        f"it does not extend the series; train on the rows from {times[first]} to "
-        f"{times[m - 1]} (drop the rows at the ends whose {col!r} is empty)"
+        f"it does not extend the series; {fix}"
     )
 
 

@@ -287,7 +287,8 @@ OPTIONS: tuple[Option, ...] = (
          "few whole-number levels (a 0/1 flag, a category: at most 16 distinct values; carried, "
          "the summary names them); repaired target steps are inputs only: no weight in the "
          "training loss or the ridge baselines' fit, never scored in the validation, test or "
-         "backtest q-risk",
+         "backtest q-risk; rows before an entity's first target value are refused (train, "
+         "predict and backtest: a history there would read that later value)",
          group="data", cli="flag"),
     _opt("history", int, None, "encoder length k in steps, or 'auto': chosen on the validation "
          "split by the tuned ridge's search, history + horizon at most 240 steps (metrics.json "
