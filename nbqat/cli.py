@@ -187,7 +187,7 @@ def _predict(args: argparse.Namespace) -> int:
     """``nbqat predict`` / ``nbqat backtest``: :class:`nbqat.Forecaster` and one CSV."""
     from nbqat.data import DataError
     from nbqat.forecaster import Forecaster
-    from nbqat.train.predict import check_out, write_csv
+    from nbqat.train.predict import check_out, own_data, write_csv
 
     name = f"nbqat {args.command}"
     backtest = args.command == "backtest" or getattr(args, "backtest", False)
@@ -206,11 +206,12 @@ def _predict(args: argparse.Namespace) -> int:
         if args.csv is not None and not Path(args.csv).is_file():
             raise FileNotFoundError(f"--csv {args.csv!r} does not exist")
         fc = Forecaster.load(args.run_dir)
+        data = args.csv if args.csv is not None else own_data(args.run_dir)  # text keys
         if backtest:
-            df = fc.backtest(args.csv, start=args.start, stride=args.stride,
+            df = fc.backtest(data, start=args.start, stride=args.stride,
                              engine=args.engine, fill_gaps=args.fill_gaps)  # fmt: skip
         else:
-            df = fc.predict(args.csv, at=args.at, engine=args.engine, fill_gaps=args.fill_gaps)
+            df = fc.predict(data, at=args.at, engine=args.engine, fill_gaps=args.fill_gaps)
         path = None if stdout else write_csv(df, out, args.overwrite)
     except (DataError, ValueError, FileNotFoundError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)

@@ -21,7 +21,6 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -38,59 +37,6 @@ def _names(cols: Any) -> str | None:
     if isinstance(cols, str):
         return cols
     return ",".join(str(c) for c in cols)
-
-
-def _check_columns(df: Any, **named: Any) -> None:
-    """Every column that ``fit``'s arguments name is a string (a TypeError saying how to name
-    the columns) and is in the DataFrame: a DataError naming the argument, the missing column, a
-    close match and the DataFrame's columns (before anything is written or trained)."""
-    import difflib
-
-    from nbqat.data import DataError
-
-    have = [str(c) for c in df.columns]
-    for arg, cols in named.items():
-        if cols is None:
-            continue
-        if isinstance(cols, str):  # one name; a list argument may spell its names "a,b"
-            cols = [c.strip() for c in cols.split(",")] if arg.endswith("_cols") else [cols]
-        elif not arg.endswith("_cols") or not isinstance(cols, Iterable):
-            cols = [cols]
-        cols = list(cols)
-        bad = next((c for c in cols if not isinstance(c, str)), None)
-        if bad is not None:
-            raise TypeError(
-                f"fit: {arg} names the column {bad!r} ({type(bad).__name__}); column names must "
-                f"be strings: give the DataFrame string column names (df.columns = "
-                f"df.columns.map(str), e.g. after pd.read_csv(header=None)) and pass them as "
-                f"strings ({arg}={str(bad)!r})"
-            )
-        for col in cols:
-            _check_list_name(arg, col)
-            if str(col) not in have:
-                close = difflib.get_close_matches(str(col), have, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise DataError(
-                    f"fit: {arg}={col!r} is not a column of the DataFrame{hint}; its columns: "
-                    f"{have}"
-                )
-
-
-def _check_list_name(arg: str, col: str) -> None:
-    """A DataError for a name in a list argument (``known_cols=[...]``) that the run cannot
-    keep: the run stores each list comma-separated and strips its names (``--known-cols
-    "a, b"``), so ``"price, EUR"`` became two columns and ``"price "`` another one."""
-    from nbqat.data import DataError
-
-    if not arg.endswith("_cols") or ("," not in col and col == col.strip()):
-        return
-    why = "a comma" if "," in col else "leading or trailing whitespace"
-    fixed = col.strip().replace(",", "")
-    raise DataError(
-        f"fit: {arg} names the column {col!r}, which has {why}: the run stores its column "
-        f"lists as comma-separated names with the spaces around them stripped; rename it "
-        f"(df = df.rename(columns={{{col!r}: {fixed!r}}})) and name it so"
-    )
 
 
 def _option_names() -> list[str]:
@@ -215,7 +161,7 @@ class Forecaster:
     def _fit(self, data, time_col, target_col, entity_col, observed_cols, known_cols,
              static_cols) -> Forecaster:  # fmt: skip
         from nbqat.data import SeriesData
-        from nbqat.train.fit_data import put_back, store_frame
+        from nbqat.train.fit_data import check_columns, put_back, store_frame
 
         if isinstance(data, SeriesData):
             time_col, target_col = "time", data.target_name
@@ -239,9 +185,9 @@ class Forecaster:
                     f"{type(data).__name__}"
                 )
             data = index_columns(data, time_col, entity_col)  # a DatetimeIndex named time_col
-            _check_columns(data, time_col=time_col, target_col=target_col,
-                           entity_col=entity_col, observed_cols=observed_cols,
-                           known_cols=known_cols, static_cols=static_cols)  # fmt: skip
+            check_columns(data, time_col=time_col, target_col=target_col,
+                          entity_col=entity_col, observed_cols=observed_cols,
+                          known_cols=known_cols, static_cols=static_cols)  # fmt: skip
             frame = data
         out = self._out()
         path = out / "data.parquet" if frame is not None else data
@@ -365,7 +311,8 @@ class Forecaster:
         ----------
         data : DataFrame, path or SeriesData, optional
             The run's columns; rows after the last target value (target empty, known columns
-            filled) are the steps to forecast. Default: the data it was fitted on.
+            filled) are the steps to forecast. Default: the data it was fitted on (with a
+            fitted DataFrame's dtypes).
         at : str, numpy.datetime64 or float, optional
             The origin: the first forecast step (adds ``actual``).
         engine : {"onnx", "int8", "float"}, default "onnx"

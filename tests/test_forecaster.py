@@ -811,7 +811,7 @@ def test_time_and_entity_columns_may_be_index_levels(demand):
     with pytest.raises(ValueError, match=r"time_col='time' after df.index.name = 'time'"):
         fit.fit(one.rename_axis(None), target_col="demand")
     fit.fit(one, time_col="ts", target_col="demand")
-    assert fit.predict().time.iloc[0] == "2024-01-06T00:00:00"  # after the last of 120 hours
+    assert fit.predict().time.iloc[0] == pd.Timestamp("2024-01-06")  # after the 120 hours
 
 
 def test_forecast_keys_keep_the_dataframes_dtypes(demand):
@@ -955,3 +955,34 @@ def test_a_missing_history_value_counts_the_missing_values_in_words(demand):
     want = r"'temp' of entity 'north' has a missing value at \S+ \(1 missing value\(s\) up to"
     with pytest.raises(DataError, match=want):
         nbqat.Forecaster.load(demand[4]).predict(fut)
+
+
+def test_predict_without_data_keeps_the_fitted_frames_dtypes(tmp_path, capsys):
+    """fc.predict() / fc.backtest() (the data it was fitted on) gave the times as text
+    ('2024-01-05T20:00:00') where fc.predict(df) gives them in the frame's datetime64: the
+    same forecast in two dtypes. Without data they now come back in the fitted DataFrame's
+    dtypes (pandas' own dtypes are the oracle), also after Forecaster.load; the CLI's CSV of
+    that run keeps its text (read back by pandas, the same as the Forecaster's with the times
+    spelled), and a run fitted from a CSV file keeps text."""
+    import nbqat
+
+    df = _hourly().assign(site=pd.Categorical(["a"] * 120))
+    df = df.assign(ts=df.ts.dt.tz_localize("Europe/Paris"))
+    run = tmp_path / "run"
+    fc = nbqat.Forecaster(out=str(run), **{**TINY_KW, "eval_stride": 6})
+    fc.fit(df, time_col="ts", target_col="demand", entity_col="site")
+    at = "2024-01-05T10:00+01:00"
+    for f in (fc, nbqat.Forecaster.load(run)):
+        pd.testing.assert_frame_equal(f.predict(at=at), f.predict(df, at=at))
+        bt = f.backtest(stride=TAU)
+        pd.testing.assert_frame_equal(bt, f.backtest(df, stride=TAU))
+        assert bt.time.dtype == bt.origin.dtype == df.ts.dtype and bt.entity.dtype == "category"
+    assert main(["predict", str(run), "--at", at, "--out", str(tmp_path / "p.csv")]) == 0
+    cli = pd.read_csv(tmp_path / "p.csv")
+    assert cli.time.iloc[0] == "2024-01-05T10:00:00+01:00"  # the data's offset, as before
+    want = fc.predict(at=at)
+    assert (pd.to_datetime(cli.time, format="ISO8601") == want.time).all()
+    df.assign(ts=df.ts.dt.strftime("%Y-%m-%d %H:%M%z")).to_csv(tmp_path / "d.csv", index=False)
+    fc = nbqat.Forecaster(out=str(tmp_path / "csv"), **{**TINY_KW, "eval_stride": 6})
+    fc.fit(str(tmp_path / "d.csv"), time_col="ts", target_col="demand", entity_col="site")
+    assert pd.api.types.is_string_dtype(fc.predict(at=at).time)  # a file's keys: text

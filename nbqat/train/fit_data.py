@@ -1,16 +1,17 @@
 """The DataFrame of :meth:`nbqat.Forecaster.fit` in its run folder (``OUT/data.parquet``):
-checked, stored, and set aside / put back around the run (a failed fit leaves a previous run
-with its own data)."""
+the columns ``fit``'s arguments name checked, the frame checked, stored, and set aside / put
+back around the run (a failed fit leaves a previous run with its own data)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["put_back", "store_frame", "to_parquet"]
+__all__ = ["check_columns", "check_list_name", "put_back", "store_frame", "to_parquet"]
 
 
 def store_frame(df: Any, cfg: Any, out: Path, overwrite: bool) -> Path | None:
@@ -70,3 +71,56 @@ def to_parquet(df: Any, path: Path) -> None:
             "column one type (e.g. df[col] = pd.to_numeric(df[col]) for a column mixing numbers "
             "and numeric strings), or drop the columns the run does not use"
         ) from None
+
+
+def check_columns(df: Any, **named: Any) -> None:
+    """Every column that ``fit``'s arguments name is a string (a TypeError saying how to name
+    the columns) and is in the DataFrame: a DataError naming the argument, the missing column, a
+    close match and the DataFrame's columns (before anything is written or trained)."""
+    import difflib
+
+    from nbqat.data import DataError
+
+    have = [str(c) for c in df.columns]
+    for arg, cols in named.items():
+        if cols is None:
+            continue
+        if isinstance(cols, str):  # one name; a list argument may spell its names "a,b"
+            cols = [c.strip() for c in cols.split(",")] if arg.endswith("_cols") else [cols]
+        elif not arg.endswith("_cols") or not isinstance(cols, Iterable):
+            cols = [cols]
+        cols = list(cols)
+        bad = next((c for c in cols if not isinstance(c, str)), None)
+        if bad is not None:
+            raise TypeError(
+                f"fit: {arg} names the column {bad!r} ({type(bad).__name__}); column names must "
+                f"be strings: give the DataFrame string column names (df.columns = "
+                f"df.columns.map(str), e.g. after pd.read_csv(header=None)) and pass them as "
+                f"strings ({arg}={str(bad)!r})"
+            )
+        for col in cols:
+            check_list_name(arg, col)
+            if str(col) not in have:
+                close = difflib.get_close_matches(str(col), have, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise DataError(
+                    f"fit: {arg}={col!r} is not a column of the DataFrame{hint}; its columns: "
+                    f"{have}"
+                )
+
+
+def check_list_name(arg: str, col: str) -> None:
+    """A DataError for a name in a list argument (``known_cols=[...]``) that the run cannot
+    keep: the run stores each list comma-separated and strips its names (``--known-cols
+    "a, b"``), so ``"price, EUR"`` became two columns and ``"price "`` another one."""
+    from nbqat.data import DataError
+
+    if not arg.endswith("_cols") or ("," not in col and col == col.strip()):
+        return
+    why = "a comma" if "," in col else "leading or trailing whitespace"
+    fixed = col.strip().replace(",", "")
+    raise DataError(
+        f"fit: {arg} names the column {col!r}, which has {why}: the run stores its column "
+        f"lists as comma-separated names with the spaces around them stripped; rename it "
+        f"(df = df.rename(columns={{{col!r}: {fixed!r}}})) and name it so"
+    )

@@ -24,9 +24,11 @@ import numpy as np
 from nbqat._io import atomic_open
 from nbqat.data import DataError, Scaling, SeriesData
 from nbqat.data._months import to_month_axis
+from nbqat.train.forecast_data import fitted_keys, keys_like, read_data, run_data_path
 from nbqat.train.option_table import ENGINES as OPTION_ENGINES
 
-__all__ = ["ENGINES", "check_out", "forecast", "load_run", "q_risk_table", "run_info", "write_csv"]
+__all__ = ["ENGINES", "check_out", "forecast", "load_run", "own_data", "q_risk_table", "run_info",
+           "write_csv"]  # fmt: skip
 
 #: Inference engines of ``nbqat predict --engine``.
 ENGINES = OPTION_ENGINES  # the options registry's (nbqat predict --engine)
@@ -70,6 +72,21 @@ def load_run(run_dir: str | os.PathLike) -> tuple[Path, dict]:
     return run, dict(meta["config"])
 
 
+def own_data(run_dir: str | os.PathLike) -> Path:
+    """The file of a finished run's own data, what ``nbqat predict RUN`` reads without
+    ``--csv`` (:func:`~nbqat.train.forecast_data.run_data_path`): given as a path, the forecast
+    keeps its keys as text (the CLI's CSV), where ``data=None`` gives a Forecaster's fitted
+    DataFrame's dtypes.
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        As :func:`load_run`; the run's data no longer exists.
+    """
+    run, cfg = load_run(run_dir)
+    return run_data_path(cfg, run)
+
+
 def run_info(run: Path, cfg: dict) -> dict:
     """The run's ``nbqat`` metadata (``model.onnx``): shapes, columns and the stored
     :class:`~nbqat.data.Scaling` (``"scaling"``). A run without it (an older nbqat's, or a
@@ -87,67 +104,6 @@ def run_info(run: Path, cfg: dict) -> dict:
 
     c = TrainConfig(**{k: v for k, v in cfg.items() if k in TrainConfig.__dataclass_fields__})
     return preprocessing_metadata(load_data(c), c)
-
-
-def read_data(cfg: dict, data: Any, fill_gaps: bool | None = None, run: Path | None = None
-              ) -> SeriesData:  # fmt: skip
-    """The data to forecast from: ``data`` (a path, a pandas DataFrame, a SeriesData; None:
-    the run's own data) read with the run's column roles and rows to forecast allowed.
-
-    Raises
-    ------
-    FileNotFoundError
-        A path that does not exist.
-    TypeError
-        ``data`` of another type.
-    DataError
-        As :func:`nbqat.data.load_csv` (the columns named by the run missing, bad values ...).
-    """
-    from nbqat.train.model import column_roles
-
-    if isinstance(data, SeriesData):
-        return data
-    cols = column_roles(cfg)
-    try:
-        return _read(cfg, data, fill_gaps, run, cols)
-    except DataError as e:
-        if not any(f"--{k.replace('_', '-')}" in str(e) for k in cols):
-            raise
-        named = ", ".join(f"{k}={v!r}" for k, v in cols.items() if v)
-        raise DataError(f"{e} (the options name the run's columns, which the data needs: "
-                        f"{named})") from None  # fmt: skip
-
-
-def _read(cfg: dict, data: Any, fill_gaps: bool | None, run: Path | None, cols: dict
-          ) -> SeriesData:  # fmt: skip
-    """:func:`read_data` less the context of its column errors."""
-    from nbqat.data import from_dataframe, load_csv, tmy3_path
-
-    fill = bool(cfg.get("fill_gaps")) if fill_gaps is None else bool(fill_gaps)
-    if data is not None and not isinstance(data, (str, os.PathLike)):
-        import pandas as pd
-
-        if not isinstance(data, pd.DataFrame):  # from_dataframe's message names its "df"
-            raise TypeError(
-                f"data must be a pandas DataFrame, a path or a SeriesData, got "
-                f"{type(data).__name__}"
-            )
-        return from_dataframe(data, fill_gaps=fill, future_rows=True, **cols)
-    path = data if data is not None else (cfg.get("csv") or tmy3_path())
-    own = run / "data.parquet" if run is not None else None
-    if data is None and own is not None and own.is_file() and Path(path).name == own.name:
-        path = own  # a Forecaster's run folder reads its own copy (a saved copy's stored path
-        # names the folder it was fitted in, which a later fit there may have overwritten)
-    elif data is None and run is not None and not Path(path).is_file():
-        if own is not None and own.is_file():  # a run folder, moved or copied
-            path = own
-        else:
-            raise FileNotFoundError(
-                f"the run's data {str(path)!r} no longer exists: pass the data (--csv PATH)"
-            )
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"--csv {str(path)!r} does not exist")
-    return load_csv(Path(path), fill_gaps=fill, future_rows=True, **cols)
 
 
 def parse_when(value: Any, sc: Scaling, opt: str = "--at") -> Any:
@@ -311,12 +267,12 @@ def forecast(
     Returns
     -------
     pandas.DataFrame
-        Columns ``entity, [origin,] time, step, p10, p50, p90 [, actual]`` (one column per
-        trained quantile), one row per window and forecast step; times spelled as the data
-        spells them (a DataFrame's datetime64 times and non-text entities in its dtypes, so
-        the forecasts merge with it); forecasts in the target's units (float64).
-        ``attrs["skipped"]``: the entities too short to forecast, left out with a UserWarning
-        (none left: an error).
+        Columns ``entity, [origin,] time, step, p10, p50, p90 [, actual]`` (one per trained
+        quantile), one row per window and forecast step; times spelled as the data spells them
+        (a DataFrame's datetime64 times and non-text entities in its dtypes, so the forecasts
+        merge with it; ``data=None``: a Forecaster's fitted DataFrame's, :func:`fitted_keys`);
+        forecasts in the target's units (float64). ``attrs["skipped"]``: the entities too
+        short to forecast, left out with a UserWarning (none left: an error).
 
     Raises
     ------
@@ -357,35 +313,7 @@ def forecast(
     pred = _batched(_engine(engine, run, qat), fw)
     df = _frame(fw, series, pred, info["quantiles"], at is not None or bt is not None, bt)
     df.attrs["skipped"] = fw.skipped
-    return _keys_like(df, data, cfg)
-
-
-def _keys_like(df: Any, data: Any, cfg: dict) -> Any:
-    """``df`` with its ``entity``, ``time`` and ``origin`` columns in the dtypes of a
-    DataFrame ``data``'s entity and time columns (or index levels) where those are not text:
-    a pandas user's datetime64 (naive, aware or pyarrow) and integer or categorical keys come
-    back as such, so that the forecasts merge with the frame; text keys stay the data's
-    spelling (a path's too)."""
-    import pandas as pd
-
-    if not isinstance(data, pd.DataFrame):
-        return df
-
-    def dtype(col: Any) -> Any:
-        if col is None:  # no entity column (a RangeIndex is named None too)
-            return None
-        if col in data.columns:
-            return data[col].dtype
-        return data.index.get_level_values(col).dtype if col in data.index.names else None
-
-    t, e = dtype(cfg.get("time_col")), dtype(cfg.get("entity_col"))
-    if t is not None and pd.api.types.is_datetime64_any_dtype(t):
-        for c in ("time", "origin"):
-            if c in df.columns:  # spelled as ISO 8601, with +00:00 where aware (UTC)
-                df[c] = pd.to_datetime(df[c], format="ISO8601").astype(t)
-    if e is not None and not pd.api.types.is_string_dtype(e):  # object too
-        df["entity"] = df["entity"].astype(e)
-    return df
+    return keys_like(df, data if data is not None else fitted_keys(run, cfg), cfg)
 
 
 def _batched(fwd: Any, fw: Any, size: int = 512) -> np.ndarray:
