@@ -986,3 +986,27 @@ def test_predict_without_data_keeps_the_fitted_frames_dtypes(tmp_path, capsys):
     fc = nbqat.Forecaster(out=str(tmp_path / "csv"), **{**TINY_KW, "eval_stride": 6})
     fc.fit(str(tmp_path / "d.csv"), time_col="ts", target_col="demand", entity_col="site")
     assert pd.api.types.is_string_dtype(fc.predict(at=at).time)  # a file's keys: text
+
+
+@pytest.mark.parametrize("dtype", [bool, "boolean", "bool[pyarrow]"])
+def test_a_boolean_target_is_refused_naming_the_fix(dtype, tmp_path):
+    """A True/False target (a classification target) trained silently as a 0/1 series, its
+    quantiles fractions between them; it is refused before anything is written, naming the
+    column and the conversion for a 0/1 series that is really meant (the docs promise numbers
+    only), which then fits; a file's true/false column (pyarrow reads it as bool) too."""
+    import nbqat
+
+    df = _hourly().assign(demand=lambda d: (d.demand > 0).astype(dtype))
+    out = tmp_path / "run"
+    fc = nbqat.Forecaster(out=str(out), **{**TINY_KW, "eval_stride": 6})
+    fix = re.escape("df['demand'] = df['demand'].astype(float)")
+    with pytest.raises(DataError, match=rf"column 'demand' \(--target-col\) is boolean.*{fix}"):
+        fc.fit(df, time_col="ts", target_col="demand")
+    assert not out.exists()
+    df.to_csv(tmp_path / "d.csv", index=False)
+    assert pd.read_csv(tmp_path / "d.csv").demand.dtype == bool  # the file holds true/false
+    with pytest.raises(DataError, match=r"d.csv, line 2: column 'demand' \(--target-col\)"):
+        fc.fit(str(tmp_path / "d.csv"), time_col="ts", target_col="demand")
+    if dtype is bool:
+        fc.fit(df.assign(demand=df.demand.astype(float)), time_col="ts", target_col="demand")
+        assert fc.predict().p50.dtype == np.float64

@@ -27,14 +27,17 @@ def numeric_column(
     ``role`` is the option that named the column (``"--static-cols"``, ``"--known-cols"``,
     ``"--target-col"``; ``""`` for an observed input): a non-numeric value of a column named
     so gets that option's fix, and a static column's missing value, which ``fill_gaps`` does
-    not fill, its own message.
+    not fill, its own message. A boolean input reads as 0/1; a boolean target is refused (a
+    classification target; the message names ``astype(float)`` for a 0/1 series).
     """
     import pandas as pd
 
     static = role == "--static-cols"
 
-    if s.dtype == bool:
-        s = s.astype(np.float64)
+    if pd.api.types.is_bool_dtype(s.dtype):
+        if role == "--target-col":
+            raise DataError(_bool_target(where(0), col))
+        s = s.astype(np.float64)  # an input flag: 0/1
     if pd.api.types.is_numeric_dtype(s.dtype):
         x = s.to_numpy(dtype=np.float64, na_value=np.nan)
     else:
@@ -65,6 +68,16 @@ def numeric_column(
             "float32): rescale the column (other units) or fix the value"
         )
     return x
+
+
+def _bool_target(place: str, col: str) -> str:
+    """The message for a boolean target column: a classification target, which a quantile
+    forecaster does not predict."""
+    return (
+        f"{place}: column {col!r} (--target-col) is boolean (True/False), a classification "
+        "target: nbqat forecasts quantiles of numbers; if a 0/1 series is really meant, convert "
+        f"it (pandas: df[{col!r}] = df[{col!r}].astype(float); in a file: write 0 and 1)"
+    )
 
 
 def _non_numeric(place: str, col: str, value: Any, role: str) -> str:
